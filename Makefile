@@ -1,0 +1,81 @@
+# kvroute — see README.md. `make demo` and `make test` are the set-up.
+SHELL := /usr/bin/env bash -o pipefail
+.SHELLFLAGS := -ec
+
+GO            ?= go
+BIN           := $(CURDIR)/bin
+CONTROLLER_GEN_VERSION ?= v0.23.0
+KUSTOMIZE_VERSION      ?= v5.7.1
+CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+KUSTOMIZE      := $(BIN)/kustomize-$(KUSTOMIZE_VERSION)
+# Brief fuzzing in `make test`; `make fuzz FUZZTIME=5m` for a longer run.
+FUZZTIME      ?= 5s
+# Packages whose tests need cgo (libzmq) are built with it; the manager is built without.
+export CGO_ENABLED ?= 1
+
+.PHONY: all
+all: build
+
+##@ Development
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC from the Go markers.
+	$(CONTROLLER_GEN) rbac:roleName=kvroute-manager-role crd paths="./api/...;./controllers/..." \
+		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	@hack/sync-embedded-crd.sh
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
+	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
+
+.PHONY: fmt
+fmt:
+	$(GO) fmt ./...
+
+.PHONY: vet
+vet:
+	$(GO) vet ./...
+
+.PHONY: envtest
+envtest: ## Build (once) and print the envtest control-plane binaries.
+	@hack/envtest-assets.sh
+
+.PHONY: test
+test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief fuzzing.
+	@assets=$$(hack/envtest-assets.sh); \
+	KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=1 -timeout 30m ./...
+	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME (default here 5s; e.g. make fuzz FUZZTIME=5m).
+	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh
+
+##@ Build
+
+.PHONY: build
+build: ## Binaries into bin/.
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/manager ./cmd/manager
+	$(GO) build -o $(BIN)/kvroutectl ./cmd/kvroutectl
+	@for c in kvrouter vllm-sim kvbench; do \
+		if [ -d cmd/$$c ]; then $(GO) build -o $(BIN)/$$c ./cmd/$$c; fi; done
+
+.PHONY: demo
+demo: build ## The main job on an embedded default.
+	@hack/demo.sh
+
+##@ Tools
+
+$(CONTROLLER_GEN):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN)/.tmp-cg $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	mv $(BIN)/.tmp-cg/controller-gen $@ && rm -rf $(BIN)/.tmp-cg
+
+$(KUSTOMIZE):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN)/.tmp-kz $(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	mv $(BIN)/.tmp-kz/kustomize $@ && rm -rf $(BIN)/.tmp-kz
+
+.PHONY: help
+help:
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-18s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)

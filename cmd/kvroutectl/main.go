@@ -1,0 +1,50 @@
+// Command kvroutectl is kvroute's offline toolbox: render a KVRoutedModel's children without a
+// cluster, compute vLLM-exact block hashes, and decode KV-event payloads.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// command is one subcommand: it gets its own arguments and the process's streams and returns
+// the exit code, so each can be tested without exec.
+type command struct {
+	summary string
+	run     func(args []string, stdin io.Reader, stdout, stderr io.Writer) int
+}
+
+var commands = map[string]command{
+	"render": {"render a KVRoutedModel's child objects as YAML (no cluster needed)", runRender},
+	"hash":   {"vLLM-exact block hashes for token ids, as JSON", runHash},
+	"decode": {"decode one KV-event payload into normalized JSON", runDecode},
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "kvroutectl: unknown command %q\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	return cmd.run(args[1:], stdin, stdout, stderr)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: kvroutectl <command> [flags]\n\ncommands:")
+	for _, name := range []string{"render", "hash", "decode"} {
+		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
+	}
+}
