@@ -55,7 +55,7 @@ fuzz: ## Run every fuzz target for FUZZTIME (default here 5s; e.g. make fuzz FUZ
 .PHONY: build
 build: ## Binaries into bin/.
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/manager ./cmd/manager
+	if [ -d cmd/manager ]; then CGO_ENABLED=0 $(GO) build -o $(BIN)/manager ./cmd/manager; fi
 	$(GO) build -o $(BIN)/kvroutectl ./cmd/kvroutectl
 	@for c in kvrouter vllm-sim kvbench; do \
 		if [ -d cmd/$$c ]; then $(GO) build -o $(BIN)/$$c ./cmd/$$c; fi; done
