@@ -1,0 +1,166 @@
+// Package score turns what the router knows about each replica (cache overlap and load) into a
+// choice of replica. kvroute's own cost model (`kv`) and the peers' documented policies live side
+// by side behind one interface, so the live router and the fleet model run them identically.
+package score
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+)
+
+// Tier is where a cached block sits on a replica.
+type Tier int
+
+// Tiers in the order of their value to a request.
+const (
+	TierGPU Tier = iota
+	TierCPU
+	TierDisk
+	NumTiers
+)
+
+// Request is the routing view of one request.
+type Request struct {
+	// Keys are the chained router keys of the prompt's full blocks, in order.
+	Keys []blockkey.Key
+	// Tokens is the prompt length in tokens (the last block may be partial, so it can exceed
+	// len(Keys)*BlockSize).
+	Tokens int
+	// BlockSize is the engines' block size in tokens.
+	BlockSize int
+	// SessionKey is the caller's session identity; empty when the request carries none.
+	SessionKey string
+	// Text is the prompt text, for character-based peers. When empty they derive character
+	// chunks from Keys, counting a token as CharsPerToken characters.
+	Text string
+	// LoRA is the adapter name ("" for the base model); it is already mixed into Keys.
+	LoRA string
+	// NowNs is the decision time in nanoseconds on any monotonic clock (simulated in the fleet
+	// model). Policies that keep time-windowed state use it, never the wall clock.
+	NowNs int64
+}
+
+// PromptBlocks is the number of blocks the prompt occupies, a partial last block included.
+func (r *Request) PromptBlocks() int {
+	if r.BlockSize <= 0 {
+		return len(r.Keys)
+	}
+	n := (r.Tokens + r.BlockSize - 1) / r.BlockSize
+	if n < len(r.Keys) {
+		n = len(r.Keys)
+	}
+	return n
+}
+
+// Candidate is one replica (one engine stream: pod + DP rank) with the signals the router has.
+type Candidate struct {
+	// ID names the replica stably across decisions (policies with state key by it).
+	ID string
+	// ExactBlocks is the longest run of leading prompt blocks the replica holds, any tier.
+	ExactBlocks int
+	// TierBlocks splits ExactBlocks by tier (TierGPU..TierDisk); if all zero while ExactBlocks
+	// is set, all of it is taken as GPU.
+	TierBlocks [NumTiers]int
+	// PredictedBlocks is the leading-block overlap from the short-TTL side index of recent
+	// routing decisions whose BlockStored has not arrived yet.
+	PredictedBlocks int
+	// PrefillTokens is the uncached prompt tokens routed to the replica whose prefill has not
+	// finished (queued or running).
+	PrefillTokens int
+	// DecodeTokens is the tokens held by the replica's running sequences.
+	DecodeTokens int
+	// Queue is the number of waiting requests; Running the number of running ones.
+	Queue   int
+	Running int
+	// KVUtil is the share of KV blocks held by running requests, 0..1.
+	KVUtil float64
+	// WarmupCredit is the already-decayed warm-up share (0..1) for a newly Ready replica.
+	WarmupCredit float64
+	// Healthy is false for a replica that must not receive traffic.
+	Healthy bool
+	// Approximate marks a replica whose event stream is not whole; its overlap is a guess.
+	Approximate bool
+}
+
+// gpuEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.
+func (c *Candidate) gpuEquivalentBlocks(w [NumTiers]float64) float64 {
+	t := c.TierBlocks
+	if t[TierGPU]+t[TierCPU]+t[TierDisk] == 0 {
+		return float64(c.ExactBlocks)
+	}
+	return w[TierGPU]*float64(t[TierGPU]) + w[TierCPU]*float64(t[TierCPU]) + w[TierDisk]*float64(t[TierDisk])
+}
+
+// Policy chooses a replica for a request.
+type Policy interface {
+	// Name is the registry name.
+	Name() string
+	// Pick returns the index into cands of the chosen replica. It fails only when no candidate
+	// is healthy.
+	Pick(req *Request, cands []Candidate) (int, error)
+	// OnRouted tells the policy the request went to cands[i] (its own pick, or an override by
+	// the caller, e.g. a failover), so it can update its own state.
+	OnRouted(req *Request, cands []Candidate, i int)
+}
+
+// ErrNoCandidate is returned when there is no healthy replica to choose.
+var ErrNoCandidate = errors.New("score: no healthy candidate")
+
+// Options configure a policy. Zero values take the documented defaults.
+type Options struct {
+	// Seed seeds every random choice (tie-breaks, random, temperature).
+	Seed int64
+	// ApproxCapacityBlocks bounds the per-replica approximate indexes that some peers keep, in
+	// request blocks; 0 means each peer's own documented default.
+	ApproxCapacityBlocks int
+	// KV tunes the `kv` cost model; the zero value means DefaultKV.
+	KV *KVParams
+}
+
+type factory func(Options) Policy
+
+var registry = map[string]factory{
+	"kv":                 func(o Options) Policy { return newKV(o) },
+	"load":               func(o Options) Policy { return newLoad("load", o) },
+	"least-loaded":       func(o Options) Policy { return newLoad("least-loaded", o) },
+	"round-robin":        func(o Options) Policy { return newRoundRobin() },
+	"random":             func(o Options) Policy { return newRandom(o) },
+	"session":            func(o Options) Policy { return newSession(o) },
+	"prefix-char":        func(o Options) Policy { return newPrefixChar(o) },
+	"sglang-cache-aware": func(o Options) Policy { return newSGLang(o) },
+	"llmd-default":       func(o Options) Policy { return newLLMD(o) },
+	"dynamo-kv":          func(o Options) Policy { return newDynamo(o) },
+}
+
+// Names lists every registered policy name, sorted.
+func Names() []string {
+	out := make([]string, 0, len(registry))
+	for n := range registry {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// New returns a fresh policy (with its own state) by name.
+func New(name string, o Options) (Policy, error) {
+	f, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("score: unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
+	}
+	return f(o), nil
+}
+
+// anyHealthy reports whether some candidate may take traffic.
+func anyHealthy(cands []Candidate) bool {
+	for i := range cands {
+		if cands[i].Healthy {
+			return true
+		}
+	}
+	return false
+}

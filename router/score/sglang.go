@@ -1,0 +1,84 @@
+package score
+
+import "math/rand/v2"
+
+// sglangCacheAware (`sglang-cache-aware`) follows SGLang router's `cache_aware` policy (CLI
+// defaults): an approximate tree of the text routed to each worker, and per-gateway in-flight
+// request counts as load. If (max_load - min_load) > 64 and max_load > 1.5 x min_load, the
+// shortest queue wins. Otherwise the best-matching worker wins if its match rate exceeds 0.3,
+// else the worker with the smallest tree. The chosen worker's tree gets the prompt. Trees are
+// trimmed LRU-first beyond max_tree_size (67,108,864 characters per worker).
+type sglangCacheAware struct {
+	rng      *rand.Rand
+	capChars int
+	idx      *approxIndex // created at the first request, when the chunk size per key is known
+}
+
+// SGLang cache_aware CLI defaults.
+const (
+	sglangCacheThreshold = 0.3
+	sglangBalanceAbs     = 64
+	sglangBalanceRel     = 1.5
+	sglangMaxTreeChars   = 67108864
+)
+
+func newSGLang(o Options) *sglangCacheAware {
+	p := &sglangCacheAware{rng: newRNG(o.Seed), capChars: sglangMaxTreeChars}
+	if o.ApproxCapacityBlocks > 0 {
+		p.idx = newApproxIndex(o.ApproxCapacityBlocks)
+	}
+	return p
+}
+
+// index returns the tree, sized in keys of per chunks each from the character budget.
+func (p *sglangCacheAware) index(per int) *approxIndex {
+	if p.idx == nil {
+		p.idx = newApproxIndex(max(p.capChars/(per*prefixChunkChars), 1))
+	}
+	return p.idx
+}
+
+func (p *sglangCacheAware) Name() string { return "sglang-cache-aware" }
+
+func (p *sglangCacheAware) Pick(req *Request, cands []Candidate) (int, error) {
+	if !anyHealthy(cands) {
+		return -1, ErrNoCandidate
+	}
+	load := func(i int) float64 { return float64(cands[i].Queue + cands[i].Running) }
+	minL, maxL := -1.0, -1.0
+	for i := range cands {
+		if !cands[i].Healthy {
+			continue
+		}
+		l := load(i)
+		if minL < 0 || l < minL {
+			minL = l
+		}
+		if l > maxL {
+			maxL = l
+		}
+	}
+	if maxL-minL > sglangBalanceAbs && maxL > sglangBalanceRel*minL {
+		return pickMin(cands, load, p.rng), nil
+	}
+	keys, per := chunkKeys(req)
+	idx := p.index(per)
+	totalChunks := len(keys) * per
+	if req.Text == "" {
+		totalChunks = max((req.Tokens*CharsPerToken+prefixChunkChars-1)/prefixChunkChars, 1)
+	}
+	// Longest match first; among equal matches the less loaded worker.
+	best := pickMin(cands, func(i int) float64 {
+		return -float64(idx.match(cands[i].ID, keys))*1e9 + load(i)
+	}, p.rng)
+	rate := float64(idx.match(cands[best].ID, keys)*per) / float64(totalChunks)
+	if rate > sglangCacheThreshold {
+		return best, nil
+	}
+	return pickMin(cands, func(i int) float64 { return float64(idx.size(cands[i].ID)) }, p.rng), nil
+}
+
+func (p *sglangCacheAware) OnRouted(req *Request, cands []Candidate, i int) {
+	keys, per := chunkKeys(req)
+	p.index(per).insert(cands[i].ID, keys)
+}

@@ -1,0 +1,339 @@
+package fleet
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/score"
+)
+
+// Config is the fleet and service model. Zero values take DefaultConfig's.
+type Config struct {
+	Replicas          int
+	CapacityBlocks    int     // whole fleet; each replica holds CapacityBlocks/Replicas
+	Speed             float64 // arrival times are timestamp / Speed
+	PrefillTokensPerS float64 // for uncached prompt tokens only
+	DecodeMsPerToken  float64 // per output token
+	MaxNumSeqs        int     // running requests per replica; the rest queue
+	Seed              int64
+	WindowSeconds     float64 // imbalance windows
+}
+
+// DefaultConfig is the benchmark's configuration (BENCHMARKS.md).
+var DefaultConfig = Config{Replicas: 8, CapacityBlocks: 4800, Speed: 1, PrefillTokensPerS: 20000,
+	DecodeMsPerToken: 20, MaxNumSeqs: 32, Seed: 1, WindowSeconds: 60}
+
+func (c Config) withDefaults() (Config, error) {
+	d := DefaultConfig
+	if c.Replicas == 0 {
+		c.Replicas = d.Replicas
+	}
+	if c.CapacityBlocks == 0 {
+		c.CapacityBlocks = d.CapacityBlocks
+	}
+	if c.Speed == 0 {
+		c.Speed = d.Speed
+	}
+	if c.PrefillTokensPerS == 0 {
+		c.PrefillTokensPerS = d.PrefillTokensPerS
+	}
+	if c.DecodeMsPerToken == 0 {
+		c.DecodeMsPerToken = d.DecodeMsPerToken
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = d.MaxNumSeqs
+	}
+	if c.WindowSeconds == 0 {
+		c.WindowSeconds = d.WindowSeconds
+	}
+	switch {
+	case c.Replicas < 1:
+		return c, fmt.Errorf("fleet: replicas must be >= 1, got %d", c.Replicas)
+	case c.CapacityBlocks < c.Replicas:
+		return c, fmt.Errorf("fleet: capacity-blocks %d is below one block per replica (%d replicas)", c.CapacityBlocks, c.Replicas)
+	case c.Speed < 0 || c.PrefillTokensPerS < 0 || c.DecodeMsPerToken < 0 || c.MaxNumSeqs < 0 || c.WindowSeconds < 0:
+		return c, fmt.Errorf("fleet: speed, rates, max-num-seqs and window must be positive")
+	}
+	return c, nil
+}
+
+// Result is one policy's figures over a run, plus the series the report plots.
+type Result struct {
+	Policy        string  `json:"policy"`
+	HitRateBlocks float64 `json:"hit_rate_blocks"`
+	HitRateTokens float64 `json:"hit_rate_tokens"`
+	Imbalance     float64 `json:"imbalance"`
+	ImbalanceP95  float64 `json:"imbalance_p95"`
+	TTFTP50       float64 `json:"ttft_p50_s"`
+	TTFTP90       float64 `json:"ttft_p90_s"`
+
+	// TTFTs are every request's modelled TTFT in seconds, sorted.
+	TTFTs []float64 `json:"-"`
+	// WindowLoad[w][r] is the uncached prefill tokens replica r did for requests arriving in
+	// window w; WindowRatio[w] is max/mean over replicas (windows with no work are left out).
+	WindowLoad  [][]float64 `json:"-"`
+	WindowRatio []float64   `json:"-"`
+}
+
+type replica struct {
+	id          string
+	cache       *blockCache
+	pending     map[uint64]int // blocks of routed requests not yet started (the side index)
+	queue       []int          // request indices, FIFO
+	running     int
+	prefillTok  int // router's estimate of prefill work not yet done
+	decodeTok   int
+	prefillFree float64
+}
+
+type evKind uint8
+
+const (
+	evPrefillDone evKind = iota
+	evComplete
+)
+
+type event struct {
+	t    float64
+	seq  int64
+	kind evKind
+	req  int
+	rep  int
+}
+
+type eventHeap []event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].t != h[j].t {
+		return h[i].t < h[j].t
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+type sim struct {
+	cfg      Config
+	tr       *Trace
+	reps     []*replica
+	events   eventHeap
+	seq      int64
+	perRep   int
+	arrival  []float64
+	estimate []int // router's uncached estimate per request
+	ttft     []float64
+	// accounting
+	hitBlocks, totBlocks int
+	hitTokens, totTokens int
+	uncachedByRep        []float64
+	window               map[int][]float64
+}
+
+// Run routes the trace through a fresh instance of the named policy and returns its figures.
+func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	pol, err := score.New(policy, score.Options{Seed: cfg.Seed})
+	if err != nil {
+		return nil, err
+	}
+	s := &sim{cfg: cfg, tr: tr, perRep: cfg.CapacityBlocks / cfg.Replicas,
+		arrival: make([]float64, len(tr.Requests)), estimate: make([]int, len(tr.Requests)),
+		ttft: make([]float64, len(tr.Requests)), uncachedByRep: make([]float64, cfg.Replicas),
+		window: map[int][]float64{}}
+	for i := 0; i < cfg.Replicas; i++ {
+		s.reps = append(s.reps, &replica{id: "r" + strconv.Itoa(i), cache: newBlockCache(s.perRep),
+			pending: map[uint64]int{}})
+	}
+	cands := make([]score.Candidate, cfg.Replicas)
+	keys := make([]blockkey.Key, 0, 256)
+	for i := range tr.Requests {
+		q := &tr.Requests[i]
+		now := float64(q.TimestampMs) / 1000 / cfg.Speed
+		s.arrival[i] = now
+		s.advance(now)
+		keys = keys[:0]
+		for _, h := range q.HashIDs {
+			keys = append(keys, blockkey.Key(h))
+		}
+		req := &score.Request{Keys: keys, Tokens: q.InputLength, BlockSize: TraceBlockTokens,
+			SessionKey: strconv.FormatUint(q.Session, 10), NowNs: int64(now * 1e9)}
+		for r, rep := range s.reps {
+			exact := rep.cache.prefix(q.HashIDs)
+			pred := exact
+			for pred < len(q.HashIDs) && (rep.pending[q.HashIDs[pred]] > 0 || rep.cache.contains(q.HashIDs[pred])) {
+				pred++
+			}
+			cands[r] = score.Candidate{ID: rep.id, ExactBlocks: exact,
+				TierBlocks:      [score.NumTiers]int{exact, 0, 0},
+				PredictedBlocks: pred, PrefillTokens: rep.prefillTok, DecodeTokens: rep.decodeTok,
+				Queue: len(rep.queue), Running: rep.running,
+				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true}
+		}
+		choice, err := pol.Pick(req, cands)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %s on request %d: %w", policy, i, err)
+		}
+		if choice < 0 || choice >= len(cands) {
+			return nil, fmt.Errorf("fleet: %s picked %d of %d replicas", policy, choice, len(cands))
+		}
+		pol.OnRouted(req, cands, choice)
+		s.route(i, choice, cands[choice].PredictedBlocks)
+	}
+	s.advance(math.Inf(1))
+	return s.result(policy), nil
+}
+
+func (s *sim) push(e event) {
+	s.seq++
+	e.seq = s.seq
+	heap.Push(&s.events, e)
+}
+
+// advance processes every event up to time t.
+func (s *sim) advance(t float64) {
+	for len(s.events) > 0 && s.events[0].t <= t {
+		e := heap.Pop(&s.events).(event)
+		rep := s.reps[e.rep]
+		q := &s.tr.Requests[e.req]
+		switch e.kind {
+		case evPrefillDone:
+			rep.prefillTok -= s.estimate[e.req]
+			rep.decodeTok += q.InputLength + q.OutputLength
+		case evComplete:
+			rep.running--
+			rep.decodeTok -= q.InputLength + q.OutputLength
+			// Free the tail first so eviction keeps the shared head longest (as vLLM does).
+			for j := len(q.HashIDs) - 1; j >= 0; j-- {
+				rep.cache.unpin(q.HashIDs[j])
+			}
+			s.startQueued(e.rep, e.t)
+		}
+	}
+}
+
+func (s *sim) route(i, r int, predicted int) {
+	q := &s.tr.Requests[i]
+	rep := s.reps[r]
+	est := uncachedTokens(q, predicted)
+	s.estimate[i] = est
+	rep.prefillTok += est
+	for _, h := range q.HashIDs {
+		rep.pending[h]++
+	}
+	rep.queue = append(rep.queue, i)
+	s.startQueued(r, s.arrival[i])
+}
+
+// startQueued starts queued requests in order while a sequence slot and KV room are free. A
+// request always starts on an idle replica, however large.
+func (s *sim) startQueued(r int, now float64) {
+	rep := s.reps[r]
+	for len(rep.queue) > 0 && rep.running < s.cfg.MaxNumSeqs {
+		i := rep.queue[0]
+		q := &s.tr.Requests[i]
+		if rep.running > 0 && rep.cache.pinned+rep.cache.unpinnedNeeded(q.HashIDs) > s.perRep {
+			return
+		}
+		rep.queue = rep.queue[1:]
+		s.start(i, r, now)
+	}
+}
+
+func (s *sim) start(i, r int, now float64) {
+	q := &s.tr.Requests[i]
+	rep := s.reps[r]
+	for _, h := range q.HashIDs {
+		if rep.pending[h]--; rep.pending[h] <= 0 {
+			delete(rep.pending, h)
+		}
+	}
+	hits := rep.cache.prefix(q.HashIDs)
+	for _, h := range q.HashIDs {
+		rep.cache.pin(h)
+	}
+	rep.running++
+	unc := uncachedTokens(q, hits)
+	s.hitBlocks += hits
+	s.totBlocks += len(q.HashIDs)
+	s.hitTokens += q.InputLength - unc
+	s.totTokens += q.InputLength
+	s.uncachedByRep[r] += float64(unc)
+	w := int(s.arrival[i] / s.cfg.WindowSeconds)
+	if s.window[w] == nil {
+		s.window[w] = make([]float64, s.cfg.Replicas)
+	}
+	s.window[w][r] += float64(unc)
+	// The last prompt token is always computed, even on a full hit.
+	work := float64(max(unc, 1)) / s.cfg.PrefillTokensPerS
+	begin := math.Max(now, rep.prefillFree)
+	done := begin + work
+	rep.prefillFree = done
+	s.ttft[i] = done - s.arrival[i]
+	s.push(event{t: done, kind: evPrefillDone, req: i, rep: r})
+	s.push(event{t: done + float64(q.OutputLength)*s.cfg.DecodeMsPerToken/1000, kind: evComplete, req: i, rep: r})
+}
+
+func (s *sim) result(policy string) *Result {
+	res := &Result{Policy: policy,
+		HitRateBlocks: ratio(s.hitBlocks, s.totBlocks), HitRateTokens: ratio(s.hitTokens, s.totTokens),
+		Imbalance: maxOverMean(s.uncachedByRep)}
+	res.TTFTs = append([]float64(nil), s.ttft...)
+	sort.Float64s(res.TTFTs)
+	res.TTFTP50 = percentile(res.TTFTs, 0.50)
+	res.TTFTP90 = percentile(res.TTFTs, 0.90)
+	ws := make([]int, 0, len(s.window))
+	for w := range s.window {
+		ws = append(ws, w)
+	}
+	sort.Ints(ws)
+	if len(ws) > 0 {
+		res.WindowLoad = make([][]float64, ws[len(ws)-1]+1)
+	}
+	for _, w := range ws {
+		res.WindowLoad[w] = s.window[w]
+		if r := maxOverMean(s.window[w]); r > 0 {
+			res.WindowRatio = append(res.WindowRatio, r)
+		}
+	}
+	sorted := append([]float64(nil), res.WindowRatio...)
+	sort.Float64s(sorted)
+	res.ImbalanceP95 = percentile(sorted, 0.95)
+	return res
+}
+
+// maxOverMean is max/mean of xs; 0 when there is no work at all.
+func maxOverMean(xs []float64) float64 {
+	sum, mx := 0.0, 0.0
+	for _, x := range xs {
+		sum += x
+		mx = math.Max(mx, x)
+	}
+	if sum == 0 {
+		return 0
+	}
+	return mx / (sum / float64(len(xs)))
+}
+
+// percentile is the nearest-rank percentile of sorted xs.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	k := int(math.Ceil(p*float64(len(sorted)))) - 1
+	k = min(max(k, 0), len(sorted)-1)
+	return sorted[k]
+}
