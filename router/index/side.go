@@ -1,0 +1,213 @@
+package index
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+)
+
+// SideOptions configure a SideIndex.
+type SideOptions struct {
+	// TTL is how long a recorded decision counts; zero takes the constructor's default.
+	TTL time.Duration
+	// MaxEntries caps the records kept (one per block per decision); the oldest go first.
+	// Zero takes the constructor's default.
+	MaxEntries int
+}
+
+// Defaults: the predicted index bridges the gap between a decision and the engine's first
+// BlockStored (event lag is tens of milliseconds; a long prefill delays it by seconds), the
+// approximate one stands in for a missing stream and lives as long as a block plausibly stays
+// cached on a busy engine.
+const (
+	DefaultPredictedTTL        = 5 * time.Second
+	DefaultPredictedMaxEntries = 1 << 20
+	DefaultApproximateTTL      = 120 * time.Second
+	DefaultApproximateMax      = 4 << 20
+)
+
+// SideIndex holds router decisions, not engine truth: key -> replicas it was sent to, each with
+// an expiry. Entries expire after the TTL and the oldest are dropped beyond MaxEntries. It is
+// the machinery of both the predicted side index and the approximate index. Safe for
+// concurrent use.
+type SideIndex struct {
+	ttl int64
+	max int
+
+	mu    sync.RWMutex
+	keys  map[blockkey.Key][]sideHolder
+	queue []sideRecord // in insertion order, so in expiry order for one TTL
+	head  int
+}
+
+type sideHolder struct {
+	id  ReplicaID
+	exp int64 // unix nanoseconds
+}
+
+type sideRecord struct {
+	key blockkey.Key
+	exp int64
+	id  ReplicaID
+}
+
+// NewPredicted returns the short-TTL side index for decisions not yet confirmed by events.
+func NewPredicted(o SideOptions) *SideIndex {
+	return newSide(o, DefaultPredictedTTL, DefaultPredictedMaxEntries)
+}
+
+// NewApproximate returns the long-TTL decision-learned index for replicas without a healthy
+// event stream.
+func NewApproximate(o SideOptions) *SideIndex {
+	return newSide(o, DefaultApproximateTTL, DefaultApproximateMax)
+}
+
+func newSide(o SideOptions, ttl time.Duration, max int) *SideIndex {
+	if o.TTL > 0 {
+		ttl = o.TTL
+	}
+	if o.MaxEntries > 0 {
+		max = o.MaxEntries
+	}
+	return &SideIndex{ttl: int64(ttl), max: max, keys: map[blockkey.Key][]sideHolder{}}
+}
+
+// TTL returns how long a decision counts.
+func (s *SideIndex) TTL() time.Duration { return time.Duration(s.ttl) }
+
+// Predict records that the request with these keys was sent to replica id at now: each key
+// counts as held by id until now+TTL. A repeated decision refreshes the expiry.
+func (s *SideIndex) Predict(id ReplicaID, keys []blockkey.Key, now time.Time) {
+	t := now.UnixNano()
+	exp := t + s.ttl
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expire(t)
+	for _, k := range keys {
+		hs := s.keys[k]
+		found := false
+		for j := range hs {
+			if hs[j].id == id {
+				hs[j].exp = exp
+				found = true
+				break
+			}
+		}
+		if !found {
+			s.keys[k] = append(hs, sideHolder{id: id, exp: exp})
+		}
+		s.queue = append(s.queue, sideRecord{key: k, exp: exp, id: id})
+	}
+	for len(s.queue)-s.head > s.max {
+		s.pop()
+	}
+	s.compact()
+}
+
+// Expire drops every entry expired at now (Predict also does it as it goes).
+func (s *SideIndex) Expire(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expire(now.UnixNano())
+	s.compact()
+}
+
+func (s *SideIndex) expire(t int64) {
+	for s.head < len(s.queue) && s.queue[s.head].exp <= t {
+		s.pop()
+	}
+}
+
+// pop drops the oldest record, and its holder unless a later decision refreshed it.
+func (s *SideIndex) pop() {
+	r := s.queue[s.head]
+	s.queue[s.head] = sideRecord{}
+	s.head++
+	hs := s.keys[r.key]
+	for j := range hs {
+		if hs[j].id == r.id {
+			if hs[j].exp == r.exp {
+				hs[j] = hs[len(hs)-1]
+				hs = hs[:len(hs)-1]
+				if len(hs) == 0 {
+					delete(s.keys, r.key)
+				} else {
+					s.keys[r.key] = hs
+				}
+			}
+			return
+		}
+	}
+}
+
+// compact moves the live records to the front once the dropped ones are the larger half, so
+// the queue's memory follows the live records.
+func (s *SideIndex) compact() {
+	if s.head > 1024 && s.head > len(s.queue)/2 {
+		n := copy(s.queue, s.queue[s.head:])
+		clear(s.queue[n:])
+		s.queue = s.queue[:n]
+		s.head = 0
+	}
+}
+
+// Forget drops every entry of one replica (it left, or its event stream became healthy).
+func (s *SideIndex) Forget(id ReplicaID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, hs := range s.keys {
+		kept := hs[:0]
+		for _, h := range hs {
+			if h.id != id {
+				kept = append(kept, h)
+			}
+		}
+		if len(kept) == 0 {
+			delete(s.keys, k)
+		} else {
+			s.keys[k] = kept
+		}
+	}
+	// Records of id left in the queue find no holder when popped.
+}
+
+// Len returns the number of (key, replica) entries held, expired ones not yet dropped included.
+func (s *SideIndex) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, hs := range s.keys {
+		n += len(hs)
+	}
+	return n
+}
+
+// Match returns, indexed by ReplicaID, the number of leading keys each replica holds unexpired
+// at now. out has length slots (use Index.Slots()) and is reused when its capacity allows; a
+// holder with an id at or above slots is ignored. The scan stops at the first key no replica
+// continues.
+func (s *SideIndex) Match(keys []blockkey.Key, now time.Time, slots int, out []uint32) []uint32 {
+	if cap(out) < slots {
+		out = make([]uint32, slots)
+	} else {
+		out = out[:slots]
+		clear(out)
+	}
+	t := now.UnixNano()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for i, k := range keys {
+		continued := false
+		for _, h := range s.keys[k] {
+			if int(h.id) < slots && h.exp > t && out[h.id] == uint32(i) {
+				out[h.id]++
+				continued = true
+			}
+		}
+		if !continued {
+			break
+		}
+	}
+	return out
+}
