@@ -19,6 +19,11 @@ type KVParams struct {
 	// request stays within (1+Slack) x the fleet mean (plus one request's worth, so a lone
 	// request on an idle fleet is never refused its cache).
 	Slack float64
+	// SlackRequests adds that many of this request's prompt tokens to the bound.
+	SlackRequests float64
+	// RecentWeight adds the replica's recent prefill work to its cost, so that among similar
+	// choices the one with less recent work wins (it keeps windows balanced, not just totals).
+	RecentWeight float64
 	// WindowSeconds is the time constant over which recent prefill work decays.
 	WindowSeconds float64
 	// Temperature > 0 samples among near-ties (softmax over normalised cost); 0 is deterministic.
@@ -31,6 +36,8 @@ var DefaultKV = KVParams{
 	DecodeWeight:  0.05,
 	QueueTokens:   2000,
 	Slack:         0.05,
+	SlackRequests: 0,
+	RecentWeight:  0,
 	WindowSeconds: 30,
 	Temperature:   0,
 }
@@ -103,13 +110,14 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		sum += rec[i]
 	}
 	// After this decision the fleet's recent work grows by about one request.
-	limit := (1+k.p.Slack)*(sum+float64(req.Tokens))/float64(n) + float64(req.Tokens)
+	limit := (1+k.p.Slack)*(sum+float64(req.Tokens))/float64(n) + k.p.SlackRequests*float64(req.Tokens)
 	cost := func(i int) float64 {
 		c := &cands[i]
 		return float64(c.PrefillTokens) + unc[i] + k.p.DecodeWeight*float64(c.DecodeTokens) +
-			k.p.QueueTokens*float64(c.Queue)
+			k.p.QueueTokens*float64(c.Queue) + k.p.RecentWeight*rec[i]
 	}
-	eligible := func(i int) bool { return rec[i]+unc[i] <= limit }
+	// A (near) full hit adds no prefill work, so it never breaks the bound.
+	eligible := func(i int) bool { return unc[i] <= float64(req.BlockSize) || rec[i]+unc[i] <= limit }
 	any := false
 	for i := range cands {
 		if cands[i].Healthy && eligible(i) {

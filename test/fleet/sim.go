@@ -21,6 +21,8 @@ type Config struct {
 	MaxNumSeqs        int     // running requests per replica; the rest queue
 	Seed              int64
 	WindowSeconds     float64 // imbalance windows
+	// KV overrides the kv policy's defaults (for tuning experiments only; nil = the router's).
+	KV *score.KVParams
 }
 
 // DefaultConfig is the benchmark's configuration (BENCHMARKS.md).
@@ -146,7 +148,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	pol, err := score.New(policy, score.Options{Seed: cfg.Seed})
+	pol, err := score.New(policy, score.Options{Seed: cfg.Seed, KV: cfg.KV})
 	if err != nil {
 		return nil, err
 	}
@@ -303,8 +305,14 @@ func (s *sim) result(policy string) *Result {
 	if len(ws) > 0 {
 		res.WindowLoad = make([][]float64, ws[len(ws)-1]+1)
 	}
+	// Only windows wholly inside the trace's span count: a trailing window of a few seconds
+	// holds a handful of requests and says nothing about balance.
+	last := s.arrival[len(s.arrival)-1]
 	for _, w := range ws {
 		res.WindowLoad[w] = s.window[w]
+		if float64(w+1)*s.cfg.WindowSeconds > last && len(ws) > 1 {
+			continue
+		}
 		if r := maxOverMean(s.window[w]); r > 0 {
 			res.WindowRatio = append(res.WindowRatio, r)
 		}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/test/fleet"
+)
+
+// cacheOutput is the JSON shape of `kvbench cache --json` (INTERFACES.md).
+type cacheOutput struct {
+	Trace          string          `json:"trace"`
+	Replicas       int             `json:"replicas"`
+	CapacityBlocks int             `json:"capacity_blocks"`
+	Results        []*fleet.Result `json:"results"`
+	Ceilings       ceilings        `json:"ceilings"`
+}
+
+type ceilings struct {
+	GlobalLRU float64 `json:"global-lru"`
+	Belady    float64 `json:"belady"`
+}
+
+const defaultPolicies = "kv,load,round-robin,random,session,prefix-char,sglang-cache-aware,llmd-default,dynamo-kv"
+
+func runCache(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("cache", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	d := fleet.DefaultConfig
+	trace := fs.String("trace", "", "Mooncake JSONL trace (required)")
+	replicas := fs.Int("replicas", d.Replicas, "replicas in the fleet")
+	capacity := fs.Int("capacity-blocks", d.CapacityBlocks, "KV capacity of the whole fleet in 512-token blocks")
+	policies := fs.String("policies", defaultPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+")")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	speed := fs.Float64("speed", d.Speed, "replay speed: arrival = timestamp / speed")
+	prefill := fs.Float64("prefill-tokens-per-s", d.PrefillTokensPerS, "prefill rate for uncached tokens")
+	decode := fs.Float64("decode-ms-per-token", d.DecodeMsPerToken, "decode time per output token (ms)")
+	seqs := fs.Int("max-num-seqs", d.MaxNumSeqs, "running requests per replica; the rest queue")
+	seed := fs.Int64("seed", d.Seed, "seed of every random choice")
+	report := fs.String("report", "", "write an HTML report into this directory")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *trace == "" {
+		return errors.New("--trace is required")
+	}
+	if *speed <= 0 || *prefill <= 0 || *decode < 0 || *seqs < 1 {
+		return errors.New("--speed and --prefill-tokens-per-s must be > 0, --decode-ms-per-token >= 0, --max-num-seqs >= 1")
+	}
+	names := splitList(*policies)
+	if len(names) == 0 {
+		return errors.New("--policies is empty")
+	}
+	for _, n := range names {
+		if _, err := score.New(n, score.Options{}); err != nil {
+			return err
+		}
+	}
+	tr, err := fleet.LoadTrace(*trace)
+	if err != nil {
+		return err
+	}
+	cfg := fleet.Config{Replicas: *replicas, CapacityBlocks: *capacity, Speed: *speed,
+		PrefillTokensPerS: *prefill, DecodeMsPerToken: *decode, MaxNumSeqs: *seqs, Seed: *seed,
+		WindowSeconds: d.WindowSeconds}
+	out := cacheOutput{Trace: filepath.Base(*trace), Replicas: *replicas, CapacityBlocks: *capacity,
+		Ceilings: ceilings{GlobalLRU: round3(fleet.GlobalLRU(tr, *capacity)), Belady: round3(fleet.Belady(tr, *capacity))}}
+	for _, n := range names {
+		r, err := fleet.Run(tr, cfg, n)
+		if err != nil {
+			return err
+		}
+		out.Results = append(out.Results, r)
+	}
+	if *report != "" {
+		if err := writeReport(*report, &out, "kvbench cache "+strings.Join(args, " ")); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		rounded := out
+		rounded.Results = nil
+		for _, r := range out.Results {
+			c := *r
+			c.HitRateBlocks, c.HitRateTokens = round3(c.HitRateBlocks), round3(c.HitRateTokens)
+			c.Imbalance, c.ImbalanceP95 = round3(c.Imbalance), round3(c.ImbalanceP95)
+			c.TTFTP50, c.TTFTP90 = round3(c.TTFTP50), round3(c.TTFTP90)
+			rounded.Results = append(rounded.Results, &c)
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rounded)
+	}
+	return writeTable(stdout, &out)
+}
+
+func writeTable(w io.Writer, out *cacheOutput) error {
+	fmt.Fprintf(w, "trace %s, %d replicas, %d blocks (%d per replica); global-lru %.3f, belady %.3f\n",
+		out.Trace, out.Replicas, out.CapacityBlocks, out.CapacityBlocks/out.Replicas, out.Ceilings.GlobalLRU, out.Ceilings.Belady)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\thit_blocks\thit_tokens\tvs_lru\timbalance\timbalance_p95\tttft_p50_s\tttft_p90_s\t")
+	for _, r := range out.Results {
+		vs := 0.0
+		if out.Ceilings.GlobalLRU > 0 {
+			vs = r.HitRateBlocks / out.Ceilings.GlobalLRU
+		}
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", r.Policy, r.HitRateBlocks,
+			r.HitRateTokens, vs, r.Imbalance, r.ImbalanceP95, r.TTFTP50, r.TTFTP90)
+	}
+	return tw.Flush()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func round3(x float64) float64 {
+	return float64(int64(x*1000+0.5)) / 1000
+}
+
+// mkdir creates the report directory.
+func mkdir(dir string) error { return os.MkdirAll(dir, 0o755) }
