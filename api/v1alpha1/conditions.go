@@ -1,0 +1,54 @@
+package v1alpha1
+
+// Condition types on KVRoutedModel status. Ready is the summary that `kubectl wait
+// --for=condition=Ready` and kstatus read; the other three say why.
+const (
+	ConditionReady       = "Ready"
+	ConditionAvailable   = "Available"
+	ConditionProgressing = "Progressing"
+	ConditionDegraded    = "Degraded"
+)
+
+// Condition reasons. CamelCase, as metav1.Condition requires.
+const (
+	ReasonReconciled            = "Reconciled"
+	ReasonSuspended             = "Suspended"
+	ReasonRollingOut            = "RollingOut"
+	ReasonScaling               = "Scaling"
+	ReasonWarmingUp             = "WarmingUp"
+	ReasonMinimumReplicasReady  = "MinimumReplicasReady"
+	ReasonNoReplicasReady       = "NoReplicasReady"
+	ReasonRouterNotReady        = "RouterNotReady"
+	ReasonApplyFailed           = "ApplyFailed"
+	ReasonInvalidSpec           = "InvalidSpec"
+	ReasonProgressDeadline      = "ProgressDeadlineExceeded"
+	ReasonKEDANotInstalled      = "KEDANotInstalled"
+	ReasonMetricsAPIUnavailable = "MetricsAPIUnavailable"
+	ReasonAsExpected            = "AsExpected"
+)
+
+// Labels and annotations shared by the operator, the router's discovery and the tests.
+const (
+	LabelPartOf    = "app.kubernetes.io/part-of"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelName      = "app.kubernetes.io/name"
+	LabelInstance  = "app.kubernetes.io/instance"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// LabelModel carries the KVRoutedModel's metadata.name (not spec.model.name: two
+	// resources may serve the same model name, and each router must see only its own pods).
+	LabelModel = "serving.kvroute.io/model"
+
+	PartOfValue        = "kvroute"
+	ManagedByValue     = "kvroute-operator"
+	ComponentEngine    = "engine"
+	ComponentRouter    = "router"
+	EngineAppName      = "vllm"
+	RouterAppName      = "kvrouter"
+	AnnotationPrefix   = "serving.kvroute.io/"
+	AnnotationKVEvents = "serving.kvroute.io/kv-events-ports"
+	AnnotationKVReplay = "serving.kvroute.io/kv-replay-ports"
+	AnnotationBlock    = "serving.kvroute.io/block-size"
+	AnnotationWarmup   = "serving.kvroute.io/warmup-until"
+	// AnnotationConfigChecksum on the router pod template rolls the router when its ConfigMap changes.
+	AnnotationConfigChecksum = "serving.kvroute.io/config-checksum"
+)

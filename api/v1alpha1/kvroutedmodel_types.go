@@ -1,0 +1,530 @@
+package v1alpha1
+
+import (
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// KVRoutedModel runs a fleet of vLLM replicas with KV-cache events switched on, and the
+// KV-cache-aware router in front of them.
+//
+// Validation lives in the schema (OpenAPI + CEL) so kubectl, OLM, Argo CD and the offline
+// `kvroutectl render` all reject the same resources without a webhook.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=kvrm,categories=llm
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.replicas`
+// +kubebuilder:printcolumn:name="Warming",type=integer,JSONPath=`.status.warmingReplicas`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.router.endpoint`
+// +kubebuilder:printcolumn:name="Model",type=string,JSONPath=`.spec.model.name`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule=`self.metadata.name.size() <= 50 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')`,message="metadata.name must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) of at most 50 characters: child Services are named <name>-engine and <name>-router"
+type KVRoutedModel struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec KVRoutedModelSpec `json:"spec"`
+	// +optional
+	Status KVRoutedModelStatus `json:"status,omitempty"`
+}
+
+// KVRoutedModelList is a list of KVRoutedModel.
+// +kubebuilder:object:root=true
+type KVRoutedModelList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []KVRoutedModel `json:"items"`
+}
+
+// KVRoutedModelSpec is the desired state. Pointer fields are those where the zero value is a
+// meaningful setting distinct from the default (replicas 0, replay port 0, enabled false, ...).
+type KVRoutedModelSpec struct {
+	// Model identity and weights.
+	// +required
+	Model ModelSpec `json:"model"`
+
+	// Replicas is the number of engine pods. It is the /scale spec path, so HPA or KEDA write
+	// it when spec.autoscaling is set; the operator is the only writer of the Deployment.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Suspend stops the operator from changing children; status is still reported.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+
+	// Engine configures the vLLM Deployment.
+	// +kubebuilder:default={}
+	// +optional
+	Engine EngineSpec `json:"engine,omitempty"`
+
+	// Router configures the KV-aware router Deployment and Service.
+	// +kubebuilder:default={}
+	// +optional
+	Router RouterSpec `json:"router,omitempty"`
+
+	// NetworkPolicy restricts ingress to the engine pods.
+	// +kubebuilder:default={}
+	// +optional
+	NetworkPolicy NetworkPolicySpec `json:"networkPolicy,omitempty"`
+
+	// Autoscaling, when set, makes HPA or KEDA scale this resource through /scale.
+	// +optional
+	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
+}
+
+// ModelSpec names the model and where its weights come from.
+// +kubebuilder:validation:XValidation:rule=`!self.uri.startsWith('hf://') || self.uri.matches('^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._/-]*)?$')`,message="spec.model.uri: an hf:// URI must look like hf://org/name or hf://org/name@revision",fieldPath=".uri"
+// +kubebuilder:validation:XValidation:rule=`!self.uri.startsWith('pvc://') || self.uri.matches('^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?$')`,message="spec.model.uri: a pvc:// URI must look like pvc://claim-name/path/in/volume",fieldPath=".uri"
+type ModelSpec struct {
+	// Name is the served model name (--served-model-name), a DNS-1123 label.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +required
+	Name string `json:"name"`
+
+	// URI of the weights: hf://org/name[@revision], pvc://claim/path, or a model id or path
+	// passed to `vllm serve` as is.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +required
+	URI string `json:"uri"`
+
+	// AuthSecretRef selects a Secret key that becomes HF_TOKEN in the engine.
+	// +optional
+	AuthSecretRef *corev1.SecretKeySelector `json:"authSecretRef,omitempty"`
+}
+
+// EngineSpec configures the vLLM engine pods. The port rules start with has() guards only
+// because the apiserver also checks them against the bare `{}` default; real objects always
+// carry the nested defaults.
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.basePort + self.parallelism.dataLocal - 1 <= 65535`,message="spec.engine.kvEvents.basePort + spec.engine.parallelism.dataLocal - 1 must be <= 65535 (one event port per DP rank)",fieldPath=".kvEvents.basePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1 <= 65535`,message="spec.engine.kvEvents.replayBasePort + spec.engine.parallelism.dataLocal - 1 must be <= 65535 (one replay port per DP rank)",fieldPath=".kvEvents.replayBasePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.port < self.kvEvents.basePort || self.port >= self.kvEvents.basePort + self.parallelism.dataLocal`,message="spec.engine.port collides with the KV event ports spec.engine.kvEvents.basePort .. basePort+dataLocal-1",fieldPath=".port"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.port < self.kvEvents.replayBasePort || self.port >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,message="spec.engine.port collides with the KV replay ports spec.engine.kvEvents.replayBasePort .. replayBasePort+dataLocal-1",fieldPath=".port"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort >= self.kvEvents.basePort + self.parallelism.dataLocal || self.kvEvents.basePort >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,message="spec.engine.kvEvents.replayBasePort range overlaps the event port range spec.engine.kvEvents.basePort .. basePort+dataLocal-1",fieldPath=".kvEvents.replayBasePort"
+type EngineSpec struct {
+	// Image of vLLM; the operator's --default-engine-image when empty.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// ImagePullPolicy of the engine container.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Port is vLLM's HTTP (and metrics) port.
+	// +kubebuilder:default=8000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// Args are extra `vllm serve` arguments, appended after the operator's own. Flags the
+	// operator owns are rejected in every spelling.
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Args []EngineArg `json:"args,omitempty"`
+
+	// Env is extra environment for the engine container. PYTHONHASHSEED is refused: it comes
+	// from hashSeed so that every replica hashes blocks the same way.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule=`self.all(e, e.name != 'PYTHONHASHSEED')`,message="spec.engine.env must not set PYTHONHASHSEED: set spec.engine.hashSeed instead"
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// Resources of the engine container. nvidia.com/gpu defaults to tensor x dataLocal when
+	// neither requests nor limits name it.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// Parallelism inside one pod.
+	// +kubebuilder:default={}
+	// +optional
+	Parallelism ParallelismSpec `json:"parallelism,omitempty"`
+
+	// BlockSize is vLLM's KV block size in tokens (--block-size).
+	// +kubebuilder:default=16
+	// +kubebuilder:validation:Enum=8;16;32;64;128;256
+	// +optional
+	BlockSize int32 `json:"blockSize,omitempty"`
+
+	// HashAlgo is vLLM's prefix-caching hash (--prefix-caching-hash-algo).
+	// +kubebuilder:default=sha256
+	// +kubebuilder:validation:Enum=sha256;sha256_cbor;xxhash;xxhash_cbor
+	// +optional
+	HashAlgo string `json:"hashAlgo,omitempty"`
+
+	// HashSeed becomes PYTHONHASHSEED: a decimal integer 0..4294967295. "random" is refused
+	// because routing needs every replica to hash the same way.
+	// +kubebuilder:default="0"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=10
+	// +kubebuilder:validation:Pattern=`^(0|[1-9][0-9]*)$`
+	// +kubebuilder:validation:XValidation:rule=`!self.matches('^[0-9]{1,10}$') || int(self) <= 4294967295`,message="spec.engine.hashSeed must be a decimal integer between 0 and 4294967295"
+	// +optional
+	HashSeed string `json:"hashSeed,omitempty"`
+
+	// KVEvents configures vLLM's --kv-events-config.
+	// +kubebuilder:default={}
+	// +optional
+	KVEvents KVEventsSpec `json:"kvEvents,omitempty"`
+
+	// LoRAAdapters are served with --enable-lora --lora-modules name=uri.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	LoRAAdapters []LoRAAdapter `json:"loraAdapters,omitempty"`
+
+	// SharedMemorySize bounds the /dev/shm emptyDir mounted when tensor > 1.
+	// +optional
+	SharedMemorySize *resource.Quantity `json:"sharedMemorySize,omitempty"`
+
+	// Pod is merged into the engine pod template.
+	// +optional
+	Pod PodOverrides `json:"pod,omitempty"`
+}
+
+// EngineArg is one extra `vllm serve` argument.
+// +kubebuilder:validation:MaxLength=1024
+// +kubebuilder:validation:XValidation:rule=`!self.matches('^(--(no[-_])?(kv[-_]events[-_]config|port|served[-_]model[-_]name|data[-_]parallel[-_]size|tensor[-_]parallel[-_]size|block[-_]size|prefix[-_]caching[-_]hash[-_]algo|config|enable[-_]prompt[-_]tokens[-_]details|model)([=.].*)?|-(dp|tp)([=0-9].*)?)$')`,message="spec.engine.args must not set a flag the operator owns (--kv-events-config, --port, --served-model-name, --data-parallel-size/-dp, --tensor-parallel-size/-tp, --block-size, --prefix-caching-hash-algo, --config, --enable-prompt-tokens-details, --model, in any spelling): use the matching spec.engine field"
+type EngineArg string
+
+// ParallelismSpec is the parallel layout of one engine pod.
+type ParallelismSpec struct {
+	// Tensor is --tensor-parallel-size.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	// +optional
+	Tensor int32 `json:"tensor,omitempty"`
+
+	// DataLocal is --data-parallel-size: DP ranks in one pod, each with its own event port.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	// +optional
+	DataLocal int32 `json:"dataLocal,omitempty"`
+}
+
+// KVEventsSpec configures the engines' KV-cache event publishers.
+type KVEventsSpec struct {
+	// Enabled switches the events on; without them the router scores approximately.
+	// +kubebuilder:default=true
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// BasePort: DP rank r publishes on basePort + r.
+	// +kubebuilder:default=5557
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	BasePort int32 `json:"basePort,omitempty"`
+
+	// ReplayBasePort: DP rank r answers replay requests on replayBasePort + r; 0 disables replay.
+	// +kubebuilder:default=5600
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	ReplayBasePort *int32 `json:"replayBasePort,omitempty"`
+
+	// TopicPrefix: the topic is <prefix>@$(POD_IP)@<spec.model.name>.
+	// +kubebuilder:default=kv
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9._-]+$`
+	// +optional
+	TopicPrefix string `json:"topicPrefix,omitempty"`
+
+	// HWM is the PUB socket's send high-water mark (0 = unlimited).
+	// +kubebuilder:default=100000
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	HWM *int32 `json:"hwm,omitempty"`
+
+	// BufferSteps is the replay ring length, in batches.
+	// +kubebuilder:default=10000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	// +optional
+	BufferSteps int32 `json:"bufferSteps,omitempty"`
+}
+
+// LoRAAdapter is one adapter served beside the base model.
+// +kubebuilder:validation:XValidation:rule=`!self.uri.startsWith('hf://') || self.uri.matches('^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$')`,message="spec.engine.loraAdapters[].uri: an hf:// adapter URI must look like hf://org/name (vLLM takes no revision for adapters)",fieldPath=".uri"
+// +kubebuilder:validation:XValidation:rule=`!self.uri.startsWith('pvc://') || self.uri.matches('^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?$')`,message="spec.engine.loraAdapters[].uri: a pvc:// URI must look like pvc://claim-name/path/in/volume",fieldPath=".uri"
+type LoRAAdapter struct {
+	// Name clients use as the model name to select the adapter.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9._-]*$`
+	// +required
+	Name string `json:"name"`
+	// URI of the adapter: hf://org/name, pvc://claim/path, or a path or id as is.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +required
+	URI string `json:"uri"`
+}
+
+// PodOverrides is the narrow part of the engine pod a user may set. A curated struct, not a
+// PodTemplateSpec, keeps the CRD small and the operator's invariants intact.
+type PodOverrides struct {
+	// +kubebuilder:validation:MaxProperties=32
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	RuntimeClassName *string `json:"runtimeClassName,omitempty"`
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+	// Labels are added to the engine pods; the operator's own labels win on a clash.
+	// +kubebuilder:validation:MaxProperties=32
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// Annotations are added to the engine pods; the operator's own annotations win on a clash.
+	// +kubebuilder:validation:MaxProperties=32
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// RouterSpec configures the KV-aware router.
+type RouterSpec struct {
+	// Replicas of the router Deployment.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Image of kvrouter; the operator's --default-router-image when empty.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the router container.
+	// +kubebuilder:default={requests:{cpu:"100m",memory:"128Mi"}}
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// Service in front of the router.
+	// +kubebuilder:default={}
+	// +optional
+	Service RouterServiceSpec `json:"service,omitempty"`
+
+	// Policy picks a replica per request (see the kvrouter --policy flag).
+	// +kubebuilder:default=kv
+	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
+	// +optional
+	Policy string `json:"policy,omitempty"`
+
+	// Warmup credit for newly Ready engine replicas.
+	// +kubebuilder:default={}
+	// +optional
+	Warmup WarmupSpec `json:"warmup,omitempty"`
+}
+
+// RouterServiceSpec is the router's Service.
+type RouterServiceSpec struct {
+	// +kubebuilder:default=ClusterIP
+	// +kubebuilder:validation:Enum=ClusterIP;NodePort;LoadBalancer
+	// +optional
+	Type corev1.ServiceType `json:"type,omitempty"`
+	// +kubebuilder:default=8000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+}
+
+// WarmupSpec is the credit a newly Ready replica gets while its prefix cache is cold.
+type WarmupSpec struct {
+	// Duration of the credit, decaying linearly to 0.
+	// +kubebuilder:default="2m"
+	// +kubebuilder:validation:XValidation:rule=`duration(self) >= duration('0s') && duration(self) <= duration('24h')`,message="spec.router.warmup.duration must be between 0s and 24h"
+	// +optional
+	Duration *metav1.Duration `json:"duration,omitempty"`
+	// Credit is the share (0..1) of a request's prompt blocks credited to a warming replica.
+	// +kubebuilder:default=0.5
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1
+	// +optional
+	Credit Fraction `json:"credit,omitempty"`
+}
+
+// NetworkPolicySpec controls the NetworkPolicy on the engine pods.
+type NetworkPolicySpec struct {
+	// +kubebuilder:default=true
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// AllowFrom are extra peers allowed to the engine HTTP/metrics port (the event and replay
+	// ports stay router-only). Default: the namespace named monitoring.
+	// +kubebuilder:default={{namespaceSelector:{matchLabels:{"kubernetes.io/metadata.name":"monitoring"}}}}
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	AllowFrom []networkingv1.NetworkPolicyPeer `json:"allowFrom,omitempty"`
+}
+
+// AutoscalingSpec makes HPA or KEDA scale the resource through /scale.
+// +kubebuilder:validation:XValidation:rule=`self.minReplicas <= self.maxReplicas`,message="spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",fieldPath=".minReplicas"
+// +kubebuilder:validation:XValidation:rule=`self.provider == 'KEDA' || !has(self.keda)`,message="spec.autoscaling.keda may only be set when spec.autoscaling.provider is KEDA",fieldPath=".keda"
+// +kubebuilder:validation:XValidation:rule=`self.provider == 'HPA' || !has(self.hpa)`,message="spec.autoscaling.hpa may only be set when spec.autoscaling.provider is HPA",fieldPath=".hpa"
+// +kubebuilder:validation:XValidation:rule=`self.provider != 'KEDA' || (has(self.keda) && has(self.keda.prometheus) && self.keda.prometheus.serverAddress != '')`,message="spec.autoscaling.keda.prometheus.serverAddress is required when spec.autoscaling.provider is KEDA"
+// +kubebuilder:validation:XValidation:rule=`self.provider != 'HPA' || self.minReplicas >= 1`,message="spec.autoscaling.minReplicas must be >= 1 with provider HPA (only KEDA scales to zero)",fieldPath=".minReplicas"
+type AutoscalingSpec struct {
+	// +kubebuilder:validation:Enum=HPA;KEDA
+	// +required
+	Provider string `json:"provider"`
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MinReplicas *int32 `json:"minReplicas,omitempty"`
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +required
+	MaxReplicas int32 `json:"maxReplicas"`
+	// TargetQueuePerReplica is the target of the default metric, vllm:num_requests_waiting per replica.
+	// +kubebuilder:default="4"
+	// +optional
+	TargetQueuePerReplica *resource.Quantity `json:"targetQueuePerReplica,omitempty"`
+	// Behavior of the HPA (KEDA passes it to the HPA it creates).
+	// +optional
+	Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior,omitempty"`
+	// +optional
+	HPA *HPASpec `json:"hpa,omitempty"`
+	// +optional
+	KEDA *KEDASpec `json:"keda,omitempty"`
+}
+
+// HPASpec holds HPA-only settings.
+type HPASpec struct {
+	// Metrics replace the default metric; they need a custom or external metrics adapter.
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	// +optional
+	Metrics []autoscalingv2.MetricSpec `json:"metrics,omitempty"`
+}
+
+// KEDASpec holds KEDA-only settings.
+type KEDASpec struct {
+	// +optional
+	Prometheus *KEDAPrometheus `json:"prometheus,omitempty"`
+	// +kubebuilder:default=15
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	PollingInterval *int32 `json:"pollingInterval,omitempty"`
+	// +kubebuilder:default=300
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	CooldownPeriod *int32 `json:"cooldownPeriod,omitempty"`
+}
+
+// KEDAPrometheus is the Prometheus trigger KEDA polls.
+type KEDAPrometheus struct {
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://`
+	// +required
+	ServerAddress string `json:"serverAddress"`
+	// Query; default sum(vllm:num_requests_waiting{namespace=..., model_name=...}).
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	Query string `json:"query,omitempty"`
+	// AuthenticationRef names a KEDA TriggerAuthentication in the namespace.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	AuthenticationRef string `json:"authenticationRef,omitempty"`
+}
+
+// KVRoutedModelStatus is the observed state.
+type KVRoutedModelStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Replicas is the /scale status path: engine pods observed.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+	// WarmingReplicas are Ready engine pods still inside their warm-up window.
+	// +optional
+	WarmingReplicas int32 `json:"warmingReplicas,omitempty"`
+	// Selector is the /scale selector path: the engine pods' label selector.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// +optional
+	Engine *EngineStatus `json:"engine,omitempty"`
+	// +optional
+	Router *RouterStatus `json:"router,omitempty"`
+	// +optional
+	Autoscaler *AutoscalerStatus `json:"autoscaler,omitempty"`
+	// LastScaleTime is when spec.replicas last changed.
+	// +optional
+	LastScaleTime *metav1.Time `json:"lastScaleTime,omitempty"`
+}
+
+// EngineStatus reports the engine children.
+type EngineStatus struct {
+	// +optional
+	DeploymentName string `json:"deploymentName,omitempty"`
+	// KVEventPorts per DP rank, rank order.
+	// +listType=atomic
+	// +optional
+	KVEventPorts []int32 `json:"kvEventPorts,omitempty"`
+	// ReplayPorts per DP rank, rank order; empty when replay is off.
+	// +listType=atomic
+	// +optional
+	ReplayPorts []int32 `json:"replayPorts,omitempty"`
+}
+
+// RouterStatus reports the router children.
+type RouterStatus struct {
+	// +optional
+	DeploymentName string `json:"deploymentName,omitempty"`
+	// +optional
+	ServiceName string `json:"serviceName,omitempty"`
+	// Endpoint is the in-cluster URL a gateway points at.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+}
+
+// AutoscalerStatus names the autoscaler object.
+type AutoscalerStatus struct {
+	// Kind is HorizontalPodAutoscaler or ScaledObject.
+	// +optional
+	Kind string `json:"kind,omitempty"`
+	// +optional
+	Name string `json:"name,omitempty"`
+}
