@@ -396,7 +396,7 @@ type NetworkPolicySpec struct {
 // +kubebuilder:validation:XValidation:rule=`self.minReplicas <= self.maxReplicas`,message="spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",fieldPath=".minReplicas"
 // +kubebuilder:validation:XValidation:rule=`self.provider == 'KEDA' || !has(self.keda)`,message="spec.autoscaling.keda may only be set when spec.autoscaling.provider is KEDA",fieldPath=".keda"
 // +kubebuilder:validation:XValidation:rule=`self.provider == 'HPA' || !has(self.hpa)`,message="spec.autoscaling.hpa may only be set when spec.autoscaling.provider is HPA",fieldPath=".hpa"
-// +kubebuilder:validation:XValidation:rule=`self.provider != 'KEDA' || (has(self.keda) && has(self.keda.prometheus) && self.keda.prometheus.serverAddress != ”)`,message="spec.autoscaling.keda.prometheus.serverAddress is required when spec.autoscaling.provider is KEDA"
+// +kubebuilder:validation:XValidation:rule=`self.provider != 'KEDA' || (has(self.keda) && has(self.keda.prometheus) && size(self.keda.prometheus.serverAddress) > 0)`,message="spec.autoscaling.keda.prometheus.serverAddress is required when spec.autoscaling.provider is KEDA"
 // +kubebuilder:validation:XValidation:rule=`self.provider != 'HPA' || self.minReplicas >= 1`,message="spec.autoscaling.minReplicas must be >= 1 with provider HPA (only KEDA scales to zero)",fieldPath=".minReplicas"
 type AutoscalingSpec struct {
 	// +kubebuilder:validation:Enum=HPA;KEDA
