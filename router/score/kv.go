@@ -126,8 +126,20 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		}
 	}
 	if !any {
-		// Everyone is over the bound: the least recent work wins, which restores balance fastest.
-		return pickMin(cands, func(i int) float64 { return rec[i] + unc[i] }, k.rng), nil
+		// Everyone is over the bound (an idle fleet, or a burst): among the replicas with the
+		// least recent work (within one block) the cheapest wins.
+		lo := math.Inf(1)
+		for i := range cands {
+			if cands[i].Healthy {
+				lo = math.Min(lo, rec[i]+unc[i])
+			}
+		}
+		return pickMin(cands, func(i int) float64 {
+			if rec[i]+unc[i] > lo+float64(req.BlockSize) {
+				return math.Inf(1)
+			}
+			return cost(i)
+		}, k.rng), nil
 	}
 	value := func(i int) float64 {
 		if !eligible(i) {

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const testTrace = "../../testdata/traces/mooncake/synthetic_trace.jsonl"
+
+func kvbench(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	rc := run(args, &out, &errb)
+	return out.String(), errb.String(), rc
+}
+
+func TestCacheJSONShapeAndDeterminism(t *testing.T) {
+	args := []string{"cache", "--trace", testTrace, "--replicas", "4", "--capacity-blocks", "2400",
+		"--policies", "kv,round-robin", "--json"}
+	a, stderr, rc := kvbench(t, args...)
+	if rc != 0 {
+		t.Fatalf("rc %d: %s", rc, stderr)
+	}
+	b, _, _ := kvbench(t, args...)
+	if a != b {
+		t.Error("two runs printed different JSON")
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(a), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"trace", "replicas", "capacity_blocks", "results", "ceilings"} {
+		if _, ok := doc[k]; !ok {
+			t.Errorf("missing %q", k)
+		}
+	}
+	if doc["replicas"].(float64) != 4 || doc["capacity_blocks"].(float64) != 2400 || doc["trace"] != "synthetic_trace.jsonl" {
+		t.Errorf("header %v", doc)
+	}
+	res := doc["results"].([]any)
+	if len(res) != 2 || res[0].(map[string]any)["policy"] != "kv" {
+		t.Fatalf("results %v", res)
+	}
+	for _, r := range res {
+		m := r.(map[string]any)
+		if len(m) != 7 {
+			t.Errorf("result has fields %v, want exactly the 7 of INTERFACES.md", m)
+		}
+		for _, k := range []string{"policy", "hit_rate_blocks", "hit_rate_tokens", "imbalance", "imbalance_p95", "ttft_p50_s", "ttft_p90_s"} {
+			if _, ok := m[k]; !ok {
+				t.Errorf("result lacks %q", k)
+			}
+		}
+	}
+	c := doc["ceilings"].(map[string]any)
+	if c["global-lru"].(float64) <= 0 || c["belady"].(float64) < c["global-lru"].(float64) {
+		t.Errorf("ceilings %v", c)
+	}
+}
+
+func TestCacheTableAndReport(t *testing.T) {
+	dir := t.TempDir()
+	out, stderr, rc := kvbench(t, "cache", "--trace", testTrace, "--policies", "kv,load", "--report", dir)
+	if rc != 0 {
+		t.Fatalf("rc %d: %s", rc, stderr)
+	}
+	if !strings.Contains(out, "hit_blocks") || !strings.Contains(out, "global-lru") {
+		t.Errorf("table: %s", out)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(page)
+	if strings.Count(s, "<svg") < 4 || strings.Contains(s, "<script") || strings.Contains(s, "http://cdn") {
+		t.Errorf("report: %d plots, scripts %v", strings.Count(s, "<svg"), strings.Contains(s, "<script"))
+	}
+	if !strings.Contains(s, "kvbench cache --trace") {
+		t.Error("report lacks the command line")
+	}
+}
+
+func TestBadInvocations(t *testing.T) {
+	for name, args := range map[string][]string{
+		"no subcommand":  {},
+		"unknown":        {"nope"},
+		"no trace":       {"cache"},
+		"missing file":   {"cache", "--trace", "does-not-exist.jsonl"},
+		"unknown policy": {"cache", "--trace", testTrace, "--policies", "kv,bogus"},
+		"zero speed":     {"cache", "--trace", testTrace, "--speed", "0"},
+		"bad flag":       {"cache", "--frobnicate"},
+	} {
+		if _, _, rc := kvbench(t, args...); rc == 0 {
+			t.Errorf("%s: exit 0", name)
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package fleet
+
+import (
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func trace(t *testing.T, jsonl string) *Trace {
+	t.Helper()
+	tr, err := ReadTrace(strings.NewReader(jsonl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// Access sequence 1 2 3 | 1 2 4 | 1 2 3. With 3 blocks both lines find 1,2 twice (4/9): LRU
+// loses 3 to 4, and Belady evicts 3 too (its next use is the farthest). With 4 blocks LRU also
+// keeps 3 (5/9). On a cycle 1 2 3 x3 with 2 blocks LRU always evicts the next block needed (0),
+// while Belady keeps blocks whose next use is nearest (3/9).
+func TestReferenceLinesOnHandMadeTraces(t *testing.T) {
+	tr := trace(t, `{"timestamp":0,"input_length":1536,"output_length":1,"hash_ids":[1,2,3]}
+{"timestamp":1,"input_length":1536,"output_length":1,"hash_ids":[1,2,4]}
+{"timestamp":2,"input_length":1536,"output_length":1,"hash_ids":[1,2,3]}`)
+	if got := GlobalLRU(tr, 3); !near(got, 4.0/9) {
+		t.Errorf("global-lru = %v, want 4/9", got)
+	}
+	if got := Belady(tr, 3); !near(got, 4.0/9) {
+		t.Errorf("belady = %v, want 4/9", got)
+	}
+	if got := GlobalLRU(tr, 4); !near(got, 5.0/9) {
+		t.Errorf("global-lru with 4 blocks = %v, want 5/9", got)
+	}
+	// Cyclic access 1 2 3 1 2 3 1 2 3 with room for 2: LRU always evicts the next block needed
+	// (0 hits), Belady keeps one of them: hits on positions 4 (1), 6 (3)... = 3/9 here.
+	cyc := trace(t, `{"timestamp":0,"input_length":1536,"output_length":1,"hash_ids":[1,2,3]}
+{"timestamp":1,"input_length":1536,"output_length":1,"hash_ids":[1,2,3]}
+{"timestamp":2,"input_length":1536,"output_length":1,"hash_ids":[1,2,3]}`)
+	if got := GlobalLRU(cyc, 2); got != 0 {
+		t.Errorf("cyclic global-lru = %v, want 0", got)
+	}
+	if got, lru := Belady(cyc, 2), GlobalLRU(cyc, 2); got <= lru || !near(got, 3.0/9) {
+		t.Errorf("cyclic belady = %v, want 3/9 (> lru %v)", got, lru)
+	}
+}
+
+func TestReadTraceRejectsBadInput(t *testing.T) {
+	for name, in := range map[string]string{
+		"not json":     "{",
+		"no blocks":    `{"timestamp":0,"input_length":10,"output_length":1,"hash_ids":[]}`,
+		"too long":     `{"timestamp":0,"input_length":2000,"output_length":1,"hash_ids":[1]}`,
+		"negative":     `{"timestamp":-1,"input_length":10,"output_length":1,"hash_ids":[1]}`,
+		"empty":        "\n\n",
+		"wrong fields": `{"timestamp":"x"}`,
+	} {
+		if _, err := ReadTrace(strings.NewReader(in)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestSessionKeySkipsSharedPrefix(t *testing.T) {
+	var b strings.Builder
+	// 200 requests all starting with block 0; each conversation's own block follows.
+	for i := 0; i < 200; i++ {
+		b.WriteString(`{"timestamp":` + itoa(i) + `,"input_length":1024,"output_length":1,"hash_ids":[0,` + itoa(1000+i/2) + `]}` + "\n")
+	}
+	tr := trace(t, b.String())
+	if tr.Requests[0].Session != 1000 || tr.Requests[1].Session != 1000 || tr.Requests[2].Session != 1001 {
+		t.Errorf("sessions %d %d %d, want 1000 1000 1001", tr.Requests[0].Session, tr.Requests[1].Session, tr.Requests[2].Session)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestServiceModelOnOneReplica(t *testing.T) {
+	// Two identical prompts of 2 blocks, one after the other: the second hits both blocks.
+	tr := trace(t, `{"timestamp":0,"input_length":1024,"output_length":10,"hash_ids":[7,8]}
+{"timestamp":10000,"input_length":1024,"output_length":10,"hash_ids":[7,8]}`)
+	r, err := Run(tr, Config{Replicas: 1, CapacityBlocks: 10}, "round-robin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(r.HitRateBlocks, 0.5) || !near(r.HitRateTokens, 0.5) {
+		t.Errorf("hit rates %v/%v, want 0.5", r.HitRateBlocks, r.HitRateTokens)
+	}
+	// TTFTs: 1024/20000 s for the cold one, 1 token for the warm one.
+	if !near(r.TTFTs[1], 1024.0/20000) || !near(r.TTFTs[0], 1.0/20000) {
+		t.Errorf("ttfts %v", r.TTFTs)
+	}
+}
+
+func TestQueueingAndPinning(t *testing.T) {
+	// max-num-seqs 1: the second request waits for the first to finish decoding (10 x 20 ms).
+	tr := trace(t, `{"timestamp":0,"input_length":512,"output_length":10,"hash_ids":[1]}
+{"timestamp":0,"input_length":512,"output_length":10,"hash_ids":[2]}`)
+	r, err := Run(tr, Config{Replicas: 1, CapacityBlocks: 1, MaxNumSeqs: 1}, "load")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := 512.0 / 20000
+	if !near(r.TTFTs[1], first+0.2+first) {
+		t.Errorf("queued ttft %v, want %v", r.TTFTs[1], first+0.2+first)
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	tr, err := LoadTrace("../../testdata/traces/mooncake/synthetic_trace.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Requests = tr.Requests[:800]
+	for _, p := range []string{"kv", "random", "prefix-char", "sglang-cache-aware", "llmd-default", "session"} {
+		a, err := Run(tr, Config{}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := Run(tr, Config{}, p)
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("%s: two runs differ", p)
+		}
+	}
+}
+
+func TestPublishedReferenceFigures(t *testing.T) {
+	for _, c := range []struct {
+		file        string
+		lru, belady float64
+		rr          float64
+	}{
+		{"mooncake/conversation_trace.jsonl", 0.105, 0.339, 0.050},
+		{"mooncake/synthetic_trace.jsonl", 0.276, 0.520, 0.044},
+		{"synthetic/llmd_shared_prefix_150x5_6000_1200_1000.jsonl", 0.982, 0.982, 0.196},
+	} {
+		tr, err := LoadTrace("../../testdata/traces/" + c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := GlobalLRU(tr, 4800); math.Abs(got-c.lru) > 0.0006 {
+			t.Errorf("%s global-lru %.4f, published %.3f", c.file, got, c.lru)
+		}
+		if got := Belady(tr, 4800); math.Abs(got-c.belady) > 0.0006 {
+			t.Errorf("%s belady %.4f, published %.3f", c.file, got, c.belady)
+		}
+		// Round-robin runs through the timed model, so only roughly the published figure.
+		r, err := Run(tr, Config{}, "round-robin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(r.HitRateBlocks-c.rr) > 0.005 {
+			t.Errorf("%s round-robin %.4f, published %.3f", c.file, r.HitRateBlocks, c.rr)
+		}
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	tr := trace(t, `{"timestamp":0,"input_length":10,"output_length":1,"hash_ids":[1]}`)
+	if _, err := Run(tr, Config{Replicas: 10, CapacityBlocks: 5}, "kv"); err == nil {
+		t.Error("capacity below one block per replica accepted")
+	}
+	if _, err := Run(tr, Config{}, "nope"); err == nil {
+		t.Error("unknown policy accepted")
+	}
+}
