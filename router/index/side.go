@@ -35,10 +35,13 @@ type SideIndex struct {
 	ttl int64
 	max int
 
-	mu    sync.RWMutex
-	keys  map[blockkey.Key][]sideHolder
-	queue []sideRecord // in insertion order, so in expiry order for one TTL
-	head  int
+	mu   sync.RWMutex
+	keys map[blockkey.Key][]sideHolder
+	// ring of records in insertion order, so in expiry order for one TTL: ring[head] is the
+	// oldest of n. It grows by doubling up to max and is never copied after that.
+	ring []sideRecord
+	head int
+	n    int
 }
 
 type sideHolder struct {
@@ -97,12 +100,25 @@ func (s *SideIndex) Predict(id ReplicaID, keys []blockkey.Key, now time.Time) {
 		if !found {
 			s.keys[k] = append(hs, sideHolder{id: id, exp: exp})
 		}
-		s.queue = append(s.queue, sideRecord{key: k, exp: exp, id: id})
+		s.push(sideRecord{key: k, exp: exp, id: id})
 	}
-	for len(s.queue)-s.head > s.max {
-		s.pop()
+}
+
+// push appends a record, dropping the oldest when the ring is full at max.
+func (s *SideIndex) push(r sideRecord) {
+	if s.n == len(s.ring) {
+		if len(s.ring) < s.max {
+			grown := make([]sideRecord, min(max(2*len(s.ring), 64), s.max))
+			for i := range s.n {
+				grown[i] = s.ring[(s.head+i)%len(s.ring)]
+			}
+			s.ring, s.head = grown, 0
+		} else {
+			s.pop()
+		}
 	}
-	s.compact()
+	s.ring[(s.head+s.n)%len(s.ring)] = r
+	s.n++
 }
 
 // Expire drops every entry expired at now (Predict also does it as it goes).
@@ -110,20 +126,19 @@ func (s *SideIndex) Expire(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(now.UnixNano())
-	s.compact()
 }
 
 func (s *SideIndex) expire(t int64) {
-	for s.head < len(s.queue) && s.queue[s.head].exp <= t {
+	for s.n > 0 && s.ring[s.head].exp <= t {
 		s.pop()
 	}
 }
 
 // pop drops the oldest record, and its holder unless a later decision refreshed it.
 func (s *SideIndex) pop() {
-	r := s.queue[s.head]
-	s.queue[s.head] = sideRecord{}
-	s.head++
+	r := s.ring[s.head]
+	s.head = (s.head + 1) % len(s.ring)
+	s.n--
 	hs := s.keys[r.key]
 	for j := range hs {
 		if hs[j].id == r.id {
@@ -138,17 +153,6 @@ func (s *SideIndex) pop() {
 			}
 			return
 		}
-	}
-}
-
-// compact moves the live records to the front once the dropped ones are the larger half, so
-// the queue's memory follows the live records.
-func (s *SideIndex) compact() {
-	if s.head > 1024 && s.head > len(s.queue)/2 {
-		n := copy(s.queue, s.queue[s.head:])
-		clear(s.queue[n:])
-		s.queue = s.queue[:n]
-		s.head = 0
 	}
 }
 
@@ -169,7 +173,7 @@ func (s *SideIndex) Forget(id ReplicaID) {
 			s.keys[k] = kept
 		}
 	}
-	// Records of id left in the queue find no holder when popped.
+	// Records of id left in the ring find no holder when popped.
 }
 
 // Len returns the number of (key, replica) entries held, expired ones not yet dropped included.
