@@ -51,7 +51,12 @@ package tools
 import _ "k8s.io/kubernetes/cmd/kube-apiserver"
 GO
   (cd "$work/apiserver" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
-   cd "$work/apiserver" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -o "$DEST/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+   # Stamp the version the way Kubernetes' own build does, so /version reports v1.37.2.
+   vpkg=k8s.io/component-base/version
+   ldflags="-X $vpkg.gitVersion=v${KUBE_VERSION} -X $vpkg.gitMajor=${KUBE_VERSION%%.*}"
+   minor=${KUBE_VERSION#*.}; ldflags="$ldflags -X $vpkg.gitMinor=${minor%%.*} -X $vpkg.gitTreeState=clean"
+   cd "$work/apiserver" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
+     -o "$DEST/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
   mv "$DEST/kube-apiserver.tmp" "$DEST/kube-apiserver"
 fi
 
