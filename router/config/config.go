@@ -1,0 +1,351 @@
+// Package config is the kvrouter configuration file's schema. The operator renders it into
+// the router's ConfigMap; kvrouter reads it (flags override it). Decoding is strict: an unknown
+// or misspelt key is an error, not a silently ignored setting.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// Config is the whole file.
+type Config struct {
+	// Listen is the API address (host:port).
+	Listen string `json:"listen"`
+	// AdminListen serves /metrics and /debug; loopback unless the operator opens it for scraping.
+	AdminListen string `json:"adminListen"`
+	// Policy names the scorer (see the --policy flag).
+	Policy string `json:"policy"`
+	// BlockSize is the engines' KV block size in tokens; 0 learns it from the events.
+	BlockSize int `json:"blockSize"`
+	// Hash is how the engines hash blocks (used by the parity check).
+	Hash Hash `json:"hash"`
+	// Engines is a static engine list; empty when Discovery is used.
+	Engines []Engine `json:"engines,omitempty"`
+	// Discovery finds engines at runtime instead of a static list.
+	Discovery *Discovery `json:"discovery,omitempty"`
+	Scoring   Scoring    `json:"scoring"`
+	Warmup    Warmup     `json:"warmup"`
+	Events    Events     `json:"events"`
+	Limits    Limits     `json:"limits"`
+}
+
+// Hash mirrors vLLM's --prefix-caching-hash-algo and PYTHONHASHSEED.
+type Hash struct {
+	Algo string `json:"algo"`
+	Seed string `json:"seed"`
+}
+
+// Engine is one statically configured vLLM replica.
+type Engine struct {
+	Name string `json:"name"`
+	// URL of its HTTP API, e.g. http://10.0.0.5:8000.
+	URL string `json:"url"`
+	// Events are the PUB endpoints, one per DP rank, rank order.
+	Events []string `json:"events,omitempty"`
+	// Replay are the replay (ROUTER) endpoints, one per DP rank, or none.
+	Replay []string `json:"replay,omitempty"`
+	// WarmupUntil gives the replica warm-up credit until then.
+	WarmupUntil *metav1.Time `json:"warmupUntil,omitempty"`
+}
+
+// Discovery selects one engine source.
+type Discovery struct {
+	Kubernetes *KubernetesDiscovery `json:"kubernetes,omitempty"`
+}
+
+// KubernetesDiscovery watches engine pods and reads the contract from their annotations.
+type KubernetesDiscovery struct {
+	Namespace string `json:"namespace"`
+	// Selector is a label selector in kubectl syntax.
+	Selector string `json:"selector"`
+	// Port is the engines' HTTP port.
+	Port int `json:"port"`
+	// Annotation names; the defaults are the serving.kvroute.io/ ones the operator writes.
+	EventsPortsAnnotation string `json:"eventsPortsAnnotation"`
+	ReplayPortsAnnotation string `json:"replayPortsAnnotation"`
+	BlockSizeAnnotation   string `json:"blockSizeAnnotation"`
+	WarmupUntilAnnotation string `json:"warmupUntilAnnotation"`
+}
+
+// Scoring are the cost model's knobs.
+type Scoring struct {
+	// LoadWeight scales the load term against uncached prefill work.
+	LoadWeight float64 `json:"loadWeight"`
+	// ImbalanceBound caps a replica's load relative to the fleet mean (>= 1) before cache
+	// affinity is overridden.
+	ImbalanceBound float64 `json:"imbalanceBound"`
+	// Temperature > 0 picks softly among near-best replicas; 0 is argmin.
+	Temperature float64 `json:"temperature"`
+	// TierWeights are how much a cached block is worth per tier (0..1).
+	TierWeights TierWeights `json:"tierWeights"`
+}
+
+// TierWeights weigh a cache hit by where the block lives.
+type TierWeights struct {
+	GPU  float64 `json:"gpu"`
+	CPU  float64 `json:"cpu"`
+	Disk float64 `json:"disk"`
+}
+
+// Warmup is the credit given to newly Ready replicas.
+type Warmup struct {
+	Duration metav1.Duration `json:"duration"`
+	// Credit is the share (0..1) of a request's prompt blocks credited at Ready.
+	Credit float64 `json:"credit"`
+}
+
+// Events configures the subscribers.
+type Events struct {
+	// TopicPrefix: topics are <prefix>@<host>@<model>.
+	TopicPrefix string `json:"topicPrefix"`
+	// HWM is the SUB socket's receive high-water mark (0 = unlimited).
+	HWM int `json:"hwm"`
+	// Replay asks the engines' replay sockets for missed batches.
+	Replay bool `json:"replay"`
+}
+
+// Limits bound what one request may cost the router.
+type Limits struct {
+	MaxBodyBytes int64 `json:"maxBodyBytes"`
+	// ConnectTimeout to an engine; FirstByteTimeout until its first response byte (the
+	// failover window); RequestTimeout for the whole request.
+	ConnectTimeout   metav1.Duration `json:"connectTimeout"`
+	FirstByteTimeout metav1.Duration `json:"firstByteTimeout"`
+	RequestTimeout   metav1.Duration `json:"requestTimeout"`
+}
+
+// Policies are the names --policy accepts (least-loaded is an alias of load).
+var Policies = []string{"kv", "load", "least-loaded", "round-robin", "random", "session",
+	"prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
+
+// HashAlgos are vLLM's --prefix-caching-hash-algo values.
+var HashAlgos = []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}
+
+// Default annotation names (the operator's contract on engine pods).
+const (
+	DefaultEventsPortsAnnotation = "serving.kvroute.io/kv-events-ports"
+	DefaultReplayPortsAnnotation = "serving.kvroute.io/kv-replay-ports"
+	DefaultBlockSizeAnnotation   = "serving.kvroute.io/block-size"
+	DefaultWarmupUntilAnnotation = "serving.kvroute.io/warmup-until"
+)
+
+// Default returns the configuration used for every key a file leaves out.
+func Default() Config {
+	return Config{
+		Listen:      ":8000",
+		AdminListen: "127.0.0.1:9090",
+		Policy:      "kv",
+		BlockSize:   0,
+		Hash:        Hash{Algo: "sha256", Seed: "0"},
+		Scoring: Scoring{
+			LoadWeight:     1,
+			ImbalanceBound: 1.5,
+			Temperature:    0,
+			TierWeights:    TierWeights{GPU: 1, CPU: 0.5, Disk: 0.25},
+		},
+		Warmup: Warmup{Duration: metav1.Duration{Duration: 2 * time.Minute}, Credit: 0.5},
+		Events: Events{TopicPrefix: "kv", HWM: 100000, Replay: true},
+		Limits: Limits{
+			MaxBodyBytes:     16 << 20,
+			ConnectTimeout:   metav1.Duration{Duration: 5 * time.Second},
+			FirstByteTimeout: metav1.Duration{Duration: 10 * time.Minute},
+			RequestTimeout:   metav1.Duration{Duration: 30 * time.Minute},
+		},
+	}
+}
+
+// DefaultKubernetesDiscovery fills the annotation names.
+func DefaultKubernetesDiscovery(namespace, selector string, port int) *KubernetesDiscovery {
+	return &KubernetesDiscovery{
+		Namespace: namespace, Selector: selector, Port: port,
+		EventsPortsAnnotation: DefaultEventsPortsAnnotation,
+		ReplayPortsAnnotation: DefaultReplayPortsAnnotation,
+		BlockSizeAnnotation:   DefaultBlockSizeAnnotation,
+		WarmupUntilAnnotation: DefaultWarmupUntilAnnotation,
+	}
+}
+
+// Parse decodes YAML (or JSON) over Default(), strictly, and validates the result.
+func Parse(data []byte) (Config, error) {
+	c := Default()
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("router config: %w", err)
+	}
+	// sigs.k8s.io/json names the full path of an unknown key (scoring.loadWieght) and
+	// matches keys case-sensitively, unlike encoding/json.
+	strictErrs, err := sigsjson.UnmarshalStrict(js, &c)
+	if err != nil {
+		return Config{}, fmt.Errorf("router config: %w", err)
+	}
+	if len(strictErrs) > 0 {
+		return Config{}, fmt.Errorf("router config: %w", errors.Join(strictErrs...))
+	}
+	if d := c.Discovery; d != nil && d.Kubernetes != nil {
+		k := d.Kubernetes
+		def := DefaultKubernetesDiscovery(k.Namespace, k.Selector, k.Port)
+		fill(&k.EventsPortsAnnotation, def.EventsPortsAnnotation)
+		fill(&k.ReplayPortsAnnotation, def.ReplayPortsAnnotation)
+		fill(&k.BlockSizeAnnotation, def.BlockSizeAnnotation)
+		fill(&k.WarmupUntilAnnotation, def.WarmupUntilAnnotation)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func fill(s *string, def string) {
+	if *s == "" {
+		*s = def
+	}
+}
+
+// Load reads and parses a file.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("router config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Marshal renders the configuration as YAML (what the operator writes into the ConfigMap).
+func (c Config) Marshal() ([]byte, error) {
+	return yaml.Marshal(c)
+}
+
+// Validate reports every problem, each prefixed by the key it concerns.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+	}
+	checkAddr := func(key, addr string) {
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			bad(key, "%q is not host:port (%v)", addr, err)
+		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			bad(key, "%q has no valid port", addr)
+		}
+	}
+	checkAddr("listen", c.Listen)
+	checkAddr("adminListen", c.AdminListen)
+	if !slices.Contains(Policies, c.Policy) {
+		bad("policy", "%q is not one of %v", c.Policy, Policies)
+	}
+	if c.BlockSize < 0 || c.BlockSize > 4096 {
+		bad("blockSize", "%d is out of range 0..4096 (0 learns it from the events)", c.BlockSize)
+	}
+	if !slices.Contains(HashAlgos, c.Hash.Algo) {
+		bad("hash.algo", "%q is not one of %v", c.Hash.Algo, HashAlgos)
+	}
+	if v, err := strconv.ParseUint(c.Hash.Seed, 10, 32); err != nil || strconv.FormatUint(v, 10) != c.Hash.Seed {
+		bad("hash.seed", "%q is not a decimal integer 0..4294967295 (PYTHONHASHSEED)", c.Hash.Seed)
+	}
+	seen := map[string]bool{}
+	for i, e := range c.Engines {
+		key := fmt.Sprintf("engines[%d]", i)
+		if e.Name == "" {
+			bad(key+".name", "required")
+		} else if seen[e.Name] {
+			bad(key+".name", "%q is listed twice", e.Name)
+		}
+		seen[e.Name] = true
+		if u, err := url.Parse(e.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad(key+".url", "%q is not an http(s) URL with a host", e.URL)
+		}
+		for r, ep := range e.Events {
+			checkZMQ(bad, fmt.Sprintf("%s.events[%d]", key, r), ep)
+		}
+		for r, ep := range e.Replay {
+			checkZMQ(bad, fmt.Sprintf("%s.replay[%d]", key, r), ep)
+		}
+		if len(e.Replay) > 0 && len(e.Replay) != len(e.Events) {
+			bad(key+".replay", "has %d endpoints but events has %d: give one per DP rank or none", len(e.Replay), len(e.Events))
+		}
+	}
+	if d := c.Discovery; d != nil {
+		if len(c.Engines) > 0 {
+			bad("discovery", "set either engines or discovery, not both")
+		}
+		if d.Kubernetes == nil {
+			bad("discovery", "names no source (kubernetes)")
+		} else {
+			k := d.Kubernetes
+			if k.Namespace == "" {
+				bad("discovery.kubernetes.namespace", "required")
+			}
+			if k.Selector == "" {
+				bad("discovery.kubernetes.selector", "required (an empty selector would match every pod)")
+			}
+			if k.Port < 1 || k.Port > 65535 {
+				bad("discovery.kubernetes.port", "%d is out of range 1..65535", k.Port)
+			}
+		}
+	}
+	s := c.Scoring
+	if s.LoadWeight < 0 {
+		bad("scoring.loadWeight", "%v must be >= 0", s.LoadWeight)
+	}
+	if s.ImbalanceBound < 1 {
+		bad("scoring.imbalanceBound", "%v must be >= 1 (a ratio to the fleet mean)", s.ImbalanceBound)
+	}
+	if s.Temperature < 0 {
+		bad("scoring.temperature", "%v must be >= 0", s.Temperature)
+	}
+	for _, w := range []struct {
+		key string
+		v   float64
+	}{{"gpu", s.TierWeights.GPU}, {"cpu", s.TierWeights.CPU}, {"disk", s.TierWeights.Disk}} {
+		if w.v < 0 || w.v > 1 {
+			bad("scoring.tierWeights."+w.key, "%v is out of range 0..1", w.v)
+		}
+	}
+	if c.Warmup.Duration.Duration < 0 {
+		bad("warmup.duration", "%v must be >= 0", c.Warmup.Duration.Duration)
+	}
+	if c.Warmup.Credit < 0 || c.Warmup.Credit > 1 {
+		bad("warmup.credit", "%v is out of range 0..1", c.Warmup.Credit)
+	}
+	if c.Events.HWM < 0 {
+		bad("events.hwm", "%d must be >= 0", c.Events.HWM)
+	}
+	if c.Limits.MaxBodyBytes <= 0 {
+		bad("limits.maxBodyBytes", "%d must be > 0", c.Limits.MaxBodyBytes)
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"connectTimeout", c.Limits.ConnectTimeout.Duration}, {"firstByteTimeout", c.Limits.FirstByteTimeout.Duration},
+		{"requestTimeout", c.Limits.RequestTimeout.Duration}} {
+		if d.v <= 0 {
+			bad("limits."+d.key, "%v must be > 0", d.v)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("router config invalid: %w", err)
+	}
+	return nil
+}
+
+func checkZMQ(bad func(string, string, ...any), key, ep string) {
+	u, err := url.Parse(ep)
+	if err != nil || u.Scheme != "tcp" || u.Port() == "" {
+		bad(key, "%q is not a tcp://host:port endpoint", ep)
+	}
+}

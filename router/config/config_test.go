@@ -1,0 +1,142 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParseKeepsDefaultsAndReadsEngines(t *testing.T) {
+	c, err := Parse([]byte(`
+listen: 127.0.0.1:8001
+policy: load
+blockSize: 16
+hash: {algo: xxhash, seed: "42"}
+engines:
+- name: e0
+  url: http://127.0.0.1:8100
+  events: [tcp://127.0.0.1:5557, tcp://127.0.0.1:5558]
+  replay: [tcp://127.0.0.1:5600, tcp://127.0.0.1:5601]
+  warmupUntil: "2026-01-01T00:00:00Z"
+warmup: {duration: 90s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:8001" || c.Policy != "load" || c.Hash.Seed != "42" || c.BlockSize != 16 {
+		t.Errorf("explicit keys not read: %+v", c)
+	}
+	if c.AdminListen != Default().AdminListen || c.Warmup.Credit != 0.5 || c.Limits.MaxBodyBytes != Default().Limits.MaxBodyBytes {
+		t.Errorf("defaults lost for keys the file leaves out: %+v", c)
+	}
+	if c.Warmup.Duration.Duration != 90*time.Second {
+		t.Errorf("warmup.duration = %v, want 90s", c.Warmup.Duration)
+	}
+	if len(c.Engines) != 1 || len(c.Engines[0].Events) != 2 || c.Engines[0].WarmupUntil == nil ||
+		!c.Engines[0].WarmupUntil.Time.Equal(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Errorf("engine not read: %+v", c.Engines)
+	}
+}
+
+func TestParseFillsDiscoveryAnnotations(t *testing.T) {
+	c, err := Parse([]byte("discovery:\n  kubernetes: {namespace: llm, selector: a=b, port: 8000}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := c.Discovery.Kubernetes
+	if k.EventsPortsAnnotation != DefaultEventsPortsAnnotation || k.WarmupUntilAnnotation != DefaultWarmupUntilAnnotation {
+		t.Errorf("annotation names not defaulted: %+v", k)
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"unknown key", "polcy: kv\n", `unknown field "polcy"`},
+		{"nested unknown key", "scoring: {loadWieght: 2}\n", `unknown field "scoring.loadWieght"`},
+		{"policy", "policy: fastest\n", "policy: \"fastest\" is not one of"},
+		{"seed random", "hash: {seed: random}\n", "hash.seed: \"random\" is not a decimal integer"},
+		{"seed too big", "hash: {seed: \"4294967296\"}\n", "hash.seed"},
+		{"seed leading zero", "hash: {seed: \"042\"}\n", "hash.seed"},
+		{"algo", "hash: {algo: md5}\n", "hash.algo"},
+		{"listen", "listen: localhost\n", "listen: \"localhost\" is not host:port"},
+		{"engine url", "engines: [{name: a, url: 'ftp://x'}]\n", "engines[0].url"},
+		{"engine event", "engines: [{name: a, url: 'http://x:1', events: ['udp://x:1']}]\n", "engines[0].events[0]"},
+		{"replay count", "engines: [{name: a, url: 'http://x:1', events: ['tcp://x:1','tcp://x:2'], replay: ['tcp://x:3']}]\n", "engines[0].replay: has 1 endpoints but events has 2"},
+		{"duplicate engine", "engines: [{name: a, url: 'http://x:1'}, {name: a, url: 'http://x:2'}]\n", "engines[1].name: \"a\" is listed twice"},
+		{"both sources", "engines: [{name: a, url: 'http://x:1'}]\ndiscovery: {kubernetes: {namespace: llm, selector: a=b, port: 1}}\n", "not both"},
+		{"empty selector", "discovery: {kubernetes: {namespace: llm, port: 1}}\n", "discovery.kubernetes.selector: required"},
+		{"credit", "warmup: {credit: 1.5}\n", "warmup.credit"},
+		{"imbalance", "scoring: {imbalanceBound: 0.5}\n", "scoring.imbalanceBound"},
+		{"tier", "scoring: {tierWeights: {cpu: 2}}\n", "scoring.tierWeights.cpu"},
+		{"body", "limits: {maxBodyBytes: 0}\n", "limits.maxBodyBytes"},
+		{"timeout", "limits: {requestTimeout: 0s}\n", "limits.requestTimeout"},
+		{"bad duration", "warmup: {duration: soon}\n", "router config"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse(%q) = %v, want an error containing %q", tc.yaml, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryProblem(t *testing.T) {
+	_, err := Parse([]byte("policy: x1\nhash: {algo: z1}\n"))
+	if err == nil || !strings.Contains(err.Error(), "policy:") || !strings.Contains(err.Error(), "hash.algo:") {
+		t.Fatalf("want both problems reported, got %v", err)
+	}
+}
+
+func TestMarshalRoundTrips(t *testing.T) {
+	c := Default()
+	c.Discovery = &Discovery{Kubernetes: DefaultKubernetesDiscovery("llm", "a=b", 8000)}
+	c.Warmup.Credit = 0.25
+	out, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(out)
+	if err != nil {
+		t.Fatalf("re-parse: %v\n%s", err, out)
+	}
+	again, _ := back.Marshal()
+	if string(again) != string(out) {
+		t.Errorf("round trip changed the file:\n%s\n---\n%s", out, again)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte("policy: random\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(p)
+	if err != nil || c.Policy != "random" {
+		t.Fatalf("Load = %+v, %v", c, err)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
+		t.Fatal("Load of a missing file succeeded")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("policy: kv\n"))
+	f.Add([]byte("engines: [{name: a, url: 'http://x:1', events: ['tcp://x:1']}]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err == nil {
+			if verr := c.Validate(); verr != nil {
+				t.Fatalf("Parse accepted a config Validate refuses: %v", verr)
+			}
+		}
+	})
+}
