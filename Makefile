@@ -10,6 +10,9 @@ CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 KUSTOMIZE      := $(BIN)/kustomize-$(KUSTOMIZE_VERSION)
 # Brief fuzzing in `make test`; `make fuzz FUZZTIME=5m` for a longer run.
 FUZZTIME      ?= 5s
+BENCHTIME     ?= 1s
+BENCH_TRACES  := testdata/traces/mooncake/conversation_trace.jsonl testdata/traces/mooncake/synthetic_trace.jsonl \
+                 testdata/traces/synthetic/llmd_shared_prefix_150x5_6000_1200_1000.jsonl
 # Packages whose tests need cgo (libzmq) are built with it; the manager is built without.
 export CGO_ENABLED ?= 1
 
@@ -49,6 +52,18 @@ test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default here 5s; e.g. make fuzz FUZZTIME=5m).
 	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh
+
+.PHONY: bench
+bench: ## Go benchmarks of the hot paths + `kvbench cache` on the shared traces; writes bench/report/.
+	@mkdir -p bench/report
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./router/... | tee bench/report/go-bench.txt
+	$(GO) build -o $(BIN)/kvbench ./cmd/kvbench
+	@for t in $(BENCH_TRACES); do \
+		name=$$(basename $$t .jsonl); echo "kvbench cache: $$name"; \
+		$(BIN)/kvbench cache --trace $$t --replicas 8 --capacity-blocks 4800 --report bench/report/$$name; \
+		$(BIN)/kvbench cache --trace $$t --replicas 8 --capacity-blocks 4800 --json > bench/report/$$name.json; \
+	done
+	@echo "bench: reports under bench/report/"
 
 ##@ Build
 
