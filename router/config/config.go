@@ -107,6 +107,8 @@ type Warmup struct {
 
 // Events configures the subscribers.
 type Events struct {
+	// Enabled false: the engines publish nothing, so every replica is scored approximately.
+	Enabled bool `json:"enabled"`
 	// TopicPrefix: topics are <prefix>@<host>@<model>.
 	TopicPrefix string `json:"topicPrefix"`
 	// HWM is the SUB socket's receive high-water mark (0 = unlimited).
@@ -155,7 +157,7 @@ func Default() Config {
 			TierWeights:    TierWeights{GPU: 1, CPU: 0.5, Disk: 0.25},
 		},
 		Warmup: Warmup{Duration: metav1.Duration{Duration: 2 * time.Minute}, Credit: 0.5},
-		Events: Events{TopicPrefix: "kv", HWM: 100000, Replay: true},
+		Events: Events{Enabled: true, TopicPrefix: "kv", HWM: 100000, Replay: true},
 		Limits: Limits{
 			MaxBodyBytes:     16 << 20,
 			ConnectTimeout:   metav1.Duration{Duration: 5 * time.Second},
