@@ -1,0 +1,102 @@
+// Command vllm-sim runs the vLLM-compatible engine simulator (package test/vllmsim) with
+// vLLM-style flags. PYTHONHASHSEED is read from the environment ("0" when unset: unlike vLLM,
+// whose unset seed is random, the simulator stays reproducible).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/kvroute/kvroute/test/vllmsim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+}
+
+func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
+	var cfg vllmsim.Config
+	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Host, "host", "127.0.0.1", "listen host (HTTP and bound ZMQ sockets)")
+	fs.IntVar(&cfg.Port, "port", 8000, "HTTP port (0 = any free port)")
+	fs.StringVar(&cfg.Model, "model", "vllm-sim", "served model name")
+	lora := fs.String("lora-modules", "", "comma-separated LoRA adapter names (NAME or NAME=PATH)")
+	fs.IntVar(&cfg.BlockSize, "block-size", 16, "tokens per KV block")
+	fs.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks", 4096, "KV blocks per rank (one is vLLM's null block)")
+	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 131072, "longest prompt+output in tokens")
+	fs.StringVar(&cfg.HashAlgo, "hash-algo", "sha256", "prefix caching hash: sha256, sha256_cbor, xxhash, xxhash_cbor")
+	fs.StringVar(&cfg.HashAlgo, "prefix-caching-hash-algo", "sha256", "alias of --hash-algo (vLLM's name)")
+	fs.IntVar(&cfg.DataParallelSize, "data-parallel-size", 1, "DP ranks, each with its own cache, scheduler and event stream")
+	fs.IntVar(&cfg.KVEventsPort, "kv-events-port", 0, "PUB bind port of rank 0 (rank r: port+r); 0 = off, -1 = any free port")
+	fs.StringVar(&cfg.KVEventsConnect, "kv-events-connect", "", "dial this tcp://HOST:PORT instead of binding (rank r: port+r)")
+	fs.IntVar(&cfg.KVReplayPort, "kv-replay-port", 0, "ROUTER replay bind port of rank 0 (rank r: port+r); 0 = off")
+	topic := fs.String("kv-events-topic", "", "event topic (default kv@HOST:PORT@MODEL; pass an empty value for vLLM's empty topic)")
+	fs.StringVar(&cfg.EventLayout, "event-layout", "map", "event encoding: map (vLLM >= 0.24) or array (<= 0.23)")
+	fs.IntVar(&cfg.BufferSteps, "kv-buffer-steps", 10000, "replay ring length in batches")
+	fs.IntVar(&cfg.HWM, "kv-hwm", 100000, "PUB send high-water mark")
+	fs.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", 20000, "prefill throughput for uncached tokens")
+	fs.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", 20, "decode step time, i.e. per generated token")
+	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 256, "running requests per rank")
+	fs.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", 8192, "token budget per scheduler step")
+	fs.IntVar(&cfg.MaxBatchedTokens, "max-num-batched-tokens", 8192, "alias of --max-batched-tokens (vLLM's name)")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "divide every simulated duration by this")
+	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of a chat request that gives none")
+	fs.IntVar(&cfg.DropEventEvery, "drop-event-every", 0, "drop every Nth event batch on PUB (kept for replay)")
+	fs.IntVar(&cfg.StallEventsAfter, "stall-events-after", 0, "stop publishing after N batches until POST /debug/events {\"stall\":false}")
+	fs.Float64Var(&cfg.FailRate, "fail-rate", 0, "share of completion requests answered with HTTP 500")
+	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fail-rate draw")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "kv-events-topic" {
+			cfg.KVEventsTopic = topic
+		}
+	})
+	if *lora != "" {
+		for _, m := range strings.Split(*lora, ",") {
+			name, _, _ := strings.Cut(m, "=")
+			cfg.LoRAAdapters = append(cfg.LoRAAdapters, name)
+		}
+	}
+	cfg.HashSeed = os.Getenv("PYTHONHASHSEED")
+	return cfg, nil
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		fmt.Fprintln(stderr, "vllm-sim:", err)
+		return 2
+	}
+	sim, err := vllmsim.New(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "vllm-sim:", err)
+		return 2
+	}
+	if err := sim.Start(ctx); err != nil {
+		fmt.Fprintln(stderr, "vllm-sim:", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "vllm-sim: serving %s on http://%s (%d ranks, topic %q, events %v, replay %v)\n",
+		sim.Config().Model, sim.Addr(), sim.Config().DataParallelSize, sim.Topic(),
+		sim.EventEndpoints(), sim.ReplayEndpoints())
+	<-ctx.Done()
+	_ = sim.Close()
+	return 0
+}

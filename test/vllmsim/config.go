@@ -1,0 +1,171 @@
+// Package vllmsim is a vLLM-compatible engine simulator: vLLM's OpenAI HTTP surface, a
+// block-based prefix cache with vLLM's allocation and eviction order, vLLM-exact block hashes,
+// ZMQ KV events (map or array layout) with a replay ring, a step-based timing model and fault
+// switches. It runs in-process (New, Start, Addr, Close) or as the vllm-sim binary.
+package vllmsim
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// VocabSize is the simulated vocabulary (Qwen2's): every token id is below it.
+const VocabSize = 151936
+
+// Config is everything one simulated vLLM server needs. The zero value of a field means
+// "vLLM's default" (see Defaults); New fills them in.
+type Config struct {
+	Host  string // listen host for HTTP and bound ZMQ sockets (default 127.0.0.1)
+	Port  int    // HTTP port; 0 picks a free one (see Sim.Addr)
+	Model string // served model name (default "vllm-sim")
+	// LoRAAdapters are the served LoRA adapter names (vLLM's --lora-modules NAME=PATH);
+	// a request whose model is one of them hashes with the adapter name as an extra key.
+	LoRAAdapters []string
+
+	BlockSize    int    // tokens per KV block (default 16)
+	NumGPUBlocks int    // blocks per rank, including vLLM's reserved null block (default 4096)
+	MaxModelLen  int    // longest prompt+output in tokens (default 131072)
+	HashAlgo     string // sha256 (default), sha256_cbor, xxhash, xxhash_cbor
+	HashSeed     string // PYTHONHASHSEED string; the binary reads it from the env, default "0"
+
+	DataParallelSize int // ranks, each with its own cache, scheduler and event stream (default 1)
+
+	KVEventsPort    int    // PUB bind port of rank 0 (rank r binds port+r); 0 = no bound PUB, -1 = any free port
+	KVEventsConnect string // dial this address instead (tcp://host:port, rank r dials port+r)
+	KVReplayPort    int    // ROUTER replay bind port of rank 0; 0 = no replay socket, -1 = any free port
+	// KVEventsTopic is the first frame of every event message. nil means
+	// "kv@<host>:<http port>@<model>" (see DefaultTopic); a pointer to "" sends vLLM's default
+	// empty topic.
+	KVEventsTopic *string
+	EventLayout   string // "map" (vLLM >= 0.24, default) or "array" (vLLM <= 0.23)
+	BufferSteps   int    // replay ring length in batches (default 10000)
+	HWM           int    // PUB send high-water mark (default 100000)
+
+	PrefillTokensPerS float64 // prefill throughput for uncached tokens (default 20000)
+	DecodeMsPerToken  float64 // time of one decode step, i.e. per generated token (default 20)
+	MaxNumSeqs        int     // running requests per rank (default 256, vLLM's)
+	MaxBatchedTokens  int     // token budget per scheduler step, prefill and decode (default 8192)
+	// TimeScale divides every simulated duration (2 = twice as fast). Ordering and ratios are
+	// kept; absolute latencies shrink. Default 1 (real wall-clock).
+	TimeScale float64
+	// DefaultMaxTokens is used when a chat request gives no max_tokens (vLLM would allow up to
+	// max-model-len; a simulator needs a bound). Completions default to 16 like vLLM.
+	DefaultMaxTokens int
+
+	DropEventEvery   int     // drop every Nth batch on the PUB socket (kept in the replay ring)
+	StallEventsAfter int     // stop sending after this many batches until unstalled (0 = never)
+	FailRate         float64 // share of completion requests answered with HTTP 500
+	Seed             int64   // seeds the fail-rate draw
+}
+
+// Defaults returns cfg with every unset field set to the simulator's default.
+func (cfg Config) Defaults() Config {
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	if cfg.Model == "" {
+		cfg.Model = "vllm-sim"
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = 16
+	}
+	if cfg.NumGPUBlocks == 0 {
+		cfg.NumGPUBlocks = 4096
+	}
+	if cfg.MaxModelLen == 0 {
+		cfg.MaxModelLen = 131072
+	}
+	if cfg.HashAlgo == "" {
+		cfg.HashAlgo = "sha256"
+	}
+	if cfg.HashSeed == "" {
+		cfg.HashSeed = "0"
+	}
+	if cfg.DataParallelSize == 0 {
+		cfg.DataParallelSize = 1
+	}
+	if cfg.EventLayout == "" {
+		cfg.EventLayout = "map"
+	}
+	if cfg.BufferSteps == 0 {
+		cfg.BufferSteps = 10000
+	}
+	if cfg.HWM == 0 {
+		cfg.HWM = 100000
+	}
+	if cfg.PrefillTokensPerS == 0 {
+		cfg.PrefillTokensPerS = 20000
+	}
+	if cfg.DecodeMsPerToken == 0 {
+		cfg.DecodeMsPerToken = 20
+	}
+	if cfg.MaxNumSeqs == 0 {
+		cfg.MaxNumSeqs = 256
+	}
+	if cfg.MaxBatchedTokens == 0 {
+		cfg.MaxBatchedTokens = 8192
+	}
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 1
+	}
+	if cfg.DefaultMaxTokens == 0 {
+		cfg.DefaultMaxTokens = 16
+	}
+	return cfg
+}
+
+// Validate reports the first setting vLLM (or the simulator) would refuse.
+func (cfg Config) Validate() error {
+	switch {
+	case cfg.Port < 0 || cfg.Port > 65535:
+		return fmt.Errorf("port %d out of range", cfg.Port)
+	case cfg.BlockSize < 1:
+		return fmt.Errorf("block size must be positive, got %d", cfg.BlockSize)
+	case cfg.NumGPUBlocks < 2:
+		return fmt.Errorf("num-gpu-blocks must be at least 2 (one is vLLM's null block), got %d", cfg.NumGPUBlocks)
+	case cfg.MaxModelLen < 1:
+		return fmt.Errorf("max-model-len must be positive, got %d", cfg.MaxModelLen)
+	case cfg.DataParallelSize < 1 || cfg.DataParallelSize > 1024:
+		return fmt.Errorf("data-parallel-size must be 1..1024, got %d", cfg.DataParallelSize)
+	case cfg.EventLayout != "map" && cfg.EventLayout != "array":
+		return fmt.Errorf("event layout must be map or array, got %q", cfg.EventLayout)
+	case cfg.KVEventsPort < -1 || cfg.KVEventsPort+cfg.DataParallelSize-1 > 65535:
+		return fmt.Errorf("kv-events-port %d out of range for %d ranks", cfg.KVEventsPort, cfg.DataParallelSize)
+	case cfg.KVReplayPort < -1 || cfg.KVReplayPort+cfg.DataParallelSize-1 > 65535:
+		return fmt.Errorf("kv-replay-port %d out of range for %d ranks", cfg.KVReplayPort, cfg.DataParallelSize)
+	case cfg.KVEventsPort != 0 && cfg.KVEventsConnect != "":
+		return fmt.Errorf("kv-events-port and kv-events-connect are exclusive")
+	case cfg.BufferSteps < 1 || cfg.HWM < 0:
+		return fmt.Errorf("buffer steps must be positive and hwm non-negative")
+	case cfg.PrefillTokensPerS <= 0 || cfg.DecodeMsPerToken < 0 || cfg.TimeScale <= 0:
+		return fmt.Errorf("prefill-tokens-per-s and time-scale must be positive, decode-ms-per-token non-negative")
+	case cfg.MaxNumSeqs < 1 || cfg.MaxBatchedTokens < 1 || cfg.DefaultMaxTokens < 1:
+		return fmt.Errorf("max-num-seqs, max-batched-tokens and default max tokens must be positive")
+	case cfg.DropEventEvery < 0 || cfg.StallEventsAfter < 0:
+		return fmt.Errorf("drop-event-every and stall-events-after must be non-negative")
+	case cfg.FailRate < 0 || cfg.FailRate > 1:
+		return fmt.Errorf("fail-rate must be within 0..1, got %v", cfg.FailRate)
+	}
+	if _, err := strconv.ParseUint(cfg.HashSeed, 10, 32); err != nil && cfg.HashSeed != "random" {
+		// What CPython accepts at start-up; vLLM then hashes the string literally.
+		return fmt.Errorf("PYTHONHASHSEED must be \"random\" or a decimal integer 0..4294967295, got %q", cfg.HashSeed)
+	}
+	for _, name := range cfg.LoRAAdapters {
+		if name == "" || name == cfg.Model {
+			return fmt.Errorf("lora adapter name %q is empty or equals the base model", name)
+		}
+	}
+	return nil
+}
+
+// DefaultTopic is the topic used when Config.KVEventsTopic is nil: kvroute's
+// "<prefix>@<host>[:<port>]@<model>" with the HTTP port, so sims sharing one host stay apart.
+func DefaultTopic(host string, httpPort int, model string) string {
+	return fmt.Sprintf("kv@%s:%d@%s", host, httpPort, model)
+}
+
+// scaled converts simulated seconds into wall time under the time scale.
+func (cfg Config) scaled(seconds float64) time.Duration {
+	return time.Duration(seconds / cfg.TimeScale * float64(time.Second))
+}

@@ -1,0 +1,303 @@
+package vllmsim
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// publisher is one rank's ZmqEventPublisher: it numbers batches from 0, encodes them, sends
+// [topic, seq8, payload] on PUB and keeps the last BufferSteps batches for replay. One goroutine
+// owns the PUB socket and another the ROUTER replay socket; they share the ring under mu.
+type publisher struct {
+	rank   int
+	topic  string
+	layout string
+	drop   int // drop every Nth batch on PUB (fault switch)
+
+	in      chan pubItem
+	pub     *zmq.Socket
+	replay  *zmq.Socket
+	pubAddr string
+	repAddr string
+	quit    chan struct{}
+	wg      sync.WaitGroup
+
+	mu         sync.Mutex
+	seq        uint64
+	ring       []ringEntry // circular, len cap
+	ringStart  int
+	ringLen    int
+	stallAfter int  // stall once this many batches went out (0 = never)
+	sent       int  // batches numbered since start or restart
+	stalled    bool // held batches wait for unstall
+	held       []pubItem
+	dropped    int
+}
+
+type ringEntry struct {
+	seq     uint64
+	payload []byte
+}
+
+type pubItem struct {
+	ts  float64
+	evs []simEvent
+	ctl pubCtl
+}
+
+type pubCtl int
+
+const (
+	ctlNone pubCtl = iota
+	ctlRestart
+	ctlStall
+	ctlUnstall
+)
+
+// endpointForRank shifts a tcp endpoint's port by the rank, as vLLM's offset_endpoint_port.
+func endpointForRank(endpoint string, rank int) (string, error) {
+	if rank == 0 {
+		return endpoint, nil
+	}
+	i := strings.LastIndex(endpoint, ":")
+	if !strings.HasPrefix(endpoint, "tcp://") || i < 0 {
+		return "", fmt.Errorf("endpoint %q: only tcp endpoints can be offset per DP rank", endpoint)
+	}
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if err != nil || port+rank > 65535 {
+		return "", fmt.Errorf("endpoint %q: bad port for rank %d", endpoint, rank)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
+}
+
+// bindAddr is tcp://host:port, with port -1 meaning "any free port" (ZMQ's wildcard).
+func bindAddr(host string, port, rank int) string {
+	if port < 0 {
+		return "tcp://" + host + ":*"
+	}
+	return "tcp://" + host + ":" + strconv.Itoa(port+rank)
+}
+
+func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
+	p := &publisher{rank: rank, topic: topic, layout: cfg.EventLayout, drop: cfg.DropEventEvery,
+		stallAfter: cfg.StallEventsAfter, in: make(chan pubItem, 4096), quit: make(chan struct{}),
+		ring: make([]ringEntry, cfg.BufferSteps)}
+	var err error
+	if p.pub, err = zmq.NewSocket(zmq.PUB); err != nil {
+		return nil, err
+	}
+	_ = p.pub.SetLinger(0)
+	if err := p.pub.SetSndhwm(cfg.HWM); err != nil {
+		p.close()
+		return nil, err
+	}
+	if cfg.KVEventsConnect != "" {
+		addr, err := endpointForRank(cfg.KVEventsConnect, rank)
+		if err == nil {
+			err = p.pub.Connect(addr)
+		}
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("kv events connect: %w", err)
+		}
+		p.pubAddr = addr
+	} else {
+		if err := p.pub.Bind(bindAddr(cfg.Host, cfg.KVEventsPort, rank)); err != nil {
+			p.close()
+			return nil, fmt.Errorf("kv events bind rank %d: %w", rank, err)
+		}
+		p.pubAddr, _ = p.pub.GetLastEndpoint()
+	}
+	if cfg.KVReplayPort != 0 {
+		if p.replay, err = zmq.NewSocket(zmq.ROUTER); err == nil {
+			_ = p.replay.SetLinger(0)
+			err = p.replay.Bind(bindAddr(cfg.Host, cfg.KVReplayPort, rank))
+		}
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("kv replay bind rank %d: %w", rank, err)
+		}
+		p.repAddr, _ = p.replay.GetLastEndpoint()
+	}
+	return p, nil
+}
+
+func (p *publisher) start() {
+	p.wg.Add(1)
+	go p.sendLoop()
+	if p.replay != nil {
+		p.wg.Add(1)
+		go p.replayLoop()
+	}
+}
+
+// close stops both loops and closes the sockets (each loop closes its own).
+func (p *publisher) close() {
+	select {
+	case <-p.quit:
+		return
+	default:
+	}
+	close(p.quit)
+	p.wg.Wait()
+	for _, s := range []*zmq.Socket{p.pub, p.replay} {
+		if s != nil {
+			_ = s.Close()
+		}
+	}
+}
+
+// publish queues one step's events; like vLLM's bounded queue it blocks when full.
+func (p *publisher) publish(ctx context.Context, evs []simEvent) {
+	p.enqueue(ctx, pubItem{ts: float64(time.Now().UnixMicro()) / 1e6, evs: evs})
+}
+
+func (p *publisher) enqueue(ctx context.Context, it pubItem) {
+	select {
+	case p.in <- it:
+	case <-ctx.Done():
+	case <-p.quit:
+	}
+}
+
+func (p *publisher) restart() { p.enqueue(context.Background(), pubItem{ctl: ctlRestart}) }
+
+// setStalled stalls or resumes the PUB side; held batches go out in order on resume.
+func (p *publisher) setStalled(stalled bool) {
+	ctl := ctlUnstall
+	if stalled {
+		ctl = ctlStall
+	}
+	p.enqueue(context.Background(), pubItem{ctl: ctl})
+}
+
+func (p *publisher) sendLoop() {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-p.quit:
+			return
+		case it := <-p.in:
+			p.handle(it)
+		}
+	}
+}
+
+func (p *publisher) handle(it pubItem) {
+	switch it.ctl {
+	case ctlRestart:
+		p.mu.Lock()
+		p.seq, p.sent, p.ringStart, p.ringLen, p.held = 0, 0, 0, 0, nil
+		p.mu.Unlock()
+		return
+	case ctlStall:
+		p.stalled = true
+		return
+	case ctlUnstall:
+		p.stalled = false
+		p.stallAfter = 0
+		held := p.held
+		p.held = nil
+		for _, h := range held {
+			p.send(h)
+		}
+		return
+	}
+	if p.stalled || (p.stallAfter > 0 && p.sent >= p.stallAfter) {
+		p.stalled = true
+		p.held = append(p.held, it)
+		return
+	}
+	p.send(it)
+}
+
+func (p *publisher) send(it pubItem) {
+	payload, err := encodeBatch(it.ts, it.evs, p.rank, p.layout)
+	if err != nil {
+		slog.Error("vllm-sim: encoding a KV event batch", "rank", p.rank, "err", err)
+		return
+	}
+	p.mu.Lock()
+	seq := p.seq
+	p.seq++
+	p.sent++
+	i := (p.ringStart + p.ringLen) % len(p.ring)
+	if p.ringLen == len(p.ring) {
+		p.ringStart = (p.ringStart + 1) % len(p.ring)
+	} else {
+		p.ringLen++
+	}
+	p.ring[i] = ringEntry{seq: seq, payload: payload}
+	drop := p.drop > 0 && (seq+1)%uint64(p.drop) == 0
+	if drop {
+		p.dropped++
+	}
+	p.mu.Unlock()
+	if drop {
+		return
+	}
+	var seq8 [8]byte
+	binary.BigEndian.PutUint64(seq8[:], seq)
+	if _, err := p.pub.SendMessage(p.topic, seq8[:], payload); err != nil && !errors.Is(err, zmq.ETERM) {
+		slog.Warn("vllm-sim: PUB send", "rank", p.rank, "err", err)
+	}
+}
+
+// replayFrom copies the buffered batches with seq >= start, oldest first.
+func (p *publisher) replayFrom(start uint64) []ringEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []ringEntry
+	for k := range p.ringLen {
+		e := p.ring[(p.ringStart+k)%len(p.ring)]
+		if e.seq >= start {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// replayLoop serves vLLM's replay protocol (v0.25+): [id, "", start_seq8] in; one
+// [id, "", topic, seq8, payload] per buffered batch, then [id, "", "", ff*8, ""].
+func (p *publisher) replayLoop() {
+	defer p.wg.Done()
+	poller := zmq.NewPoller()
+	poller.Add(p.replay, zmq.POLLIN)
+	for {
+		select {
+		case <-p.quit:
+			return
+		default:
+		}
+		polled, err := poller.Poll(20 * time.Millisecond)
+		if err != nil || len(polled) == 0 {
+			continue
+		}
+		msg, err := p.replay.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			continue
+		}
+		if len(msg) != 3 || len(msg[1]) != 0 || len(msg[2]) != 8 {
+			slog.Warn("vllm-sim: ignoring malformed replay request", "rank", p.rank, "frames", len(msg))
+			continue
+		}
+		id := msg[0]
+		start := binary.BigEndian.Uint64(msg[2])
+		var seq8 [8]byte
+		for _, e := range p.replayFrom(start) {
+			binary.BigEndian.PutUint64(seq8[:], e.seq)
+			_, _ = p.replay.SendMessage(id, "", p.topic, seq8[:], e.payload)
+		}
+		end := [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+		_, _ = p.replay.SendMessage(id, "", "", end[:], "")
+	}
+}

@@ -1,0 +1,367 @@
+package vllmsim
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+)
+
+// errRestarted fails the requests a simulated process restart kills.
+var errRestarted = errors.New("engine restarted")
+
+// rank is one data-parallel engine core: its own block pool, scheduler and event stream.
+// One goroutine (run) steps the scheduler; HTTP handlers submit and abort under mu.
+type rank struct {
+	idx    int
+	cfg    *Config
+	hasher *engineHasher
+	pub    *publisher // nil when events are off
+	obs    *rankMetrics
+
+	mu      sync.Mutex
+	pool    *blockPool
+	waiting []*engineRequest // head is scheduled first (preempted requests go back to the head)
+	running []*engineRequest
+	aborts  []*engineRequest
+	stats   rankStats
+	wake    chan struct{}
+}
+
+// rankStats are the counters /metrics exports, in tokens like vLLM's.
+type rankStats struct {
+	prefixQueries, prefixHits uint64
+	promptTokens, genTokens   uint64
+	preemptions               uint64
+	finished                  uint64
+}
+
+func newRank(idx int, cfg *Config, h *engineHasher, obs *rankMetrics) *rank {
+	return &rank{idx: idx, cfg: cfg, hasher: h, obs: obs,
+		pool: newBlockPool(cfg.NumGPUBlocks, cfg.BlockSize), wake: make(chan struct{}, 1)}
+}
+
+func (rk *rank) poke() {
+	select {
+	case rk.wake <- struct{}{}:
+	default:
+	}
+}
+
+// submit queues requests (the choices of one HTTP request) at the tail of the waiting queue.
+func (rk *rank) submit(rs ...*engineRequest) {
+	now := time.Now()
+	rk.mu.Lock()
+	for _, r := range rs {
+		r.arrival = now
+		r.state = stateWaiting
+		rk.waiting = append(rk.waiting, r)
+	}
+	rk.mu.Unlock()
+	rk.poke()
+}
+
+// abort drops a request whose client went away; its blocks are freed at the next step.
+func (rk *rank) abort(r *engineRequest) {
+	rk.mu.Lock()
+	if r.state != stateDone && !r.aborted {
+		r.aborted = true
+		rk.aborts = append(rk.aborts, r)
+	}
+	rk.mu.Unlock()
+	rk.poke()
+}
+
+// load is vLLM's DP coordinator score: waiting requests weigh four times running ones.
+func (rk *rank) load() int {
+	rk.mu.Lock()
+	defer rk.mu.Unlock()
+	return len(rk.waiting)*4 + len(rk.running)
+}
+
+// scheduled is one request's share of a step.
+type scheduled struct {
+	r      *engineRequest
+	tokens int
+	decode bool
+}
+
+// run steps the scheduler until ctx ends: schedule under the lock, spend the step's model time
+// outside it, then apply the outputs and publish the step's events as one batch.
+func (rk *rank) run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		rk.mu.Lock()
+		rk.applyAborts()
+		if len(rk.waiting) == 0 && len(rk.running) == 0 {
+			rk.setGauges()
+			evs := rk.pool.takeEvents()
+			rk.mu.Unlock()
+			rk.publish(ctx, evs)
+			select {
+			case <-ctx.Done():
+				return
+			case <-rk.wake:
+				continue
+			}
+		}
+		step := rk.schedule()
+		dur := rk.stepTime(step)
+		rk.setGauges()
+		rk.mu.Unlock()
+
+		if dur > 0 {
+			timer.Reset(dur)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+		} else if len(step) == 0 {
+			// Nothing fits this step (cannot happen for admitted requests); wait for a change.
+			select {
+			case <-ctx.Done():
+				return
+			case <-rk.wake:
+			case <-time.After(time.Millisecond):
+			}
+		}
+
+		rk.mu.Lock()
+		rk.update(step)
+		evs := rk.pool.takeEvents()
+		rk.setGauges()
+		rk.mu.Unlock()
+		rk.publish(ctx, evs)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+func (rk *rank) publish(ctx context.Context, evs []simEvent) {
+	if rk.pub != nil && len(evs) > 0 {
+		rk.pub.publish(ctx, evs)
+	}
+}
+
+// stepTime is the model time of one step: uncached prefill tokens at the prefill rate, plus one
+// decode-token time when the batch decodes (all running sequences decode together).
+func (rk *rank) stepTime(step []scheduled) time.Duration {
+	prefill, decode := 0, false
+	for _, s := range step {
+		if s.decode {
+			decode = true
+		} else {
+			prefill += s.tokens
+		}
+	}
+	secs := float64(prefill) / rk.cfg.PrefillTokensPerS
+	if decode {
+		secs += rk.cfg.DecodeMsPerToken / 1000
+	}
+	return rk.cfg.scaled(secs)
+}
+
+// schedule is a simplified vLLM v1 Scheduler.schedule: running requests first (preempting from
+// the tail when blocks run out), then waiting ones in order while seats and token budget last;
+// a prefill longer than the budget is chunked over several steps.
+func (rk *rank) schedule() []scheduled {
+	bs := rk.cfg.BlockSize
+	budget := rk.cfg.MaxBatchedTokens
+	var step []scheduled
+	preempted := false
+	for i := 0; i < len(rk.running) && budget > 0; {
+		r := rk.running[i]
+		n := min(r.numTokens()-r.numComputed, budget)
+		decode := n == 1 && len(r.output) > 0 && r.numComputed == r.numTokens()-1
+		ok := true
+		for !rk.allocate(r, n, nil) {
+			victim := rk.running[len(rk.running)-1]
+			rk.preempt(victim)
+			preempted = true
+			if victim == r {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			break
+		}
+		r.numComputed += n
+		budget -= n
+		step = append(step, scheduled{r: r, tokens: n, decode: decode})
+		i++
+	}
+	if preempted {
+		return step
+	}
+	for len(rk.waiting) > 0 && len(rk.running) < rk.cfg.MaxNumSeqs && budget > 0 {
+		r := rk.waiting[0]
+		// The last token is always recomputed, so at most numTokens-1 tokens hit, in whole blocks.
+		hits := rk.pool.lookup(r.blockHashes, (r.numTokens()-1)/bs)
+		base := len(hits) * bs
+		n := min(r.numTokens()-base, budget)
+		if !rk.pool.canAllocate(rk.blocksNeeded(r, base+n, len(hits)), hits) {
+			break
+		}
+		if r.fullMode && len(hits) > 0 {
+			rk.pool.reannounce(r, len(hits))
+		}
+		rk.allocate(r, n, hits)
+		if !r.counted && r.preemptions == 0 {
+			r.counted = true
+			rk.stats.prefixQueries += uint64(r.numTokens())
+			rk.stats.prefixHits += uint64(base)
+			rk.stats.promptTokens += uint64(len(r.prompt))
+		}
+		if r.cachedTokens < 0 {
+			r.cachedTokens = base
+		}
+		rk.waiting = rk.waiting[1:]
+		r.state = stateRunning
+		rk.running = append(rk.running, r)
+		r.numComputed = base + n
+		budget -= n
+		step = append(step, scheduled{r: r, tokens: n})
+	}
+	return step
+}
+
+// blocksNeeded is how many new blocks a request needs to hold total tokens.
+func (rk *rank) blocksNeeded(r *engineRequest, total, hits int) int {
+	bs := rk.cfg.BlockSize
+	return max(0, (total+bs-1)/bs-len(r.blocks)-hits)
+}
+
+// allocate is vLLM's allocate_slots: take the hit blocks, add new blocks for n more tokens, and
+// register every block that becomes full under its hash (BlockStored).
+func (rk *rank) allocate(r *engineRequest, n int, hits []*kvBlock) bool {
+	base := r.numComputed + len(hits)*rk.cfg.BlockSize
+	need := rk.blocksNeeded(r, base+n, len(hits))
+	if !rk.pool.canAllocate(need, hits) {
+		return false
+	}
+	if len(hits) > 0 {
+		rk.pool.touch(hits)
+		r.blocks = append(r.blocks, hits...)
+		r.numCachedBlocks = len(r.blocks)
+	}
+	r.blocks = append(r.blocks, rk.pool.allocate(need)...)
+	full := min(min(base+n, r.numTokens())/rk.cfg.BlockSize, len(r.blockHashes))
+	if full > r.numCachedBlocks {
+		rk.pool.cacheFull(r, r.numCachedBlocks, full)
+		r.numCachedBlocks = full
+	}
+	return true
+}
+
+// freeBlocks returns a request's blocks, last block first (vLLM's order: tails evict first).
+func (rk *rank) freeBlocks(r *engineRequest) {
+	slices.Reverse(r.blocks)
+	rk.pool.release(r.blocks)
+	r.blocks = nil
+	r.numCachedBlocks = 0
+}
+
+// preempt sends a running request back to the head of the waiting queue; its KV is recomputed
+// (with whatever prefix hits remain) when it is scheduled again.
+func (rk *rank) preempt(r *engineRequest) {
+	rk.freeBlocks(r)
+	r.numComputed = 0
+	r.preemptions++
+	rk.stats.preemptions++
+	rk.running = slices.DeleteFunc(rk.running, func(x *engineRequest) bool { return x == r })
+	r.state = stateWaiting
+	rk.waiting = append([]*engineRequest{r}, rk.waiting...)
+}
+
+// update applies one step's outputs: a request whose known tokens are all computed samples its
+// next token; one that reached max_tokens finishes and frees its blocks (they stay cached).
+func (rk *rank) update(step []scheduled) {
+	now := time.Now()
+	for _, s := range step {
+		r := s.r
+		if r.state != stateRunning || r.aborted || r.numComputed < r.numTokens() {
+			continue
+		}
+		tok := outputToken(r.seed, len(r.output))
+		r.output = append(r.output, tok)
+		rk.stats.genTokens++
+		if err := r.extendHashes(rk.hasher, rk.cfg.BlockSize); err != nil {
+			rk.finish(r, err)
+			continue
+		}
+		if len(r.output) == 1 && rk.obs != nil {
+			rk.obs.ttft.Observe(now.Sub(r.arrival).Seconds())
+		}
+		r.deliver(tok, r.cachedTokens)
+		if len(r.output) >= r.maxTokens {
+			rk.finish(r, nil)
+		}
+	}
+}
+
+func (rk *rank) finish(r *engineRequest, err error) {
+	rk.running = slices.DeleteFunc(rk.running, func(x *engineRequest) bool { return x == r })
+	rk.waiting = slices.DeleteFunc(rk.waiting, func(x *engineRequest) bool { return x == r })
+	rk.freeBlocks(r)
+	r.state = stateDone
+	if err == nil {
+		rk.stats.finished++
+	}
+	r.end(err)
+}
+
+func (rk *rank) applyAborts() {
+	for _, r := range rk.aborts {
+		if r.state != stateDone {
+			rk.finish(r, context.Canceled)
+		}
+	}
+	rk.aborts = nil
+}
+
+// resetPrefixCache is vLLM's reset_prefix_cache: it succeeds only when no block is in use,
+// and then announces AllBlocksCleared.
+func (rk *rank) resetPrefixCache(ctx context.Context) bool {
+	rk.mu.Lock()
+	ok := rk.pool.reset(true)
+	evs := rk.pool.takeEvents()
+	rk.mu.Unlock()
+	// Published at once as its own batch: the router must not wait for the next step.
+	rk.publish(ctx, evs)
+	return ok
+}
+
+// restart behaves like a killed and restarted engine process: every request fails, the cache is
+// empty (with no event), the event sequence starts again at 0 with an empty replay ring, and the
+// counters start from zero.
+func (rk *rank) restart() {
+	rk.mu.Lock()
+	for _, r := range append(slices.Clone(rk.running), rk.waiting...) {
+		rk.finish(r, errRestarted)
+	}
+	rk.aborts = nil
+	rk.pool = newBlockPool(rk.cfg.NumGPUBlocks, rk.cfg.BlockSize)
+	rk.stats = rankStats{}
+	if rk.obs != nil {
+		rk.obs.reset()
+	}
+	rk.setGauges()
+	if rk.pub != nil {
+		rk.pub.restart()
+	}
+	rk.mu.Unlock()
+}
+
+// setGauges refreshes the gauges from the scheduler state (caller holds mu).
+func (rk *rank) setGauges() {
+	if rk.obs == nil {
+		return
+	}
+	rk.obs.set(len(rk.running), len(rk.waiting), rk.pool.usage(), rk.stats)
+}
