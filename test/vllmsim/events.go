@@ -2,16 +2,18 @@ package vllmsim
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvroute/kvroute/router/kvwire"
 )
 
 // publisher is one rank's ZmqEventPublisher: it numbers batches from 0, encodes them, sends
@@ -20,8 +22,9 @@ import (
 type publisher struct {
 	rank   int
 	topic  string
-	layout string
-	drop   int // drop every Nth batch on PUB (fault switch)
+	layout kvwire.Layout
+	enc    *kvwire.Encoder // used by the send loop only
+	drop   int             // drop every Nth batch on PUB (fault switch)
 
 	in      chan pubItem
 	pub     *zmq.Socket
@@ -88,7 +91,7 @@ func bindAddr(host string, port, rank int) string {
 }
 
 func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
-	p := &publisher{rank: rank, topic: topic, layout: cfg.EventLayout, drop: cfg.DropEventEvery,
+	p := &publisher{rank: rank, topic: topic, layout: wireLayout(cfg.EventLayout), enc: kvwire.NewEncoder(), drop: cfg.DropEventEvery,
 		stallAfter: cfg.StallEventsAfter, in: make(chan pubItem, 4096), quit: make(chan struct{}),
 		ring: make([]ringEntry, cfg.BufferSteps)}
 	var err error
@@ -221,7 +224,7 @@ func (p *publisher) handle(it pubItem) {
 }
 
 func (p *publisher) send(it pubItem) {
-	payload, err := encodeBatch(it.ts, it.evs, p.rank, p.layout)
+	payload, err := p.enc.AppendBatch(nil, toWireBatch(it.ts, it.evs, p.rank), p.layout)
 	if err != nil {
 		slog.Error("vllm-sim: encoding a KV event batch", "rank", p.rank, "err", err)
 		return
@@ -245,9 +248,8 @@ func (p *publisher) send(it pubItem) {
 	if drop {
 		return
 	}
-	var seq8 [8]byte
-	binary.BigEndian.PutUint64(seq8[:], seq)
-	if _, err := p.pub.SendMessage(p.topic, seq8[:], payload); err != nil && !errors.Is(err, zmq.ETERM) {
+	msg := kvwire.Message{Topic: []byte(p.topic), Seq: seq, Payload: payload}
+	if _, err := p.pub.SendMessageDontwait(msg.Frames()); err != nil && !errors.Is(err, zmq.ETERM) && !errors.Is(err, zmq.Errno(syscall.EAGAIN)) {
 		slog.Warn("vllm-sim: PUB send", "rank", p.rank, "err", err)
 	}
 }
@@ -286,18 +288,15 @@ func (p *publisher) replayLoop() {
 		if err != nil {
 			continue
 		}
-		if len(msg) != 3 || len(msg[1]) != 0 || len(msg[2]) != 8 {
-			slog.Warn("vllm-sim: ignoring malformed replay request", "rank", p.rank, "frames", len(msg))
+		id, start, err := kvwire.ParseReplayRequest(msg)
+		if err != nil {
+			slog.Warn("vllm-sim: ignoring malformed replay request", "rank", p.rank, "err", err)
 			continue
 		}
-		id := msg[0]
-		start := binary.BigEndian.Uint64(msg[2])
-		var seq8 [8]byte
 		for _, e := range p.replayFrom(start) {
-			binary.BigEndian.PutUint64(seq8[:], e.seq)
-			_, _ = p.replay.SendMessage(id, "", p.topic, seq8[:], e.payload)
+			m := kvwire.Message{Topic: []byte(p.topic), Seq: e.seq, Payload: e.payload}
+			_, _ = p.replay.SendMessage(kvwire.ReplayReplyFrames(id, m))
 		}
-		end := [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-		_, _ = p.replay.SendMessage(id, "", "", end[:], "")
+		_, _ = p.replay.SendMessage(kvwire.ReplayEndFrames(id))
 	}
 }
