@@ -1,0 +1,450 @@
+package render
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+)
+
+// Engine pod layout.
+const (
+	EngineContainer = "vllm"
+	// The vllm-openai image runs as root; we run it as this uid with HOME on an emptyDir, which
+	// is where Hugging Face, vLLM and torch caches go.
+	engineUID      = 1000
+	engineHome     = "/home/vllm"
+	pvcMountRoot   = "/mnt/pvc"
+	startupTimeout = 30 * 60 // seconds a model may take to download and load
+)
+
+// Ports are an engine's per-rank ports.
+type Ports struct {
+	Events []int32 // empty when events are off
+	Replay []int32 // empty when events or replay are off
+}
+
+// EnginePorts returns the event and replay ports per DP rank, rank order (vLLM offsets both
+// endpoints by the rank).
+func EnginePorts(m *v1alpha1.KVRoutedModel) Ports {
+	ev := m.Spec.Engine.KVEvents
+	var p Ports
+	if ev.Enabled == nil || !*ev.Enabled {
+		return p
+	}
+	n := m.Spec.Engine.Parallelism.DataLocal
+	for r := int32(0); r < n; r++ {
+		p.Events = append(p.Events, ev.BasePort+r)
+		if ev.ReplayBasePort != nil && *ev.ReplayBasePort != 0 {
+			p.Replay = append(p.Replay, *ev.ReplayBasePort+r)
+		}
+	}
+	return p
+}
+
+// kvEventsConfig is vLLM's --kv-events-config JSON (vllm/config/kv_events.py), in a fixed
+// field order so the rendered args are stable.
+type kvEventsConfig struct {
+	Enable         bool   `json:"enable_kv_cache_events"`
+	Publisher      string `json:"publisher"`
+	Endpoint       string `json:"endpoint"`
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	Topic          string `json:"topic"`
+	HWM            int32  `json:"hwm"`
+	BufferSteps    int32  `json:"buffer_steps"`
+}
+
+// KVEventsConfigJSON is the --kv-events-config value. The topic holds $(POD_IP), which the
+// kubelet expands from the container's POD_IP variable.
+func KVEventsConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
+	ev := m.Spec.Engine.KVEvents
+	c := kvEventsConfig{
+		Enable:      true,
+		Publisher:   "zmq",
+		Endpoint:    fmt.Sprintf("tcp://*:%d", ev.BasePort),
+		Topic:       ev.TopicPrefix + "@$(POD_IP)@" + m.Spec.Model.Name,
+		HWM:         *ev.HWM,
+		BufferSteps: ev.BufferSteps,
+	}
+	if *ev.ReplayBasePort != 0 {
+		c.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", *ev.ReplayBasePort)
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(c); err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(b.String()), nil
+}
+
+// modelRef is a model or adapter URI translated for `vllm serve`.
+type modelRef struct {
+	Path     string // what vLLM takes: an HF repo id, a local path, or the input as is
+	Revision string // hf://...@rev
+	Claim    string // pvc:// claim to mount read-only
+}
+
+// TranslateURI maps hf://org/name[@rev] to org/name (+ --revision), pvc://claim/path to the
+// path where the claim is mounted, and anything else to itself.
+func TranslateURI(uri string) (modelRef, error) {
+	switch {
+	case strings.HasPrefix(uri, "hf://"):
+		id, rev, _ := strings.Cut(strings.TrimPrefix(uri, "hf://"), "@")
+		if org, name, ok := strings.Cut(id, "/"); !ok || org == "" || name == "" || strings.Contains(name, "/") {
+			return modelRef{}, fmt.Errorf("model URI %q: want hf://org/name[@revision]", uri)
+		}
+		return modelRef{Path: id, Revision: rev}, nil
+	case strings.HasPrefix(uri, "pvc://"):
+		claim, path, _ := strings.Cut(strings.TrimPrefix(uri, "pvc://"), "/")
+		if claim == "" {
+			return modelRef{}, fmt.Errorf("model URI %q: want pvc://claim/path", uri)
+		}
+		p := pvcMountRoot + "/" + claim
+		if path = strings.Trim(path, "/"); path != "" {
+			p += "/" + path
+		}
+		return modelRef{Path: p, Claim: claim}, nil
+	default:
+		return modelRef{Path: uri}, nil
+	}
+}
+
+// EngineArgs is the container's args after the `vllm serve` command: the model, the flags
+// the operator owns, LoRA adapters, then the user's args (last, so they can add anything not
+// owned; the CRD refuses owned flags in them).
+func EngineArgs(m *v1alpha1.KVRoutedModel) ([]string, error) {
+	e := &m.Spec.Engine
+	model, err := TranslateURI(m.Spec.Model.URI)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{
+		model.Path,
+		"--served-model-name", m.Spec.Model.Name,
+		"--port", itoa(e.Port),
+		"--block-size", itoa(e.BlockSize),
+		"--enable-prefix-caching",
+		"--prefix-caching-hash-algo", e.HashAlgo,
+		"--enable-prompt-tokens-details",
+		"--data-parallel-size", itoa(e.Parallelism.DataLocal),
+		"--tensor-parallel-size", itoa(e.Parallelism.Tensor),
+	}
+	if model.Revision != "" {
+		args = append(args, "--revision", model.Revision)
+	}
+	if *e.KVEvents.Enabled {
+		cfg, err := KVEventsConfigJSON(m)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--kv-events-config", cfg)
+	}
+	if len(e.LoRAAdapters) > 0 {
+		args = append(args, "--enable-lora", "--lora-modules")
+		for _, a := range e.LoRAAdapters {
+			ref, err := TranslateURI(a.URI)
+			if err != nil {
+				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: %w", a.Name, err)
+			}
+			if ref.Revision != "" {
+				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: vLLM takes no revision for adapters (%s)", a.Name, a.URI)
+			}
+			args = append(args, a.Name+"="+ref.Path)
+		}
+	}
+	for _, a := range e.Args {
+		args = append(args, string(a))
+	}
+	return args, nil
+}
+
+// claims lists the distinct PVCs the model and adapters read, in first-use order.
+func claims(m *v1alpha1.KVRoutedModel) []string {
+	var out []string
+	add := func(uri string) {
+		if ref, err := TranslateURI(uri); err == nil && ref.Claim != "" {
+			for _, c := range out {
+				if c == ref.Claim {
+					return
+				}
+			}
+			out = append(out, ref.Claim)
+		}
+	}
+	add(m.Spec.Model.URI)
+	for _, a := range m.Spec.Engine.LoRAAdapters {
+		add(a.URI)
+	}
+	return out
+}
+
+// EngineDeployment renders the vLLM Deployment. spec.replicas is copied as is: HPA and KEDA
+// scale the KVRoutedModel, so the operator stays the Deployment's only writer.
+func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployment, error) {
+	if err := CheckDefaulted(m); err != nil {
+		return nil, err
+	}
+	e := &m.Spec.Engine
+	image := e.Image
+	if image == "" {
+		image = opts.DefaultEngineImage
+	}
+	if image == "" {
+		return nil, fmt.Errorf("spec.engine.image is empty and the operator has no --default-engine-image")
+	}
+	args, err := EngineArgs(m)
+	if err != nil {
+		return nil, err
+	}
+	ports := EnginePorts(m)
+
+	container := corev1.Container{
+		Name:            EngineContainer,
+		Image:           image,
+		ImagePullPolicy: e.ImagePullPolicy,
+		Command:         []string{"vllm", "serve"},
+		Args:            args,
+		Ports:           engineContainerPorts(m, ports),
+		Env:             engineEnv(m),
+		Resources:       engineResources(m),
+		VolumeMounts:    []corev1.VolumeMount{{Name: "home", MountPath: engineHome}},
+		StartupProbe:    healthProbe(e.Port, 10, startupTimeout/10),
+		ReadinessProbe:  healthProbe(e.Port, 5, 3),
+		LivenessProbe:   healthProbe(e.Port, 10, 3),
+		SecurityContext: &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
+	volumes := []corev1.Volume{{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if e.Parallelism.Tensor > 1 || e.SharedMemorySize != nil {
+		// NCCL between tensor-parallel workers needs more than the runtime's 64 MiB /dev/shm.
+		volumes = append(volumes, corev1.Volume{Name: "dshm", VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: e.SharedMemorySize}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: "dshm", MountPath: "/dev/shm"})
+	}
+	for i, claim := range claims(m) {
+		name := "pvc-" + strconv.Itoa(i)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: pvcMountRoot + "/" + claim, ReadOnly: true})
+	}
+
+	pod := e.Pod
+	podSpec := corev1.PodSpec{
+		Containers:                    []corev1.Container{container},
+		Volumes:                       volumes,
+		AutomountServiceAccountToken:  ptr(false), // vLLM never talks to the API server
+		EnableServiceLinks:            ptr(false), // a Service named "vllm" would inject VLLM_PORT, which vLLM reads
+		TerminationGracePeriodSeconds: ptr(int64(120)),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot:        ptr(true),
+			RunAsUser:           ptr(int64(engineUID)),
+			RunAsGroup:          ptr(int64(engineUID)),
+			FSGroup:             ptr(int64(engineUID)),
+			FSGroupChangePolicy: ptr(corev1.FSGroupChangeOnRootMismatch),
+			SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		NodeSelector:      copyMap(pod.NodeSelector),
+		Tolerations:       copyTolerations(pod.Tolerations),
+		Affinity:          pod.Affinity.DeepCopy(),
+		RuntimeClassName:  copyPtr(pod.RuntimeClassName),
+		PriorityClassName: pod.PriorityClassName,
+	}
+
+	d := &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: objectMeta(m, EngineName(m), v1alpha1.ComponentEngine),
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr(*m.Spec.Replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: EngineSelector(m)},
+			// Never take a serving replica down before its replacement is Ready.
+			Strategy: appsv1.DeploymentStrategy{
+				Type: appsv1.RollingUpdateDeploymentStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDeployment{
+					MaxUnavailable: ptr(intstr.FromInt32(0)),
+					MaxSurge:       ptr(intstr.FromInt32(1)),
+				},
+			},
+			// Downloading and loading weights can take far longer than the 600 s default.
+			ProgressDeadlineSeconds: ptr(int32(startupTimeout + 600)),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      merge(pod.Labels, enginePodLabels(m)),
+					Annotations: merge(pod.Annotations, EnginePodAnnotations(m)),
+				},
+				Spec: podSpec,
+			},
+		},
+	}
+	return d, nil
+}
+
+func enginePodLabels(m *v1alpha1.KVRoutedModel) map[string]string {
+	l := childLabels(m, v1alpha1.ComponentEngine)
+	l[v1alpha1.LabelName] = v1alpha1.EngineAppName
+	return l
+}
+
+// EnginePodAnnotations is the router <-> engine contract on each engine pod (INTERFACES.md):
+// event and replay ports per rank (absent when off) and the block size.
+func EnginePodAnnotations(m *v1alpha1.KVRoutedModel) map[string]string {
+	p := EnginePorts(m)
+	a := map[string]string{v1alpha1.AnnotationBlock: itoa(m.Spec.Engine.BlockSize)}
+	if len(p.Events) > 0 {
+		a[v1alpha1.AnnotationKVEvents] = joinPorts(p.Events)
+	}
+	if len(p.Replay) > 0 {
+		a[v1alpha1.AnnotationKVReplay] = joinPorts(p.Replay)
+	}
+	return a
+}
+
+func engineContainerPorts(m *v1alpha1.KVRoutedModel, p Ports) []corev1.ContainerPort {
+	out := []corev1.ContainerPort{{Name: "http", ContainerPort: m.Spec.Engine.Port, Protocol: corev1.ProtocolTCP}}
+	for r, port := range p.Events {
+		out = append(out, corev1.ContainerPort{Name: fmt.Sprintf("kv-events-%d", r), ContainerPort: port, Protocol: corev1.ProtocolTCP})
+	}
+	for r, port := range p.Replay {
+		out = append(out, corev1.ContainerPort{Name: fmt.Sprintf("kv-replay-%d", r), ContainerPort: port, Protocol: corev1.ProtocolTCP})
+	}
+	return out
+}
+
+// engineEnv: POD_IP for the topic, PYTHONHASHSEED for deterministic block hashes, HOME on the
+// writable emptyDir, HF_TOKEN from the secret; user variables replace ours by name, except
+// POD_IP and PYTHONHASHSEED (the CRD refuses the latter), which routing depends on.
+func engineEnv(m *v1alpha1.KVRoutedModel) []corev1.EnvVar {
+	env := []corev1.EnvVar{
+		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
+		{Name: "PYTHONHASHSEED", Value: m.Spec.Engine.HashSeed},
+		{Name: "HOME", Value: engineHome},
+	}
+	if ref := m.Spec.Model.AuthSecretRef; ref != nil {
+		env = append(env, corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: ref.DeepCopy()}})
+	}
+	for _, u := range m.Spec.Engine.Env {
+		if u.Name == "POD_IP" || u.Name == "PYTHONHASHSEED" {
+			continue
+		}
+		replaced := false
+		for i := range env {
+			if env[i].Name == u.Name {
+				env[i], replaced = *u.DeepCopy(), true
+			}
+		}
+		if !replaced {
+			env = append(env, *u.DeepCopy())
+		}
+	}
+	return env
+}
+
+// engineResources copies the user's resources and, when neither requests nor limits name a
+// GPU, asks for tensor x dataLocal of them (extended resources need requests == limits).
+func engineResources(m *v1alpha1.KVRoutedModel) corev1.ResourceRequirements {
+	r := *m.Spec.Engine.Resources.DeepCopy()
+	_, inReq := r.Requests[GPUResource]
+	_, inLim := r.Limits[GPUResource]
+	if inReq || inLim {
+		return r
+	}
+	n := resource.NewQuantity(int64(m.Spec.Engine.Parallelism.Tensor*m.Spec.Engine.Parallelism.DataLocal), resource.DecimalSI)
+	if r.Requests == nil {
+		r.Requests = corev1.ResourceList{}
+	}
+	if r.Limits == nil {
+		r.Limits = corev1.ResourceList{}
+	}
+	r.Requests[GPUResource] = *n
+	r.Limits[GPUResource] = n.DeepCopy()
+	return r
+}
+
+func healthProbe(port int32, period, failures int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: "/health", Port: intstr.FromInt32(port), Scheme: corev1.URISchemeHTTP}},
+		PeriodSeconds:    period,
+		TimeoutSeconds:   5,
+		SuccessThreshold: 1,
+		FailureThreshold: failures,
+	}
+}
+
+// EngineService is the headless Service of the engine pods: stable DNS per pod, and the
+// ports named as on the container.
+func EngineService(m *v1alpha1.KVRoutedModel) *corev1.Service {
+	var ports []corev1.ServicePort
+	for _, cp := range engineContainerPorts(m, EnginePorts(m)) {
+		ports = append(ports, corev1.ServicePort{Name: cp.Name, Port: cp.ContainerPort, TargetPort: intstr.FromString(cp.Name), Protocol: corev1.ProtocolTCP})
+	}
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: objectMeta(m, EngineName(m), v1alpha1.ComponentEngine),
+		Spec: corev1.ServiceSpec{
+			Type:      corev1.ServiceTypeClusterIP,
+			ClusterIP: corev1.ClusterIPNone,
+			Selector:  EngineSelector(m),
+			Ports:     ports,
+		},
+	}
+}
+
+func itoa(v int32) string { return strconv.FormatInt(int64(v), 10) }
+
+func joinPorts(ps []int32) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = itoa(p)
+	}
+	return strings.Join(s, ",")
+}
+
+// merge returns user entries overlaid by ours (ours win on a clash).
+func merge(user, ours map[string]string) map[string]string {
+	out := make(map[string]string, len(user)+len(ours))
+	for k, v := range user {
+		out[k] = v
+	}
+	for k, v := range ours {
+		out[k] = v
+	}
+	return out
+}
+
+func copyMap(in map[string]string) map[string]string {
+	if len(in) == 0 {
+		return nil
+	}
+	return merge(in, nil)
+}
+
+func copyTolerations(in []corev1.Toleration) []corev1.Toleration {
+	if in == nil {
+		return nil
+	}
+	out := make([]corev1.Toleration, len(in))
+	for i := range in {
+		in[i].DeepCopyInto(&out[i])
+	}
+	return out
+}
+
+func copyPtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	return ptr(*p)
+}

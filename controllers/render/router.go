@@ -1,0 +1,210 @@
+package render
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/router/config"
+)
+
+// RouterContainer is the router's container name.
+const RouterContainer = "kvrouter"
+
+const routerUID = 65532
+
+// RouterConfig is the kvrouter configuration for this model: Kubernetes discovery of the
+// engine pods (ports and block size from their annotations), the engines' hashing, the
+// policy and warm-up. Admin listens on all interfaces so Prometheus can scrape /metrics.
+func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
+	e := &m.Spec.Engine
+	c := config.Default()
+	c.Listen = fmt.Sprintf(":%d", RouterHTTPPort)
+	c.AdminListen = fmt.Sprintf(":%d", RouterAdminPort)
+	c.Policy = m.Spec.Router.Policy
+	c.BlockSize = int(e.BlockSize)
+	c.Hash = config.Hash{Algo: e.HashAlgo, Seed: e.HashSeed}
+	c.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(m.Namespace, EngineSelectorString(m), int(e.Port))}
+	c.Warmup = config.Warmup{Duration: *m.Spec.Router.Warmup.Duration, Credit: m.Spec.Router.Warmup.Credit.Float64()}
+	c.Events = config.Events{
+		Enabled:     *e.KVEvents.Enabled,
+		TopicPrefix: e.KVEvents.TopicPrefix,
+		HWM:         int(*e.KVEvents.HWM),
+		Replay:      *e.KVEvents.Enabled && *e.KVEvents.ReplayBasePort != 0,
+	}
+	if err := c.Validate(); err != nil {
+		return config.Config{}, err
+	}
+	return c, nil
+}
+
+// RouterConfigMap holds RouterConfig as config.yaml.
+func RouterConfigMap(m *v1alpha1.KVRoutedModel) (*corev1.ConfigMap, error) {
+	if err := CheckDefaulted(m); err != nil {
+		return nil, err
+	}
+	c, err := RouterConfig(m)
+	if err != nil {
+		return nil, err
+	}
+	data, err := c.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	return &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+		Data:       map[string]string{RouterConfigKey: string(data)},
+	}, nil
+}
+
+// ConfigChecksum is the router pod template's checksum annotation value: a changed config
+// changes the template, which rolls the router.
+func ConfigChecksum(cm *corev1.ConfigMap) string {
+	sum := sha256.Sum256([]byte(cm.Data[RouterConfigKey]))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// RouterDeployment renders the kvrouter Deployment.
+func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployment, error) {
+	cm, err := RouterConfigMap(m)
+	if err != nil {
+		return nil, err
+	}
+	r := &m.Spec.Router
+	image := r.Image
+	if image == "" {
+		image = opts.DefaultRouterImage
+	}
+	if image == "" {
+		return nil, fmt.Errorf("spec.router.image is empty and the operator has no --default-router-image")
+	}
+	var res corev1.ResourceRequirements
+	if r.Resources != nil {
+		res = *r.Resources.DeepCopy()
+	}
+	podLabels := childLabels(m, v1alpha1.ComponentRouter)
+	podLabels[v1alpha1.LabelName] = v1alpha1.RouterAppName
+	probe := func(path string, period, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: path, Port: intstr.FromString("http"), Scheme: corev1.URISchemeHTTP}},
+			PeriodSeconds: period, TimeoutSeconds: 2, SuccessThreshold: 1, FailureThreshold: failures,
+		}
+	}
+	container := corev1.Container{
+		Name:            RouterContainer,
+		Image:           image,
+		ImagePullPolicy: r.ImagePullPolicy,
+		Args:            []string{"--config", RouterConfigDir + "/" + RouterConfigKey},
+		Ports: []corev1.ContainerPort{
+			{Name: "http", ContainerPort: RouterHTTPPort, Protocol: corev1.ProtocolTCP},
+			{Name: "metrics", ContainerPort: RouterAdminPort, Protocol: corev1.ProtocolTCP},
+		},
+		Resources:      res,
+		VolumeMounts:   []corev1.VolumeMount{{Name: "config", MountPath: RouterConfigDir, ReadOnly: true}},
+		ReadinessProbe: probe("/readyz", 5, 3),
+		LivenessProbe:  probe("/healthz", 10, 3),
+		SecurityContext: &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr(false),
+			ReadOnlyRootFilesystem:   ptr(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
+	return &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr(*r.Replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: RouterSelector(m)},
+			Strategy: appsv1.DeploymentStrategy{
+				Type: appsv1.RollingUpdateDeploymentStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDeployment{
+					MaxUnavailable: ptr(intstr.FromInt32(0)),
+					MaxSurge:       ptr(intstr.FromInt32(1)),
+				},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      podLabels,
+					Annotations: map[string]string{v1alpha1.AnnotationConfigChecksum: ConfigChecksum(cm)},
+				},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: RouterName(m),
+					Containers:         []corev1.Container{container},
+					Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
+						ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}}},
+					EnableServiceLinks:            ptr(false),
+					TerminationGracePeriodSeconds: ptr(int64(30)),
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   ptr(true),
+						RunAsUser:      ptr(int64(routerUID)),
+						RunAsGroup:     ptr(int64(routerUID)),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+				},
+			},
+		},
+	}, nil
+}
+
+// RouterService fronts the router pods; gateways point at it.
+func RouterService(m *v1alpha1.KVRoutedModel) *corev1.Service {
+	s := m.Spec.Router.Service
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+		Spec: corev1.ServiceSpec{
+			Type:     s.Type,
+			Selector: RouterSelector(m),
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: s.Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
+				{Name: "metrics", Port: RouterAdminPort, TargetPort: intstr.FromString("metrics"), Protocol: corev1.ProtocolTCP},
+			},
+		},
+	}
+}
+
+// RouterEndpoint is the in-cluster URL of the router Service (status.router.endpoint).
+func RouterEndpoint(m *v1alpha1.KVRoutedModel) string {
+	return fmt.Sprintf("http://%s.%s.svc:%d", RouterName(m), m.Namespace, m.Spec.Router.Service.Port)
+}
+
+// ServiceAccount is the router's identity.
+func ServiceAccount(m *v1alpha1.KVRoutedModel) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+	}
+}
+
+// Role lets the router discover engine pods in its own namespace, and nothing else.
+func Role(m *v1alpha1.KVRoutedModel) *rbacv1.Role {
+	return &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+		Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{""},
+			Resources: []string{"pods"},
+			Verbs:     []string{"get", "list", "watch"},
+		}},
+	}
+}
+
+// RoleBinding grants Role to the router's ServiceAccount.
+func RoleBinding(m *v1alpha1.KVRoutedModel) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: RouterName(m)},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: RouterName(m), Namespace: m.Namespace}},
+	}
+}
