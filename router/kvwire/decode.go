@@ -1,0 +1,724 @@
+package kvwire
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+)
+
+// maxDepth bounds nesting in skipped or unmodelled values, so hostile input cannot recurse deeply.
+const maxDepth = 32
+
+// maxInterned bounds the decoder's string table (media, kinds, LoRA names repeat on every event).
+const maxInterned = 1024
+
+// Decoder decodes KVEventBatch payloads. It reuses one msgpack decoder and every destination
+// slice, so the batch it returns (and every slice and raw hash in it) is valid only until the
+// next DecodeBatch call. Not safe for concurrent use: one per subscriber goroutine.
+type Decoder struct {
+	payload []byte
+	r       bytes.Reader
+	md      *msgpack.Decoder
+	scratch []byte
+	arena   []byte              // raw-bytes hashes and unmodelled extra keys
+	extras  []blockkey.ExtraKey // backing store of every block's Extras
+	intern  map[string]string
+	batch   Batch
+}
+
+// NewDecoder returns a decoder ready for DecodeBatch.
+func NewDecoder() *Decoder {
+	d := &Decoder{intern: make(map[string]string)}
+	d.md = msgpack.NewDecoder(&d.r) // bytes.Reader is a ByteScanner: no extra buffering
+	return d
+}
+
+// DecodeBatch decodes one payload. Unknown map keys, extra trailing array elements and unknown
+// event types are skipped; a wrong type, a truncated value or a length longer than the input is
+// an error (and never a panic or an allocation larger than the input).
+func (d *Decoder) DecodeBatch(payload []byte) (*Batch, error) {
+	d.payload = payload
+	d.r.Reset(payload)
+	d.md.ResetReader(&d.r)
+	d.arena = d.arena[:0]
+	d.extras = d.extras[:0]
+	b := &d.batch
+	b.TS, b.DataParallelRank, b.Layout = 0, Opt[int64]{}, LayoutUnknown
+	if err := d.decodeBatch(b); err != nil {
+		return nil, fmt.Errorf("kvwire: %w", err)
+	}
+	if d.r.Len() != 0 {
+		return nil, fmt.Errorf("kvwire: %d bytes after the batch", d.r.Len())
+	}
+	return b, nil
+}
+
+func (d *Decoder) decodeBatch(b *Batch) error {
+	n, err := d.arrayLen("batch")
+	if err != nil {
+		return err
+	}
+	if n < 2 {
+		return fmt.Errorf("batch has %d elements, want [ts, events, data_parallel_rank]", n)
+	}
+	if b.TS, err = d.float("ts"); err != nil {
+		return err
+	}
+	ne, err := d.arrayLen("events")
+	if err != nil {
+		return err
+	}
+	if cap(b.Events) < ne {
+		b.Events = append(b.Events[:cap(b.Events)], make([]Event, ne-cap(b.Events))...)
+	}
+	b.Events = b.Events[:ne]
+	for i := range b.Events {
+		e := &b.Events[i]
+		layout, err := d.decodeEvent(e)
+		if err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+		if b.Layout == LayoutUnknown {
+			b.Layout = layout
+		}
+	}
+	if n >= 3 {
+		if b.DataParallelRank, err = d.optInt("data_parallel_rank"); err != nil {
+			return err
+		}
+	}
+	for i := 3; i < n; i++ {
+		if err := d.skip(0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Decoder) decodeEvent(e *Event) (Layout, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return 0, d.eof(err)
+	}
+	switch {
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		return LayoutMap, d.decodeMapEvent(e)
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		return LayoutArray, d.decodeArrayEvent(e)
+	}
+	return 0, fmt.Errorf("event is msgpack code 0x%02x, want a map or an array", c)
+}
+
+// resetEvent clears e for reuse, keeping slice storage.
+func resetEvent(e *Event) {
+	clearStored(&e.Stored)
+	e.Removed = BlockRemoved{BlockHashes: e.Removed.BlockHashes[:0]}
+	e.Type, e.Tag = EventUnknown, ""
+}
+
+func (d *Decoder) setTag(e *Event, tag []byte) {
+	switch string(tag) {
+	case TagBlockStored:
+		e.Type, e.Tag = EventBlockStored, TagBlockStored
+	case TagBlockRemoved:
+		e.Type, e.Tag = EventBlockRemoved, TagBlockRemoved
+	case TagAllBlocksCleared:
+		e.Type, e.Tag = EventAllBlocksCleared, TagAllBlocksCleared
+	default:
+		e.Type, e.Tag = EventUnknown, d.internBytes(tag)
+	}
+}
+
+// Field indices of BlockStored in declaration order (= array position - 1 = map key order).
+const (
+	fBlockHashes = iota
+	fParentBlockHash
+	fTokenIDs
+	fBlockSize
+	fLoRAID
+	fMedium
+	fLoRAName
+	fExtraKeys
+	fGroupIdx
+	fKVCacheSpecKind
+	fKVCacheSpecSlidingWindow
+	fLocality
+	numStoredFields
+)
+
+var storedFields = [numStoredFields]string{
+	"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+	"lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality",
+}
+
+// removedFields are BlockRemoved's fields in declaration order, as BlockStored field indices.
+var removedFields = [...]int{fBlockHashes, fMedium, fGroupIdx, fLocality}
+
+const storedRequired = 1<<fBlockHashes | 1<<fParentBlockHash | 1<<fTokenIDs | 1<<fBlockSize
+
+func classHas(t EventType, f int) bool {
+	switch t {
+	case EventBlockStored:
+		return f >= 0
+	case EventBlockRemoved:
+		for _, r := range removedFields {
+			if r == f {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func fieldIndex(name []byte) int {
+	for i, f := range storedFields {
+		if f == string(name) {
+			return i
+		}
+	}
+	return -1
+}
+
+// storedField decodes field f into s, which holds the fields of either event class.
+func (d *Decoder) storedField(s *BlockStored, f int) (err error) {
+	switch f {
+	case fBlockHashes:
+		s.BlockHashes, err = d.hashes(s.BlockHashes[:0])
+	case fParentBlockHash:
+		s.ParentBlockHash, err = d.optHash()
+	case fTokenIDs:
+		s.TokenIDs, err = d.tokens(s.TokenIDs[:0])
+	case fBlockSize:
+		s.BlockSize, err = d.int("block_size")
+	case fLoRAID:
+		s.LoRAID, err = d.optInt("lora_id")
+	case fMedium:
+		s.Medium, err = d.optStr("medium")
+	case fLoRAName:
+		s.LoRAName, err = d.optStr("lora_name")
+	case fExtraKeys:
+		s.ExtraKeys, err = d.extraKeys(s.ExtraKeys.V[:0])
+	case fGroupIdx:
+		s.GroupIdx, err = d.optInt("group_idx")
+	case fKVCacheSpecKind:
+		s.KVCacheSpecKind, err = d.optStr("kv_cache_spec_kind")
+	case fKVCacheSpecSlidingWindow:
+		s.KVCacheSpecSlidingWindow, err = d.optInt("kv_cache_spec_sliding_window")
+	case fLocality:
+		s.Locality, err = d.optStr("locality")
+	default:
+		err = d.skip(0)
+	}
+	if err != nil && f >= 0 {
+		return fmt.Errorf("field %s: %w", storedFields[f], err)
+	}
+	return err
+}
+
+// decodeMapEvent reads {"type": tag, field: value, ...} by name, in any key order; unknown keys
+// (and fields the event class does not have) are skipped.
+func (d *Decoder) decodeMapEvent(e *Event) error {
+	resetEvent(e)
+	n, err := d.mapLen("event")
+	if err != nil {
+		return err
+	}
+	var seen uint32
+	haveType := false
+	for i := 0; i < n; i++ {
+		key, err := d.strBytes("event key")
+		if err != nil {
+			return err
+		}
+		if string(key) == "type" {
+			tag, err := d.strBytes("type")
+			if err != nil {
+				return err
+			}
+			d.setTag(e, tag)
+			haveType = true
+			continue
+		}
+		f := fieldIndex(key)
+		if haveType && !classHas(e.Type, f) {
+			f = -1 // msgspec writes "type" first, so other classes' and unknown events' fields are skipped
+		}
+		if err := d.storedField(&e.Stored, f); err != nil {
+			return err
+		}
+		if f >= 0 {
+			seen |= 1 << f
+		}
+	}
+	if !haveType {
+		return errors.New(`map event without "type"`)
+	}
+	return finishEvent(e, seen)
+}
+
+// decodeArrayEvent reads [tag, field1, ...] by position; trailing fields a version lacks stay
+// unset, extra trailing elements are skipped.
+func (d *Decoder) decodeArrayEvent(e *Event) error {
+	resetEvent(e)
+	n, err := d.arrayLen("event")
+	if err != nil {
+		return err
+	}
+	if n < 1 {
+		return errors.New("empty event array")
+	}
+	tag, err := d.strBytes("event tag")
+	if err != nil {
+		return err
+	}
+	d.setTag(e, tag)
+	var seen uint32
+	for p := 1; p < n; p++ {
+		f := -1
+		switch e.Type {
+		case EventBlockStored:
+			if p-1 < numStoredFields {
+				f = p - 1
+			}
+		case EventBlockRemoved:
+			if p-1 < len(removedFields) {
+				f = removedFields[p-1]
+			}
+		}
+		if err := d.storedField(&e.Stored, f); err != nil {
+			return err
+		}
+		if f >= 0 {
+			seen |= 1 << f
+		}
+	}
+	return finishEvent(e, seen)
+}
+
+// finishEvent checks required fields and moves BlockRemoved's fields into place.
+func finishEvent(e *Event, seen uint32) error {
+	s := &e.Stored
+	switch e.Type {
+	case EventBlockStored:
+		if seen&storedRequired != storedRequired {
+			return errors.New("BlockStored lacks one of block_hashes, parent_block_hash, token_ids, block_size")
+		}
+		return checkStored(s)
+	case EventBlockRemoved:
+		if seen&(1<<fBlockHashes) == 0 {
+			return errors.New("BlockRemoved lacks block_hashes")
+		}
+		r := &e.Removed
+		r.BlockHashes, s.BlockHashes = s.BlockHashes, r.BlockHashes[:0]
+		r.Medium, r.GroupIdx, r.Locality = s.Medium, s.GroupIdx, s.Locality
+		clearStored(s)
+	default:
+		clearStored(s)
+	}
+	return nil
+}
+
+// clearStored clears the BlockStored half after its fields were used for another class.
+func clearStored(s *BlockStored) {
+	*s = BlockStored{BlockHashes: s.BlockHashes[:0], TokenIDs: s.TokenIDs[:0], ExtraKeys: Opt[[]blockkey.Extras]{V: s.ExtraKeys.V[:0]}}
+}
+
+func checkStored(s *BlockStored) error {
+	if s.BlockSize <= 0 {
+		return fmt.Errorf("BlockStored block_size %d, want > 0", s.BlockSize)
+	}
+	if s.ExtraKeys.OK && len(s.ExtraKeys.V) != len(s.BlockHashes) {
+		return fmt.Errorf("BlockStored has %d extra_keys entries for %d block hashes", len(s.ExtraKeys.V), len(s.BlockHashes))
+	}
+	return nil
+}
+
+// --- primitives -----------------------------------------------------------------------------
+
+func (d *Decoder) pos() int { return len(d.payload) - d.r.Len() }
+
+func (d *Decoder) eof(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("input ends inside a value")
+	}
+	return err
+}
+
+func (d *Decoder) isNil() (bool, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return false, d.eof(err)
+	}
+	if c == msgpcode.Nil {
+		_, _ = d.r.ReadByte()
+		return true, nil
+	}
+	return false, nil
+}
+
+// checkLen refuses a length header that claims more items than bytes are left (each item takes
+// at least one byte), so no allocation is driven by a hostile header.
+func (d *Decoder) checkLen(what string, n, perItem int) error {
+	if n < 0 || n > d.r.Len()/perItem {
+		return fmt.Errorf("%s claims %d items with %d bytes left", what, n, d.r.Len())
+	}
+	return nil
+}
+
+func (d *Decoder) arrayLen(what string) (int, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return 0, d.eof(err)
+	}
+	if !(msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32) {
+		return 0, fmt.Errorf("%s is msgpack code 0x%02x, want an array", what, c)
+	}
+	n, err := d.md.DecodeArrayLen()
+	if err != nil {
+		return 0, d.eof(err)
+	}
+	return n, d.checkLen(what, n, 1)
+}
+
+func (d *Decoder) mapLen(what string) (int, error) {
+	n, err := d.md.DecodeMapLen()
+	if err != nil {
+		return 0, d.eof(err)
+	}
+	return n, d.checkLen(what, n, 2)
+}
+
+func isStr(c byte) bool {
+	return msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32
+}
+
+func isBin(c byte) bool { return c == msgpcode.Bin8 || c == msgpcode.Bin16 || c == msgpcode.Bin32 }
+
+// rawBytes reads a str or bin body after checking its length against the input; the result
+// aliases d.scratch and is valid until the next read.
+func (d *Decoder) rawBytes(what string) ([]byte, error) {
+	n, err := d.md.DecodeBytesLen()
+	if err != nil {
+		return nil, d.eof(err)
+	}
+	if err := d.checkLen(what, n, 1); err != nil {
+		return nil, err
+	}
+	if cap(d.scratch) < n {
+		d.scratch = make([]byte, n)
+	}
+	b := d.scratch[:n]
+	if err := d.md.ReadFull(b); err != nil {
+		return nil, d.eof(err)
+	}
+	return b, nil
+}
+
+func (d *Decoder) strBytes(what string) ([]byte, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return nil, d.eof(err)
+	}
+	if !isStr(c) {
+		return nil, fmt.Errorf("%s is msgpack code 0x%02x, want a string", what, c)
+	}
+	return d.rawBytes(what)
+}
+
+func (d *Decoder) internBytes(b []byte) string {
+	if s, ok := d.intern[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(d.intern) < maxInterned {
+		d.intern[s] = s
+	}
+	return s
+}
+
+func (d *Decoder) optStr(what string) (Opt[string], error) {
+	if null, err := d.isNil(); null || err != nil {
+		return Opt[string]{}, err
+	}
+	b, err := d.strBytes(what)
+	if err != nil {
+		return Opt[string]{}, err
+	}
+	return Some(d.internBytes(b)), nil
+}
+
+func (d *Decoder) int(what string) (int64, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return 0, d.eof(err)
+	}
+	if c == msgpcode.Uint64 {
+		v, err := d.md.DecodeUint64()
+		if err != nil {
+			return 0, d.eof(err)
+		}
+		if v > math.MaxInt64 {
+			return 0, fmt.Errorf("%s %d out of range", what, v)
+		}
+		return int64(v), nil
+	}
+	if !isInt(c) {
+		return 0, fmt.Errorf("%s is msgpack code 0x%02x, want an integer", what, c)
+	}
+	v, err := d.md.DecodeInt64()
+	return v, d.eof(err)
+}
+
+func isInt(c byte) bool {
+	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) || (c >= msgpcode.Int8 && c <= msgpcode.Int64)
+}
+
+func (d *Decoder) optInt(what string) (Opt[int64], error) {
+	if null, err := d.isNil(); null || err != nil {
+		return Opt[int64]{}, err
+	}
+	v, err := d.int(what)
+	if err != nil {
+		return Opt[int64]{}, err
+	}
+	return Some(v), nil
+}
+
+func (d *Decoder) float(what string) (float64, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return 0, d.eof(err)
+	}
+	if c != msgpcode.Double && c != msgpcode.Float && !isInt(c) {
+		return 0, fmt.Errorf("%s is msgpack code 0x%02x, want a number", what, c)
+	}
+	v, err := d.md.DecodeFloat64()
+	return v, d.eof(err)
+}
+
+func (d *Decoder) hash() (Hash, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return Hash{}, d.eof(err)
+	}
+	if isBin(c) {
+		b, err := d.rawBytes("hash")
+		if err != nil {
+			return Hash{}, err
+		}
+		start := len(d.arena)
+		d.arena = append(d.arena, b...)
+		return Hash{Bytes: d.arena[start:len(d.arena):len(d.arena)]}, nil
+	}
+	if !isInt(c) {
+		return Hash{}, fmt.Errorf("hash is msgpack code 0x%02x, want an integer or bytes", c)
+	}
+	// Negative ints (only from vLLM ≤ 0.10.1's builtin hash) keep their two's-complement bits.
+	v, err := d.md.DecodeUint64()
+	return Hash{Int: v}, d.eof(err)
+}
+
+func (d *Decoder) optHash() (Opt[Hash], error) {
+	if null, err := d.isNil(); null || err != nil {
+		return Opt[Hash]{}, err
+	}
+	h, err := d.hash()
+	if err != nil {
+		return Opt[Hash]{}, err
+	}
+	return Some(h), nil
+}
+
+func (d *Decoder) hashes(dst []Hash) ([]Hash, error) {
+	n, err := d.arrayLen("block_hashes")
+	if err != nil {
+		return dst, err
+	}
+	for i := 0; i < n; i++ {
+		h, err := d.hash()
+		if err != nil {
+			return dst, fmt.Errorf("hash %d: %w", i, err)
+		}
+		dst = append(dst, h)
+	}
+	return dst, nil
+}
+
+func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
+	n, err := d.arrayLen("token_ids")
+	if err != nil {
+		return dst, err
+	}
+	for i := 0; i < n; i++ {
+		v, err := d.int("token id")
+		if err != nil {
+			return dst, fmt.Errorf("token %d: %w", i, err)
+		}
+		if v < 0 || v > math.MaxUint32 {
+			return dst, fmt.Errorf("token %d: id %d out of uint32 range", i, v)
+		}
+		dst = append(dst, uint32(v))
+	}
+	return dst, nil
+}
+
+// extraKeys reads extra_keys: None, or one entry per block, each None or an array of str (LoRA
+// name, cache salt), [str, int] (multimodal item), bin (prompt-embeds digest), or anything else
+// (kept raw as blockkey.ExtraOther).
+func (d *Decoder) extraKeys(dst []blockkey.Extras) (Opt[[]blockkey.Extras], error) {
+	if null, err := d.isNil(); null || err != nil {
+		return Opt[[]blockkey.Extras]{V: dst}, err
+	}
+	n, err := d.arrayLen("extra_keys")
+	if err != nil {
+		return Opt[[]blockkey.Extras]{V: dst}, err
+	}
+	for i := 0; i < n; i++ {
+		ex, err := d.blockExtras()
+		if err != nil {
+			return Opt[[]blockkey.Extras]{V: dst}, fmt.Errorf("entry %d: %w", i, err)
+		}
+		dst = append(dst, ex)
+	}
+	return Opt[[]blockkey.Extras]{V: dst, OK: true}, nil
+}
+
+func (d *Decoder) blockExtras() (blockkey.Extras, error) {
+	if null, err := d.isNil(); null || err != nil {
+		return nil, err
+	}
+	m, err := d.arrayLen("extra keys")
+	if err != nil {
+		return nil, err
+	}
+	start := len(d.extras)
+	for j := 0; j < m; j++ {
+		k, err := d.extraKey()
+		if err != nil {
+			return nil, fmt.Errorf("key %d: %w", j, err)
+		}
+		d.extras = append(d.extras, k)
+	}
+	return blockkey.Extras(d.extras[start:len(d.extras):len(d.extras)]), nil
+}
+
+func (d *Decoder) extraKey() (blockkey.ExtraKey, error) {
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return blockkey.ExtraKey{}, d.eof(err)
+	}
+	switch {
+	case isStr(c):
+		b, err := d.rawBytes("extra key")
+		if err != nil {
+			return blockkey.ExtraKey{}, err
+		}
+		return blockkey.String(d.internBytes(b)), nil
+	case isBin(c):
+		b, err := d.rawBytes("extra key")
+		if err != nil {
+			return blockkey.ExtraKey{}, err
+		}
+		return blockkey.ExtraKey{Kind: blockkey.ExtraBytes, Bytes: d.keep(b)}, nil
+	}
+	// A multimodal item is [str, int]; anything else is kept as its raw msgpack.
+	start := d.pos()
+	if k, ok := d.tryMM(c); ok {
+		return k, nil
+	}
+	if _, err := d.r.Seek(int64(start), io.SeekStart); err != nil {
+		return blockkey.ExtraKey{}, err
+	}
+	if err := d.skip(0); err != nil {
+		return blockkey.ExtraKey{}, err
+	}
+	return blockkey.ExtraKey{Kind: blockkey.ExtraOther, Bytes: d.keep(d.payload[start:d.pos()])}, nil
+}
+
+func (d *Decoder) tryMM(c byte) (blockkey.ExtraKey, bool) {
+	if c != msgpcode.FixedArrayLow|2 {
+		return blockkey.ExtraKey{}, false
+	}
+	_, _ = d.r.ReadByte()
+	id, err := d.strBytes("identifier")
+	if err != nil {
+		return blockkey.ExtraKey{}, false
+	}
+	s := d.internBytes(id)
+	off, err := d.int("offset")
+	if err != nil {
+		return blockkey.ExtraKey{}, false
+	}
+	return blockkey.MM(s, off), true
+}
+
+func (d *Decoder) keep(b []byte) []byte {
+	start := len(d.arena)
+	d.arena = append(d.arena, b...)
+	return d.arena[start:len(d.arena):len(d.arena)]
+}
+
+// skip passes over one value of any type without allocating: lengths are checked against the
+// input and bodies are seeked over; nesting is bounded.
+func (d *Decoder) skip(depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("values nested deeper than %d", maxDepth)
+	}
+	c, err := d.md.PeekCode()
+	if err != nil {
+		return d.eof(err)
+	}
+	switch {
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := d.arrayLen("value")
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		n, err := d.mapLen("value")
+		if err != nil {
+			return err
+		}
+		for i := 0; i < 2*n; i++ {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case isStr(c) || isBin(c):
+		n, err := d.md.DecodeBytesLen()
+		if err != nil {
+			return d.eof(err)
+		}
+		return d.advance("string", n)
+	case c >= msgpcode.FixExt1 && c <= msgpcode.FixExt16, c == msgpcode.Ext8, c == msgpcode.Ext16, c == msgpcode.Ext32:
+		_, n, err := d.md.DecodeExtHeader()
+		if err != nil {
+			return d.eof(err)
+		}
+		return d.advance("ext", n)
+	}
+	// Scalars: fixed size, the library reads them without allocating.
+	return d.eof(d.md.Skip())
+}
+
+func (d *Decoder) advance(what string, n int) error {
+	if err := d.checkLen(what, n, 1); err != nil {
+		return err
+	}
+	_, err := d.r.Seek(int64(n), io.SeekCurrent)
+	return err
+}

@@ -1,0 +1,181 @@
+// Package kvwire is vLLM's KV-cache event wire format: the ZMQ frames of the PUB stream and of
+// replay replies, and the msgpack KVEventBatch payload in both event layouts (maps, vLLM ≥ 0.24;
+// arrays, older), decoded and encoded.
+package kvwire
+
+import (
+	"fmt"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+)
+
+// Opt is a field vLLM may leave out or send as None: OK is false then, so an absent field is never
+// mistaken for a zero value.
+type Opt[T any] struct {
+	V  T
+	OK bool
+}
+
+// Some returns a set Opt.
+func Some[T any](v T) Opt[T] { return Opt[T]{V: v, OK: true} }
+
+// Hash is a block hash as sent: a uint64 (vLLM's default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1)
+// or the raw digest bytes (=0).
+type Hash struct {
+	Int   uint64
+	Bytes []byte // non-nil for raw-bytes hashes; owned by the Decoder until its next call
+}
+
+// IntHash returns an integer hash.
+func IntHash(v uint64) Hash { return Hash{Int: v} }
+
+// BytesHash returns a raw-bytes hash.
+func BytesHash(b []byte) Hash {
+	if b == nil {
+		b = []byte{}
+	}
+	return Hash{Bytes: b}
+}
+
+// IsBytes reports whether the engine sent the raw digest.
+func (h Hash) IsBytes() bool { return h.Bytes != nil }
+
+// Uint64 is the value the index keys engine hashes by: the wire int itself, or for raw digests
+// their last 8 bytes big-endian, which is how vLLM derives wire ints, so both modes agree.
+func (h Hash) Uint64() uint64 {
+	if h.Bytes != nil {
+		return blockkey.WireInt(h.Bytes)
+	}
+	return h.Int
+}
+
+// EventType is an event's class.
+type EventType uint8
+
+// Event classes vLLM publishes; EventUnknown is any other tag (a newer vLLM), kept so callers can
+// count it, with its fields skipped.
+const (
+	EventUnknown EventType = iota
+	EventBlockStored
+	EventBlockRemoved
+	EventAllBlocksCleared
+)
+
+// Tag names on the wire (msgspec's tag value: the class name).
+const (
+	TagBlockStored      = "BlockStored"
+	TagBlockRemoved     = "BlockRemoved"
+	TagAllBlocksCleared = "AllBlocksCleared"
+)
+
+func (t EventType) String() string {
+	switch t {
+	case EventBlockStored:
+		return TagBlockStored
+	case EventBlockRemoved:
+		return TagBlockRemoved
+	case EventAllBlocksCleared:
+		return TagAllBlocksCleared
+	}
+	return "Unknown"
+}
+
+// Layout is how events are encoded inside a batch.
+type Layout uint8
+
+const (
+	// LayoutUnknown: a batch with no events shows neither.
+	LayoutUnknown Layout = iota
+	// LayoutMap: events are msgpack maps keyed by field name, None fields left out (vLLM ≥ 0.24).
+	LayoutMap
+	// LayoutArray: events are [tag, field1, ...] with every field present (vLLM ≤ 0.23).
+	LayoutArray
+)
+
+func (l Layout) String() string {
+	switch l {
+	case LayoutMap:
+		return "map"
+	case LayoutArray:
+		return "array"
+	}
+	return "unknown"
+}
+
+// BlockStored is a newly cached (or, in full report mode, re-announced) run of full blocks.
+type BlockStored struct {
+	BlockHashes     []Hash
+	ParentBlockHash Opt[Hash] // unset when the run starts at block 0
+	TokenIDs        []uint32  // every token of the run (masked blocks keep their tokens)
+	BlockSize       int64
+	LoRAID          Opt[int64]
+	Medium          Opt[string] // "GPU", "CPU", "STORAGE"
+	LoRAName        Opt[string]
+	// ExtraKeys has one entry per block hash (an empty Extras is None); unset when the event does
+	// not carry the field or carries None.
+	ExtraKeys                Opt[[]blockkey.Extras]
+	GroupIdx                 Opt[int64]
+	KVCacheSpecKind          Opt[string]
+	KVCacheSpecSlidingWindow Opt[int64]
+	Locality                 Opt[string]
+}
+
+// BlockRemoved is the eviction of cached blocks.
+type BlockRemoved struct {
+	BlockHashes []Hash
+	Medium      Opt[string]
+	GroupIdx    Opt[int64]
+	Locality    Opt[string]
+}
+
+// Event is one event of a batch; Type says which of Stored and Removed is filled.
+type Event struct {
+	Type    EventType
+	Tag     string // the wire tag, for EventUnknown
+	Stored  BlockStored
+	Removed BlockRemoved
+}
+
+// Batch is one KVEventBatch: [ts, events, data_parallel_rank].
+type Batch struct {
+	TS               float64
+	Events           []Event
+	DataParallelRank Opt[int64]
+	Layout           Layout // of the events, as decoded
+}
+
+// BlockExtras returns block i's extras as the event gives them, for re-keying with
+// blockkey.NextKey (see blockkey.ExtrasFromEvent).
+func (s *BlockStored) BlockExtras(dst blockkey.Extras, i int) (blockkey.Extras, error) {
+	var ek []blockkey.Extras
+	if s.ExtraKeys.OK {
+		ek = s.ExtraKeys.V
+		if ek == nil {
+			ek = []blockkey.Extras{}
+		}
+	}
+	return blockkey.ExtrasFromEvent(dst, s.LoRAName.V, ek, i)
+}
+
+// AppendRouterKeys appends the router keys of the event's blocks, chained from parent (the
+// router key of the block before the run: blockkey.RootKey when ParentBlockHash is unset). It needs
+// one BlockSize window of TokenIDs per hash, which holds for full-attention groups; events with
+// masked blocks (sliding-window, Mamba) or partial entries cannot be re-keyed and get an error.
+func (s *BlockStored) AppendRouterKeys(dst []blockkey.Key, parent blockkey.Key) ([]blockkey.Key, error) {
+	n := len(s.BlockHashes)
+	if s.BlockSize <= 0 || int64(len(s.TokenIDs)) != int64(n)*s.BlockSize {
+		return dst, fmt.Errorf("kvwire: BlockStored has %d tokens for %d hashes of block size %d", len(s.TokenIDs), n, s.BlockSize)
+	}
+	bs := int(s.BlockSize)
+	var stack [4]blockkey.ExtraKey
+	scratch := blockkey.Extras(stack[:0])
+	for i := 0; i < n; i++ {
+		ex, err := s.BlockExtras(scratch, i)
+		if err != nil {
+			return dst, fmt.Errorf("kvwire: %w", err)
+		}
+		parent = blockkey.NextKey(parent, s.TokenIDs[i*bs:(i+1)*bs], ex)
+		dst = append(dst, parent)
+	}
+	return dst, nil
+}
