@@ -67,10 +67,11 @@ func Tokenize(text string) []uint32 {
 
 // readMarker reads a special token or an "<|id_N|>" opaque token at the start of s.
 func readMarker(s string) (id uint32, n int, ok bool) {
-	end := strings.Index(s, "|>")
+	end := strings.Index(s[2:], "|>") // s starts with "<|"; the close must come after it
 	if end < 0 {
 		return 0, 0, false
 	}
+	end += 2
 	m := s[:end+2]
 	if id, ok := specialTokens[m]; ok {
 		return id, len(m), true
