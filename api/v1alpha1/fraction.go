@@ -7,35 +7,47 @@ import (
 )
 
 // Fraction is a JSON number kept as its decimal text. controller-gen refuses float fields in
-// CRDs (languages disagree on them), but the contract wants a plain number (credit: 0.5);
-// a string-backed type marked as a number gives both, and keeps "0" distinct from unset.
+// CRDs (languages disagree on them), but the contract wants a plain number (credit: 0.5).
+// It is a struct, not a string, because the unstructured converter refuses to turn a JSON
+// integer (credit: 0) into a string-kinded type but does call a struct's UnmarshalJSON.
+// The zero Fraction is "unset" and marshals as null, which the schema default replaces.
 // +kubebuilder:validation:Type=number
-type Fraction string
+type Fraction struct {
+	text string
+}
 
-// Float64 returns the value; an empty or malformed Fraction is 0.
+// NewFraction returns v as a Fraction.
+func NewFraction(v float64) Fraction {
+	return Fraction{text: strconv.FormatFloat(v, 'f', -1, 64)}
+}
+
+// IsSet reports whether a value was given.
+func (f Fraction) IsSet() bool { return f.text != "" }
+
+// String is the decimal text ("" when unset).
+func (f Fraction) String() string { return f.text }
+
+// Float64 returns the value; an unset Fraction is 0.
 func (f Fraction) Float64() float64 {
-	v, err := strconv.ParseFloat(string(f), 64)
+	v, err := strconv.ParseFloat(f.text, 64)
 	if err != nil {
 		return 0
 	}
 	return v
 }
 
-// MarshalJSON writes the number (or null when unset).
+// MarshalJSON writes the number, or null when unset.
 func (f Fraction) MarshalJSON() ([]byte, error) {
-	if f == "" {
+	if f.text == "" {
 		return []byte("null"), nil
 	}
-	if _, err := strconv.ParseFloat(string(f), 64); err != nil {
-		return nil, fmt.Errorf("fraction %q is not a number", string(f))
-	}
-	return []byte(f), nil
+	return []byte(f.text), nil
 }
 
-// UnmarshalJSON accepts a JSON number (and, leniently, a numeric string).
+// UnmarshalJSON accepts a JSON number or null.
 func (f *Fraction) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
-		*f = ""
+		*f = Fraction{}
 		return nil
 	}
 	var n json.Number
@@ -45,6 +57,6 @@ func (f *Fraction) UnmarshalJSON(b []byte) error {
 	if _, err := n.Float64(); err != nil {
 		return fmt.Errorf("fraction: %q is not a number", n.String())
 	}
-	*f = Fraction(n.String())
+	*f = Fraction{text: n.String()}
 	return nil
 }

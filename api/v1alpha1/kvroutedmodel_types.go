@@ -372,8 +372,7 @@ type WarmupSpec struct {
 	Duration *metav1.Duration `json:"duration,omitempty"`
 	// Credit is the share (0..1) of a request's prompt blocks credited to a warming replica.
 	// +kubebuilder:default=0.5
-	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=1
+	// +kubebuilder:validation:XValidation:rule=`self >= 0.0 && self <= 1.0`,message="spec.router.warmup.credit must be between 0 and 1"
 	// +optional
 	Credit Fraction `json:"credit,omitempty"`
 }

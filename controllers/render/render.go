@@ -172,7 +172,7 @@ func CheckDefaulted(m *v1alpha1.KVRoutedModel) error {
 	need(s.Router.Replicas != nil, "spec.router.replicas")
 	need(s.Router.Service.Port != 0 && s.Router.Service.Type != "", "spec.router.service")
 	need(s.Router.Policy != "", "spec.router.policy")
-	need(s.Router.Warmup.Duration != nil && s.Router.Warmup.Credit != "", "spec.router.warmup")
+	need(s.Router.Warmup.Duration != nil && s.Router.Warmup.Credit.IsSet(), "spec.router.warmup")
 	need(s.NetworkPolicy.Enabled != nil, "spec.networkPolicy.enabled")
 	if a := s.Autoscaling; a != nil {
 		need(a.MinReplicas != nil, "spec.autoscaling.minReplicas")
