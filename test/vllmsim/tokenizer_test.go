@@ -7,7 +7,7 @@ import (
 
 func TestTokenizerRoundTrip(t *testing.T) {
 	for _, text := range []string{"", "a", "ab", "hello world", "<|im_start|>user\nhé<|im_end|>\n",
-		"<|id_70000|><|id_65791|>", "<|not a marker|>", "<|", "日本語"} {
+		"<|id_70000|><|id_65791|>", "<|not a marker|>", "<|", "<|>", "<||>", "日本語"} {
 		ids := Tokenize(text)
 		if err := checkVocab(ids); err != nil {
 			t.Fatalf("%q: %v", text, err)

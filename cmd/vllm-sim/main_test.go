@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFlags(t *testing.T) {
+	t.Setenv("PYTHONHASHSEED", "123")
+	cfg, err := parseFlags([]string{"--port", "0", "--data-parallel-size", "2", "--kv-events-topic", "",
+		"--lora-modules", "a=/path/a,b", "--prefix-caching-hash-algo", "xxhash"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HashSeed != "123" || cfg.DataParallelSize != 2 || cfg.HashAlgo != "xxhash" ||
+		cfg.KVEventsTopic == nil || *cfg.KVEventsTopic != "" || strings.Join(cfg.LoRAAdapters, ",") != "a,b" {
+		t.Errorf("parsed %+v", cfg)
+	}
+	cfg, err = parseFlags(nil, io.Discard)
+	if err != nil || cfg.KVEventsTopic != nil || cfg.MaxModelLen != 131072 || cfg.Host != "127.0.0.1" {
+		t.Errorf("defaults %+v (%v)", cfg, err)
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	var stderr strings.Builder
+	if code := run(context.Background(), []string{"--event-layout", "json"}, &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "event layout") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+	if code := run(context.Background(), []string{"--no-such-flag"}, io.Discard); code != 2 {
+		t.Errorf("unknown flag: exit %d", code)
+	}
+}
+
+func TestRunServesUntilCancelled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var stderr strings.Builder
+	if code := run(ctx, []string{"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1"}, &stderr); code != 0 ||
+		!strings.Contains(stderr.String(), "serving vllm-sim on http://127.0.0.1:") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
