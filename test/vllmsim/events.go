@@ -44,6 +44,7 @@ type publisher struct {
 	stalled    bool // held batches wait for unstall
 	held       []pubItem
 	dropped    int
+	gen        uint64 // send loop only
 }
 
 type ringEntry struct {
@@ -55,6 +56,7 @@ type pubItem struct {
 	ts  float64
 	evs []simEvent
 	ctl pubCtl
+	gen uint64
 }
 
 type pubCtl int
@@ -160,8 +162,8 @@ func (p *publisher) close() {
 }
 
 // publish queues one step's events; like vLLM's bounded queue it blocks when full.
-func (p *publisher) publish(ctx context.Context, evs []simEvent) {
-	p.enqueue(ctx, pubItem{ts: float64(time.Now().UnixMicro()) / 1e6, evs: evs})
+func (p *publisher) publish(ctx context.Context, evs []simEvent, gen uint64) {
+	p.enqueue(ctx, pubItem{ts: float64(time.Now().UnixMicro()) / 1e6, evs: evs, gen: gen})
 }
 
 func (p *publisher) enqueue(ctx context.Context, it pubItem) {
@@ -172,7 +174,10 @@ func (p *publisher) enqueue(ctx context.Context, it pubItem) {
 	}
 }
 
-func (p *publisher) restart() { p.enqueue(context.Background(), pubItem{ctl: ctlRestart}) }
+// restart starts generation gen: seq 0, empty ring, older batches discarded.
+func (p *publisher) restart(gen uint64) {
+	p.enqueue(context.Background(), pubItem{ctl: ctlRestart, gen: gen})
+}
 
 // setStalled stalls or resumes the PUB side; held batches go out in order on resume.
 func (p *publisher) setStalled(stalled bool) {
@@ -198,6 +203,7 @@ func (p *publisher) sendLoop() {
 func (p *publisher) handle(it pubItem) {
 	switch it.ctl {
 	case ctlRestart:
+		p.gen = it.gen
 		p.mu.Lock()
 		p.seq, p.sent, p.ringStart, p.ringLen, p.held = 0, 0, 0, 0, nil
 		p.mu.Unlock()
@@ -214,6 +220,9 @@ func (p *publisher) handle(it pubItem) {
 			p.send(h)
 		}
 		return
+	}
+	if it.gen < p.gen {
+		return // produced before a restart
 	}
 	if p.stalled || (p.stallAfter > 0 && p.sent >= p.stallAfter) {
 		p.stalled = true

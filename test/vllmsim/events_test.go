@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -376,4 +377,63 @@ func TestStalledPublisherHoldsBatches(t *testing.T) {
 	if m, _ := recvBatch(t, sub); m.Seq != 1 {
 		t.Errorf("after unstall seq %d, want 1", m.Seq)
 	}
+}
+
+func TestDataParallelRanksPublishOnTheirOwnPorts(t *testing.T) {
+	cfg := eventConfig()
+	cfg.DataParallelSize = 2
+	s := startSim(t, cfg)
+	eps := s.EventEndpoints()
+	if len(eps) != 2 || eps[0] == eps[1] || len(s.ReplayEndpoints()) != 2 {
+		t.Fatalf("endpoints %v replay %v", eps, s.ReplayEndpoints())
+	}
+	sub0, sub1 := subscribe(t, eps[0], ""), subscribe(t, eps[1], "")
+	complete(t, s, map[string]any{"prompt": seqTokens(0, 20)}, "X-data-parallel-rank", "1")
+	m, b := recvBatch(t, sub1)
+	if m.Seq != 0 || b.DataParallelRank.V != 1 {
+		t.Errorf("rank 1 stream: seq %d rank %v", m.Seq, b.DataParallelRank)
+	}
+	noMessage(t, sub0, 200*time.Millisecond)
+	complete(t, s, map[string]any{"prompt": seqTokens(0, 20)}, "X-data-parallel-rank", "0")
+	if m, b := recvBatch(t, sub0); m.Seq != 0 || b.DataParallelRank.V != 0 {
+		t.Errorf("rank 0 stream: seq %d rank %v (each rank numbers from 0)", m.Seq, b.DataParallelRank)
+	}
+}
+
+func TestConnectModeDialsTheRouter(t *testing.T) {
+	sub, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	_ = sub.SetLinger(0)
+	_ = sub.SetRcvtimeo(5 * time.Second)
+	_ = sub.SetSubscribe("kv@")
+	if err := sub.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := sub.GetLastEndpoint()
+	cfg := fastConfig()
+	cfg.KVEventsConnect = ep
+	s := startSim(t, cfg)
+	// libzmq quirk (zeromq/libzmq#2267): a bound SUB sends its subscription to connecting PUBs
+	// only when it processes commands (a poll or read) after the PUB attached; without this the
+	// messages are lost.
+	time.Sleep(200 * time.Millisecond)
+	_, _ = sub.RecvMessageBytes(zmq.DONTWAIT)
+	time.Sleep(100 * time.Millisecond)
+	complete(t, s, map[string]any{"prompt": seqTokens(0, 20)})
+	m, _ := recvBatch(t, sub)
+	if want := DefaultTopic("127.0.0.1", mustPort(t, s.Addr()), "m"); string(m.Topic) != want {
+		t.Errorf("topic %q, want %q", m.Topic, want)
+	}
+}
+
+func mustPort(t *testing.T, addr string) int {
+	t.Helper()
+	var port int
+	if _, err := fmt.Sscanf(addr[strings.LastIndex(addr, ":")+1:], "%d", &port); err != nil {
+		t.Fatal(err)
+	}
+	return port
 }

@@ -26,6 +26,7 @@ type rank struct {
 	running []*engineRequest
 	aborts  []*engineRequest
 	stats   rankStats
+	gen     uint64 // process generation, bumped by restart
 	wake    chan struct{}
 }
 
@@ -97,9 +98,9 @@ func (rk *rank) run(ctx context.Context) {
 		rk.applyAborts()
 		if len(rk.waiting) == 0 && len(rk.running) == 0 {
 			rk.setGauges()
-			evs := rk.pool.takeEvents()
+			evs, gen := rk.pool.takeEvents(), rk.gen
 			rk.mu.Unlock()
-			rk.publish(ctx, evs)
+			rk.publish(ctx, evs, gen)
 			select {
 			case <-ctx.Done():
 				return
@@ -132,19 +133,22 @@ func (rk *rank) run(ctx context.Context) {
 
 		rk.mu.Lock()
 		rk.update(step)
-		evs := rk.pool.takeEvents()
+		evs, gen := rk.pool.takeEvents(), rk.gen
 		rk.setGauges()
 		rk.mu.Unlock()
-		rk.publish(ctx, evs)
+		rk.publish(ctx, evs, gen)
 		if ctx.Err() != nil {
 			return
 		}
 	}
 }
 
-func (rk *rank) publish(ctx context.Context, evs []simEvent) {
+// publish hands a step's events to the publisher outside the lock; gen is the process
+// generation they were produced in, so batches of a pre-restart cache are never numbered as
+// the restarted process's.
+func (rk *rank) publish(ctx context.Context, evs []simEvent, gen uint64) {
 	if rk.pub != nil && len(evs) > 0 {
-		rk.pub.publish(ctx, evs)
+		rk.pub.publish(ctx, evs, gen)
 	}
 }
 
@@ -330,10 +334,10 @@ func (rk *rank) applyAborts() {
 func (rk *rank) resetPrefixCache(ctx context.Context) bool {
 	rk.mu.Lock()
 	ok := rk.pool.reset(true)
-	evs := rk.pool.takeEvents()
+	evs, gen := rk.pool.takeEvents(), rk.gen
 	rk.mu.Unlock()
 	// Published at once as its own batch: the router must not wait for the next step.
-	rk.publish(ctx, evs)
+	rk.publish(ctx, evs, gen)
 	return ok
 }
 
@@ -353,7 +357,8 @@ func (rk *rank) restart() {
 	}
 	rk.setGauges()
 	if rk.pub != nil {
-		rk.pub.restart()
+		rk.gen++
+		rk.pub.restart(rk.gen)
 	}
 	rk.mu.Unlock()
 }
