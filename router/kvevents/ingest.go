@@ -1,0 +1,237 @@
+package kvevents
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/kvwire"
+)
+
+// DefaultParityEvery is how many eligible BlockStored events pass per parity check: one hash of
+// block 0 costs about a microsecond, more than re-keying a whole event, and a seed or algorithm
+// mismatch fails every check, so a sample shows it within seconds.
+const DefaultParityEvery = 8
+
+// Parity configures the parity check: the engines' --prefix-caching-hash-algo and PYTHONHASHSEED.
+type Parity struct {
+	Algo blockkey.Algo
+	Seed string
+	// Every: check one of every Every BlockStored events with parent nil (<= 0: DefaultParityEvery).
+	Every int
+}
+
+// IngestOptions configure an Ingester.
+type IngestOptions struct {
+	// BlockSize is the block size the router keys requests with; BlockStored events with another
+	// size are counted in BlockSizeMismatches (and still indexed: their keys are right for their
+	// own size). 0: no check.
+	BlockSize int
+	// Parity, when set, recomputes vLLM's hash of sampled parent-nil blocks.
+	Parity *Parity
+}
+
+// Ingester applies decoded batches of one stream to its replica in the index. Not safe for
+// concurrent use: one per stream, on the goroutine that decodes it.
+type Ingester struct {
+	ix        *index.Index
+	id        index.ReplicaID
+	c         *ingestCounters
+	blockSize int64
+	// groups: group_idx -> whether it is a full-attention group, learned from BlockStored.
+	groups map[int64]bool
+
+	hasher      *blockkey.EngineHasher
+	parityEvery uint64
+	parityN     uint64
+
+	keys    []blockkey.Key
+	hashes  []uint64
+	digest  []byte
+	scratch [4]blockkey.ExtraKey
+}
+
+// NewIngester returns an ingester for replica id of ix.
+func NewIngester(ix *index.Index, id index.ReplicaID, opts IngestOptions) (*Ingester, error) {
+	return newIngester(ix, id, opts, &ingestCounters{})
+}
+
+func newIngester(ix *index.Index, id index.ReplicaID, opts IngestOptions, c *ingestCounters) (*Ingester, error) {
+	if ix == nil {
+		return nil, fmt.Errorf("kvevents: nil index")
+	}
+	if opts.BlockSize < 0 {
+		return nil, fmt.Errorf("kvevents: negative block size %d", opts.BlockSize)
+	}
+	g := &Ingester{ix: ix, id: id, c: c, blockSize: int64(opts.BlockSize), groups: map[int64]bool{}}
+	if p := opts.Parity; p != nil {
+		h, err := blockkey.NewEngineHasher(p.Algo, p.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("kvevents: parity: %w", err)
+		}
+		g.hasher = h
+		g.parityEvery = uint64(p.Every)
+		if p.Every <= 0 {
+			g.parityEvery = DefaultParityEvery
+		}
+	}
+	return g, nil
+}
+
+// Stats returns the ingestion counters (the Ingestion fields of Stats).
+func (g *Ingester) Stats() Stats {
+	var c counters
+	s := c.snapshot("", 0)
+	in := g.c
+	s.BlockSize = int(in.blockSizeSet.Load())
+	s.Events, s.BlocksStored, s.BlocksRemoved = in.events.Load(), in.blocksStored.Load(), in.blocksRemoved.Load()
+	s.Clears, s.UnknownEvents, s.UnknownParent = in.clears.Load(), in.unknownEvents.Load(), in.unknownParent.Load()
+	s.RekeyErrors, s.SkippedGroups, s.SkippedMedia = in.rekeyErrors.Load(), in.skippedGroups.Load(), in.skippedMedia.Load()
+	s.UnknownRemoves, s.IndexErrors, s.BlockSizeMismatches = in.unknownRemoves.Load(), in.indexErrors.Load(), in.blockSizeMismatches.Load()
+	s.ParityChecked, s.ParityMismatches, s.ParitySkipped = in.parityChecked.Load(), in.parityMismatches.Load(), in.paritySkipped.Load()
+	return s
+}
+
+// attentionKind reports whether a kv_cache_spec_kind chains prefix blocks one per block_size
+// window, which is what router keys model; sliding-window, Mamba and local-attention groups skip
+// blocks, and encoder/cross attention is not a prompt prefix.
+func attentionKind(kind string) bool {
+	switch kind {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
+}
+
+// Apply applies every event of b in order. It reports whether an AllBlocksCleared was among them
+// (the stream may heal: see the package doc).
+func (g *Ingester) Apply(b *kvwire.Batch) (cleared bool) {
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Type {
+		case kvwire.EventBlockStored:
+			g.stored(&ev.Stored)
+		case kvwire.EventBlockRemoved:
+			g.removed(&ev.Removed)
+		case kvwire.EventAllBlocksCleared:
+			if err := g.ix.Clear(g.id); err != nil {
+				g.c.indexErrors.Add(1)
+				continue
+			}
+			g.c.clears.Add(1)
+			cleared = true
+		default:
+			g.c.unknownEvents.Add(1)
+			continue
+		}
+		g.c.events.Add(1)
+	}
+	return cleared
+}
+
+func (g *Ingester) stored(s *kvwire.BlockStored) {
+	grp := s.GroupIdx.V // an absent group_idx is group 0 (engines before v0.20 had one group)
+	att := !s.KVCacheSpecKind.OK || attentionKind(s.KVCacheSpecKind.V)
+	g.groups[grp] = att
+	if !att {
+		g.c.skippedGroups.Add(1)
+		return
+	}
+	tier, known := index.ParseMedium(s.Medium.V)
+	if !known {
+		g.c.skippedMedia.Add(1)
+		return
+	}
+	n := len(s.BlockHashes)
+	if n == 0 {
+		return
+	}
+	if g.blockSize > 0 && s.BlockSize != g.blockSize {
+		g.c.blockSizeMismatches.Add(1)
+	}
+	if tier == index.GPU && g.c.blockSizeSet.Load() == 0 && s.BlockSize > 0 {
+		g.c.blockSizeSet.Store(uint64(s.BlockSize))
+	}
+	parent := blockkey.RootKey
+	if s.ParentBlockHash.OK {
+		k, ok := g.ix.ParentKey(g.id, s.ParentBlockHash.V.Uint64())
+		if !ok {
+			g.c.unknownParent.Add(1)
+			return
+		}
+		parent = k
+	}
+	var err error
+	if g.keys, err = s.AppendRouterKeys(g.keys[:0], parent); err != nil {
+		g.c.rekeyErrors.Add(1)
+		return
+	}
+	g.hashes = g.hashes[:0]
+	for _, h := range s.BlockHashes {
+		g.hashes = append(g.hashes, h.Uint64())
+	}
+	if s.ParentBlockHash.OK {
+		err = g.ix.StoreNew(g.id, g.hashes, g.keys, tier)
+	} else {
+		if g.hasher != nil && tier == index.GPU {
+			g.parity(s)
+		}
+		err = g.ix.Store(g.id, g.hashes, g.keys, tier)
+	}
+	if err != nil {
+		g.c.indexErrors.Add(1)
+		return
+	}
+	g.c.blocksStored.Add(uint64(n))
+}
+
+// parity recomputes block 0's vLLM hash for one in parityEvery parent-nil events. Block 0 is the
+// only one whose full parent digest (NONE_HASH) the router knows from wire ints.
+func (g *Ingester) parity(s *kvwire.BlockStored) {
+	g.parityN++
+	if (g.parityN-1)%g.parityEvery != 0 {
+		return
+	}
+	bs := int(s.BlockSize)
+	ex, err := s.BlockExtras(g.scratch[:0], 0)
+	if err == nil {
+		g.digest, err = g.hasher.HashBlock(g.digest[:0], nil, s.TokenIDs[:bs], ex)
+	}
+	if err != nil {
+		g.c.paritySkipped.Add(1)
+		return
+	}
+	g.c.parityChecked.Add(1)
+	h := s.BlockHashes[0]
+	same := blockkey.WireInt(g.digest) == h.Uint64()
+	if h.IsBytes() {
+		same = bytes.Equal(g.digest, h.Bytes)
+	}
+	if !same {
+		g.c.parityMismatches.Add(1)
+	}
+}
+
+func (g *Ingester) removed(r *kvwire.BlockRemoved) {
+	if att, seen := g.groups[r.GroupIdx.V]; seen && !att {
+		g.c.skippedGroups.Add(1)
+		return
+	}
+	tier, known := index.ParseMedium(r.Medium.V)
+	if !known {
+		g.c.skippedMedia.Add(1)
+		return
+	}
+	g.hashes = g.hashes[:0]
+	for _, h := range r.BlockHashes {
+		g.hashes = append(g.hashes, h.Uint64())
+	}
+	unknown, err := g.ix.Remove(g.id, g.hashes, tier)
+	if err != nil {
+		g.c.indexErrors.Add(1)
+		return
+	}
+	g.c.unknownRemoves.Add(uint64(unknown))
+	g.c.blocksRemoved.Add(uint64(len(g.hashes) - unknown))
+}

@@ -1,0 +1,469 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/kvwire"
+)
+
+// Options configure a Subscriber. Zero values take the defaults named.
+type Options struct {
+	// Index receives every stream's events; required.
+	Index *index.Index
+	// QueueLen is each stream's queue between the poller and its worker, in messages (4096).
+	QueueLen int
+	// RcvHWM is each SUB socket's receive high-water mark, in messages (100000, vLLM's send HWM).
+	RcvHWM int
+	// ReconnectIvl and ReconnectIvlMax are libzmq's reconnect backoff (100ms doubling to 5s).
+	ReconnectIvl, ReconnectIvlMax time.Duration
+	// ReplayTimeout is the longest wait for each replay reply (2s).
+	ReplayTimeout time.Duration
+	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
+	Ingest IngestOptions
+}
+
+// ErrClosed is returned after Close.
+var ErrClosed = errors.New("kvevents: subscriber closed")
+
+// Subscriber receives the event streams of many engines, from one polling goroutine, and feeds
+// the index. Safe for concurrent use.
+type Subscriber struct {
+	opts Options
+	ctx  *zmq.Context
+
+	mu      sync.Mutex
+	streams map[StreamKey]*stream
+	closed  bool
+
+	cmds   chan command
+	wakeMu sync.Mutex
+	wakeTx *zmq.Socket // callers' end of the inproc PAIR; used under wakeMu
+	done   chan struct{}
+
+	// unroutable counts messages on bound sockets whose topic names no stream.
+	unroutable atomic.Uint64
+}
+
+type cmdKind uint8
+
+const (
+	cmdAdd cmdKind = iota
+	cmdRemove
+	cmdBind
+	cmdClose
+)
+
+type command struct {
+	kind  cmdKind
+	st    *stream
+	addr  string
+	reply chan cmdReply
+}
+
+type cmdReply struct {
+	addr string
+	err  error
+}
+
+var wakeSeq atomic.Uint64
+
+// New starts a subscriber with no streams.
+func New(opts Options) (*Subscriber, error) {
+	if opts.Index == nil {
+		return nil, errors.New("kvevents: Options.Index is required")
+	}
+	if opts.QueueLen <= 0 {
+		opts.QueueLen = 4096
+	}
+	if opts.RcvHWM <= 0 {
+		opts.RcvHWM = 100000
+	}
+	if opts.ReconnectIvl <= 0 {
+		opts.ReconnectIvl = 100 * time.Millisecond
+	}
+	if opts.ReconnectIvlMax <= 0 {
+		opts.ReconnectIvlMax = 5 * time.Second
+	}
+	if opts.ReplayTimeout <= 0 {
+		opts.ReplayTimeout = 2 * time.Second
+	}
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: zmq context: %w", err)
+	}
+	s := &Subscriber{opts: opts, ctx: ctx, streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
+	addr := fmt.Sprintf("inproc://kvevents-wake-%d", wakeSeq.Add(1))
+	rx, err := ctx.NewSocket(zmq.PAIR)
+	if err == nil {
+		err = rx.Bind(addr)
+	}
+	if err == nil {
+		s.wakeTx, err = ctx.NewSocket(zmq.PAIR)
+	}
+	if err == nil {
+		err = s.wakeTx.Connect(addr)
+	}
+	if err != nil {
+		_ = ctx.Term()
+		return nil, fmt.Errorf("kvevents: wake socket: %w", err)
+	}
+	go s.poll(rx) // rx belongs to the poller from here on
+	return s, nil
+}
+
+// send hands a command to the poller and waits for its answer.
+func (s *Subscriber) send(c command) cmdReply {
+	c.reply = make(chan cmdReply, 1)
+	s.cmds <- c
+	s.wakeMu.Lock()
+	_, err := s.wakeTx.SendBytes([]byte{0}, zmq.DONTWAIT) // a full pipe means a wake-up is pending already
+	s.wakeMu.Unlock()
+	_ = err
+	return <-c.reply
+}
+
+// Add registers the stream's replica in the index (emptied, if it was there) and starts
+// receiving: it connects the SUB (or joins a bound socket by topic) and replays the engine's ring
+// from seq 0.
+func (s *Subscriber) Add(cfg StreamConfig) error {
+	ing := s.opts.Ingest
+	if cfg.Ingest != nil {
+		ing = *cfg.Ingest
+	}
+	key := StreamKey{cfg.Engine, cfg.Rank}
+	if cfg.Engine == "" || cfg.Rank < 0 {
+		return fmt.Errorf("kvevents: stream %v: engine name and a rank >= 0 are required", key)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if _, ok := s.streams[key]; ok {
+		return fmt.Errorf("kvevents: stream %v already added", key)
+	}
+	ix := s.opts.Index
+	id, err := ix.AddReplica(cfg.Engine, cfg.Rank)
+	if err != nil {
+		return fmt.Errorf("kvevents: stream %v: %w", key, err)
+	}
+	st := &stream{
+		key: key, cfg: cfg, id: id, ix: ix, sub: s,
+		queue: make(chan kvwire.Message, s.opts.QueueLen),
+		kick:  make(chan struct{}, 1), ctl: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
+		dec: kvwire.NewDecoder(),
+	}
+	if st.ing, err = newIngester(ix, id, ing, &st.c.ingest); err == nil {
+		err = ix.Clear(id)
+	}
+	if err == nil {
+		st.c.state.Store(int32(Approximate))
+		err = s.send(command{kind: cmdAdd, st: st}).err
+	}
+	if err != nil {
+		_ = ix.RemoveReplica(id)
+		return fmt.Errorf("kvevents: stream %v: %w", key, err)
+	}
+	s.streams[key] = st
+	go st.run()
+	return nil
+}
+
+// Remove stops a stream and removes its replica from the index.
+func (s *Subscriber) Remove(engine string, rank int) error {
+	key := StreamKey{engine, rank}
+	s.mu.Lock()
+	st, ok := s.streams[key]
+	if ok {
+		delete(s.streams, key)
+	}
+	closed := s.closed
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("kvevents: no stream %v", key)
+	}
+	if !closed {
+		s.send(command{kind: cmdRemove, st: st})
+	}
+	close(st.stop)
+	<-st.done
+	return s.opts.Index.RemoveReplica(st.id)
+}
+
+// Restarted tells the stream that its engine process restarted (discovery saw the pod's restart
+// count or start time change): the replica's entries are dropped at once and the stream is
+// inexact until the new process's stream is taken from its seq 0 (see the package doc).
+func (s *Subscriber) Restarted(engine string, rank int) error {
+	s.mu.Lock()
+	st, ok := s.streams[StreamKey{engine, rank}]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("kvevents: no stream %v", StreamKey{engine, rank})
+	}
+	done := make(chan struct{})
+	f := func() {
+		st.c.restarts.Add(1)
+		st.restart()
+		st.havePrev = false
+		close(done)
+	}
+	select {
+	case st.ctl <- f:
+		<-done
+		return nil
+	case <-st.done:
+		return ErrClosed
+	}
+}
+
+// Stats returns one stream's snapshot.
+func (s *Subscriber) Stats(engine string, rank int) (Stats, bool) {
+	s.mu.Lock()
+	st, ok := s.streams[StreamKey{engine, rank}]
+	s.mu.Unlock()
+	if !ok {
+		return Stats{}, false
+	}
+	return st.c.snapshot(engine, rank), true
+}
+
+// AllStats returns every stream's snapshot, ordered by engine and rank.
+func (s *Subscriber) AllStats() []Stats {
+	s.mu.Lock()
+	out := make([]Stats, 0, len(s.streams))
+	for k, st := range s.streams {
+		out = append(out, st.c.snapshot(k.Engine, k.Rank))
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Engine != out[j].Engine {
+			return out[i].Engine < out[j].Engine
+		}
+		return out[i].Rank < out[j].Rank
+	})
+	return out
+}
+
+// State returns one stream's state.
+func (s *Subscriber) State(engine string, rank int) (StreamState, bool) {
+	st, ok := s.Stats(engine, rank)
+	return st.State, ok
+}
+
+// Unroutable counts messages on bound sockets whose topic named no stream.
+func (s *Subscriber) Unroutable() uint64 { return s.unroutable.Load() }
+
+// Bind opens a SUB bound to addr (bound mode: engines connect to the router) and returns the
+// address it got (a "*" port resolved). Streams added with an empty Endpoint are fed from every
+// bound socket by their Topic, which must then be unique.
+func (s *Subscriber) Bind(addr string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return "", ErrClosed
+	}
+	r := s.send(command{kind: cmdBind, addr: addr})
+	return r.addr, r.err
+}
+
+// Close stops every stream and closes every socket. The index keeps what was applied.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.closed = true
+	streams := s.streams
+	s.streams = map[StreamKey]*stream{}
+	s.send(command{kind: cmdClose})
+	s.mu.Unlock()
+	<-s.done
+	for _, st := range streams {
+		close(st.stop)
+		<-st.done
+	}
+	s.wakeMu.Lock()
+	s.wakeTx.Close()
+	s.wakeMu.Unlock()
+	return s.ctx.Term()
+}
+
+// source is one polled SUB socket: a connected one feeds one stream; a bound one feeds the
+// streams named by topic.
+type source struct {
+	soc   *zmq.Socket
+	st    *stream // nil for a bound socket
+	bound bool
+}
+
+// maxBurst bounds how many messages one socket delivers per poll round, so a busy engine
+// cannot starve the others.
+const maxBurst = 256
+
+// poll is the poller goroutine: it owns every SUB socket and the wake PAIR's receiving end.
+func (s *Subscriber) poll(wake *zmq.Socket) {
+	defer close(s.done)
+	defer wake.Close()
+	sources := map[*zmq.Socket]*source{}
+	byStream := map[*stream]*source{}
+	byTopic := map[string]*stream{}
+	poller := zmq.NewPoller()
+	poller.Add(wake, zmq.POLLIN)
+	closeAll := func() {
+		for soc := range sources {
+			soc.Close()
+		}
+	}
+	for {
+		polled, err := poller.Poll(-1)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
+				continue
+			}
+			closeAll()
+			return
+		}
+		for _, p := range polled {
+			if p.Socket == wake {
+				for {
+					if _, err := wake.RecvBytes(zmq.DONTWAIT); err != nil {
+						break
+					}
+				}
+				for pending := true; pending; {
+					select {
+					case c := <-s.cmds:
+						if c.kind == cmdClose {
+							closeAll()
+							c.reply <- cmdReply{}
+							return
+						}
+						c.reply <- s.exec(c, poller, sources, byStream, byTopic)
+					default:
+						pending = false
+					}
+				}
+				continue
+			}
+			src := sources[p.Socket]
+			if src == nil {
+				continue // removed in this round
+			}
+			for range maxBurst {
+				frames, err := p.Socket.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					break // EAGAIN: drained
+				}
+				s.deliver(src, frames, byTopic)
+			}
+		}
+	}
+}
+
+func (s *Subscriber) exec(c command, poller *zmq.Poller, sources map[*zmq.Socket]*source, byStream map[*stream]*source, byTopic map[string]*stream) cmdReply {
+	switch c.kind {
+	case cmdAdd:
+		st := c.st
+		if st.cfg.Endpoint == "" {
+			if other, ok := byTopic[st.cfg.Topic]; ok {
+				return cmdReply{err: fmt.Errorf("topic %q is already stream %v's", st.cfg.Topic, other.key)}
+			}
+			byTopic[st.cfg.Topic] = st
+			return cmdReply{}
+		}
+		soc, err := s.newSub()
+		if err == nil {
+			err = soc.Connect(st.cfg.Endpoint)
+			if err != nil {
+				soc.Close()
+			}
+		}
+		if err != nil {
+			return cmdReply{err: fmt.Errorf("connect %s: %w", st.cfg.Endpoint, err)}
+		}
+		src := &source{soc: soc, st: st}
+		sources[soc], byStream[st] = src, src
+		poller.Add(soc, zmq.POLLIN)
+	case cmdRemove:
+		if byTopic[c.st.cfg.Topic] == c.st {
+			delete(byTopic, c.st.cfg.Topic)
+		}
+		if src, ok := byStream[c.st]; ok {
+			_ = poller.RemoveBySocket(src.soc)
+			delete(sources, src.soc)
+			delete(byStream, c.st)
+			src.soc.Close()
+		}
+	case cmdBind:
+		soc, err := s.newSub()
+		if err != nil {
+			return cmdReply{err: err}
+		}
+		addr := c.addr
+		if err = soc.Bind(c.addr); err == nil {
+			addr, err = soc.GetLastEndpoint()
+		}
+		if err != nil {
+			soc.Close()
+			return cmdReply{err: fmt.Errorf("kvevents: bind %s: %w", c.addr, err)}
+		}
+		sources[soc] = &source{soc: soc, bound: true}
+		poller.Add(soc, zmq.POLLIN)
+		return cmdReply{addr: addr}
+	}
+	return cmdReply{}
+}
+
+func (s *Subscriber) newSub() (*zmq.Socket, error) {
+	soc, err := s.ctx.NewSocket(zmq.SUB)
+	if err != nil {
+		return nil, err
+	}
+	_ = soc.SetLinger(0)
+	_ = soc.SetRcvhwm(s.opts.RcvHWM)
+	_ = soc.SetReconnectIvl(s.opts.ReconnectIvl)
+	_ = soc.SetReconnectIvlMax(s.opts.ReconnectIvlMax)
+	// Everything is subscribed and the topic checked here, so a wrong topic is counted rather
+	// than filtered silently by libzmq.
+	if err := soc.SetSubscribe(""); err != nil {
+		soc.Close()
+		return nil, err
+	}
+	return soc, nil
+}
+
+// deliver routes one received message to its stream's queue.
+func (s *Subscriber) deliver(src *source, frames [][]byte, byTopic map[string]*stream) {
+	st := src.st
+	if src.bound {
+		if len(frames) == 0 {
+			s.unroutable.Add(1)
+			return
+		}
+		if st = byTopic[string(frames[0])]; st == nil {
+			s.unroutable.Add(1)
+			return
+		}
+	}
+	st.c.received.Add(1)
+	m, err := kvwire.ParseFrames(frames)
+	if err != nil {
+		st.c.malformedFrames.Add(1)
+		return
+	}
+	if string(m.Topic) != st.cfg.Topic {
+		st.c.topicMismatches.Add(1)
+		return
+	}
+	st.enqueue(m)
+}
