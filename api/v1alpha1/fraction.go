@@ -13,23 +13,24 @@ import (
 // The zero Fraction is "unset" and marshals as null, which the schema default replaces.
 // +kubebuilder:validation:Type=number
 type Fraction struct {
-	text string
+	// Text is the decimal text; exported so reflection-based equality (apiequality) works.
+	Text string `json:"-"`
 }
 
 // NewFraction returns v as a Fraction.
 func NewFraction(v float64) Fraction {
-	return Fraction{text: strconv.FormatFloat(v, 'f', -1, 64)}
+	return Fraction{Text: strconv.FormatFloat(v, 'f', -1, 64)}
 }
 
 // IsSet reports whether a value was given.
-func (f Fraction) IsSet() bool { return f.text != "" }
+func (f Fraction) IsSet() bool { return f.Text != "" }
 
 // String is the decimal text ("" when unset).
-func (f Fraction) String() string { return f.text }
+func (f Fraction) String() string { return f.Text }
 
 // Float64 returns the value; an unset Fraction is 0.
 func (f Fraction) Float64() float64 {
-	v, err := strconv.ParseFloat(f.text, 64)
+	v, err := strconv.ParseFloat(f.Text, 64)
 	if err != nil {
 		return 0
 	}
@@ -38,10 +39,10 @@ func (f Fraction) Float64() float64 {
 
 // MarshalJSON writes the number, or null when unset.
 func (f Fraction) MarshalJSON() ([]byte, error) {
-	if f.text == "" {
+	if f.Text == "" {
 		return []byte("null"), nil
 	}
-	return []byte(f.text), nil
+	return []byte(f.Text), nil
 }
 
 // UnmarshalJSON accepts a JSON number or null.
@@ -57,6 +58,6 @@ func (f *Fraction) UnmarshalJSON(b []byte) error {
 	if _, err := n.Float64(); err != nil {
 		return fmt.Errorf("fraction: %q is not a number", n.String())
 	}
-	*f = Fraction{text: n.String()}
+	*f = Fraction{Text: n.String()}
 	return nil
 }

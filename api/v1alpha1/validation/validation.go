@@ -8,7 +8,9 @@ package validation
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
+	"strings"
 
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -40,6 +42,7 @@ type Validator struct {
 	structural *structuralschema.Structural
 	schema     apiservervalidation.SchemaValidator
 	cel        *cel.Validator
+	scale      *apiextensions.CustomResourceSubresourceScale
 }
 
 // New returns a Validator for the embedded KVRoutedModel CRD.
@@ -76,9 +79,19 @@ func NewFromCRD(crdYAML []byte, version string) (*Validator, error) {
 	if c.Spec.Validation != nil {
 		props = c.Spec.Validation.OpenAPIV3Schema
 	}
+	var scale *apiextensions.CustomResourceSubresourceScale
+	if c.Spec.Subresources != nil {
+		scale = c.Spec.Subresources.Scale
+	}
 	for _, v := range c.Spec.Versions {
-		if v.Name == version && v.Schema != nil {
+		if v.Name != version {
+			continue
+		}
+		if v.Schema != nil {
 			props = v.Schema.OpenAPIV3Schema
+		}
+		if v.Subresources != nil {
+			scale = v.Subresources.Scale
 		}
 	}
 	if props == nil {
@@ -102,6 +115,7 @@ func NewFromCRD(crdYAML []byte, version string) (*Validator, error) {
 		structural: s,
 		schema:     sv,
 		cel:        cel.NewValidator(s, true, celconfig.PerCallLimit),
+		scale:      scale,
 	}, nil
 }
 
@@ -132,6 +146,7 @@ func (v *Validator) Validate(ctx context.Context, obj map[string]interface{}) fi
 	}
 	errs = append(errs, metavalidation.ValidateObjectMetaAccessor(u, true, metavalidation.NameIsDNSSubdomain, field.NewPath("metadata"))...)
 	errs = append(errs, apiservervalidation.ValidateCustomResource(nil, obj, v.schema)...)
+	errs = append(errs, v.validateScale(obj)...)
 	errs = append(errs, schemaobjectmeta.Validate(ctx, nil, obj, v.structural, false)...)
 	errs = append(errs, structurallisttype.ValidateListSetsAndMaps(nil, v.structural, obj)...)
 	if blocking := blockingError(errs); blocking != nil {
@@ -139,6 +154,34 @@ func (v *Validator) Validate(ctx context.Context, obj map[string]interface{}) fi
 	}
 	celErrs, _ := v.cel.Validate(ctx, nil, v.structural, obj, nil, celconfig.RuntimeCELCostBudget)
 	return append(errs, celErrs...)
+}
+
+// validateScale checks what the apiserver checks for a /scale subresource: the replica
+// paths hold int32-range non-negative integers and the selector path a string.
+func (v *Validator) validateScale(obj map[string]interface{}) field.ErrorList {
+	if v.scale == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	replicas := func(jsonPath string) {
+		n, _, err := unstructured.NestedInt64(obj, strings.Split(strings.TrimPrefix(jsonPath, "."), ".")...)
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(field.NewPath(jsonPath), n, err.Error()))
+		case n < 0:
+			errs = append(errs, field.Invalid(field.NewPath(jsonPath), n, "should be a non-negative integer"))
+		case n > math.MaxInt32:
+			errs = append(errs, field.Invalid(field.NewPath(jsonPath), n, fmt.Sprintf("should be less than or equal to %v", math.MaxInt32)))
+		}
+	}
+	replicas(v.scale.SpecReplicasPath)
+	replicas(v.scale.StatusReplicasPath)
+	if p := v.scale.LabelSelectorPath; p != nil {
+		if sel, _, err := unstructured.NestedString(obj, strings.Split(strings.TrimPrefix(*p, "."), ".")...); err != nil {
+			errs = append(errs, field.Invalid(field.NewPath(*p), sel, err.Error()))
+		}
+	}
+	return errs
 }
 
 // blockingError mirrors the apiserver: these error types stop the CEL rules from running.
@@ -182,7 +225,9 @@ func (v *Validator) Admit(ctx context.Context, doc []byte, namespace string) (*v
 		for _, p := range unknown {
 			errs = append(errs, fmt.Errorf("unknown field %q", p))
 		}
-		return nil, apierrors.NewBadRequest(runtime.NewStrictDecodingError(errs).Error())
+		// The apiserver's wording for a strict (fieldValidation=Strict) decoding failure.
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("%s in version %q cannot be handled as a %s: %v",
+			v.gvk.Kind, v.gvk.Version, v.gvk.Kind, runtime.NewStrictDecodingError(errs)))
 	}
 	v.Default(obj)
 	if errs := v.Validate(ctx, obj); len(errs) > 0 {
