@@ -37,8 +37,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // decodeBody reads a JSON object body; bad JSON is a 400 like vLLM's validation errors.
-func decodeBody(r *http.Request, v any) error {
-	r.Body = http.MaxBytesReader(nil, r.Body, 64<<20)
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<20)
 	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
 		return badRequest("invalid JSON body: %v", err)
 	}

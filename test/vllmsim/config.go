@@ -57,6 +57,8 @@ type Config struct {
 	StallEventsAfter int     // stop sending after this many batches until unstalled (0 = never)
 	FailRate         float64 // share of completion requests answered with HTTP 500
 	Seed             int64   // seeds the fail-rate draw
+
+	eventClock func() float64 // batch timestamps (tests pin it); nil = time.Now
 }
 
 // Defaults returns cfg with every unset field set to the simulator's default.

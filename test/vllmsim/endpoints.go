@@ -11,7 +11,7 @@ import (
 // handleCompletionsRender answers vLLM's /v1/completions/render: one GenerateRequest per prompt.
 func (s *Sim) handleCompletionsRender(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -36,7 +36,7 @@ func (s *Sim) handleCompletionsRender(w http.ResponseWriter, r *http.Request) {
 // handleChatRender answers vLLM's /v1/chat/completions/render: one GenerateRequest.
 func (s *Sim) handleChatRender(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -90,7 +90,7 @@ type tokenizeRequest struct {
 
 func (s *Sim) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var req tokenizeRequest
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -131,7 +131,7 @@ func (s *Sim) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		Model  string  `json:"model"`
 		Tokens []int64 `json:"tokens"`
 	}
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}

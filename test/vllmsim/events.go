@@ -25,6 +25,7 @@ type publisher struct {
 	layout kvwire.Layout
 	enc    *kvwire.Encoder // used by the send loop only
 	drop   int             // drop every Nth batch on PUB (fault switch)
+	clock  func() float64
 
 	in      chan pubItem
 	pub     *zmq.Socket
@@ -94,7 +95,7 @@ func bindAddr(host string, port, rank int) string {
 
 func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
 	p := &publisher{rank: rank, topic: topic, layout: wireLayout(cfg.EventLayout), enc: kvwire.NewEncoder(), drop: cfg.DropEventEvery,
-		stallAfter: cfg.StallEventsAfter, in: make(chan pubItem, 4096), quit: make(chan struct{}),
+		stallAfter: cfg.StallEventsAfter, clock: cfg.eventClock, in: make(chan pubItem, 4096), quit: make(chan struct{}),
 		ring: make([]ringEntry, cfg.BufferSteps)}
 	var err error
 	if p.pub, err = zmq.NewSocket(zmq.PUB); err != nil {
@@ -163,7 +164,11 @@ func (p *publisher) close() {
 
 // publish queues one step's events; like vLLM's bounded queue it blocks when full.
 func (p *publisher) publish(ctx context.Context, evs []simEvent, gen uint64) {
-	p.enqueue(ctx, pubItem{ts: float64(time.Now().UnixMicro()) / 1e6, evs: evs, gen: gen})
+	ts := float64(time.Now().UnixMicro()) / 1e6
+	if p.clock != nil {
+		ts = p.clock()
+	}
+	p.enqueue(ctx, pubItem{ts: ts, evs: evs, gen: gen})
 }
 
 func (p *publisher) enqueue(ctx context.Context, it pubItem) {

@@ -107,7 +107,7 @@ func (s *Sim) requestID(prefix string) string {
 
 func (s *Sim) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -136,7 +136,7 @@ func (s *Sim) chatPrompt(req *chatRequest) ([]uint32, error) {
 
 func (s *Sim) handleChat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
