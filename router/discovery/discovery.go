@@ -1,0 +1,79 @@
+// Package discovery says which engines the router routes to: a static list (--engine), a
+// file re-read when it changes (--engines-file), or the engine pods of one model found through
+// the Kubernetes API (--namespace, --selector). Every source hands the router a complete,
+// name-sorted snapshot each time the set changes, so consumers diff snapshots instead of
+// following add/remove events.
+package discovery
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Engine is one routable engine (a pod, or a static entry) with one event stream per DP rank.
+type Engine struct {
+	// Name is the pod name or the static NAME; unique within a snapshot.
+	Name string
+	// URL is http://host:port of the OpenAI API, without a trailing slash.
+	URL string
+	// Events are the KV-event PUB endpoints per DP rank, rank order: tcp://host:port
+	// ("" = no events for that rank).
+	Events []string
+	// Replay are the replay (ROUTER) endpoints per DP rank, rank order ("" = no replay); nil
+	// or the same length as Events.
+	Replay []string
+	// BlockSize is the engine's KV block size in tokens; 0 = unknown (learned from events).
+	BlockSize int
+	// WarmupUntil is when the engine's warm-up credit ends; zero = not warming.
+	WarmupUntil time.Time
+	// Ready engines are routed to; the others are listed so their streams and debug state
+	// can be kept (a terminating pod, a pod whose readiness probe fails).
+	Ready bool
+	// Incarnation changes when the engine restarts (a new pod UID, a container restart); the
+	// router treats a change for the same Name as a restart of every stream of it. Static
+	// and file engines have none ("").
+	Incarnation string
+}
+
+// Ranks is the number of DP ranks the engine announces events for (at least 1).
+func (e Engine) Ranks() int {
+	return max(1, len(e.Events))
+}
+
+// Equal reports whether two engines are identical, field by field.
+func (e Engine) Equal(o Engine) bool {
+	return e.Name == o.Name && e.URL == o.URL && slices.Equal(e.Events, o.Events) &&
+		slices.Equal(e.Replay, o.Replay) && e.BlockSize == o.BlockSize &&
+		e.WarmupUntil.Equal(o.WarmupUntil) && e.Ready == o.Ready && e.Incarnation == o.Incarnation
+}
+
+// Source produces the full set of engines each time it changes.
+type Source interface {
+	// Run blocks until ctx ends, calling update with a complete, sorted snapshot on start
+	// and after every change. update is never called concurrently with itself, and the
+	// snapshot it gets is its own (the source keeps no reference to it).
+	Run(ctx context.Context, update func([]Engine)) error
+}
+
+// sortEngines orders a snapshot by name, the order every source promises.
+func sortEngines(es []Engine) {
+	slices.SortFunc(es, func(a, b Engine) int { return strings.Compare(a.Name, b.Name) })
+}
+
+// equalSnapshots compares two sorted snapshots.
+func equalSnapshots(a, b []Engine) bool {
+	return slices.EqualFunc(a, b, Engine.Equal)
+}
+
+// cloneSnapshot deep-copies a snapshot so a consumer may keep or change what it was given.
+func cloneSnapshot(es []Engine) []Engine {
+	out := make([]Engine, len(es))
+	for i, e := range es {
+		e.Events = slices.Clone(e.Events)
+		e.Replay = slices.Clone(e.Replay)
+		out[i] = e
+	}
+	return out
+}

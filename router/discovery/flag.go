@@ -1,0 +1,208 @@
+package discovery
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// Keys of the --engine syntax after NAME=URL.
+const (
+	keyEvents      = "events"
+	keyReplay      = "replay"
+	keyWarmupUntil = "warmup-until"
+	keyBlockSize   = "block-size"
+)
+
+var flagKeys = []string{keyEvents, keyReplay, keyWarmupUntil, keyBlockSize}
+
+// ParseEngineFlag parses one --engine value (also one line of --engines-file):
+//
+//	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;warmup-until=RFC3339;block-size=N
+//
+// Everything after the URL is optional and may come in any order, each key once. events and
+// replay list one endpoint per DP rank in rank order; replay needs events and the same count.
+// The engine is Ready (a static engine is routable until its requests fail).
+func ParseEngineFlag(s string) (Engine, error) {
+	e, err := parseEngine(s)
+	if err != nil {
+		return Engine{}, fmt.Errorf("engine %q: %w", s, err)
+	}
+	return e, nil
+}
+
+func parseEngine(s string) (Engine, error) {
+	parts := strings.Split(strings.TrimSpace(s), ";")
+	name, rawURL, ok := strings.Cut(parts[0], "=")
+	if !ok {
+		return Engine{}, errors.New("want NAME=http://HOST:PORT[;events=...][;replay=...][;warmup-until=RFC3339][;block-size=N]")
+	}
+	name = strings.TrimSpace(name)
+	if err := checkName(name); err != nil {
+		return Engine{}, err
+	}
+	u, err := parseEngineURL(strings.TrimSpace(rawURL))
+	if err != nil {
+		return Engine{}, err
+	}
+	e := Engine{Name: name, URL: u, Ready: true}
+	seen := map[string]bool{}
+	var replayGiven bool
+	for _, part := range parts[1:] {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue // a trailing ';' is harmless
+		}
+		key, val, ok := strings.Cut(part, "=")
+		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
+		if !ok {
+			return Engine{}, fmt.Errorf("%q is not key=value (keys: %s)", part, strings.Join(flagKeys, ", "))
+		}
+		if seen[key] {
+			return Engine{}, fmt.Errorf("%s is given twice", key)
+		}
+		seen[key] = true
+		switch key {
+		case keyEvents, keyReplay:
+			eps, err := parseEndpoints(key, val)
+			if err != nil {
+				return Engine{}, err
+			}
+			if key == keyEvents {
+				e.Events = eps
+			} else {
+				e.Replay, replayGiven = eps, true
+			}
+		case keyWarmupUntil:
+			t, err := time.Parse(time.RFC3339Nano, val)
+			if err != nil {
+				return Engine{}, fmt.Errorf("warmup-until %q is not an RFC 3339 time such as 2026-01-02T15:04:05Z", val)
+			}
+			e.WarmupUntil = t
+		case keyBlockSize:
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 || n > 4096 {
+				return Engine{}, fmt.Errorf("block-size %q is not a number of tokens in 1..4096", val)
+			}
+			e.BlockSize = n
+		default:
+			return Engine{}, fmt.Errorf("unknown key %q (keys: %s)", key, strings.Join(flagKeys, ", "))
+		}
+	}
+	if replayGiven && len(e.Events) == 0 {
+		return Engine{}, errors.New("replay is given without events: replay endpoints pair with event endpoints, one per DP rank")
+	}
+	if replayGiven && len(e.Replay) != len(e.Events) {
+		return Engine{}, fmt.Errorf("replay has %d endpoints but events has %d: give one per DP rank, in rank order", len(e.Replay), len(e.Events))
+	}
+	return e, nil
+}
+
+// checkName keeps names usable where the router writes them: the x-kvroute-engine header
+// (NAME/rank), metric labels and the engine-file syntax.
+func checkName(name string) error {
+	if name == "" {
+		return errors.New("the engine name before '=' is empty")
+	}
+	for _, r := range name {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) || strings.ContainsRune("=;,/#", r) {
+			return fmt.Errorf("engine name %q contains %q (names may not contain spaces, control characters or any of = ; , / #)", name, r)
+		}
+	}
+	return nil
+}
+
+// parseEngineURL accepts http(s)://host[:port] and drops a trailing '/'; a path is refused
+// because the proxy appends the OpenAI paths to the URL as it is.
+func parseEngineURL(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("URL %q: %v", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("URL %q is not http:// or https://", raw)
+	}
+	if u.Hostname() == "" {
+		return "", fmt.Errorf("URL %q has no host", raw)
+	}
+	if p := u.Port(); p != "" {
+		if err := checkPort(p); err != nil {
+			return "", fmt.Errorf("URL %q: %w", raw, err)
+		}
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", fmt.Errorf("URL %q must be scheme://host:port only (no path, query, fragment or user)", raw)
+	}
+	return u.Scheme + "://" + u.Host, nil
+}
+
+func parseEndpoints(key, val string) ([]string, error) {
+	if val == "" {
+		return nil, fmt.Errorf("%s= lists no endpoints (leave the key out for none)", key)
+	}
+	items := strings.Split(val, ",")
+	out := make([]string, len(items))
+	for r, it := range items {
+		ep, err := parseEndpoint(strings.TrimSpace(it))
+		if err != nil {
+			return nil, fmt.Errorf("%s rank %d: %w", key, r, err)
+		}
+		out[r] = ep
+	}
+	return out, nil
+}
+
+// parseEndpoint accepts the tcp://host:port the router connects to ("*" is a bind address,
+// not one to connect to).
+func parseEndpoint(ep string) (string, error) {
+	u, err := url.Parse(ep)
+	if err != nil || u.Scheme != "tcp" || u.Opaque != "" {
+		return "", fmt.Errorf("%q is not a tcp://HOST:PORT endpoint", ep)
+	}
+	host, port := u.Hostname(), u.Port()
+	if host == "" || host == "*" {
+		return "", fmt.Errorf("%q has no host to connect to", ep)
+	}
+	if err := checkPort(port); err != nil {
+		return "", fmt.Errorf("%q: %w", ep, err)
+	}
+	if u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", fmt.Errorf("%q must be tcp://HOST:PORT only", ep)
+	}
+	return "tcp://" + net.JoinHostPort(host, port), nil
+}
+
+func checkPort(p string) error {
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != p {
+		return fmt.Errorf("port %q is not in 1..65535", p)
+	}
+	return nil
+}
+
+// String renders the engine in the --engine syntax; ParseEngineFlag(e.String()) gives e back
+// for every engine ParseEngineFlag accepts.
+func (e Engine) String() string {
+	var b strings.Builder
+	b.WriteString(e.Name)
+	b.WriteByte('=')
+	b.WriteString(e.URL)
+	if len(e.Events) > 0 {
+		b.WriteString(";" + keyEvents + "=" + strings.Join(e.Events, ","))
+	}
+	if len(e.Replay) > 0 {
+		b.WriteString(";" + keyReplay + "=" + strings.Join(e.Replay, ","))
+	}
+	if !e.WarmupUntil.IsZero() {
+		b.WriteString(";" + keyWarmupUntil + "=" + e.WarmupUntil.Format(time.RFC3339Nano))
+	}
+	if e.BlockSize > 0 {
+		b.WriteString(";" + keyBlockSize + "=" + strconv.Itoa(e.BlockSize))
+	}
+	return b.String()
+}
