@@ -198,3 +198,24 @@ func TestClientDisconnectFreesBlocks(t *testing.T) {
 		return r.Running == 0 && r.FreeBlocks == r.CapacityBlocks
 	})
 }
+
+func TestRestartFailsRequestsInFlight(t *testing.T) {
+	s := startSim(t, slowConfig())
+	done := make(chan httpResult, 1)
+	go func() {
+		done <- post(t, s, "/v1/completions", map[string]any{"model": "m", "prompt": "abc", "max_tokens": 1000})
+	}()
+	waitFor(t, "the request to run", func() bool { return s.CacheState().Ranks[0].Running == 1 })
+	s.Restart()
+	res := <-done
+	if e := decodeJSON[errorBody](t, res); res.status != http.StatusInternalServerError || !strings.Contains(e.Error.Message, "restarted") {
+		t.Errorf("in-flight request after restart: %d %s", res.status, res.body)
+	}
+	if q := metricValue(t, s, "vllm:prefix_cache_queries_total", `engine="0"`); q != 0 {
+		t.Errorf("counters survived the restart: queries %v", q)
+	}
+	// The restarted engine serves again.
+	if c := complete(t, s, map[string]any{"prompt": "abc"}); len(c.Choices) != 1 {
+		t.Errorf("after restart: %+v", c)
+	}
+}

@@ -377,6 +377,19 @@ func TestStalledPublisherHoldsBatches(t *testing.T) {
 	if m, _ := recvBatch(t, sub); m.Seq != 1 {
 		t.Errorf("after unstall seq %d, want 1", m.Seq)
 	}
+	// Stalling by hand works the same way.
+	if r := post(t, s, "/debug/events", map[string]any{"stall": true}); r.status != http.StatusOK {
+		t.Fatalf("stall: %d", r.status)
+	}
+	complete(t, s, map[string]any{"prompt": seqTokens(200, 20)})
+	noMessage(t, sub, 300*time.Millisecond)
+	s.SetEventsStalled(false)
+	if m, _ := recvBatch(t, sub); m.Seq != 2 {
+		t.Errorf("after second unstall seq %d, want 2", m.Seq)
+	}
+	if r := post(t, s, "/debug/events", `{"stall": "yes"}`); r.status != http.StatusBadRequest {
+		t.Errorf("bad stall body: status %d", r.status)
+	}
 }
 
 func TestDataParallelRanksPublishOnTheirOwnPorts(t *testing.T) {

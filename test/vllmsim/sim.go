@@ -171,7 +171,8 @@ func (s *Sim) closePublishers() {
 	}
 }
 
-// Handler is the sim's HTTP surface (also usable with httptest).
+// Handler is the sim's HTTP surface, as Start serves it; generation requests need the ranks
+// that Start runs, so mount it elsewhere only after Start.
 func (s *Sim) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
