@@ -116,4 +116,3 @@ func diffLines(want, got string) string {
 	}
 	return b.String()
 }
-

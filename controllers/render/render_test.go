@@ -1,0 +1,430 @@
+package render_test
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/router/config"
+)
+
+func engine(t *testing.T, m *v1alpha1.KVRoutedModel) (*appsv1.Deployment, corev1.Container) {
+	t.Helper()
+	d, err := render.EngineDeployment(m, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, d.Spec.Template.Spec.Containers[0]
+}
+
+func argValue(args []string, flag string) (string, bool) {
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			return args[i+1], true
+		}
+	}
+	return "", false
+}
+
+func TestDP2HasOneEventAndReplayPortPerRank(t *testing.T) {
+	m := sample(t, "dp2tp2")
+	d, c := engine(t, m)
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	want := map[string]int32{"http": 8000, "kv-events-0": 5557, "kv-events-1": 5558, "kv-replay-0": 5600, "kv-replay-1": 5601}
+	if !reflect.DeepEqual(ports, want) {
+		t.Errorf("container ports = %v, want %v", ports, want)
+	}
+	a := d.Spec.Template.Annotations
+	if a[v1alpha1.AnnotationKVEvents] != "5557,5558" || a[v1alpha1.AnnotationKVReplay] != "5600,5601" || a[v1alpha1.AnnotationBlock] != "32" {
+		t.Errorf("contract annotations = %v", a)
+	}
+	if v, _ := argValue(c.Args, "--data-parallel-size"); v != "2" {
+		t.Errorf("--data-parallel-size = %q", v)
+	}
+	if v, _ := argValue(c.Args, "--tensor-parallel-size"); v != "2" {
+		t.Errorf("--tensor-parallel-size = %q", v)
+	}
+	gpu := c.Resources.Limits[render.GPUResource]
+	if gpu.Value() != 4 || c.Resources.Requests.Name(render.GPUResource, resource.DecimalSI).Value() != 4 {
+		t.Errorf("GPUs = %v / %v, want tensor x dataLocal = 4", c.Resources.Requests, c.Resources.Limits)
+	}
+	svc := render.EngineService(m)
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 5 {
+		t.Errorf("engine Service not headless with 5 ports: %+v", svc.Spec)
+	}
+	if p := render.EnginePorts(m); !reflect.DeepEqual(p.Events, []int32{5557, 5558}) || !reflect.DeepEqual(p.Replay, []int32{5600, 5601}) {
+		t.Errorf("EnginePorts = %+v", p)
+	}
+}
+
+func TestKVEventsConfigJSON(t *testing.T) {
+	m := sample(t, "dp2tp2")
+	_, c := engine(t, m)
+	raw, ok := argValue(c.Args, "--kv-events-config")
+	if !ok {
+		t.Fatal("no --kv-events-config")
+	}
+	var cfg map[string]interface{}
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		t.Fatalf("not JSON: %v: %s", err, raw)
+	}
+	want := map[string]interface{}{
+		"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+		"replay_endpoint": "tcp://*:5600", "topic": "kv@$(POD_IP)@llama-3-70b",
+		"hwm": float64(100000), "buffer_steps": float64(10000),
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("kv-events-config = %v, want %v", cfg, want)
+	}
+	// $(POD_IP) only expands if POD_IP is defined in the container from the downward API.
+	if c.Env[0].Name != "POD_IP" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef.FieldPath != "status.podIP" {
+		t.Errorf("POD_IP env = %+v", c.Env[0])
+	}
+}
+
+func TestEngineArgsOrderAndOwnedFlags(t *testing.T) {
+	m := sample(t, "dp2tp2")
+	_, c := engine(t, m)
+	if !reflect.DeepEqual(c.Command, []string{"vllm", "serve"}) {
+		t.Errorf("command = %v", c.Command)
+	}
+	if c.Args[0] != "meta-llama/Llama-3.3-70B-Instruct" {
+		t.Errorf("model arg = %q", c.Args[0])
+	}
+	for flag, want := range map[string]string{
+		"--served-model-name": "llama-3-70b", "--port": "8000", "--block-size": "32",
+		"--prefix-caching-hash-algo": "sha256_cbor", "--revision": "6f6073b423013f6a7d4d9f39144961bfbfbc386b",
+	} {
+		if v, ok := argValue(c.Args, flag); !ok || v != want {
+			t.Errorf("%s = %q, want %q", flag, v, want)
+		}
+	}
+	joined := strings.Join(c.Args, " ")
+	if !strings.Contains(joined, "--enable-prompt-tokens-details") {
+		t.Error("--enable-prompt-tokens-details missing: vLLM would report no cached_tokens")
+	}
+	if !strings.HasSuffix(joined, "--max-model-len 32768 --gpu-memory-utilization=0.92") {
+		t.Errorf("user args are not last: %s", joined)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	if env["PYTHONHASHSEED"].Value != "42" {
+		t.Errorf("PYTHONHASHSEED = %q", env["PYTHONHASHSEED"].Value)
+	}
+	if r := env["HF_TOKEN"].ValueFrom; r == nil || r.SecretKeyRef.Name != "hf-token" || r.SecretKeyRef.Key != "token" {
+		t.Errorf("HF_TOKEN = %+v", env["HF_TOKEN"])
+	}
+}
+
+func TestTranslateURI(t *testing.T) {
+	for _, tc := range []struct {
+		uri, path, rev, claim string
+	}{
+		{"hf://Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B", "", ""},
+		{"hf://org/name@v1.2", "org/name", "v1.2", ""},
+		{"pvc://models/llama/8b", "/mnt/pvc/models/llama/8b", "", "models"},
+		{"pvc://models", "/mnt/pvc/models", "", "models"},
+		{"pvc://models/", "/mnt/pvc/models", "", "models"},
+		{"Qwen/Qwen3-8B", "Qwen/Qwen3-8B", "", ""},
+		{"/data/model", "/data/model", "", ""},
+		{"s3://bucket/model", "s3://bucket/model", "", ""},
+	} {
+		ref, err := render.TranslateURI(tc.uri)
+		if err != nil || ref.Path != tc.path || ref.Revision != tc.rev || ref.Claim != tc.claim {
+			t.Errorf("TranslateURI(%q) = %+v, %v; want path %q rev %q claim %q", tc.uri, ref, err, tc.path, tc.rev, tc.claim)
+		}
+	}
+	for _, bad := range []string{"hf://noslash", "hf:///x", "hf://a/b/c", "pvc://"} {
+		if _, err := render.TranslateURI(bad); err == nil {
+			t.Errorf("TranslateURI(%q) accepted", bad)
+		}
+	}
+}
+
+func TestPVCModelIsMountedReadOnly(t *testing.T) {
+	m := sample(t, "lora")
+	d, c := engine(t, m)
+	if c.Args[0] != "/mnt/pvc/models/llama-3.1-8b-instruct" {
+		t.Errorf("model path = %q", c.Args[0])
+	}
+	var vol *corev1.Volume
+	for i := range d.Spec.Template.Spec.Volumes {
+		if v := &d.Spec.Template.Spec.Volumes[i]; v.PersistentVolumeClaim != nil {
+			if vol != nil {
+				t.Fatal("one claim used twice got two volumes")
+			}
+			vol = v
+		}
+	}
+	if vol == nil || vol.PersistentVolumeClaim.ClaimName != "models" || !vol.PersistentVolumeClaim.ReadOnly {
+		t.Fatalf("PVC volume = %+v", vol)
+	}
+	mounted := false
+	for _, vm := range c.VolumeMounts {
+		if vm.Name == vol.Name && vm.ReadOnly && vm.MountPath == "/mnt/pvc/models" {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Errorf("claim not mounted read-only at /mnt/pvc/models: %+v", c.VolumeMounts)
+	}
+	joined := strings.Join(c.Args, " ")
+	if !strings.Contains(joined, "--enable-lora --lora-modules sql=org/llama-3-8b-sql-lora support=/mnt/pvc/models/adapters/support") {
+		t.Errorf("LoRA args wrong: %s", joined)
+	}
+}
+
+func TestSharedMemoryOnlyForTensorParallel(t *testing.T) {
+	hasShm := func(d *appsv1.Deployment) bool {
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory {
+				return true
+			}
+		}
+		return false
+	}
+	if d, _ := engine(t, sample(t, "minimal")); hasShm(d) {
+		t.Error("TP 1 got a /dev/shm volume")
+	}
+	if d, _ := engine(t, sample(t, "dp2tp2")); !hasShm(d) {
+		t.Error("TP 2 has no /dev/shm volume")
+	}
+}
+
+func TestUserGPURequestIsKept(t *testing.T) {
+	m := sample(t, "minimal")
+	m.Spec.Engine.Resources.Limits = corev1.ResourceList{render.GPUResource: resource.MustParse("2")}
+	_, c := engine(t, m)
+	if _, ok := c.Resources.Requests[render.GPUResource]; ok {
+		t.Errorf("added a GPU request beside the user's limit: %v", c.Resources)
+	}
+	if q := c.Resources.Limits[render.GPUResource]; q.Value() != 2 {
+		t.Errorf("user limit changed: %v", q)
+	}
+	if _, ok := m.Spec.Engine.Resources.Requests[render.GPUResource]; ok {
+		t.Error("renderer mutated the model")
+	}
+}
+
+func TestEventsOff(t *testing.T) {
+	m := sample(t, "minimal")
+	m.Spec.Engine.KVEvents.Enabled = ptr(false)
+	d, c := engine(t, m)
+	if _, ok := argValue(c.Args, "--kv-events-config"); ok {
+		t.Error("--kv-events-config rendered with events off")
+	}
+	if len(c.Ports) != 1 {
+		t.Errorf("ports with events off: %+v", c.Ports)
+	}
+	if _, ok := d.Spec.Template.Annotations[v1alpha1.AnnotationKVEvents]; ok {
+		t.Error("kv-events-ports annotation with events off")
+	}
+	cfg, err := render.RouterConfig(m)
+	if err != nil || cfg.Events.Enabled || cfg.Events.Replay {
+		t.Errorf("router config events = %+v, %v", cfg.Events, err)
+	}
+}
+
+func TestReplayOff(t *testing.T) {
+	m := sample(t, "netpol") // replayBasePort: 0
+	d, c := engine(t, m)
+	if _, ok := d.Spec.Template.Annotations[v1alpha1.AnnotationKVReplay]; ok {
+		t.Error("kv-replay-ports annotation with replay off")
+	}
+	raw, _ := argValue(c.Args, "--kv-events-config")
+	if strings.Contains(raw, "replay_endpoint") || !strings.Contains(raw, `"endpoint":"tcp://*:6000"`) || !strings.Contains(raw, `"topic":"kvev@$(POD_IP)@qwen3-0-6b"`) {
+		t.Errorf("kv-events-config = %s", raw)
+	}
+}
+
+func TestResourceLabelsAndAnnotationsAreNotCopied(t *testing.T) {
+	m := sample(t, "minimal")
+	m.Labels = map[string]string{"argocd.argoproj.io/instance": "app", "team": "x"}
+	m.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{}"}
+	objs, err := render.All(m, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := render.YAML(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"argocd.argoproj.io", "team:", "last-applied"} {
+		if strings.Contains(string(y), s) {
+			t.Errorf("the resource's own %q leaked onto a child", s)
+		}
+	}
+}
+
+func TestPodOverridesMergeButOurLabelsWin(t *testing.T) {
+	m := sample(t, "minimal")
+	m.Spec.Engine.Pod.Labels = map[string]string{"team": "a", v1alpha1.LabelComponent: "hijack"}
+	m.Spec.Engine.Pod.PriorityClassName = "gpu-high"
+	d, _ := engine(t, m)
+	l := d.Spec.Template.Labels
+	if l["team"] != "a" || l[v1alpha1.LabelComponent] != v1alpha1.ComponentEngine {
+		t.Errorf("pod labels = %v", l)
+	}
+	if d.Spec.Template.Spec.PriorityClassName != "gpu-high" {
+		t.Error("priorityClassName not merged")
+	}
+}
+
+func TestOwnerReferenceWhenTheResourceHasAUID(t *testing.T) {
+	m := sample(t, "minimal")
+	objs, _ := render.All(m, testOpts)
+	if len(objs[0].GetOwnerReferences()) != 0 {
+		t.Error("owner reference without a UID")
+	}
+	m.UID = types.UID("1234")
+	objs, err := render.All(m, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		refs := o.GetOwnerReferences()
+		if len(refs) != 1 || refs[0].UID != "1234" || refs[0].Kind != "KVRoutedModel" || refs[0].Controller == nil || !*refs[0].Controller {
+			t.Errorf("%s %s owner refs = %+v", o.GetObjectKind().GroupVersionKind().Kind, o.GetName(), refs)
+		}
+		if o.GetNamespace() != m.Namespace {
+			t.Errorf("%s in namespace %q", o.GetName(), o.GetNamespace())
+		}
+	}
+}
+
+func TestAllIsStableAndPure(t *testing.T) {
+	m := sample(t, "keda")
+	before := m.DeepCopy()
+	a, err := render.All(m, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := render.All(m, testOpts)
+	ya, _ := render.YAML(a)
+	yb, _ := render.YAML(b)
+	if string(ya) != string(yb) {
+		t.Error("two renders differ")
+	}
+	if !reflect.DeepEqual(before, m) {
+		t.Error("All mutated the model")
+	}
+	var kinds []string
+	for _, o := range a {
+		if o.GetObjectKind().GroupVersionKind().Kind == "" {
+			t.Errorf("%T has no TypeMeta", o)
+		}
+		kinds = append(kinds, o.GetObjectKind().GroupVersionKind().Kind)
+	}
+	want := []string{"ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment",
+		"PodDisruptionBudget", "NetworkPolicy", "Deployment", "Service", "ScaledObject"}
+	if !reflect.DeepEqual(kinds, want) {
+		t.Errorf("order = %v, want %v", kinds, want)
+	}
+}
+
+func TestUndefaultedModelIsAnError(t *testing.T) {
+	m := &v1alpha1.KVRoutedModel{}
+	m.Name, m.Namespace = "m", "default"
+	m.Spec.Model = v1alpha1.ModelSpec{Name: "m", URI: "org/m"}
+	_, err := render.All(m, testOpts)
+	if err == nil || !strings.Contains(err.Error(), "not defaulted") || !strings.Contains(err.Error(), "spec.engine.port") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestMissingImageIsAnError(t *testing.T) {
+	m := sample(t, "minimal")
+	if _, err := render.All(m, render.Options{DefaultRouterImage: "r"}); err == nil || !strings.Contains(err.Error(), "spec.engine.image") {
+		t.Errorf("err = %v", err)
+	}
+	if _, err := render.All(m, render.Options{DefaultEngineImage: "e"}); err == nil || !strings.Contains(err.Error(), "spec.router.image") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestRouterConfigMapIsAValidRouterConfig(t *testing.T) {
+	m := sample(t, "hpa")
+	cm, err := render.RouterConfigMap(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Parse([]byte(cm.Data[render.RouterConfigKey]))
+	if err != nil {
+		t.Fatalf("rendered config does not parse: %v", err)
+	}
+	k := c.Discovery.Kubernetes
+	if k.Namespace != "llm" || k.Selector != render.EngineSelectorString(m) || k.Port != 8000 {
+		t.Errorf("discovery = %+v", k)
+	}
+	if c.Warmup.Credit != 0.3 || c.Warmup.Duration.Duration.String() != "5m0s" || c.Policy != "kv" || c.Hash.Algo != "sha256" || c.Hash.Seed != "0" {
+		t.Errorf("config = %+v", c)
+	}
+}
+
+func TestConfigChangeRollsTheRouter(t *testing.T) {
+	m := sample(t, "minimal")
+	d1, _ := render.RouterDeployment(m, testOpts)
+	m.Spec.Router.Policy = "load"
+	d2, _ := render.RouterDeployment(m, testOpts)
+	a1 := d1.Spec.Template.Annotations[v1alpha1.AnnotationConfigChecksum]
+	a2 := d2.Spec.Template.Annotations[v1alpha1.AnnotationConfigChecksum]
+	if a1 == "" || a1 == a2 {
+		t.Errorf("checksum %q -> %q: a config change must change the pod template", a1, a2)
+	}
+}
+
+func TestRouterRoleIsPodsReadOnly(t *testing.T) {
+	r := render.Role(sample(t, "minimal"))
+	if len(r.Rules) != 1 || !reflect.DeepEqual(r.Rules[0].Resources, []string{"pods"}) ||
+		!reflect.DeepEqual(r.Rules[0].Verbs, []string{"get", "list", "watch"}) || !reflect.DeepEqual(r.Rules[0].APIGroups, []string{""}) {
+		t.Errorf("role rules = %+v", r.Rules)
+	}
+	rb := render.RoleBinding(sample(t, "minimal"))
+	if rb.RoleRef.Name != r.Name || rb.Subjects[0].Name != render.ServiceAccount(sample(t, "minimal")).Name {
+		t.Errorf("binding = %+v", rb)
+	}
+}
+
+func TestPDB(t *testing.T) {
+	p := render.PodDisruptionBudget(sample(t, "minimal"))
+	if p.Spec.MaxUnavailable == nil || p.Spec.MaxUnavailable.IntValue() != 1 || p.Spec.MinAvailable != nil {
+		t.Errorf("pdb = %+v", p.Spec)
+	}
+}
+
+func TestAutoscalers(t *testing.T) {
+	h := render.HorizontalPodAutoscaler(sample(t, "hpa"))
+	if h.Spec.ScaleTargetRef.Kind != "KVRoutedModel" || *h.Spec.MinReplicas != 2 || h.Spec.MaxReplicas != 10 ||
+		h.Spec.Metrics[0].Pods.Metric.Name != render.QueueMetric || h.Spec.Behavior.ScaleDown.StabilizationWindowSeconds == nil {
+		t.Errorf("hpa = %+v", h.Spec)
+	}
+	m := sample(t, "keda")
+	q := resource.MustParse("500m")
+	m.Spec.Autoscaling.TargetQueuePerReplica = &q
+	so, err := render.ScaledObject(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if so.GetAPIVersion() != "keda.sh/v1alpha1" || so.GetKind() != "ScaledObject" {
+		t.Errorf("gvk = %v", so.GroupVersionKind())
+	}
+	trig := so.Object["spec"].(map[string]interface{})["triggers"].([]interface{})[0].(map[string]interface{})
+	if th := trig["metadata"].(map[string]interface{})["threshold"]; th != "0.5" {
+		t.Errorf("threshold = %v, want 0.5 (KEDA parses floats, not quantities)", th)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
