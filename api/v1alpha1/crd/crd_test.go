@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // The annotation kubectl's client-side apply writes holds the whole object; over 256 KiB the
@@ -48,4 +52,33 @@ func mustRead(t *testing.T, p string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func TestCRDShape(t *testing.T) {
+	var c apiextensionsv1.CustomResourceDefinition
+	if err := yaml.UnmarshalStrict(KVRoutedModelYAML, &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Spec.Group != "serving.kvroute.io" || c.Spec.Scope != apiextensionsv1.NamespaceScoped ||
+		c.Spec.Names.Kind != "KVRoutedModel" || len(c.Spec.Names.ShortNames) != 1 || c.Spec.Names.ShortNames[0] != "kvrm" {
+		t.Errorf("names/scope = %+v %s", c.Spec.Names, c.Spec.Scope)
+	}
+	if len(c.Spec.Versions) != 1 || c.Spec.Versions[0].Name != "v1alpha1" {
+		t.Fatalf("versions = %+v", c.Spec.Versions)
+	}
+	v := c.Spec.Versions[0]
+	sr := v.Subresources
+	if sr == nil || sr.Status == nil || sr.Scale == nil || sr.Scale.SpecReplicasPath != ".spec.replicas" ||
+		sr.Scale.StatusReplicasPath != ".status.replicas" || sr.Scale.LabelSelectorPath == nil || *sr.Scale.LabelSelectorPath != ".status.selector" {
+		t.Errorf("subresources = %+v", sr)
+	}
+	var cols []string
+	for _, col := range v.AdditionalPrinterColumns {
+		if col.Priority == 0 {
+			cols = append(cols, col.Name)
+		}
+	}
+	if got, want := strings.Join(cols, ","), "Ready,Replicas,Warming,Endpoint,Age"; got != want {
+		t.Errorf("printer columns = %s, want %s", got, want)
+	}
 }
