@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,6 +27,7 @@ func writeAtomically(t *testing.T, path, content string) {
 type recorder struct {
 	snaps chan []Engine
 	errs  chan error
+	last  []Engine // the newest snapshot a wait has seen, for failure messages
 }
 
 func newRecorder() *recorder {
@@ -37,16 +39,15 @@ func (r *recorder) update(es []Engine) { r.snaps <- es }
 func (r *recorder) waitSnapshot(t *testing.T, desc string, ok func([]Engine) bool) []Engine {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
-	var last []Engine
 	for {
 		select {
 		case s := <-r.snaps:
-			last = s
+			r.last = s
 			if ok(s) {
 				return s
 			}
 		case <-deadline:
-			t.Fatalf("no snapshot with %s within 30s; last: %+v", desc, last)
+			t.Fatalf("no snapshot with %s within 30s; last: %s", desc, show(r.last...))
 		}
 	}
 }
@@ -61,6 +62,21 @@ func (r *recorder) waitErr(t *testing.T, want string) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("no error mentioning %q reported within 30s", want)
 	}
+}
+
+// show prints every field (Engine's String is the flag syntax, which has no Ready or
+// Incarnation).
+func show(es ...Engine) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i, e := range es {
+		if i > 0 {
+			b.WriteString(" | ")
+		}
+		fmt.Fprintf(&b, "%s ready=%v incarnation=%q", e.String(), e.Ready, e.Incarnation)
+	}
+	b.WriteString("]")
+	return b.String()
 }
 
 func names(es []Engine) string {
@@ -114,7 +130,7 @@ a=http://10.0.0.1:8000 # trailing comment
 	rec.waitErr(t, "no such file")
 	select {
 	case s := <-rec.snaps:
-		t.Fatalf("a bad, empty or missing file produced a snapshot: %+v", s)
+		t.Fatalf("a bad, empty or missing file produced a snapshot: %s", show(s...))
 	default:
 	}
 

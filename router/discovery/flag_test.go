@@ -37,11 +37,11 @@ func TestParseEngineFlagGood(t *testing.T) {
 			continue
 		}
 		if !got.Equal(tc.want) {
-			t.Errorf("ParseEngineFlag(%q) = %+v, want %+v", tc.in, got, tc.want)
+			t.Errorf("ParseEngineFlag(%q) = %s, want %s", tc.in, show(got), show(tc.want))
 		}
 		back, err := ParseEngineFlag(got.String())
 		if err != nil || !back.Equal(got) {
-			t.Errorf("round trip of %q through %q: %+v, %v", tc.in, got.String(), back, err)
+			t.Errorf("round trip of %q through %q: %s, %v", tc.in, got.String(), show(back), err)
 		}
 	}
 }
@@ -100,10 +100,10 @@ func FuzzParseEngineFlag(f *testing.F) {
 		}
 		back, err := ParseEngineFlag(e.String())
 		if err != nil {
-			t.Fatalf("%q parsed to %+v whose String %q does not parse: %v", s, e, e.String(), err)
+			t.Fatalf("%q parsed to %s whose String %q does not parse: %v", s, show(e), e.String(), err)
 		}
 		if !back.Equal(e) {
-			t.Fatalf("%q: round trip through %q gave %+v, want %+v", s, e.String(), back, e)
+			t.Fatalf("%q: round trip through %q gave %s, want %s", s, e.String(), show(back), show(e))
 		}
 	})
 }
@@ -122,7 +122,7 @@ func TestFromConfig(t *testing.T) {
 		{Name: "b", URL: "http://10.0.0.2:8000", Ready: true, Events: []string{"tcp://10.0.0.2:5557"}, Replay: []string{"tcp://10.0.0.2:5600"}},
 	}
 	if !equalSnapshots(got, want) {
-		t.Fatalf("FromConfig = %+v, want %+v (sorted by name)", got, want)
+		t.Fatalf("FromConfig = %s, want %s (sorted by name)", show(got...), show(want...))
 	}
 
 	for _, tc := range []struct {
