@@ -85,9 +85,6 @@ func (o *KubernetesOptions) fill() {
 type kubeSource struct {
 	client kubernetes.Interface
 	o      KubernetesOptions
-	// problems remembers what was last logged per pod, so a bad annotation is logged when
-	// it appears or changes, not on every snapshot.
-	problems map[string]string
 }
 
 // NewKubernetes watches the pods matching o.Selector in o.Namespace. Each pod with an IP
@@ -124,7 +121,7 @@ func NewKubernetes(cfg *rest.Config, o KubernetesOptions) (Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes discovery: %w", err)
 	}
-	return &kubeSource{client: cs, o: o, problems: map[string]string{}}, nil
+	return &kubeSource{client: cs, o: o}, nil
 }
 
 func (s *kubeSource) Run(ctx context.Context, update func([]Engine)) error {
@@ -168,12 +165,15 @@ func (s *kubeSource) Run(ctx context.Context, update func([]Engine)) error {
 		return fmt.Errorf("kubernetes discovery: pod cache did not sync: %w", res.Err)
 	}
 	lister := pods.Lister().Pods(s.o.Namespace)
+	// problems remembers what was last logged per pod, so a bad annotation is logged when
+	// it appears or changes, not on every snapshot.
+	problems := map[string]string{}
 	snapshot := func() ([]Engine, error) {
 		list, err := lister.List(labels.Everything()) // the cache holds only selected pods
 		if err != nil {
 			return nil, err
 		}
-		return s.engines(list), nil
+		return s.engines(list, problems), nil
 	}
 
 	last, err := snapshot()
@@ -225,26 +225,26 @@ func stripManagedFields(obj any) (any, error) {
 	return obj, nil // tombstones (cache.DeletedFinalStateUnknown) pass through unchanged
 }
 
-func (s *kubeSource) engines(pods []*corev1.Pod) []Engine {
+func (s *kubeSource) engines(pods []*corev1.Pod, problems map[string]string) []Engine {
 	out := make([]Engine, 0, len(pods))
 	present := make(map[string]bool, len(pods))
 	for _, p := range pods {
 		present[p.Name] = true
-		e, ok, problems := EngineFromPod(p, s.o)
-		msg := strings.Join(problems, "; ")
-		if msg != s.problems[p.Name] {
+		e, ok, found := EngineFromPod(p, s.o)
+		msg := strings.Join(found, "; ")
+		if msg != problems[p.Name] {
 			if msg != "" {
 				s.o.Logger.Warn("kubernetes discovery: engine pod", "pod", p.Name, "problems", msg, "listed", ok)
 			}
-			s.problems[p.Name] = msg
+			problems[p.Name] = msg
 		}
 		if ok {
 			out = append(out, e)
 		}
 	}
-	for name := range s.problems {
+	for name := range problems {
 		if !present[name] {
-			delete(s.problems, name)
+			delete(problems, name)
 		}
 	}
 	sortEngines(out)
