@@ -1,0 +1,247 @@
+// Package controllers holds the KVRoutedModel reconciler. It only orchestrates: the children
+// come from controllers/render, the status from controllers/status, the warm-up annotations
+// from controllers/warmup; this package reads, applies, deletes and writes status once.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/controllers/status"
+	"github.com/kvroute/kvroute/controllers/warmup"
+)
+
+// DefaultRetryInterval is how often a model waiting for a missing API (KEDA, a metrics
+// adapter) looks again. There is no watch on an API that does not exist yet.
+const DefaultRetryInterval = 30 * time.Second
+
+// KVRoutedModelReconciler reconciles KVRoutedModel objects.
+type KVRoutedModelReconciler struct {
+	// Client reads from the manager's label-restricted cache and writes to the API server.
+	client.Client
+	// APIReader reads live: objects the cache does not hold (unlabelled same-named objects,
+	// APIServices, ScaledObjects).
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// Clock stamps conditions and times the warm-up; tests pass a fake one.
+	Clock         clock.PassiveClock
+	Render        render.Options
+	RetryInterval time.Duration
+}
+
+// +kubebuilder:rbac:groups=serving.kvroute.io,resources=kvroutedmodels,verbs=get;list;watch
+// +kubebuilder:rbac:groups=serving.kvroute.io,resources=kvroutedmodels/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apiregistration.k8s.io,resources=apiservices,verbs=get;list
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// Reconcile runs one pass: render, apply the children, the autoscaler, the warm-up
+// annotations, then one status write (deferred, so a failed step still reports).
+func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	m := &v1alpha1.KVRoutedModel{}
+	if err := r.Get(ctx, req.NamespacedName, m); err != nil {
+		// Deleted: garbage collection follows the owner references; nothing to clean up.
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	orig := m.DeepCopy()
+	obs := status.Observed{Model: m, Suspended: m.Spec.Suspend, Now: r.Clock.Now()}
+	defer func() {
+		if err := r.writeStatus(ctx, orig, obs); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+
+	objs, err := render.All(m, r.Render)
+	if err != nil {
+		// A spec the schema let through but the renderers refuse: retrying will not help.
+		obs.Problems = append(obs.Problems, status.Problem{Reason: v1alpha1.ReasonInvalidSpec, Message: err.Error()})
+		return ctrl.Result{}, nil
+	}
+	if m.Spec.Suspend {
+		return ctrl.Result{}, r.observeOnly(ctx, m, &obs)
+	}
+
+	retry, err := r.applyChildren(ctx, m, objs, &obs)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	next, err := r.reconcileWarmup(ctx, m, &obs, true)
+	if err != nil {
+		obs.Problems = append(obs.Problems, status.Problem{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error()})
+		return ctrl.Result{}, err
+	}
+	if retry {
+		next = earliest(next, r.retryInterval())
+	}
+	return ctrl.Result{RequeueAfter: next}, nil
+}
+
+// applyChildren applies every rendered child, deletes those no longer wanted and reads the
+// two Deployments back for the status. Apply failures become Degraded/ApplyFailed and are
+// returned so the pass is retried with backoff; a missing KEDA or metrics API is not an
+// error, only a reason to look again later (retry).
+func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1.KVRoutedModel, objs []client.Object, obs *status.Observed) (retry bool, err error) {
+	prev := &appsv1.Deployment{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: render.EngineName(m)}, prev); err == nil {
+		obs.Scaled = prev.Spec.Replicas == nil || *prev.Spec.Replicas != *m.Spec.Replicas
+	}
+
+	var errs []error
+	var autoscaler client.Object
+	hasNetworkPolicy := false
+	for _, o := range objs {
+		switch o.GetObjectKind().GroupVersionKind().Kind {
+		case "HorizontalPodAutoscaler", "ScaledObject":
+			autoscaler = o
+			continue
+		case "NetworkPolicy":
+			hasNetworkPolicy = true
+		}
+		u, err := r.applyObject(ctx, o)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if u.GetKind() == "Deployment" {
+			d := &appsv1.Deployment{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, d); err != nil {
+				errs = append(errs, fmt.Errorf("read back Deployment %s: %w", u.GetName(), err))
+				continue
+			}
+			if d.Name == render.EngineName(m) {
+				obs.Engine = d
+			} else {
+				obs.Router = d
+			}
+		}
+	}
+	if !hasNetworkPolicy {
+		if err := r.deleteIfOwned(ctx, m, networkPolicyGVK, render.EngineName(m)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	as := r.reconcileAutoscaler(ctx, m, autoscaler)
+	obs.Autoscaler = as.current
+	for _, e := range errs {
+		obs.Problems = append(obs.Problems, status.Problem{Reason: v1alpha1.ReasonApplyFailed, Message: e.Error()})
+	}
+	obs.Problems = append(obs.Problems, as.problems...)
+	return as.retry, errors.Join(errs...)
+}
+
+// observeOnly fills the status from the children as they are, for a suspended model.
+func (r *KVRoutedModelReconciler) observeOnly(ctx context.Context, m *v1alpha1.KVRoutedModel, obs *status.Observed) error {
+	for name, dst := range map[string]**appsv1.Deployment{render.EngineName(m): &obs.Engine, render.RouterName(m): &obs.Router} {
+		d := &appsv1.Deployment{}
+		err := r.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: name}, d)
+		switch {
+		case err == nil:
+			*dst = d
+		case !apierrors.IsNotFound(err):
+			return err
+		}
+	}
+	obs.Autoscaler = m.Status.Autoscaler
+	_, err := r.reconcileWarmup(ctx, m, obs, false)
+	return err
+}
+
+// reconcileWarmup plans the warm-up annotations of the engine pods and, when apply is set,
+// applies them. It returns how long until the earliest window closes (0: none open).
+func (r *KVRoutedModelReconciler) reconcileWarmup(ctx context.Context, m *v1alpha1.KVRoutedModel, obs *status.Observed, apply bool) (time.Duration, error) {
+	pods := &corev1.PodList{}
+	if err := r.List(ctx, pods, client.InNamespace(m.Namespace), client.MatchingLabels(render.EngineSelector(m))); err != nil {
+		return 0, fmt.Errorf("list engine pods: %w", err)
+	}
+	now := obs.Now
+	plan := warmup.Compute(pods.Items, status.FirstAvailable(m.Status.Conditions), m.Spec.Router.Warmup.Duration.Duration, now)
+	obs.Warming = plan.Warming
+	if !apply {
+		return 0, nil
+	}
+	var errs []error
+	for _, c := range plan.Changes {
+		// Only metadata.annotations, under the warm-up's own field owner: an empty apply
+		// drops the annotation this owner set and nothing else.
+		ac := corev1ac.Pod(c.Pod, m.Namespace)
+		if !c.Until.IsZero() {
+			ac.WithAnnotations(map[string]string{v1alpha1.AnnotationWarmup: warmup.Format(c.Until)})
+		}
+		if err := r.Apply(ctx, ac, client.FieldOwner(WarmupFieldOwner), client.ForceOwnership); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("annotate pod %s: %w", c.Pod, err))
+		}
+	}
+	if plan.NextExpiry.IsZero() {
+		return 0, errors.Join(errs...)
+	}
+	// A second's slack: the annotation has second precision, and requeueing just before the
+	// expiry would only find the window still open.
+	return plan.NextExpiry.Sub(now) + time.Second, errors.Join(errs...)
+}
+
+// writeStatus computes the status and writes it if it changed: the pass's only status write.
+// Condition transitions become events.
+func (r *KVRoutedModelReconciler) writeStatus(ctx context.Context, orig *v1alpha1.KVRoutedModel, obs status.Observed) error {
+	next := orig.DeepCopy()
+	next.Status = status.Compute(obs)
+	if equality.Semantic.DeepEqual(orig.Status, next.Status) {
+		return nil
+	}
+	for _, t := range status.Transitions(orig.Status.Conditions, next.Status.Conditions) {
+		typ := corev1.EventTypeNormal
+		if t.Warning {
+			typ = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(next, nil, typ, t.Reason, "Reconcile", "%s=%s: %s", t.Type, t.Status, t.Message)
+	}
+	if err := r.Status().Patch(ctx, next, client.MergeFrom(orig)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		log.FromContext(ctx).Error(err, "status write failed")
+		return fmt.Errorf("write status: %w", err)
+	}
+	return nil
+}
+
+func (r *KVRoutedModelReconciler) retryInterval() time.Duration {
+	if r.RetryInterval > 0 {
+		return r.RetryInterval
+	}
+	return DefaultRetryInterval
+}
+
+// earliest is the sooner of two requeue delays, 0 meaning none.
+func earliest(a, b time.Duration) time.Duration {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
+}
+
+var networkPolicyGVK = networkingv1.SchemeGroupVersion.WithKind("NetworkPolicy")
