@@ -172,3 +172,18 @@ func TestParseTopic(t *testing.T) {
 		}
 	}
 }
+
+func FuzzParseTopic(f *testing.F) {
+	for _, s := range []string{"kv@10.0.0.5:5557@qwen", "kv@[fd00::1]:1@org/m@rev", "kv@fd00::1@m", "@@", "a@b@"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, topic string) {
+		p, h, m, err := ParseTopic(topic)
+		if err != nil {
+			return
+		}
+		if p == "" || h == "" || m == "" || p+"@"+h+"@"+m != topic {
+			t.Fatalf("ParseTopic(%q) = %q %q %q, which does not rebuild the topic", topic, p, h, m)
+		}
+	})
+}
