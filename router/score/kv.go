@@ -11,35 +11,35 @@ type KVParams struct {
 	// TierWeights credit an exact overlap block by where it sits (GPU, CPU, disk): a block on a
 	// slower tier still costs a load.
 	TierWeights [NumTiers]float64
+	// QueuedPrefillWeight weighs the prefill already routed to a replica against this
+	// request's own uncached tokens. It is below 1 because queued work drains and delays this
+	// request once, while an avoidable miss is work the fleet does in addition and a second
+	// copy of the prefix that evicts someone else's; at 1 a prefix group scatters as soon as
+	// two queues differ by one prompt.
+	QueuedPrefillWeight float64
 	// DecodeWeight converts tokens held by running sequences into prefill-token equivalents.
 	DecodeWeight float64
 	// QueueTokens is the cost of one waiting request in prefill-token equivalents.
 	QueueTokens float64
-	// Slack bounds imbalance: a replica is eligible only while its recent prefill work plus this
-	// request stays within (1+Slack) x the fleet mean (plus one request's worth, so a lone
-	// request on an idle fleet is never refused its cache).
-	Slack float64
-	// SlackRequests adds that many of this request's prompt tokens to the bound.
-	SlackRequests float64
-	// RecentWeight adds the replica's recent prefill work to its cost, so that among similar
-	// choices the one with less recent work wins (it keeps windows balanced, not just totals).
-	RecentWeight float64
-	// WindowSeconds is the time constant over which recent prefill work decays.
+	// WindowSeconds is the length of the sliding window over which each replica's routed
+	// uncached prefill tokens are summed (the quantity the balance bound limits).
 	WindowSeconds float64
+	// Slack bounds imbalance: a replica stays eligible while its windowed work plus this
+	// request is within (1+Slack) x the fleet mean after this decision.
+	Slack float64
 	// Temperature > 0 samples among near-ties (softmax over normalised cost); 0 is deterministic.
 	Temperature float64
 }
 
 // DefaultKV is the `kv` policy's default tuning.
 var DefaultKV = KVParams{
-	TierWeights:   [NumTiers]float64{1, 0.75, 0.25},
-	DecodeWeight:  0.05,
-	QueueTokens:   2000,
-	Slack:         0.05,
-	SlackRequests: 0,
-	RecentWeight:  0,
-	WindowSeconds: 30,
-	Temperature:   0,
+	TierWeights:         [NumTiers]float64{1, 0.75, 0.25},
+	QueuedPrefillWeight: 0.3,
+	DecodeWeight:        0.05,
+	QueueTokens:         100,
+	WindowSeconds:       60,
+	Slack:               0.2,
+	Temperature:         0,
 }
 
 // kvPolicy (`kv`) is kvroute's default: the cost of a replica is the prefill work it would do
@@ -47,17 +47,13 @@ var DefaultKV = KVParams{
 // side index, whichever is longer, plus warm-up credit as virtual overlap = credit x prompt
 // blocks), plus the work already queued and running there. With no overlap anywhere this is the
 // least-loaded replica. A bounded-imbalance guard keeps a hot prefix from taking an unbounded
-// share: replicas whose recent prefill work would exceed (1+Slack) x the mean are skipped.
+// share: replicas whose windowed prefill work would exceed the bound are skipped.
 type kvPolicy struct {
 	p      KVParams
 	rng    *rand.Rand
-	recent map[string]*decayed
-}
-
-// decayed is an exponentially decaying sum of prefill tokens sent to one replica.
-type decayed struct {
-	v  float64
-	at int64
+	window map[string]*tokenWindow
+	// Scratch per candidate, reused across calls so Pick does not allocate.
+	unc, win, val []float64
 }
 
 func newKV(o Options) *kvPolicy {
@@ -65,7 +61,7 @@ func newKV(o Options) *kvPolicy {
 	if o.KV != nil {
 		p = *o.KV
 	}
-	return &kvPolicy{p: p, rng: newRNG(o.Seed), recent: map[string]*decayed{}}
+	return &kvPolicy{p: p, rng: newRNG(o.Seed), window: map[string]*tokenWindow{}}
 }
 
 func (k *kvPolicy) Name() string { return "kv" }
@@ -80,73 +76,73 @@ func (k *kvPolicy) uncached(req *Request, c *Candidate) float64 {
 	return math.Max(u, 0)
 }
 
-func (k *kvPolicy) recentAt(id string, now int64) float64 {
-	d := k.recent[id]
-	if d == nil {
+// windowed is the replica's routed uncached tokens inside the window ending at now.
+func (k *kvPolicy) windowed(id string, now int64) float64 {
+	w := k.window[id]
+	if w == nil {
 		return 0
 	}
-	if now > d.at && k.p.WindowSeconds > 0 {
-		d.v *= math.Exp(-float64(now-d.at) / (k.p.WindowSeconds * 1e9))
-		d.at = now
+	return w.sum(now, int64(k.p.WindowSeconds*1e9))
+}
+
+func grow(s []float64, n int) []float64 {
+	if cap(s) < n {
+		return make([]float64, n)
 	}
-	return d.v
+	return s[:n]
 }
 
 func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	if !anyHealthy(cands) {
 		return -1, ErrNoCandidate
 	}
-	n := 0
-	sum := 0.0
-	rec := make([]float64, len(cands))
-	unc := make([]float64, len(cands))
+	k.unc, k.win, k.val = grow(k.unc, len(cands)), grow(k.win, len(cands)), grow(k.val, len(cands))
+	unc, win, val := k.unc, k.win, k.val
+	n, sum, cheapest := 0, 0.0, math.Inf(1)
 	for i := range cands {
 		if !cands[i].Healthy {
 			continue
 		}
 		n++
-		rec[i] = k.recentAt(cands[i].ID, req.NowNs)
+		win[i] = k.windowed(cands[i].ID, req.NowNs)
 		unc[i] = k.uncached(req, &cands[i])
-		sum += rec[i]
+		sum += win[i]
+		cheapest = math.Min(cheapest, unc[i])
 	}
-	// After this decision the fleet's recent work grows by about one request.
-	limit := (1+k.p.Slack)*(sum+float64(req.Tokens))/float64(n) + k.p.SlackRequests*float64(req.Tokens)
-	cost := func(i int) float64 {
-		c := &cands[i]
-		return float64(c.PrefillTokens) + unc[i] + k.p.DecodeWeight*float64(c.DecodeTokens) +
-			k.p.QueueTokens*float64(c.Queue) + k.p.RecentWeight*rec[i]
-	}
-	// A (near) full hit adds no prefill work, so it never breaks the bound.
-	eligible := func(i int) bool { return unc[i] <= float64(req.BlockSize) || rec[i]+unc[i] <= limit }
-	any := false
+	// The bound is on the fleet mean after this decision: it grows by at least the cheapest
+	// placement.
+	limit := (1 + k.p.Slack) * (sum + cheapest) / float64(n)
+	anyEligible := false
 	for i := range cands {
-		if cands[i].Healthy && eligible(i) {
-			any = true
-			break
+		c := &cands[i]
+		if !c.Healthy {
+			continue
 		}
+		// Cost in prefill-token equivalents: the uncached part of this request, the prefill
+		// already routed there, running sequences (they slow every step), waiting requests.
+		val[i] = unc[i] + k.p.QueuedPrefillWeight*float64(c.PrefillTokens) +
+			k.p.DecodeWeight*float64(c.DecodeTokens) + k.p.QueueTokens*float64(c.Queue)
+		// A (near) full hit adds no prefill work, so it never breaks the bound.
+		anyEligible = anyEligible || unc[i] <= float64(req.BlockSize) || win[i]+unc[i] <= limit
 	}
-	if !any {
-		// Everyone is over the bound (an idle fleet, or a burst): among the replicas with the
-		// least recent work (within one block) the cheapest wins.
+	if !anyEligible {
+		// Everyone is over the bound (a burst, or an idle fleet): the replicas with the least
+		// windowed work after this request (within one block) are what the bound protects;
+		// among them the cheapest wins.
 		lo := math.Inf(1)
 		for i := range cands {
 			if cands[i].Healthy {
-				lo = math.Min(lo, rec[i]+unc[i])
+				lo = math.Min(lo, win[i]+unc[i])
 			}
 		}
-		return pickMin(cands, func(i int) float64 {
-			if rec[i]+unc[i] > lo+float64(req.BlockSize) {
-				return math.Inf(1)
-			}
-			return cost(i)
-		}, k.rng), nil
+		limit = lo + float64(req.BlockSize)
 	}
-	value := func(i int) float64 {
-		if !eligible(i) {
-			return math.Inf(1)
+	for i := range cands {
+		if cands[i].Healthy && unc[i] > float64(req.BlockSize) && win[i]+unc[i] > limit {
+			val[i] = math.Inf(1)
 		}
-		return cost(i)
 	}
+	value := func(i int) float64 { return val[i] }
 	if k.p.Temperature > 0 {
 		return k.sample(cands, value), nil
 	}
@@ -165,31 +161,71 @@ func (k *kvPolicy) sample(cands []Candidate, value func(int) float64) int {
 		}
 	}
 	scale := math.Max(mean/float64(m), 1) * k.p.Temperature
-	w := make([]float64, len(cands))
 	total := 0.0
 	for i := range cands {
 		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
-			w[i] = math.Exp(-(v - lo) / scale)
-			total += w[i]
+			total += math.Exp(-(v - lo) / scale)
 		}
 	}
 	r := k.rng.Float64() * total
-	for i := range w {
-		if r < w[i] {
-			return i
+	for i := range cands {
+		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
+			w := math.Exp(-(v - lo) / scale)
+			if r < w {
+				return i
+			}
+			r -= w
 		}
-		r -= w[i]
 	}
 	return best
 }
 
 func (k *kvPolicy) OnRouted(req *Request, cands []Candidate, i int) {
 	id := cands[i].ID
-	v := k.recentAt(id, req.NowNs)
-	d := k.recent[id]
-	if d == nil {
-		d = &decayed{at: req.NowNs}
-		k.recent[id] = d
+	w := k.window[id]
+	if w == nil {
+		w = &tokenWindow{}
+		k.window[id] = w
 	}
-	d.v = v + k.uncached(req, &cands[i])
+	w.add(req.NowNs, k.uncached(req, &cands[i]))
+}
+
+// tokenWindow is an exact sliding-window sum: a ring of (time, tokens) entries, oldest first.
+// Written by hand: it is a few lines, and the generic ring buffers would box every entry.
+type tokenWindow struct {
+	at    []int64
+	tok   []float64
+	head  int // index of the oldest live entry
+	n     int // live entries
+	total float64
+}
+
+// sum drops entries older than now-span and returns the total of the rest.
+func (w *tokenWindow) sum(now, span int64) float64 {
+	for w.n > 0 && w.at[w.head] <= now-span {
+		w.total -= w.tok[w.head]
+		w.head = (w.head + 1) % len(w.at)
+		w.n--
+	}
+	if w.n == 0 {
+		w.total = 0 // no float drift survives an empty window
+	}
+	return w.total
+}
+
+// add appends an entry at time t (callers add in non-decreasing time).
+func (w *tokenWindow) add(t int64, tok float64) {
+	if w.n == len(w.at) {
+		// Full: unroll into a ring twice the size.
+		size := max(2*len(w.at), 16)
+		at, tk := make([]int64, size), make([]float64, size)
+		for j := 0; j < w.n; j++ {
+			at[j], tk[j] = w.at[(w.head+j)%len(w.at)], w.tok[(w.head+j)%len(w.at)]
+		}
+		w.at, w.tok, w.head = at, tk, 0
+	}
+	j := (w.head + w.n) % len(w.at)
+	w.at[j], w.tok[j] = t, tok
+	w.n++
+	w.total += tok
 }

@@ -139,9 +139,10 @@ func TestKVImbalanceGuardSpreadsAHotPrefix(t *testing.T) {
 		work[i] += float64(req.Tokens - c[i].ExactBlocks*16)
 	}
 	mean := (work[0] + work[1] + work[2] + work[3]) / 4
+	// The bound: (1+Slack) x the mean, plus the one request that may cross it.
 	for i, w := range work {
-		if w > 1.1*mean {
-			t.Errorf("replica %d did %.0f prefill tokens, over 1.1 x mean %.0f (%v)", i, w, mean, work)
+		if w > (1+DefaultKV.Slack)*mean+48 {
+			t.Errorf("replica %d did %.0f prefill tokens, over the bound of mean %.0f (%v)", i, w, mean, work)
 		}
 	}
 	// The prefix holder gets more requests (its work per request is smaller), not all of them.

@@ -1,0 +1,145 @@
+package score
+
+import (
+	"testing"
+	"time"
+)
+
+const sec = int64(time.Second)
+
+func TestTokenWindowIsExact(t *testing.T) {
+	var w tokenWindow
+	span := 60 * sec
+	w.add(0, 100)
+	w.add(30*sec, 50)
+	if got := w.sum(60*sec-1, span); got != 150 {
+		t.Errorf("sum just before the first entry leaves = %v, want 150", got)
+	}
+	if got := w.sum(60*sec, span); got != 50 {
+		t.Errorf("sum once the first entry is 60 s old = %v, want 50", got)
+	}
+	if got := w.sum(90*sec, span); got != 0 {
+		t.Errorf("sum of an empty window = %v, want 0", got)
+	}
+	// Many entries: the ring grows and wraps, and the sum stays the sum of the last 60 s.
+	for i := int64(0); i < 1000; i++ {
+		w.add(100*sec+i*sec, float64(i))
+		want := 0.0
+		for j := max(i-59, 0); j <= i; j++ {
+			want += float64(j)
+		}
+		if got := w.sum(100*sec+i*sec, span); got != want {
+			t.Fatalf("after %d entries sum = %v, want %v", i+1, got, want)
+		}
+	}
+}
+
+func TestKVWindowRefusesARecentlyBusyReplicaUntilItsWorkLeaves(t *testing.T) {
+	p := newKV(Options{Seed: 1})
+	c := fleetOf(2)
+	big := &Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16}
+	p.OnRouted(big, c, 0) // a miss of 1600 tokens on replica a at t=0
+	half := func(now int64) int {
+		req := &Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16, NowNs: now}
+		c := fleetOf(2)
+		c[0].ExactBlocks = 50 // a holds half the prompt
+		i, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	if i := half(59 * sec); i != 1 {
+		t.Errorf("at 59 s kv picked %d; replica a still has 1,600 tokens in its window, want b", i)
+	}
+	if i := half(61 * sec); i != 0 {
+		t.Errorf("at 61 s kv picked %d; a's window is empty again, want its cache", i)
+	}
+}
+
+func TestKVFullHitIgnoresTheBound(t *testing.T) {
+	p := newKV(Options{Seed: 1})
+	c := fleetOf(2)
+	p.OnRouted(&Request{Keys: keys(seq(100)...), Tokens: 100000, BlockSize: 16}, c, 0)
+	req := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: sec}
+	c[0].ExactBlocks = 10
+	if i, _ := p.Pick(req, c); i != 0 {
+		t.Errorf("a full hit went to %d; it adds no prefill work, want the holder", i)
+	}
+	c[0].ExactBlocks = 5
+	if i, _ := p.Pick(req, c); i != 1 {
+		t.Errorf("a half hit went to %d on a replica far over the bound, want the other", i)
+	}
+}
+
+func TestKVKeepsAPrefixGroupDespiteQueuedPrefill(t *testing.T) {
+	pick := func(o Options) int {
+		p := newKV(o)
+		c := fleetOf(2)
+		// Both replicas have recent work, so both are under the bound and cost decides.
+		p.OnRouted(&Request{Tokens: 100000, BlockSize: 16}, c, 0)
+		p.OnRouted(&Request{Tokens: 100000, BlockSize: 16}, c, 1)
+		c[0].ExactBlocks = 375 // 6,000 of 7,200 tokens cached
+		c[0].PrefillTokens = 10000
+		i, err := p.Pick(&Request{Keys: keys(seq(450)...), Tokens: 7200, BlockSize: 16, NowNs: sec}, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	if i := pick(Options{Seed: 1}); i != 0 {
+		t.Errorf("default kv picked %d: 1,200 uncached behind 10,000 queued, want the holder over 7,200 on an idle replica", i)
+	}
+	// At full weight the queued prefill outweighs the saved 6,000 tokens and the group scatters.
+	full := DefaultKV
+	full.QueuedPrefillWeight = 1
+	if i := pick(Options{Seed: 1, KV: &full}); i != 1 {
+		t.Errorf("kv with QueuedPrefillWeight 1 picked %d, want the idle replica", i)
+	}
+}
+
+func TestKVPickDoesNotAllocate(t *testing.T) {
+	p := newKV(Options{Seed: 1})
+	c := fleetOf(16)
+	req := &Request{Keys: keys(seq(64)...), Tokens: 1024, BlockSize: 16}
+	for k := range c {
+		c[k].ExactBlocks = k * 4
+		c[k].PrefillTokens = 100 * k
+	}
+	for k := 0; k < 64; k++ { // fill every replica's window ring past its first growth
+		req.NowNs = int64(k) * 1e6
+		p.OnRouted(req, c, k%16)
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		req.NowNs += 1e6
+		if _, err := p.Pick(req, c); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Pick allocates %v times per call, want 0", allocs)
+	}
+}
+
+func BenchmarkKVPick16(b *testing.B) {
+	p := newKV(Options{Seed: 1})
+	c := fleetOf(16)
+	req := &Request{Keys: keys(seq(64)...), Tokens: 1024, BlockSize: 16}
+	for k := range c {
+		c[k].ExactBlocks = k * 4
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		req.NowNs = int64(i) * 1e6
+		j, _ := p.Pick(req, c)
+		p.OnRouted(req, c, j)
+	}
+}
+
+func seq(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i + 1)
+	}
+	return out
+}
