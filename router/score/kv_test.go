@@ -143,3 +143,24 @@ func seq(n int) []uint64 {
 	}
 	return out
 }
+
+func TestKVTemperatureSamplesOnlyEligibleReplicas(t *testing.T) {
+	o := DefaultKV
+	o.Temperature = 1
+	p := newKV(Options{Seed: 3, KV: &o})
+	c := fleetOf(4)
+	c[3].Healthy = false
+	// Replica 0 is far over the bound; 1 and 2 are alike, so both should be drawn.
+	p.OnRouted(&Request{Tokens: 100000, BlockSize: 16}, c, 0)
+	seen := map[int]int{}
+	for k := 0; k < 200; k++ {
+		i, err := p.Pick(&Request{Keys: keys(seq(4)...), Tokens: 64, BlockSize: 16, NowNs: sec}, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[i]++
+	}
+	if seen[0] > 0 || seen[3] > 0 || seen[1] == 0 || seen[2] == 0 {
+		t.Errorf("picks %v: want only replicas 1 and 2, both drawn", seen)
+	}
+}
