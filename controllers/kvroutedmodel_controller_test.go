@@ -414,9 +414,16 @@ func TestAutoscalerSwitchKEDAAndMetricsAPI(t *testing.T) {
 	})
 
 	// KEDA's CRD appears: the ScaledObject is created and the model recovers.
-	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{CRDs: []*apiextv1.CustomResourceDefinition{scaledObjectCRD()}}); err != nil {
+	crds, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{CRDs: []*apiextv1.CustomResourceDefinition{scaledObjectCRD()}})
+	if err != nil {
 		t.Fatal(err)
 	}
+	// Uninstall KEDA afterwards, so a -count=N rerun starts without it again.
+	t.Cleanup(func() {
+		if err := envtest.UninstallCRDs(cfg, envtest.CRDInstallOptions{CRDs: crds}); err != nil {
+			t.Error(err)
+		}
+	})
 	so := &unstructured.Unstructured{}
 	so.SetGroupVersionKind(render.ScaledObjectGVK)
 	eventually(t, 30*time.Second, func() error { return k8s.Get(ctx, key(ns, "qwen"), so) })

@@ -108,11 +108,12 @@ func eventually(t *testing.T, timeout time.Duration, f func() error) {
 
 func namespace(t *testing.T, name string) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	// Generated names keep -count=N runs apart (envtest has no namespace GC to wait for).
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-"}}
 	if err := k8s.Create(context.Background(), ns); err != nil {
 		t.Fatal(err)
 	}
-	return name
+	return ns.Name
 }
 
 // newModel creates a minimal KVRoutedModel; edit can change its spec first.
