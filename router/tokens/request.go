@@ -1,0 +1,218 @@
+// Package tokens turns an OpenAI request into the prompt token ids the engine will see: chat
+// requests through the engine's /v1/chat/completions/render (so the chat template is the
+// engine's own), text completions through /v1/completions/render (or /tokenize on engines
+// without render endpoints), and token-id prompts as given. Tokens are never guessed from bytes.
+package tokens
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Kind is the OpenAI endpoint a request was sent to.
+type Kind int
+
+const (
+	// Completion is POST /v1/completions.
+	Completion Kind = iota
+	// Chat is POST /v1/chat/completions.
+	Chat
+)
+
+func (k Kind) String() string {
+	if k == Chat {
+		return "chat"
+	}
+	return "completion"
+}
+
+// Request is the part of an OpenAI request body the router needs. Raw fields keep the
+// caller's bytes so a cache key or a forwarded body never depends on re-encoding.
+type Request struct {
+	Kind  Kind
+	Model string
+	// Stream and IncludeUsage are stream and stream_options.include_usage.
+	Stream       bool
+	IncludeUsage bool
+	// CacheSalt is cache_salt ("" for none).
+	CacheSalt string
+	// PromptIDs is the first prompt when the completion prompt is given as token ids.
+	PromptIDs []uint32
+	// PromptText is the first prompt when the completion prompt is text.
+	PromptText string
+	// HasIDs tells PromptIDs apart from an empty text prompt.
+	HasIDs bool
+	// User is the OpenAI "user" field, used as a session key by session affinity.
+	User string
+
+	// renderKey is the canonical bytes of every field that changes the rendered prompt.
+	renderKey []byte
+}
+
+// BadRequestError is a request the engine would refuse too; the router answers 400.
+type BadRequestError struct{ Msg string }
+
+func (e *BadRequestError) Error() string { return e.Msg }
+
+func badf(format string, a ...any) error { return &BadRequestError{fmt.Sprintf(format, a...)} }
+
+// IsBadRequest reports whether err is a *BadRequestError.
+func IsBadRequest(err error) bool {
+	var b *BadRequestError
+	return errors.As(err, &b)
+}
+
+// renderFields are the chat request fields that can change what the template renders. Anything
+// else (sampling, stream, max tokens) leaves the prompt tokens alone, so two turns that differ
+// only there share a cache entry.
+var renderFields = []string{"messages", "tools", "tool_choice", "chat_template", "chat_template_kwargs",
+	"add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
+	"mm_processor_kwargs", "reasoning_effort", "response_format"}
+
+// Parse checks an OpenAI body for kind and extracts what routing needs. It rejects what vLLM
+// would reject with 400: invalid JSON, a missing model, no messages / no prompt, token ids out of
+// range.
+func Parse(kind Kind, body []byte) (*Request, error) {
+	var top map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&top); err != nil {
+		return nil, badf("invalid JSON body: %v", err)
+	}
+	if dec.More() {
+		return nil, badf("invalid JSON body: trailing data after the object")
+	}
+	if top == nil {
+		return nil, badf("the body must be a JSON object")
+	}
+	r := &Request{Kind: kind}
+	if err := optString(top, "model", &r.Model); err != nil {
+		return nil, err
+	}
+	if r.Model == "" {
+		return nil, badf("model is required")
+	}
+	if err := optBool(top, "stream", &r.Stream); err != nil {
+		return nil, err
+	}
+	if raw, ok := top["stream_options"]; ok && !isNull(raw) {
+		var so struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(raw, &so); err != nil {
+			return nil, badf("stream_options: %v", err)
+		}
+		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
+	}
+	if err := optString(top, "cache_salt", &r.CacheSalt); err != nil {
+		return nil, err
+	}
+	if err := optString(top, "user", &r.User); err != nil {
+		return nil, err
+	}
+	key := []byte(kind.String() + "\x00" + r.Model + "\x00")
+	switch kind {
+	case Chat:
+		raw, ok := top["messages"]
+		var msgs []json.RawMessage
+		if !ok || isNull(raw) {
+			return nil, badf("messages is required")
+		}
+		if err := json.Unmarshal(raw, &msgs); err != nil {
+			return nil, badf("messages must be an array: %v", err)
+		}
+		if len(msgs) == 0 {
+			return nil, badf("messages must not be empty")
+		}
+		for _, f := range renderFields {
+			if v, ok := top[f]; ok {
+				key = append(append(append(key, f...), 0), v...)
+				key = append(key, 0)
+			}
+		}
+	default:
+		raw, ok := top["prompt"]
+		if !ok || isNull(raw) {
+			return nil, badf("prompt is required")
+		}
+		if err := r.parsePrompt(raw); err != nil {
+			return nil, err
+		}
+		key = append(append(key, raw...), 0)
+		if v, ok := top["add_special_tokens"]; ok {
+			key = append(key, v...)
+		}
+	}
+	r.renderKey = key
+	return r, nil
+}
+
+// parsePrompt accepts what vLLM's CompletionRequest.prompt does: a string, a list of strings,
+// a list of token ids or a list of token-id lists. The router routes by the first prompt.
+func (r *Request) parsePrompt(raw json.RawMessage) error {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		r.PromptText = s
+		return nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return badf("prompt must be a string, a list of strings, token ids or lists of token ids")
+	}
+	if len(list) == 0 {
+		return badf("prompt must not be empty")
+	}
+	if json.Unmarshal(list[0], &s) == nil {
+		r.PromptText = s
+		return nil
+	}
+	var ids []float64
+	if json.Unmarshal(raw, &ids) == nil {
+		return r.setIDs(ids)
+	}
+	if err := json.Unmarshal(list[0], &ids); err != nil {
+		return badf("prompt must be a string, a list of strings, token ids or lists of token ids")
+	}
+	return r.setIDs(ids)
+}
+
+func (r *Request) setIDs(ids []float64) error {
+	if len(ids) == 0 {
+		return badf("prompt token ids must not be empty")
+	}
+	out := make([]uint32, len(ids))
+	for i, f := range ids {
+		if f < 0 || f >= math.MaxInt32 || f != math.Trunc(f) {
+			return badf("prompt token id %v at %d is not a valid token id", f, i)
+		}
+		out[i] = uint32(f)
+	}
+	r.PromptIDs, r.HasIDs = out, true
+	return nil
+}
+
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+func optString(top map[string]json.RawMessage, k string, dst *string) error {
+	raw, ok := top[k]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return badf("%s must be a string", k)
+	}
+	return nil
+}
+
+func optBool(top map[string]json.RawMessage, k string, dst *bool) error {
+	raw, ok := top[k]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return badf("%s must be a boolean", k)
+	}
+	return nil
+}

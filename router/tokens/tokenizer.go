@@ -1,0 +1,241 @@
+package tokens
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sync/singleflight"
+)
+
+// Source says where a request's tokens came from.
+type Source int
+
+const (
+	// FromIDs: the prompt was token ids.
+	FromIDs Source = iota
+	// FromCache: an earlier render of the same prompt fields.
+	FromCache
+	// FromEngine: a render or tokenize call to the engine.
+	FromEngine
+)
+
+func (s Source) String() string {
+	return [...]string{"ids", "cache", "engine"}[s]
+}
+
+// Options configure a Tokenizer. Zero values take the defaults named.
+type Options struct {
+	// Client makes the render calls (a client with a 2s-dial transport).
+	Client *http.Client
+	// Timeout bounds one tokenization, render and fallback together (2s).
+	Timeout time.Duration
+	// CacheEntries is the render cache size in prompts (4096).
+	CacheEntries int
+	// MaxCacheTokens: renders longer than this are not cached (262144).
+	MaxCacheTokens int
+}
+
+// Tokenizer tokenizes requests through the engines. Safe for concurrent use.
+type Tokenizer struct {
+	client    *http.Client
+	timeout   time.Duration
+	maxTokens int
+	cache     *lru.Cache[uint64, []uint32]
+	group     singleflight.Group
+
+	hits, misses, renders, failures atomic.Uint64
+}
+
+// Stats are a Tokenizer's counters.
+type Stats struct {
+	CacheHits, CacheMisses, EngineCalls, Failures uint64
+	CacheLen                                      int
+}
+
+// New returns a Tokenizer.
+func New(o Options) *Tokenizer {
+	if o.Client == nil {
+		o.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Second
+	}
+	if o.CacheEntries <= 0 {
+		o.CacheEntries = 4096
+	}
+	if o.MaxCacheTokens <= 0 {
+		o.MaxCacheTokens = 262144
+	}
+	c, _ := lru.New[uint64, []uint32](o.CacheEntries) // only fails for a size <= 0
+	return &Tokenizer{client: o.Client, timeout: o.Timeout, maxTokens: o.MaxCacheTokens, cache: c}
+}
+
+// Stats returns the counters.
+func (t *Tokenizer) Stats() Stats {
+	return Stats{CacheHits: t.hits.Load(), CacheMisses: t.misses.Load(), EngineCalls: t.renders.Load(),
+		Failures: t.failures.Load(), CacheLen: t.cache.Len()}
+}
+
+// Tokens returns the prompt token ids of r (parsed from body) as engineURL's model renders
+// them. The returned slice is shared with the cache: callers must not modify it.
+//
+// Cache safety: the cache is keyed by a hash of the model and every request field that can
+// change the rendered prompt (messages, tools, template and its kwargs, generation-prompt
+// switches), so a hit is exactly what the engine would render again. Reusing turn N's tokens as
+// a prefix of turn N+1 is deliberately not done: chat templates are free to render earlier
+// messages differently once more follow (Qwen3 drops earlier reasoning, some templates move
+// the system prompt or stamp the last turn), so a spliced prefix could differ from the engine's
+// render and the router would predict hits the engine cannot serve. Identical concurrent
+// renders (siblings, retries) share one engine call.
+func (t *Tokenizer) Tokens(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, Source, error) {
+	if r.HasIDs {
+		return r.PromptIDs, FromIDs, nil
+	}
+	// Every replica of the model renders alike, so the engine is not part of the key.
+	h := xxh3.Hash(r.renderKey)
+	if toks, ok := t.cache.Get(h); ok {
+		t.hits.Add(1)
+		return toks, FromCache, nil
+	}
+	t.misses.Add(1)
+	v, err, _ := t.group.Do(strconv.FormatUint(h, 16), func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.timeout)
+		defer cancel()
+		toks, err := t.render(ctx, engineURL, r, body)
+		if err != nil {
+			return nil, err
+		}
+		if len(toks) <= t.maxTokens {
+			t.cache.Add(h, toks)
+		}
+		return toks, nil
+	})
+	if err != nil {
+		t.failures.Add(1)
+		return nil, FromEngine, err
+	}
+	return v.([]uint32), FromEngine, nil
+}
+
+// errNoRender is an engine without the render endpoints (vLLM before 0.15).
+var errNoRender = errors.New("no render endpoint")
+
+func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, error) {
+	t.renders.Add(1)
+	if r.Kind == Chat {
+		var gr generateRequest
+		if err := t.post(ctx, engineURL+"/v1/chat/completions/render", body, &gr); err != nil {
+			if !errors.Is(err, errNoRender) {
+				return nil, err
+			}
+			return t.tokenizeChat(ctx, engineURL, body)
+		}
+		return gr.ids()
+	}
+	var grs []generateRequest
+	err := t.post(ctx, engineURL+"/v1/completions/render", body, &grs)
+	if errors.Is(err, errNoRender) {
+		return t.tokenizeText(ctx, engineURL, r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(grs) == 0 {
+		return nil, fmt.Errorf("tokens: completions render returned no prompt")
+	}
+	return grs[0].ids()
+}
+
+type generateRequest struct {
+	TokenIDs []int64 `json:"token_ids"`
+}
+
+func (g *generateRequest) ids() ([]uint32, error) { return toIDs(g.TokenIDs) }
+
+func toIDs(in []int64) ([]uint32, error) {
+	if len(in) == 0 {
+		return nil, errors.New("tokens: the engine returned no token ids")
+	}
+	out := make([]uint32, len(in))
+	for i, v := range in {
+		if v < 0 || v > 1<<31 {
+			return nil, fmt.Errorf("tokens: the engine returned token id %d", v)
+		}
+		out[i] = uint32(v)
+	}
+	return out, nil
+}
+
+// tokenizeChat is the /tokenize chat form (same renderer as chat completions).
+func (t *Tokenizer) tokenizeChat(ctx context.Context, engineURL string, body []byte) ([]uint32, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return nil, err
+	}
+	req := map[string]json.RawMessage{}
+	for _, k := range []string{"model", "messages", "tools", "chat_template", "chat_template_kwargs",
+		"add_generation_prompt", "continue_final_message", "add_special_tokens", "mm_processor_kwargs"} {
+		if v, ok := top[k]; ok {
+			req[k] = v
+		}
+	}
+	b, _ := json.Marshal(req)
+	var tr struct {
+		Tokens []int64 `json:"tokens"`
+	}
+	if err := t.post(ctx, engineURL+"/tokenize", b, &tr); err != nil {
+		return nil, err
+	}
+	return toIDs(tr.Tokens)
+}
+
+// tokenizeText is the /tokenize completion form (add_special_tokens defaults to true there as in
+// completions).
+func (t *Tokenizer) tokenizeText(ctx context.Context, engineURL string, r *Request) ([]uint32, error) {
+	b, _ := json.Marshal(map[string]any{"model": r.Model, "prompt": r.PromptText})
+	var tr struct {
+		Tokens []int64 `json:"tokens"`
+	}
+	if err := t.post(ctx, engineURL+"/tokenize", b, &tr); err != nil {
+		return nil, err
+	}
+	return toIDs(tr.Tokens)
+}
+
+// maxRenderBytes bounds a render answer (a 1M-token prompt is about 8 MB of JSON).
+const maxRenderBytes = 64 << 20
+
+func (t *Tokenizer) post(ctx context.Context, url string, body []byte, into any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("tokens: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("tokens: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return errNoRender
+	}
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("tokens: %s answered %d: %s", url, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRenderBytes)).Decode(into); err != nil {
+		return fmt.Errorf("tokens: %s: bad answer: %w", url, err)
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package tokens
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/test/vllmsim"
+)
+
+func startSim(t *testing.T) *vllmsim.Sim {
+	t.Helper()
+	sim, err := vllmsim.New(vllmsim.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); _ = sim.Close() })
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return sim
+}
+
+func TestChatRenderedByEngineAndCached(t *testing.T) {
+	sim := startSim(t)
+	tk := New(Options{})
+	body := []byte(`{"model":"vllm-sim","messages":[{"role":"user","content":"hello there"}],"max_tokens":3}`)
+	r, err := Parse(Chat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, src, err := tk.Tokens(context.Background(), sim.URL(), r, body)
+	if err != nil || src != FromEngine {
+		t.Fatalf("src %v err %v", src, err)
+	}
+	want := vllmsim.Tokenize("<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n")
+	if !slices.Equal(got, want) {
+		t.Fatalf("tokens %v, want the ChatML render %v", got, want)
+	}
+	// Same messages, other sampling fields: a cache hit, no engine call.
+	body2 := []byte(`{"model":"vllm-sim","messages":[{"role":"user","content":"hello there"}],"max_tokens":9,"stream":true}`)
+	r2, _ := Parse(Chat, body2)
+	got2, src2, err := tk.Tokens(context.Background(), sim.URL(), r2, body2)
+	if err != nil || src2 != FromCache || !slices.Equal(got2, want) {
+		t.Fatalf("second: src %v err %v", src2, err)
+	}
+	// Another turn is another key.
+	body3 := []byte(`{"model":"vllm-sim","messages":[{"role":"user","content":"hello there"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`)
+	r3, _ := Parse(Chat, body3)
+	got3, src3, err := tk.Tokens(context.Background(), sim.URL(), r3, body3)
+	if err != nil || src3 != FromEngine || !slices.Equal(got3[:len(want)-len(vllmsim.Tokenize("<|im_start|>assistant\n"))], want[:len(want)-len(vllmsim.Tokenize("<|im_start|>assistant\n"))]) {
+		t.Fatalf("third: src %v err %v", src3, err)
+	}
+	if st := tk.Stats(); st.EngineCalls != 2 || st.CacheHits != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestCompletionTextAndIDs(t *testing.T) {
+	sim := startSim(t)
+	tk := New(Options{})
+	body := []byte(`{"model":"vllm-sim","prompt":"abcdefgh"}`)
+	r, err := Parse(Completion, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := tk.Tokens(context.Background(), sim.URL(), r, body)
+	if err != nil || !slices.Equal(got, vllmsim.Tokenize("abcdefgh")) {
+		t.Fatalf("got %v err %v", got, err)
+	}
+	for _, b := range []string{`{"model":"m","prompt":[5,6,7]}`, `{"model":"m","prompt":[[5,6,7],[1]]}`} {
+		r, err := Parse(Completion, []byte(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, src, err := tk.Tokens(context.Background(), "http://127.0.0.1:1", r, []byte(b))
+		if err != nil || src != FromIDs || !slices.Equal(ids, []uint32{5, 6, 7}) {
+			t.Fatalf("%s: %v %v %v", b, ids, src, err)
+		}
+	}
+}
+
+// An engine without render endpoints (vLLM < 0.15) is asked through /tokenize.
+func TestFallbackToTokenize(t *testing.T) {
+	sim := startSim(t)
+	h := sim.Handler()
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions/render" || r.URL.Path == "/v1/chat/completions/render" {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer old.Close()
+	tk := New(Options{})
+	body := []byte(`{"model":"vllm-sim","prompt":"xyz!"}`)
+	r, _ := Parse(Completion, body)
+	got, _, err := tk.Tokens(context.Background(), old.URL, r, body)
+	if err != nil || !slices.Equal(got, vllmsim.Tokenize("xyz!")) {
+		t.Fatalf("completion fallback: %v %v", got, err)
+	}
+	cb := []byte(`{"model":"vllm-sim","messages":[{"role":"user","content":"q"}]}`)
+	cr, _ := Parse(Chat, cb)
+	got, _, err = tk.Tokens(context.Background(), old.URL, cr, cb)
+	if err != nil || !slices.Equal(got, vllmsim.Tokenize("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")) {
+		t.Fatalf("chat fallback: %v %v", got, err)
+	}
+}
+
+func TestEngineErrorIsAnError(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "boom", http.StatusInternalServerError)
+	}))
+	defer srv.Close()
+	tk := New(Options{})
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"q"}]}`)
+	r, _ := Parse(Chat, body)
+	if _, _, err := tk.Tokens(context.Background(), srv.URL, r, body); err == nil {
+		t.Fatal("a 500 from the engine must be an error")
+	}
+	if tk.Stats().Failures != 1 {
+		t.Fatal("failure not counted")
+	}
+}
+
+// Concurrent identical renders share one engine call.
+func TestSiblingsShareOneRender(t *testing.T) {
+	var mu sync.Mutex
+	calls := 0
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		<-release
+		_, _ = w.Write([]byte(`{"token_ids":[1,2,3]}`))
+	}))
+	defer srv.Close()
+	tk := New(Options{})
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"q"}]}`)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, _ := Parse(Chat, body)
+			ids, _, err := tk.Tokens(context.Background(), srv.URL, r, body)
+			if err == nil && !slices.Equal(ids, []uint32{1, 2, 3}) {
+				t.Errorf("ids %v", ids)
+			}
+			errs <- err
+		}()
+	}
+	for tk.Stats().CacheMisses < 8 {
+		runtime.Gosched()
+	}
+	time.Sleep(50 * time.Millisecond) // the last one counted its miss; let it join the flight
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("%d engine calls for 8 identical siblings, want 1", calls)
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	cases := []struct {
+		kind Kind
+		body string
+	}{
+		{Chat, `{`},
+		{Chat, `[]`},
+		{Chat, `{"messages":[{"role":"user","content":"x"}]}`},
+		{Chat, `{"model":"m"}`},
+		{Chat, `{"model":"m","messages":[]}`},
+		{Chat, `{"model":"m","messages":"hi"}`},
+		{Chat, `{"model":"m","messages":[{}],"stream":"yes"}`},
+		{Completion, `{"model":"m"}`},
+		{Completion, `{"model":"m","prompt":[]}`},
+		{Completion, `{"model":"m","prompt":[-1]}`},
+		{Completion, `{"model":"m","prompt":[1.5]}`},
+		{Completion, `{"model":"m","prompt":{"a":1}}`},
+		{Completion, `{"model":7,"prompt":"x"}`},
+		{Completion, `{"model":"m","prompt":"x"} {}`},
+	}
+	for _, c := range cases {
+		if _, err := Parse(c.kind, []byte(c.body)); err == nil || !IsBadRequest(err) {
+			t.Errorf("%s %s: err %v, want a bad request", c.kind, c.body, err)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(`{"model":"m","prompt":[1,2]}`))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, k := range []Kind{Chat, Completion} {
+			if _, err := Parse(k, b); err != nil && !IsBadRequest(err) {
+				t.Fatalf("non-400 error %v", err)
+			}
+		}
+	})
+}
