@@ -1,0 +1,215 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/test/vllmsim"
+)
+
+func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
+	t.Helper()
+	cfg.TimeScale = 50
+	sim, err := vllmsim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); _ = sim.Close() })
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return sim
+}
+
+func post(t *testing.T, url, body string) []byte {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return b
+}
+
+const streamBody = `{"model":"vllm-sim","prompt":"the quick brown fox jumps","max_tokens":5,"stream":true,"seed":1}`
+
+// A stream through the proxy is byte-identical to the engine's, and its usage is read.
+func TestStreamByteIdentical(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	body := strings.Replace(streamBody, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
+	direct := post(t, sim.URL()+"/v1/completions", body)
+	p := New(Options{})
+	rec := httptest.NewRecorder()
+	out := p.Do(context.Background(), rec, Target{URL: sim.URL(), Rank: 0}, &Request{
+		Path: "/v1/completions", Body: []byte(body), Header: http.Header{}, Stream: true,
+		SetHeaders: func(h http.Header) { h.Set("x-kvroute-engine", "e0") },
+	})
+	if out.Err != nil || !out.Started || out.Status != 200 {
+		t.Fatalf("outcome %+v", out)
+	}
+	// Request ids and timestamps differ between two calls; compare with them masked.
+	if mask(rec.Body.Bytes()) != mask(direct) {
+		t.Fatalf("proxied stream differs:\n%s\nvs direct\n%s", rec.Body.Bytes(), direct)
+	}
+	if out.Usage == nil || !out.Usage.HasCached || out.Usage.PromptTokens == 0 {
+		t.Fatalf("usage %+v", out.Usage)
+	}
+	if rec.Header().Get("x-kvroute-engine") != "e0" || rec.Header().Get("x-vllm-sim-rank") != "0" {
+		t.Fatalf("headers %v", rec.Header())
+	}
+}
+
+func mask(b []byte) string {
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		if d, ok := strings.CutPrefix(line, "data: {"); ok {
+			var m map[string]any
+			_ = json.Unmarshal([]byte("{"+d), &m)
+			delete(m, "id")
+			delete(m, "created")
+			j, _ := json.Marshal(m)
+			line = "data: " + string(j) + "\n"
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "")
+}
+
+// The router asks for usage; the client, who did not, sees no usage-only chunk.
+func TestUsageChunkDropped(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	direct := post(t, sim.URL()+"/v1/completions", streamBody)
+	rw := Rewrite{IncludeUsage: true}
+	up, err := rw.Apply([]byte(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	out := New(Options{}).Do(context.Background(), rec, Target{URL: sim.URL(), Rank: -1}, &Request{
+		Path: "/v1/completions", Body: up, Header: http.Header{}, Stream: true, DropUsageChunk: true})
+	if out.Err != nil || out.Usage == nil || !out.Usage.HasCached {
+		t.Fatalf("outcome %+v usage %+v", out, out.Usage)
+	}
+	if bytes.Contains(rec.Body.Bytes(), []byte(`"prompt_tokens"`)) {
+		t.Fatalf("usage leaked to the client:\n%s", rec.Body.Bytes())
+	}
+	if mask(rec.Body.Bytes()) != mask(direct) {
+		t.Fatalf("stream differs from what the client asked for:\n%s\nvs\n%s", rec.Body.Bytes(), direct)
+	}
+}
+
+func TestRankHeaderAndAuthorization(t *testing.T) {
+	var got http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r.Header.Clone()
+		_, _ = w.Write([]byte(`{"usage":{"prompt_tokens":3}}`))
+	}))
+	defer srv.Close()
+	rec := httptest.NewRecorder()
+	out := New(Options{}).Do(context.Background(), rec, Target{URL: srv.URL, Rank: 1}, &Request{
+		Path: "/v1/completions", Body: []byte(`{}`), Header: http.Header{"Authorization": {"Bearer k"}, "Cookie": {"x"}}})
+	if got.Get(RankHeader) != "1" || got.Get("Authorization") != "Bearer k" || got.Get("Cookie") != "" {
+		t.Fatalf("forwarded headers %v", got)
+	}
+	if out.Usage == nil || out.Usage.HasCached || out.Usage.PromptTokens != 3 {
+		t.Fatalf("usage without details: %+v", out.Usage)
+	}
+}
+
+func TestRetryableBeforeFirstByte(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	p := New(Options{})
+	rec := httptest.NewRecorder()
+	out := p.Do(context.Background(), rec, Target{URL: srv.URL, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, MayRetry: true})
+	if !out.Retryable || out.Started || rec.Body.Len() != 0 {
+		t.Fatalf("a 503 with MayRetry must not reach the client: %+v %q", out, rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	out = p.Do(context.Background(), rec, Target{URL: srv.URL, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}})
+	if out.Retryable || !out.Started || rec.Code != 503 {
+		t.Fatalf("the last attempt forwards the 503: %+v", out)
+	}
+	ln := httptest.NewServer(http.NotFoundHandler())
+	dead := ln.URL
+	ln.Close()
+	out = p.Do(context.Background(), httptest.NewRecorder(), Target{URL: dead, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}})
+	if !out.Retryable || out.Err == nil || out.Started {
+		t.Fatalf("a refused connection is retryable: %+v", out)
+	}
+}
+
+func TestIdleTimeoutCutsSilentStream(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("data: {}\n\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	rec := httptest.NewRecorder()
+	t0 := time.Now()
+	out := New(Options{IdleTimeout: 100 * time.Millisecond}).Do(context.Background(), rec, Target{URL: srv.URL, Rank: -1},
+		&Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, Stream: true})
+	if out.Err == nil || time.Since(t0) > 3*time.Second || rec.Body.String() != "data: {}\n\n" {
+		t.Fatalf("outcome %+v after %v, body %q", out, time.Since(t0), rec.Body.String())
+	}
+}
+
+func TestRewriteMerges(t *testing.T) {
+	b, err := Rewrite{IncludeUsage: true, FullReport: true}.Apply([]byte(`{"a":1,"stream_options":{"x":2},"vllm_xargs":{"y":"z"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		A  int
+		SO map[string]any `json:"stream_options"`
+		XA map[string]any `json:"vllm_xargs"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.A != 1 || m.SO["x"] != 2.0 || m.SO["include_usage"] != true ||
+		m.XA["y"] != "z" || m.XA["kv_cache_report_mode"] != "full" {
+		t.Fatalf("%s", b)
+	}
+	if _, err := (Rewrite{IncludeUsage: true}).Apply([]byte(`{"stream_options":3}`)); err == nil {
+		t.Fatal("a non-object stream_options must be an error")
+	}
+}
+
+func TestHealthPassiveBackoff(t *testing.T) {
+	h := &Health{Threshold: 2, Backoff: time.Second, MaxBackoff: 4 * time.Second}
+	now := time.Unix(1000, 0)
+	h.Failure(now, "x")
+	if !h.Healthy(now) {
+		t.Fatal("one failure is below the threshold")
+	}
+	h.Failure(now, "x")
+	if h.Healthy(now) || !h.Healthy(now.Add(time.Second)) {
+		t.Fatal("two failures: down for 1s")
+	}
+	h.Failure(now, "x")
+	h.Failure(now, "x")
+	if h.Healthy(now.Add(time.Second)) || !h.Healthy(now.Add(2*time.Second)) {
+		t.Fatal("second trip: backoff doubles to 2s")
+	}
+	h.Success()
+	if !h.Healthy(now) {
+		t.Fatal("success clears")
+	}
+	h.Probed(io.EOF)
+	if h.Healthy(now) {
+		t.Fatal("a failed probe takes it out")
+	}
+}
