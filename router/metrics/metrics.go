@@ -1,0 +1,193 @@
+// Package metrics holds kvrouter's Prometheus collectors on their own registry (nothing from
+// the default registry leaks in, so the scrape is exactly what this file lists).
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const ns = "kvroute_router"
+
+// Metrics are the router's collectors. Request-path ones are updated inline; stream and index
+// state is read at scrape time through the collector given to New.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Requests          *prometheus.CounterVec // engine, policy, code
+	Errors            *prometheus.CounterVec // engine, policy, reason
+	Retries           *prometheus.CounterVec // engine
+	DecisionSeconds   *prometheus.HistogramVec
+	TokenizeSeconds   prometheus.Histogram
+	TokenizeFailures  prometheus.Counter
+	TokenizeSource    *prometheus.CounterVec // source
+	PromptTokens      *prometheus.CounterVec // engine
+	PredictedCached   *prometheus.CounterVec // engine
+	ActualCached      *prometheus.CounterVec // engine (responses with usage only)
+	UsageMissing      *prometheus.CounterVec // engine: responses without cached_tokens
+	ApproxDecisions   *prometheus.CounterVec // engine: decisions scored from the approximate index
+	TTFBSeconds       *prometheus.HistogramVec
+	InflightRequests  *prometheus.GaugeVec // engine, rank
+	PredictedHitRatio prometheus.Gauge
+	ActualHitRatio    prometheus.Gauge
+}
+
+// New builds the collectors on a fresh registry; state (may be nil) adds scrape-time metrics.
+func New(state prometheus.Collector) *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "requests_total",
+			Help: "Requests forwarded, by engine, policy and final HTTP status."}, []string{"engine", "policy", "code"}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "errors_total",
+			Help: "Requests that failed or were refused, by engine (\"\" before a choice), policy and reason."}, []string{"engine", "policy", "reason"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "retries_total",
+			Help: "Attempts given up on an engine before any byte reached the client, by that engine."}, []string{"engine"}),
+		DecisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "decision_seconds",
+			Help:    "Routing decision time from token ids (keys, match, score), by policy.",
+			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 1e-3, 2.5e-3, 10e-3}}, []string{"policy"}),
+		TokenizeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "tokenize_seconds",
+			Help: "Time to get a request's token ids (render call or cache).", Buckets: prometheus.ExponentialBuckets(50e-6, 4, 9)}),
+		TokenizeFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "tokenize_failures_total",
+			Help: "Requests whose tokenization failed and were routed by load only."}),
+		TokenizeSource: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tokenize_source_total",
+			Help: "Where request tokens came from: ids, cache or engine."}, []string{"source"}),
+		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prompt_tokens_total",
+			Help: "Prompt tokens routed, by engine."}, []string{"engine"}),
+		PredictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "predicted_cached_tokens_total",
+			Help: "Prompt tokens the router predicted cached on the chosen replica."}, []string{"engine"}),
+		ActualCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "actual_cached_tokens_total",
+			Help: "usage.prompt_tokens_details.cached_tokens reported by the engines."}, []string{"engine"}),
+		UsageMissing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "usage_missing_total",
+			Help: "Successful answers without cached_tokens (engine started without --enable-prompt-tokens-details?)."}, []string{"engine"}),
+		ApproxDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "approximate_decisions_total",
+			Help: "Decisions where the chosen replica was scored from the approximate index (no healthy event stream)."}, []string{"engine"}),
+		TTFBSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_byte_seconds",
+			Help: "Time from forwarding to the engine's response headers.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
+		InflightRequests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_requests",
+			Help: "Requests this router has in flight, by engine and rank."}, []string{"engine", "rank"}),
+		PredictedHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "predicted_hit_ratio",
+			Help: "Predicted cached / prompt tokens over answers that reported usage."}),
+		ActualHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "actual_hit_ratio",
+			Help: "Engine-reported cached / prompt tokens over answers that reported usage."}),
+	}
+	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
+		m.TokenizeSource, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions,
+		m.TTFBSeconds, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if state != nil {
+		r.MustRegister(state)
+	}
+	return m
+}
+
+// Handler serves the registry.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// Stream is one event stream's scrape-time state.
+type Stream struct {
+	Engine string
+	Rank   string
+	// State is exact, replaying, approximate or inexact.
+	State                                         string
+	LastSeq                                       float64
+	Gaps, Replays, Resets, Events, Received       float64
+	EventLagSeconds                               float64 // now - last applied event (0 if none)
+	BlocksGPU, BlocksCPU, BlocksDisk              float64
+	Healthy                                       bool
+	WarmupCredit                                  float64
+	ParityMismatches, BlockSizeMismatch, Overflow float64
+}
+
+// StateCollector reads stream, index and engine state at scrape time.
+type StateCollector struct {
+	Streams    func() []Stream
+	IndexKeys  func() float64
+	SideLen    func() (predicted, approximate float64)
+	streamDesc map[string]*prometheus.Desc
+	states     *prometheus.Desc
+	keys, side *prometheus.Desc
+}
+
+var streamStates = []string{"exact", "replaying", "approximate", "inexact"}
+
+// NewStateCollector returns a collector over the given readers.
+func NewStateCollector(streams func() []Stream, keys func() float64, side func() (float64, float64)) *StateCollector {
+	l := []string{"engine", "rank"}
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(ns+"_"+name, help, l, nil) }
+	return &StateCollector{
+		Streams: streams, IndexKeys: keys, SideLen: side,
+		streamDesc: map[string]*prometheus.Desc{
+			"last_seq":             d("stream_last_seq", "Last applied event sequence number."),
+			"gaps":                 d("stream_gaps_total", "Sequence gaps (and queue overflows) seen."),
+			"replays":              d("stream_replays_total", "Replays requested."),
+			"resets":               d("stream_resets_total", "Times the replica's entries were dropped (stream inexact)."),
+			"events":               d("stream_events_total", "Events applied."),
+			"lag":                  d("event_lag_seconds", "Seconds since the stream's last applied event."),
+			"gpu":                  d("index_blocks_gpu", "Blocks indexed on GPU."),
+			"cpu":                  d("index_blocks_cpu", "Blocks indexed on CPU."),
+			"disk":                 d("index_blocks_disk", "Blocks indexed on disk."),
+			"healthy":              d("engine_healthy", "1 when the replica may take traffic."),
+			"warmup":               d("warmup_credit", "Current warm-up credit (0..1)."),
+			"parity":               d("parity_mismatches_total", "Blocks whose vLLM hash differed from the router's (seed/algorithm mismatch)."),
+			"blocksize_mismatches": d("block_size_mismatches_total", "BlockStored events with another block size."),
+			"overflows":            d("stream_overflows_total", "Messages dropped on the router's queue (healed by replay)."),
+		},
+		states: prometheus.NewDesc(ns+"_stream_state", "1 for the stream's current state.", []string{"engine", "rank", "state"}, nil),
+		keys:   prometheus.NewDesc(ns+"_index_entries", "Distinct router keys in the exact index.", nil, nil),
+		side:   prometheus.NewDesc(ns+"_side_index_entries", "Records in the side indexes.", []string{"index"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.streamDesc {
+		ch <- d
+	}
+	ch <- c.states
+	ch <- c.keys
+	ch <- c.side
+}
+
+// Collect implements prometheus.Collector.
+func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	for _, s := range c.Streams() {
+		emit := func(k string, t prometheus.ValueType, v float64) {
+			ch <- prometheus.MustNewConstMetric(c.streamDesc[k], t, v, s.Engine, s.Rank)
+		}
+		emit("last_seq", g, s.LastSeq)
+		emit("gaps", ctr, s.Gaps)
+		emit("replays", ctr, s.Replays)
+		emit("resets", ctr, s.Resets)
+		emit("events", ctr, s.Events)
+		emit("lag", g, s.EventLagSeconds)
+		emit("gpu", g, s.BlocksGPU)
+		emit("cpu", g, s.BlocksCPU)
+		emit("disk", g, s.BlocksDisk)
+		emit("healthy", g, b2f(s.Healthy))
+		emit("warmup", g, s.WarmupCredit)
+		emit("parity", ctr, s.ParityMismatches)
+		emit("blocksize_mismatches", ctr, s.BlockSizeMismatch)
+		emit("overflows", ctr, s.Overflow)
+		for _, st := range streamStates {
+			ch <- prometheus.MustNewConstMetric(c.states, g, b2f(st == s.State), s.Engine, s.Rank, st)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.keys, g, c.IndexKeys())
+	p, a := c.SideLen()
+	ch <- prometheus.MustNewConstMetric(c.side, g, p, "predicted")
+	ch <- prometheus.MustNewConstMetric(c.side, g, a, "approximate")
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
