@@ -31,6 +31,9 @@ type Decoder struct {
 	extras  []blockkey.ExtraKey // backing store of every block's Extras
 	intern  map[string]string
 	batch   Batch
+	// libOnly turns the raw readers off so every value goes through the library; tests use it
+	// to check that both paths decode every input alike.
+	libOnly bool
 }
 
 // NewDecoder returns a decoder ready for DecodeBatch.
@@ -103,7 +106,7 @@ func (d *Decoder) decodeBatch(b *Batch) error {
 }
 
 func (d *Decoder) decodeEvent(e *Event) (Layout, error) {
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return 0, d.eof(err)
 	}
@@ -177,11 +180,34 @@ func classHas(t EventType, f int) bool {
 	return false
 }
 
+// fieldIndex maps a map key to its field (-1 when unknown); a switch, not a loop over
+// storedFields, because it runs for every key of every event.
 func fieldIndex(name []byte) int {
-	for i, f := range storedFields {
-		if f == string(name) {
-			return i
-		}
+	switch string(name) {
+	case "block_hashes":
+		return fBlockHashes
+	case "parent_block_hash":
+		return fParentBlockHash
+	case "token_ids":
+		return fTokenIDs
+	case "block_size":
+		return fBlockSize
+	case "lora_id":
+		return fLoRAID
+	case "medium":
+		return fMedium
+	case "lora_name":
+		return fLoRAName
+	case "extra_keys":
+		return fExtraKeys
+	case "group_idx":
+		return fGroupIdx
+	case "kv_cache_spec_kind":
+		return fKVCacheSpecKind
+	case "kv_cache_spec_sliding_window":
+		return fKVCacheSpecSlidingWindow
+	case "locality":
+		return fLocality
 	}
 	return -1
 }
@@ -344,15 +370,41 @@ func checkStored(s *BlockStored) error {
 
 func (d *Decoder) pos() int { return len(d.payload) - d.r.Len() }
 
+// seek moves the library's reader to payload offset p (0 <= p <= len(payload)), past what a raw
+// reader consumed.
+func (d *Decoder) seek(p int) { _, _ = d.r.Seek(int64(p), io.SeekStart) }
+
+// rest is the unread payload, for the raw readers; empty when libOnly.
+func (d *Decoder) rest() []byte {
+	if d.libOnly {
+		return nil
+	}
+	return d.payload[d.pos():]
+}
+
+var errTruncated = errors.New("input ends inside a value")
+
+// peek returns the next msgpack code without consuming it (the library's PeekCode without its
+// two interface calls).
+func (d *Decoder) peek() (byte, error) {
+	if p := d.pos(); p < len(d.payload) {
+		return d.payload[p], nil
+	}
+	return 0, errTruncated
+}
+
 func (d *Decoder) eof(err error) error {
+	if err == nil {
+		return nil
+	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return errors.New("input ends inside a value")
+		return errTruncated
 	}
 	return err
 }
 
 func (d *Decoder) isNil() (bool, error) {
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return false, d.eof(err)
 	}
@@ -361,6 +413,20 @@ func (d *Decoder) isNil() (bool, error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// fixLen reads a fixarray or fixmap header (mask: its length bits) straight from the payload;
+// ok is false for any other code, which the library then reads.
+func (d *Decoder) fixLen(fixed func(byte) bool, mask byte) (n int, ok bool) {
+	if d.libOnly {
+		return 0, false
+	}
+	p := d.pos()
+	if p >= len(d.payload) || !fixed(d.payload[p]) {
+		return 0, false
+	}
+	d.seek(p + 1)
+	return int(d.payload[p] & mask), true
 }
 
 // checkLen refuses a length header that claims more items than bytes are left (each item takes
@@ -373,12 +439,15 @@ func (d *Decoder) checkLen(what string, n, perItem int) error {
 }
 
 func (d *Decoder) arrayLen(what string) (int, error) {
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return 0, d.eof(err)
 	}
 	if !(msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32) {
 		return 0, fmt.Errorf("%s is msgpack code 0x%02x, want an array", what, c)
+	}
+	if n, ok := d.fixLen(msgpcode.IsFixedArray, msgpcode.FixedArrayMask); ok {
+		return n, d.checkLen(what, n, 1)
 	}
 	n, err := d.md.DecodeArrayLen()
 	if err != nil {
@@ -388,6 +457,9 @@ func (d *Decoder) arrayLen(what string) (int, error) {
 }
 
 func (d *Decoder) mapLen(what string) (int, error) {
+	if n, ok := d.fixLen(msgpcode.IsFixedMap, msgpcode.FixedMapMask); ok {
+		return n, d.checkLen(what, n, 2)
+	}
 	n, err := d.md.DecodeMapLen()
 	if err != nil {
 		return 0, d.eof(err)
@@ -402,8 +474,14 @@ func isStr(c byte) bool {
 func isBin(c byte) bool { return c == msgpcode.Bin8 || c == msgpcode.Bin16 || c == msgpcode.Bin32 }
 
 // rawBytes reads a str or bin body after checking its length against the input; the result
-// aliases d.scratch and is valid until the next read.
+// aliases the payload or d.scratch and is valid until the next read.
 func (d *Decoder) rawBytes(what string) ([]byte, error) {
+	if b := d.rest(); len(b) > 0 {
+		if n, w := rawBytesHeader(b); w > 0 {
+			d.seek(d.pos() + w + n)
+			return b[w : w+n : w+n], nil
+		}
+	}
 	n, err := d.md.DecodeBytesLen()
 	if err != nil {
 		return nil, d.eof(err)
@@ -422,7 +500,7 @@ func (d *Decoder) rawBytes(what string) ([]byte, error) {
 }
 
 func (d *Decoder) strBytes(what string) ([]byte, error) {
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return nil, d.eof(err)
 	}
@@ -455,7 +533,11 @@ func (d *Decoder) optStr(what string) (Opt[string], error) {
 }
 
 func (d *Decoder) int(what string) (int64, error) {
-	c, err := d.md.PeekCode()
+	if v, u64, w := rawInt(d.rest()); w > 0 && !(u64 && v > math.MaxInt64) {
+		d.seek(d.pos() + w)
+		return int64(v), nil
+	}
+	c, err := d.peek()
 	if err != nil {
 		return 0, d.eof(err)
 	}
@@ -492,7 +574,7 @@ func (d *Decoder) optInt(what string) (Opt[int64], error) {
 }
 
 func (d *Decoder) float(what string) (float64, error) {
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return 0, d.eof(err)
 	}
@@ -504,7 +586,7 @@ func (d *Decoder) float(what string) (float64, error) {
 }
 
 func (d *Decoder) hash() (Hash, error) {
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return Hash{}, d.eof(err)
 	}
@@ -519,6 +601,10 @@ func (d *Decoder) hash() (Hash, error) {
 	}
 	if !isInt(c) {
 		return Hash{}, fmt.Errorf("hash is msgpack code 0x%02x, want an integer or bytes", c)
+	}
+	if v, _, w := rawInt(d.rest()); w > 0 {
+		d.seek(d.pos() + w)
+		return Hash{Int: v}, nil
 	}
 	// Negative ints (only from vLLM ≤ 0.10.1's builtin hash) keep their two's-complement bits.
 	v, err := d.md.DecodeUint64()
@@ -541,7 +627,22 @@ func (d *Decoder) hashes(dst []Hash) ([]Hash, error) {
 	if err != nil {
 		return dst, err
 	}
-	for i := 0; i < n; i++ {
+	i := 0
+	if b := d.rest(); len(b) > 0 {
+		// Integer hashes straight from the payload; anything else from the first non-integer on
+		// goes through d.hash.
+		p := 0
+		for ; i < n; i++ {
+			v, _, w := rawInt(b[p:])
+			if w == 0 {
+				break
+			}
+			dst = append(dst, Hash{Int: v})
+			p += w
+		}
+		d.seek(d.pos() + p)
+	}
+	for ; i < n; i++ {
 		h, err := d.hash()
 		if err != nil {
 			return dst, fmt.Errorf("hash %d: %w", i, err)
@@ -556,7 +657,27 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
 	if err != nil {
 		return dst, err
 	}
-	for i := 0; i < n; i++ {
+	i := 0
+	if b := d.rest(); len(b) > 0 {
+		// Token ids straight from the payload while they are integers in uint32 range; the rest
+		// (and the error) from d.int.
+		p := 0
+		for ; i < n && p < len(b); i++ {
+			if c := b[p]; c <= msgpcode.PosFixedNumHigh {
+				dst = append(dst, uint32(c))
+				p++
+				continue
+			}
+			v, _, w := rawInt(b[p:])
+			if w == 0 || v > math.MaxUint32 {
+				break
+			}
+			dst = append(dst, uint32(v))
+			p += w
+		}
+		d.seek(d.pos() + p)
+	}
+	for ; i < n; i++ {
 		v, err := d.int("token id")
 		if err != nil {
 			return dst, fmt.Errorf("token %d: %w", i, err)
@@ -610,7 +731,7 @@ func (d *Decoder) blockExtras() (blockkey.Extras, error) {
 }
 
 func (d *Decoder) extraKey() (blockkey.ExtraKey, error) {
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return blockkey.ExtraKey{}, d.eof(err)
 	}
@@ -671,7 +792,7 @@ func (d *Decoder) skip(depth int) error {
 	if depth > maxDepth {
 		return fmt.Errorf("values nested deeper than %d", maxDepth)
 	}
-	c, err := d.md.PeekCode()
+	c, err := d.peek()
 	if err != nil {
 		return d.eof(err)
 	}
