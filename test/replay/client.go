@@ -1,0 +1,125 @@
+package replay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Outcome is what one replayed request measured.
+type Outcome struct {
+	Index        int           `json:"index"`
+	SentAt       time.Duration `json:"sent_at_ns"` // offset from the start of the run
+	TTFT         float64       `json:"ttft_s"`     // first streamed token, seconds
+	E2E          float64       `json:"e2e_s"`
+	PromptTokens int           `json:"prompt_tokens"`
+	CachedTokens int           `json:"cached_tokens"`
+	OutputTokens int           `json:"output_tokens"`
+	Engine       string        `json:"engine"` // x-kvroute-engine, without the rank
+	Err          string        `json:"error,omitempty"`
+}
+
+type completionBody struct {
+	Model         string         `json:"model"`
+	Prompt        []uint32       `json:"prompt"`
+	MaxTokens     int            `json:"max_tokens"`
+	Stream        bool           `json:"stream"`
+	StreamOptions map[string]any `json:"stream_options"`
+	CacheSalt     string         `json:"cache_salt,omitempty"`
+}
+
+type streamChunk struct {
+	Choices []struct {
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// complete sends one streaming completion with a token-id prompt and measures it. An HTTP or
+// stream error is recorded in Outcome.Err, never returned: a failed request is a result.
+func complete(ctx context.Context, c *http.Client, url, model string, r *Request, prompt []uint32, maxTokens int) Outcome {
+	if r.Model != "" {
+		model = r.Model
+	}
+	body, _ := json.Marshal(completionBody{Model: model, Prompt: prompt, MaxTokens: maxTokens, Stream: true,
+		StreamOptions: map[string]any{"include_usage": true}, CacheSalt: r.CacheSalt})
+	start := time.Now()
+	var o Outcome
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		o.Err = err.Error()
+		return o
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		o.Err = err.Error()
+		return o
+	}
+	defer resp.Body.Close()
+	o.Engine, _, _ = strings.Cut(resp.Header.Get("x-kvroute-engine"), "/")
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		o.Err = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		return o
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	done := false
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			done = true
+			break
+		}
+		var ch streamChunk
+		if err := json.Unmarshal([]byte(line), &ch); err != nil {
+			o.Err = "bad stream chunk: " + err.Error()
+			return o
+		}
+		if ch.Error != nil {
+			o.Err = "stream error: " + ch.Error.Message
+			return o
+		}
+		if o.TTFT == 0 && len(ch.Choices) > 0 && ch.Choices[0].Text != "" {
+			o.TTFT = time.Since(start).Seconds()
+		}
+		if u := ch.Usage; u != nil {
+			o.PromptTokens, o.OutputTokens = u.PromptTokens, u.CompletionTokens
+			if u.PromptTokensDetails != nil {
+				o.CachedTokens = u.PromptTokensDetails.CachedTokens
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		o.Err = "stream: " + err.Error()
+		return o
+	}
+	if !done {
+		o.Err = "stream ended without [DONE]"
+		return o
+	}
+	if o.TTFT == 0 {
+		o.TTFT = time.Since(start).Seconds() // no text streamed (max_tokens 0 is not sent); keep a value
+	}
+	o.E2E = time.Since(start).Seconds()
+	return o
+}

@@ -1,0 +1,349 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Options configure a live replay. Every (policy, seed) run gets fresh vllm-sim processes and a
+// fresh kvrouter, so each policy starts with cold engine caches and a cold router index; that
+// costs a few hundred milliseconds per run and avoids reset_prefix_cache's 409 while requests drain.
+type Options struct {
+	SimBin, RouterBin string
+	Replicas          int
+	Policies          []string
+	Seeds             int
+	// Concurrency caps requests in flight; an arrival finding the cap full waits, and its TTFT
+	// is measured from when it is actually sent (Outcome.SentAt shows the delay).
+	Concurrency     int
+	Tokens          Tokenizer
+	OutputScale     float64       // max_tokens = round(output_length x OutputScale), at least 1
+	MaxOutputTokens int           // cap on max_tokens (0: none)
+	Jitter          time.Duration // per-seed arrival jitter (Workload.Jittered)
+	Model           string        // the sims' --model
+	SimArgs         []string      // extra vllm-sim flags (timing, blocks) for every engine
+	RouterArgs      []string      // extra kvrouter flags
+	LogDir          string        // process logs and engines files (required)
+	Drain           time.Duration // how long a run may take after its last arrival (default 60 s)
+	Progress        io.Writer     // one line per run; nil = quiet
+}
+
+// Run is one (policy, seed) replay.
+type RunResult struct {
+	Policy   string         `json:"policy"`
+	Seed     int            `json:"seed"`
+	Wall     float64        `json:"wall_s"`
+	Outcomes []Outcome      `json:"-"`
+	ScaleUp  *ScaleUpResult `json:"scale_up,omitempty"`
+	Engines  []string       `json:"engines"` // engine names in start order (the last ones are added by a scale-up)
+}
+
+// ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
+type ScaleUpResult struct {
+	// NewShareOfFair is the share of requests sent in the window that the new replicas served,
+	// over their fair share (added / final size); BENCHMARKS.md wants >= 0.8.
+	NewShareOfFair float64 `json:"new_share_of_fair"`
+	// HitBefore/HitDuring are cached-token ratios in the window before the scale-up and in the
+	// warm-up window; HitDrop = 1 - during/before (BENCHMARKS.md wants <= 0.10).
+	HitBefore float64 `json:"hit_before"`
+	HitDuring float64 `json:"hit_during"`
+	HitDrop   float64 `json:"hit_drop"`
+}
+
+// Replay runs every policy over every seed (policies interleaved within a seed, so drifting
+// machine load hits all of them alike) and returns the runs.
+func Replay(ctx context.Context, o Options, w Workload) ([]*RunResult, error) {
+	if err := o.check(w); err != nil {
+		return nil, err
+	}
+	var runs []*RunResult
+	for seed := 1; seed <= o.Seeds; seed++ {
+		wl := w.Jittered(uint64(seed), o.Jitter)
+		for _, pol := range o.Policies {
+			r, err := runOne(ctx, o, wl, pol, seed)
+			if err != nil {
+				return runs, fmt.Errorf("policy %s seed %d: %w", pol, seed, err)
+			}
+			runs = append(runs, r)
+			if o.Progress != nil {
+				s := summarize([]*RunResult{r})
+				fmt.Fprintf(o.Progress, "replay: %-20s seed %d: %d requests in %.1fs, ttft p90 %.3fs, cached %.2f, errors %d\n",
+					pol, seed, len(r.Outcomes), r.Wall, s.TTFTP90.Mean, s.CachedRatio.Mean, s.Errors)
+			}
+		}
+	}
+	return runs, nil
+}
+
+func (o *Options) check(w Workload) error {
+	switch {
+	case o.SimBin == "" || o.RouterBin == "":
+		return errors.New("the vllm-sim and kvrouter binaries are required")
+	case o.Replicas < 1:
+		return errors.New("replicas must be >= 1")
+	case len(o.Policies) == 0:
+		return errors.New("no policies")
+	case o.Seeds < 1:
+		return errors.New("seeds must be >= 1")
+	case o.Concurrency < 1:
+		return errors.New("concurrency must be >= 1")
+	case o.Tokens.PerBlock < 1:
+		return errors.New("tokens per trace block must be >= 1")
+	case o.OutputScale <= 0:
+		return errors.New("output scale must be > 0")
+	case o.LogDir == "":
+		return errors.New("a log directory is required")
+	case len(w.Requests) == 0:
+		return errors.New("the workload has no requests")
+	case w.ScaleUp != nil && (w.ScaleUp.From < 1 || w.ScaleUp.To != o.Replicas || w.ScaleUp.From >= w.ScaleUp.To):
+		return fmt.Errorf("scale-up %d -> %d does not fit %d replicas", w.ScaleUp.From, w.ScaleUp.To, o.Replicas)
+	}
+	for _, bin := range []string{o.SimBin, o.RouterBin} {
+		if _, err := os.Stat(bin); err != nil {
+			return fmt.Errorf("binary: %w", err)
+		}
+	}
+	if o.Drain <= 0 {
+		o.Drain = 60 * time.Second
+	}
+	return os.MkdirAll(o.LogDir, 0o755)
+}
+
+func (o *Options) maxTokens(r *Request) int {
+	n := int(math.Round(float64(r.OutputLength) * o.OutputScale))
+	if o.MaxOutputTokens > 0 {
+		n = min(n, o.MaxOutputTokens)
+	}
+	return max(n, 1)
+}
+
+func runOne(ctx context.Context, o Options, w Workload, policy string, seed int) (res *RunResult, err error) {
+	dir := filepath.Join(o.LogDir, fmt.Sprintf("%s-seed%d", policy, seed))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var procs []*proc
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+	}()
+	// Engines.
+	sims := make([]*sim, o.Replicas)
+	names := make([]string, o.Replicas)
+	for i := range sims {
+		names[i] = fmt.Sprintf("engine-%d", i)
+		args := []string{"--host", "127.0.0.1", "--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1",
+			"--model", o.Model, "--seed", strconv.Itoa(seed*100 + i)}
+		if len(w.Adapters) > 0 {
+			args = append(args, "--lora-modules", strings.Join(w.Adapters, ","))
+		}
+		args = append(args, o.SimArgs...)
+		s, err := startSim(ctx, o.SimBin, names[i], args, filepath.Join(dir, names[i]+".log"))
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, s.proc)
+		sims[i] = s
+	}
+	for _, s := range sims {
+		if err := waitHTTP(ctx, s.proc, s.URL+"/health", 10*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	// The router, on the engines file.
+	enginesFile := filepath.Join(dir, "engines.txt")
+	initial := o.Replicas
+	if w.ScaleUp != nil {
+		initial = w.ScaleUp.From
+	}
+	if err := writeEngines(enginesFile, sims[:initial], names, time.Time{}, 0); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	admin, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	listen, adminListen := fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", admin)
+	args := append([]string{"--engines-file", enginesFile, "--policy", policy, "--listen", listen, "--admin-listen", adminListen}, o.RouterArgs...)
+	rp, err := startProc("kvrouter", o.RouterBin, args, filepath.Join(dir, "kvrouter.log"), nil)
+	if err != nil {
+		return nil, err
+	}
+	procs = append(procs, rp)
+	base := "http://" + listen
+	if err := waitHTTP(ctx, rp, base+"/readyz", 15*time.Second); err != nil {
+		return nil, err
+	}
+	if err := waitEngines(ctx, "http://"+adminListen, names[:initial], 5*time.Second); err != nil {
+		return nil, err
+	}
+
+	// Replay.
+	res = &RunResult{Policy: policy, Seed: seed, Engines: names}
+	rctx, cancel := context.WithTimeout(ctx, w.Span()+o.Drain)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}
+	defer client.CloseIdleConnections()
+	sem := make(chan struct{}, o.Concurrency)
+	out := make([]Outcome, len(w.Requests))
+	for i := range out {
+		out[i] = Outcome{Index: i, Err: "not sent: the run's time bound was reached"}
+	}
+	var wg sync.WaitGroup
+	start := time.Now()
+	scaled := w.ScaleUp == nil
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if !scaled && r.At >= w.ScaleUp.At {
+			if err := sleepUntil(rctx, start.Add(w.ScaleUp.At)); err != nil {
+				break
+			}
+			if err := writeEngines(enginesFile, sims, names, time.Now().Add(w.ScaleUp.Warmup), initial); err != nil {
+				return nil, err
+			}
+			scaled = true
+		}
+		if err := sleepUntil(rctx, start.Add(r.At)); err != nil {
+			break
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-rctx.Done():
+		}
+		if rctx.Err() != nil {
+			break
+		}
+		prompt := o.Tokens.Prompt(r)
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			sent := time.Since(start)
+			oc := complete(rctx, client, base, o.Model, r, prompt, o.maxTokens(r))
+			oc.Index, oc.SentAt = i, sent
+			out[i] = oc
+		}(i)
+	}
+	wg.Wait()
+	res.Wall = time.Since(start).Seconds()
+	res.Outcomes = out
+	if w.ScaleUp != nil {
+		res.ScaleUp = scaleUpResult(out, names[initial:], w.ScaleUp, initial)
+	}
+	return res, ctx.Err()
+}
+
+func writeEngines(path string, sims []*sim, names []string, warmupUntil time.Time, warmFrom int) error {
+	var b strings.Builder
+	b.WriteString("# written by kvbench replay\n")
+	for i, s := range sims {
+		var wu time.Time
+		if i >= warmFrom && warmFrom > 0 {
+			wu = warmupUntil
+		}
+		b.WriteString(s.EngineLine(names[i], wu) + "\n")
+	}
+	return writeFileAtomic(path, []byte(b.String()))
+}
+
+// waitEngines waits until the router's /debug/engines names every engine, so a run does not
+// start while some engines are still unknown to the router.
+func waitEngines(ctx context.Context, admin string, names []string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	c := &http.Client{Timeout: time.Second}
+	for {
+		missing := ""
+		resp, err := c.Get(admin + "/debug/engines")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, n := range names {
+				if !strings.Contains(string(b), `"`+n+`"`) {
+					missing = n
+					break
+				}
+			}
+		} else {
+			missing = err.Error()
+		}
+		if missing == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kvrouter /debug/engines still lacks %s after %s", missing, timeout)
+		}
+		if err := sleepUntil(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
+			return err
+		}
+	}
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func scaleUpResult(out []Outcome, added []string, su *ScaleUp, initial int) *ScaleUpResult {
+	isNew := map[string]bool{}
+	for _, n := range added {
+		isNew[n] = true
+	}
+	var inWin, onNew int
+	var cBefore, pBefore, cDuring, pDuring int
+	for _, o := range out {
+		if o.Err != "" {
+			continue
+		}
+		switch {
+		case o.SentAt >= su.At && o.SentAt < su.At+su.Warmup:
+			inWin++
+			if isNew[o.Engine] {
+				onNew++
+			}
+			cDuring += o.CachedTokens
+			pDuring += o.PromptTokens
+		case o.SentAt >= su.At-su.Warmup && o.SentAt < su.At:
+			cBefore += o.CachedTokens
+			pBefore += o.PromptTokens
+		}
+	}
+	r := &ScaleUpResult{NewShareOfFair: math.NaN(), HitBefore: ratio(cBefore, pBefore), HitDuring: ratio(cDuring, pDuring)}
+	if inWin > 0 {
+		fair := float64(su.To-initial) / float64(su.To)
+		r.NewShareOfFair = float64(onNew) / float64(inWin) / fair
+	}
+	r.HitDrop = 1 - r.HitDuring/r.HitBefore
+	return r
+}
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return float64(a) / float64(b)
+}

@@ -1,0 +1,96 @@
+package replay
+
+import (
+	"math"
+	"sort"
+	"strconv"
+)
+
+// Percentile is the p-quantile (0..1) of xs by linear interpolation between order statistics
+// (NumPy's default); NaN for no samples. xs is not modified.
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return percentileSorted(s, p)
+}
+
+func percentileSorted(s []float64, p float64) float64 {
+	if p <= 0 {
+		return s[0]
+	}
+	if p >= 1 {
+		return s[len(s)-1]
+	}
+	pos := p * float64(len(s)-1)
+	lo := int(math.Floor(pos))
+	if lo+1 >= len(s) {
+		return s[lo]
+	}
+	f := pos - float64(lo)
+	return s[lo]*(1-f) + s[lo+1]*f
+}
+
+// Interval is a mean over seeds with its two-sided 95% Student-t interval. With one seed the
+// interval is the value itself (no spread can be estimated) and N says so.
+type Interval struct {
+	Mean float64 `json:"mean"`
+	Lo   float64 `json:"lo"`
+	Hi   float64 `json:"hi"`
+	N    int     `json:"n"`
+}
+
+// TInterval is the 95% t-interval of the mean of per-seed values. A t-interval rather than a
+// bootstrap: with 3..5 seeds a bootstrap's resamples are too few to mean anything. NaN values
+// (a seed with no successful request) are left out.
+func TInterval(vals []float64) Interval {
+	var v []float64
+	for _, x := range vals {
+		if !math.IsNaN(x) {
+			v = append(v, x)
+		}
+	}
+	n := len(v)
+	if n == 0 {
+		return Interval{Mean: math.NaN(), Lo: math.NaN(), Hi: math.NaN()}
+	}
+	mean := 0.0
+	for _, x := range v {
+		mean += x
+	}
+	mean /= float64(n)
+	if n == 1 {
+		return Interval{Mean: mean, Lo: mean, Hi: mean, N: 1}
+	}
+	ss := 0.0
+	for _, x := range v {
+		ss += (x - mean) * (x - mean)
+	}
+	half := tCrit95(n-1) * math.Sqrt(ss/float64(n-1)) / math.Sqrt(float64(n))
+	return Interval{Mean: mean, Lo: mean - half, Hi: mean + half, N: n}
+}
+
+// t975 holds the 0.975 quantiles of Student's t for 1..30 degrees of freedom.
+var t975 = [...]float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+	2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+	2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+
+func tCrit95(df int) float64 {
+	if df >= 1 && df <= len(t975) {
+		return t975[df-1]
+	}
+	return 1.96
+}
+
+// MarshalJSON writes NaN (no successful request in any seed) as null: JSON has no NaN.
+func (iv Interval) MarshalJSON() ([]byte, error) {
+	f := func(x float64) string {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return "null"
+		}
+		return strconv.FormatFloat(math.Round(x*1e4)/1e4, 'f', -1, 64)
+	}
+	return []byte(`{"mean":` + f(iv.Mean) + `,"lo":` + f(iv.Lo) + `,"hi":` + f(iv.Hi) + `,"n":` + strconv.Itoa(iv.N) + `}`), nil
+}

@@ -1,0 +1,103 @@
+package replay
+
+import (
+	"math"
+	"sort"
+)
+
+// Summary is one policy over its seeds: each figure is computed per seed, then averaged with a
+// 95% t-interval over the seeds (TInterval).
+type Summary struct {
+	Policy      string   `json:"policy"`
+	Seeds       int      `json:"seeds"`
+	Requests    int      `json:"requests"` // per seed, sent or not
+	Errors      int      `json:"errors"`   // over all seeds
+	TTFTP50     Interval `json:"ttft_p50_s"`
+	TTFTP90     Interval `json:"ttft_p90_s"`
+	TTFTP99     Interval `json:"ttft_p99_s"`
+	E2EP50      Interval `json:"e2e_p50_s"`
+	E2EP90      Interval `json:"e2e_p90_s"`
+	Throughput  Interval `json:"throughput_rps"`      // successful requests / wall time of the run
+	OutputTPS   Interval `json:"output_tokens_per_s"` // generated tokens / wall time
+	CachedRatio Interval `json:"cached_ratio"`        // sum cached_tokens / sum prompt_tokens
+	// Scale-up runs only.
+	NewShareOfFair *Interval `json:"new_share_of_fair,omitempty"`
+	HitDrop        *Interval `json:"hit_drop,omitempty"`
+	// FirstErrors keeps a few distinct error messages, so a failing run says why.
+	FirstErrors []string `json:"first_errors,omitempty"`
+}
+
+// Summarize groups runs by policy (in first-seen order) and summarises each.
+func Summarize(runs []*RunResult) []Summary {
+	var order []string
+	by := map[string][]*RunResult{}
+	for _, r := range runs {
+		if _, ok := by[r.Policy]; !ok {
+			order = append(order, r.Policy)
+		}
+		by[r.Policy] = append(by[r.Policy], r)
+	}
+	out := make([]Summary, 0, len(order))
+	for _, p := range order {
+		out = append(out, summarize(by[p]))
+	}
+	return out
+}
+
+func summarize(runs []*RunResult) Summary {
+	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes)}
+	var p50, p90, p99, e50, e90, thr, otps, cached, share, drop []float64
+	seen := map[string]bool{}
+	for _, r := range runs {
+		var ttft, e2e []float64
+		var c, p, gen int
+		for _, o := range r.Outcomes {
+			if o.Err != "" {
+				s.Errors++
+				if !seen[o.Err] && len(s.FirstErrors) < 3 {
+					seen[o.Err] = true
+					s.FirstErrors = append(s.FirstErrors, o.Err)
+				}
+				continue
+			}
+			ttft = append(ttft, o.TTFT)
+			e2e = append(e2e, o.E2E)
+			c += o.CachedTokens
+			p += o.PromptTokens
+			gen += o.OutputTokens
+		}
+		sort.Float64s(ttft)
+		sort.Float64s(e2e)
+		p50 = append(p50, pct(ttft, 0.5))
+		p90 = append(p90, pct(ttft, 0.9))
+		p99 = append(p99, pct(ttft, 0.99))
+		e50 = append(e50, pct(e2e, 0.5))
+		e90 = append(e90, pct(e2e, 0.9))
+		wall := math.NaN()
+		if r.Wall > 0 {
+			wall = r.Wall
+		}
+		thr = append(thr, float64(len(ttft))/wall)
+		otps = append(otps, float64(gen)/wall)
+		cached = append(cached, ratio(c, p))
+		if r.ScaleUp != nil {
+			share = append(share, r.ScaleUp.NewShareOfFair)
+			drop = append(drop, r.ScaleUp.HitDrop)
+		}
+	}
+	s.TTFTP50, s.TTFTP90, s.TTFTP99 = TInterval(p50), TInterval(p90), TInterval(p99)
+	s.E2EP50, s.E2EP90 = TInterval(e50), TInterval(e90)
+	s.Throughput, s.OutputTPS, s.CachedRatio = TInterval(thr), TInterval(otps), TInterval(cached)
+	if len(share) > 0 {
+		a, b := TInterval(share), TInterval(drop)
+		s.NewShareOfFair, s.HitDrop = &a, &b
+	}
+	return s
+}
+
+func pct(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	return percentileSorted(sorted, p)
+}
