@@ -1,0 +1,222 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/tokens"
+)
+
+// EngineInfo is one engine in GET /debug/engines.
+type EngineInfo struct {
+	Name         string            `json:"name"`
+	URL          string            `json:"url"`
+	Model        string            `json:"model"`
+	Ready        bool              `json:"ready"`
+	Health       proxy.HealthState `json:"health"`
+	WarmupUntil  *time.Time        `json:"warmup_until,omitempty"`
+	WarmupCredit float64           `json:"warmup_credit"`
+	Ranks        []RankInfo        `json:"ranks"`
+}
+
+// RankInfo is one (engine, DP rank).
+type RankInfo struct {
+	Rank int `json:"rank"`
+	// Stream is exact, replaying, approximate, inexact, or none (no event stream).
+	Stream string `json:"stream"`
+	// Scoring is "exact" when the exact index alone is trusted, else "approximate".
+	Scoring         string         `json:"scoring"`
+	LastSeq         *uint64        `json:"last_seq"`
+	Partial         bool           `json:"partial"`
+	Gaps            uint64         `json:"gaps"`
+	Replays         uint64         `json:"replays"`
+	Resets          uint64         `json:"resets"`
+	TopicMismatches uint64         `json:"topic_mismatches"`
+	Blocks          map[string]int `json:"blocks"`
+	LastEvent       *time.Time     `json:"last_event,omitempty"`
+	Inflight        Inflight       `json:"inflight"`
+	Accuracy        Accuracy       `json:"accuracy"`
+}
+
+// Inflight is the load this router has sent to a replica and not seen finish.
+type Inflight struct {
+	Running       int64 `json:"running"`
+	PrefillTokens int64 `json:"prefill_tokens"`
+	DecodeTokens  int64 `json:"decode_tokens"`
+}
+
+// Accuracy compares predicted and engine-reported cached tokens.
+type Accuracy struct {
+	Responses       uint64 `json:"responses"`
+	WithUsage       uint64 `json:"with_usage"`
+	NoUsage         uint64 `json:"no_usage"`
+	PromptTokens    uint64 `json:"prompt_tokens"`
+	PredictedCached uint64 `json:"predicted_cached_tokens"`
+	ActualCached    uint64 `json:"actual_cached_tokens"`
+	AbsErrorTokens  uint64 `json:"abs_error_tokens"`
+	// NoUsageSeen is set when answers came back but none carried cached_tokens: the engine
+	// probably runs without --enable-prompt-tokens-details.
+	NoUsageSeen bool `json:"no_usage_seen"`
+}
+
+// Engines returns what /debug/engines shows.
+func (s *Server) Engines() []EngineInfo {
+	reps, _ := s.table.snapshot()
+	now := s.now()
+	var out []EngineInfo
+	var cur *EngineInfo
+	for _, r := range reps {
+		if cur == nil || cur.Name != r.eng.name {
+			dp := r.eng.dp.Load()
+			out = append(out, EngineInfo{Name: dp.Name, URL: dp.URL, Model: r.eng.model, Ready: dp.Ready,
+				Health: r.eng.health.State(now), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now)})
+			cur = &out[len(out)-1]
+			if !dp.WarmupUntil.IsZero() {
+				wu := dp.WarmupUntil
+				cur.WarmupUntil = &wu
+			}
+		}
+		cur.Ranks = append(cur.Ranks, s.rankInfo(r))
+	}
+	return out
+}
+
+func (s *Server) rankInfo(r *replica) RankInfo {
+	ri := RankInfo{Rank: r.rank, Stream: "none", Scoring: "approximate", Blocks: map[string]int{}}
+	if r.stream && s.sub != nil {
+		if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
+			ri.Stream = st.State.String()
+			if st.HaveSeq {
+				seq := st.LastSeq
+				ri.LastSeq = &seq
+			}
+			ri.Partial, ri.Gaps, ri.Replays, ri.Resets, ri.TopicMismatches = st.Partial, st.Gaps, st.Replays, st.Resets, st.TopicMismatches
+		}
+	}
+	if s.exactStream(r) {
+		ri.Scoring = "exact"
+	}
+	if st, err := s.ix.Stats(r.id); err == nil {
+		for t := index.Tier(0); t < index.NumTiers; t++ {
+			ri.Blocks[t.String()] = st.Blocks[t]
+		}
+		if !st.Updated.IsZero() {
+			u := st.Updated
+			ri.LastEvent = &u
+		}
+	}
+	ri.Inflight = Inflight{Running: r.running.Load(), PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load()}
+	ri.Accuracy = Accuracy{Responses: r.responses.Load(), WithUsage: r.withUsage.Load(), NoUsage: r.noUsage.Load(),
+		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),
+		AbsErrorTokens: r.absErrTok.Load()}
+	ri.Accuracy.NoUsageSeen = ri.Accuracy.Responses > 0 && ri.Accuracy.WithUsage == 0
+	return ri
+}
+
+func (s *Server) serveDebugEngines(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(map[string]any{"policy": s.policy, "block_size": s.blockSize(s.reps()), "engines": s.Engines(),
+		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats()})
+}
+
+func (s *Server) reps() []*replica { r, _ := s.table.snapshot(); return r }
+
+// RouteCandidate is one replica's signals and predicted hit in POST /debug/route.
+type RouteCandidate struct {
+	Replica         string  `json:"replica"`
+	Healthy         bool    `json:"healthy"`
+	Approximate     bool    `json:"approximate"`
+	ExactBlocks     int     `json:"exact_blocks"`
+	TierBlocks      [3]int  `json:"tier_blocks"`
+	PredictedBlocks int     `json:"predicted_blocks"`
+	CachedTokens    int     `json:"predicted_cached_tokens"`
+	PrefillTokens   int     `json:"prefill_tokens"`
+	DecodeTokens    int     `json:"decode_tokens"`
+	Running         int     `json:"running"`
+	WarmupCredit    float64 `json:"warmup_credit"`
+}
+
+// RouteAnswer is POST /debug/route's answer.
+type RouteAnswer struct {
+	Policy     string           `json:"policy"`
+	Tokens     int              `json:"tokens"`
+	Blocks     int              `json:"blocks"`
+	BlockSize  int              `json:"block_size"`
+	LoRA       string           `json:"lora,omitempty"`
+	Degraded   bool             `json:"degraded"`
+	Chosen     string           `json:"chosen"`
+	DecisionUS float64          `json:"decision_us"`
+	Candidates []RouteCandidate `json:"candidates"`
+}
+
+// serveDebugRoute scores a request body without forwarding it or telling the policy. The
+// body is a completions body, or a chat body when it has "messages" (or ?kind=chat).
+func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
+	kind := tokens.Completion
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
+	if err != nil {
+		proxy.WriteError(w, http.StatusRequestEntityTooLarge, proxy.TypeInvalidRequest, err.Error())
+		return
+	}
+	var probe map[string]json.RawMessage
+	if r.URL.Query().Get("kind") == "chat" || (json.Unmarshal(body, &probe) == nil && probe["messages"] != nil) {
+		kind = tokens.Chat
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	reps := s.reps()
+	p, ok := s.prepare(w, r, kind, reps)
+	if !ok {
+		return
+	}
+	d, err := s.decide(p.toks, p.id, p.session, reps, nil, false)
+	if err != nil {
+		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, err.Error())
+		return
+	}
+	ans := RouteAnswer{Policy: s.policy, Tokens: d.req.Tokens, Blocks: len(d.req.Keys), BlockSize: d.req.BlockSize,
+		LoRA: p.id.LoRAName, Degraded: p.degraded, Chosen: d.reps[d.chosen].name, DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
+	for i, c := range d.cands {
+		ans.Candidates = append(ans.Candidates, RouteCandidate{Replica: c.ID, Healthy: c.Healthy, Approximate: c.Approximate,
+			ExactBlocks: c.ExactBlocks, TierBlocks: c.TierBlocks, PredictedBlocks: c.PredictedBlocks, CachedTokens: d.cached[i],
+			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, Running: c.Running, WarmupCredit: c.WarmupCredit})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(ans)
+}
+
+// streamMetrics feeds the scrape-time collector.
+func (s *Server) streamMetrics() []metrics.Stream {
+	now := s.now()
+	var out []metrics.Stream
+	for _, r := range s.reps() {
+		ri := s.rankInfo(r)
+		m := metrics.Stream{Engine: r.eng.name, Rank: strconv.Itoa(r.rank), State: ri.Stream,
+			Gaps: float64(ri.Gaps), Replays: float64(ri.Replays), Resets: float64(ri.Resets),
+			BlocksGPU: float64(ri.Blocks["GPU"]), BlocksCPU: float64(ri.Blocks["CPU"]), BlocksDisk: float64(ri.Blocks["Disk"]),
+			Healthy:      r.eng.dp.Load().Ready && r.eng.health.Healthy(now),
+			WarmupCredit: s.warmupCredit(r.eng.dp.Load().WarmupUntil, now)}
+		if ri.LastSeq != nil {
+			m.LastSeq = float64(*ri.LastSeq)
+		}
+		if ri.LastEvent != nil {
+			m.EventLagSeconds = now.Sub(*ri.LastEvent).Seconds()
+		}
+		if r.stream && s.sub != nil {
+			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
+				m.Events, m.Received = float64(st.Events), float64(st.Received)
+				m.ParityMismatches, m.BlockSizeMismatch, m.Overflow = float64(st.ParityMismatches), float64(st.BlockSizeMismatches), float64(st.Overflows)
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}

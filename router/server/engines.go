@@ -1,0 +1,287 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/proxy"
+)
+
+// engine is one discovered engine and its replicas (one per DP rank).
+type engine struct {
+	// dp is the latest discovery entry; Ready and WarmupUntil change in place.
+	dp     atomic.Pointer[discovery.Engine]
+	name   string
+	model  string          // served base model, for the topic and LoRA detection
+	adapts map[string]bool // served LoRA adapter names
+	health *proxy.Health
+	reps   []*replica
+}
+
+// replica is one (engine, DP rank): one index replica, maybe one event stream, and the load
+// and accuracy this router tracks for it. Load is local to this router (see docs/router.md).
+type replica struct {
+	eng    *engine
+	rank   int
+	id     index.ReplicaID
+	name   string // "engine/rank", the policy's stable candidate ID
+	stream bool   // an event stream feeds it
+
+	prefill, decode, running atomic.Int64
+
+	responses, withUsage, noUsage      atomic.Uint64
+	promptTok, predictedTok, actualTok atomic.Uint64
+	absErrTok                          atomic.Uint64
+}
+
+// engineTable is the router's view of the fleet, swapped under mu.
+type engineTable struct {
+	mu      sync.RWMutex
+	engines map[string]*engine
+	reps    []*replica // every replica, engine then rank order
+}
+
+func (t *engineTable) snapshot() ([]*replica, map[string]*engine) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.reps, t.engines
+}
+
+// apply reconciles the table with a discovery snapshot: new engines get their replicas and
+// streams, removed ones lose them, a changed incarnation is a restart of every stream.
+func (s *Server) apply(ctx context.Context, snap []discovery.Engine) {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	_, old := s.table.snapshot()
+	next := map[string]*engine{}
+	for _, d := range snap {
+		e, ok := old[d.Name]
+		switch {
+		case ok && sameWiring(*e.dp.Load(), d):
+			if prev := e.dp.Load().Incarnation; prev != d.Incarnation && prev != "" {
+				for _, r := range e.reps {
+					if r.stream {
+						if err := s.sub.Restarted(d.Name, r.rank); err != nil {
+							s.log.Warn("restart not applied", "engine", d.Name, "rank", r.rank, "err", err)
+						}
+					}
+				}
+				s.log.Info("engine restarted", "engine", d.Name, "incarnation", d.Incarnation)
+			}
+			d := d
+			e.dp.Store(&d)
+			next[d.Name] = e
+		default:
+			if ok {
+				s.dropEngine(e)
+			}
+			ne, err := s.addEngine(ctx, d)
+			if err != nil {
+				s.log.Error("engine not added", "engine", d.Name, "err", err)
+				continue
+			}
+			next[d.Name] = ne
+			s.log.Info("engine added", "engine", d.Name, "url", d.URL, "ranks", d.Ranks(), "streams", countStreams(ne))
+		}
+	}
+	for name, e := range old {
+		if _, ok := next[name]; !ok {
+			s.dropEngine(e)
+			s.log.Info("engine removed", "engine", name)
+		}
+	}
+	var reps []*replica
+	for _, d := range snap {
+		if e, ok := next[d.Name]; ok {
+			reps = append(reps, e.reps...)
+		}
+	}
+	s.table.mu.Lock()
+	s.table.engines, s.table.reps = next, reps
+	s.table.mu.Unlock()
+	s.probeNew(ctx, next)
+}
+
+func countStreams(e *engine) int {
+	n := 0
+	for _, r := range e.reps {
+		if r.stream {
+			n++
+		}
+	}
+	return n
+}
+
+func sameWiring(a, b discovery.Engine) bool {
+	return a.URL == b.URL && fmt.Sprint(a.Events) == fmt.Sprint(b.Events) && fmt.Sprint(a.Replay) == fmt.Sprint(b.Replay) &&
+		a.Ranks() == b.Ranks()
+}
+
+func (s *Server) addEngine(ctx context.Context, d discovery.Engine) (*engine, error) {
+	e := &engine{name: d.Name, health: &proxy.Health{}, adapts: map[string]bool{}}
+	e.dp.Store(&d)
+	e.model = s.o.Model
+	if base, adapters, err := s.models(ctx, d.URL); err == nil {
+		if e.model == "" {
+			e.model = base
+		}
+		for _, a := range adapters {
+			e.adapts[a] = true
+		}
+	} else {
+		s.log.Warn("engine models not read; topic and LoRA detection use --model", "engine", d.Name, "err", err)
+	}
+	for r := 0; r < d.Ranks(); r++ {
+		rep := &replica{eng: e, rank: r, name: fmt.Sprintf("%s/%d", d.Name, r)}
+		ep := ""
+		if r < len(d.Events) {
+			ep = d.Events[r]
+		}
+		if s.o.Config.Events.Enabled && s.sub != nil && (ep != "" || s.bound) {
+			sc := kvevents.StreamConfig{Engine: d.Name, Rank: r, Endpoint: ep, Topic: s.topic(d, e.model)}
+			if s.o.Config.Events.Replay && r < len(d.Replay) {
+				sc.ReplayEndpoint = d.Replay[r]
+			}
+			if s.bound {
+				sc.Endpoint = ""
+			}
+			if err := s.sub.Add(sc); err != nil {
+				s.log.Warn("event stream not added; replica scored approximately", "engine", d.Name, "rank", r, "err", err)
+			} else {
+				rep.stream = true
+			}
+		}
+		if !rep.stream {
+			if _, err := s.ix.AddReplica(d.Name, r); err != nil {
+				s.dropEngine(e)
+				return nil, err
+			}
+		}
+		id, ok := s.ix.Replica(d.Name, r)
+		if !ok {
+			s.dropEngine(e)
+			return nil, fmt.Errorf("replica %s missing from the index", rep.name)
+		}
+		rep.id = id
+		e.reps = append(e.reps, rep)
+	}
+	return e, nil
+}
+
+func (s *Server) dropEngine(e *engine) {
+	for _, r := range e.reps {
+		if r.stream {
+			_ = s.sub.Remove(e.name, r.rank)
+		} else {
+			_ = s.ix.RemoveReplica(r.id)
+		}
+		s.predicted.Forget(r.id)
+		s.approx.Forget(r.id)
+	}
+}
+
+// topic is the engine's KV-event topic: <prefix>@<host>@<model>. Pods publish with their IP
+// only (the operator's $(POD_IP)); static engines, often several on one host, with host:port
+// of their HTTP address (vllm-sim's default, llm-d's convention).
+func (s *Server) topic(d discovery.Engine, model string) string {
+	u, err := url.Parse(d.URL)
+	host := d.URL
+	if err == nil {
+		host = u.Host
+		if d.Incarnation != "" {
+			host = u.Hostname()
+		}
+	}
+	return s.o.Config.Events.TopicPrefix + "@" + host + "@" + model
+}
+
+// models reads GET /v1/models: the base model and the LoRA adapters (entries with a parent).
+func (s *Server) models(ctx context.Context, base string) (string, []string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return "", nil, err
+	}
+	resp, err := s.px.Client().Do(req)
+	if err != nil {
+		return "", nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", nil, fmt.Errorf("/v1/models answered %d", resp.StatusCode)
+	}
+	var ml struct {
+		Data []struct {
+			ID     string  `json:"id"`
+			Parent *string `json:"parent"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ml); err != nil {
+		return "", nil, err
+	}
+	var model string
+	var adapters []string
+	for _, m := range ml.Data {
+		if m.Parent == nil {
+			if model == "" {
+				model = m.ID
+			}
+		} else {
+			adapters = append(adapters, m.ID)
+		}
+	}
+	return model, adapters, nil
+}
+
+// probeNew probes engines not probed yet at once, so a dead static engine is known before the
+// first request.
+func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
+	for _, e := range es {
+		if !e.health.State(s.now()).Probed {
+			s.probe(ctx, e)
+		}
+	}
+}
+
+func (s *Server) probe(ctx context.Context, e *engine) {
+	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
+	was := e.health.Healthy(s.now())
+	e.health.Probed(err)
+	if err == nil {
+		if !was {
+			e.health.Success()
+		}
+	} else if was {
+		s.log.Warn("engine unhealthy", "engine", e.name, "err", err)
+	}
+}
+
+// probeLoop polls every engine's /health.
+func (s *Server) probeLoop(ctx context.Context) {
+	t := time.NewTicker(s.o.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, es := s.table.snapshot()
+		var wg sync.WaitGroup
+		for _, e := range es {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.probe(ctx, e) }()
+		}
+		wg.Wait()
+	}
+}

@@ -1,0 +1,248 @@
+// Package server assembles kvrouter: discovery feeds the engine table, kvevents feeds the exact
+// index, tokens turns requests into token ids, score picks a replica from index overlap and the
+// load this router tracks, and proxy forwards. It serves the OpenAI API and the admin endpoints
+// (/metrics, /debug/engines, /debug/route).
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/tokens"
+)
+
+// Options configure a Server. Config is required (start from config.Default()); the rest
+// have defaults.
+type Options struct {
+	Config config.Config
+	// Source supplies the engines; nil means the static engines of Config.
+	Source discovery.Source
+	// EventsBind, when set, binds one SUB socket there and identifies engines by topic.
+	EventsBind string
+	// Model is the served model name (for topics and LoRA detection); "" reads each engine's
+	// /v1/models.
+	Model string
+	// FullReport injects vllm_xargs.kv_cache_report_mode = "full" into every request.
+	FullReport bool
+	// Now is the clock for warm-up credit and side-index TTLs (time.Now); tests move it.
+	Now func() time.Time
+	// ProbeInterval between active /health probes (2s); ProbeTimeout per probe (1s).
+	ProbeInterval, ProbeTimeout time.Duration
+	// IdleTimeout cuts an engine answer silent for this long (5m).
+	IdleTimeout time.Duration
+	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL).
+	PredictedTTL time.Duration
+	// TokenizeTimeout bounds one tokenization (2s).
+	TokenizeTimeout time.Duration
+	// MaxAttempts bounds the engines tried for one request (3).
+	MaxAttempts int
+	// Seed seeds the policy's random choices.
+	Seed   int64
+	Logger *slog.Logger
+}
+
+// Server is one kvrouter. Start with Run; handlers are usable as soon as New returns.
+type Server struct {
+	o      Options
+	log    *slog.Logger
+	now    func() time.Time
+	policy string
+
+	ix        *index.Index
+	predicted *index.SideIndex
+	approx    *index.SideIndex
+	sub       *kvevents.Subscriber
+	bound     bool
+	tok       *tokens.Tokenizer
+	px        *proxy.Proxy
+	met       *metrics.Metrics
+
+	polMu sync.Mutex
+	pol   score.Policy
+
+	syncMu sync.Mutex
+	table  engineTable
+	rr     atomic.Uint64 // tokenization engine rotation
+
+	// fleet-wide accuracy totals for the hit-ratio gauges
+	accMu                              sync.Mutex
+	accPrompt, accPredicted, accActual float64
+	tokenizeDegraded, requestsTotal    atomic.Uint64
+	closeOnce                          sync.Once
+	readyOnce                          chan struct{}
+}
+
+// New builds a server; it connects nothing until Run.
+func New(o Options) (*Server, error) {
+	if err := o.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = 2 * time.Second
+	}
+	if o.ProbeTimeout <= 0 {
+		o.ProbeTimeout = time.Second
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	name := o.Config.Policy
+	if name == "least-loaded" {
+		name = "load"
+	}
+	kv := score.DefaultKV
+	sc := o.Config.Scoring
+	kv.TierWeights = [score.NumTiers]float64{sc.TierWeights.GPU, sc.TierWeights.CPU, sc.TierWeights.Disk}
+	kv.Temperature = sc.Temperature
+	if sc.ImbalanceBound >= 1 {
+		kv.Slack = sc.ImbalanceBound - 1
+	}
+	pol, err := score.New(name, score.Options{Seed: o.Seed, KV: &kv})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, pol: pol, readyOnce: make(chan struct{})}
+	s.ix = index.New(index.Options{Now: o.Now})
+	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
+	s.approx = index.NewApproximate(index.SideOptions{})
+	lim := o.Config.Limits
+	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstByteTimeout: lim.FirstByteTimeout.Duration,
+		IdleTimeout: o.IdleTimeout})
+	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
+	if o.Config.Events.Enabled {
+		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM,
+			Ingest: kvevents.IngestOptions{BlockSize: o.Config.BlockSize}})
+		if err != nil {
+			return nil, err
+		}
+		if o.EventsBind != "" {
+			if _, err := s.sub.Bind(o.EventsBind); err != nil {
+				_ = s.sub.Close()
+				return nil, fmt.Errorf("--events-bind: %w", err)
+			}
+			s.bound = true
+		}
+	}
+	s.table.engines = map[string]*engine{}
+	s.met = metrics.New(metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
+		func() (float64, float64) { return float64(s.predicted.Len()), float64(s.approx.Len()) }))
+	return s, nil
+}
+
+// Run follows the engine source and probes engines until ctx ends; it then closes the
+// subscriber. The first snapshot is applied before Run reports readiness through Synced.
+func (s *Server) Run(ctx context.Context) error {
+	src := s.o.Source
+	if src == nil {
+		es, err := discovery.FromConfig(s.o.Config.Engines)
+		if err != nil {
+			return err
+		}
+		src = discovery.NewStatic(es)
+	}
+	go s.probeLoop(ctx)
+	go s.expireLoop(ctx)
+	err := src.Run(ctx, func(snap []discovery.Engine) {
+		s.apply(ctx, snap)
+		select {
+		case <-s.readyOnce:
+		default:
+			close(s.readyOnce)
+		}
+	})
+	s.Close()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Synced is closed once the first engine snapshot is applied.
+func (s *Server) Synced() <-chan struct{} { return s.readyOnce }
+
+// Close stops the event subscriber (Run does it when its context ends).
+func (s *Server) Close() {
+	s.closeOnce.Do(func() {
+		if s.sub != nil {
+			_ = s.sub.Close()
+		}
+	})
+}
+
+func (s *Server) expireLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			now := s.now()
+			s.predicted.Expire(now)
+			s.approx.Expire(now)
+		}
+	}
+}
+
+// Ready reports whether at least one engine is ready and healthy.
+func (s *Server) Ready() bool {
+	reps, _ := s.table.snapshot()
+	now := s.now()
+	for _, r := range reps {
+		if r.eng.dp.Load().Ready && r.eng.health.Healthy(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// Metrics exposes the collectors (for tests and the admin handler).
+func (s *Server) Metrics() *metrics.Metrics { return s.met }
+
+// APIHandler serves the OpenAI API, /healthz and /readyz.
+func (s *Server) APIHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, tokens.Completion) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, tokens.Chat) })
+	mux.HandleFunc("GET /v1/models", s.serveModels)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			http.Error(w, "no healthy engine", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		proxy.WriteError(w, http.StatusNotFound, proxy.TypeInvalidRequest, "no route "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+// AdminHandler serves /metrics, /debug/engines and /debug/route.
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.met.Handler())
+	mux.HandleFunc("GET /debug/engines", s.serveDebugEngines)
+	mux.HandleFunc("POST /debug/route", s.serveDebugRoute)
+	return mux
+}
