@@ -1,5 +1,6 @@
 // Command kvbench measures routing policies: `kvbench cache` runs the deterministic fleet model
-// (test/fleet) over a trace; `kvbench replay` (live replay against vllm-sim) is to come.
+// (test/fleet) over a trace; `kvbench replay` replays one live against vllm-sim engines and
+// kvrouter (test/replay).
 package main
 
 import (
@@ -10,7 +11,8 @@ import (
 
 // subcommands maps a name to its entry point; each parses its own flags.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) error{
-	"cache": runCache,
+	"cache":  runCache,
+	"replay": runReplay,
 }
 
 func main() {
@@ -19,7 +21,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintln(stderr, "usage: kvbench cache --trace F [flags]   (kvbench cache -h for flags)")
+		fmt.Fprintln(stderr, "usage: kvbench cache|replay --trace F [flags]   (kvbench cache -h, kvbench replay -h for flags)")
 		if len(args) == 0 {
 			return 2
 		}
@@ -27,7 +29,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := subcommands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "kvbench: unknown subcommand %q (known: cache)\n", args[0])
+		fmt.Fprintf(stderr, "kvbench: unknown subcommand %q (known: cache, replay)\n", args[0])
 		return 2
 	}
 	if err := cmd(args[1:], stdout, stderr); err != nil {

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/test/fleet"
+	"github.com/kvroute/kvroute/test/replay"
+)
+
+// replayOutput is the JSON shape of `kvbench replay --json`.
+type replayOutput struct {
+	Workload string              `json:"workload"`
+	Replicas int                 `json:"replicas"`
+	Seeds    int                 `json:"seeds"`
+	Requests int                 `json:"requests"`
+	Interval string              `json:"interval"`
+	Results  []replay.Summary    `json:"results"`
+	Runs     []*replay.RunResult `json:"runs"`
+}
+
+const defaultReplayPolicies = "kv,load,round-robin,prefix-char"
+
+func runReplay(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	trace := fs.String("trace", "", "Mooncake JSONL trace (this or --regime)")
+	regime := fs.String("regime", "", "generated workload instead of a trace: "+strings.Join(replay.RegimeNames(), ", "))
+	replicas := fs.Int("replicas", 4, "vllm-sim engines (scale-up: the final size; it starts at half)")
+	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed")
+	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+")")
+	seeds := fs.Int("seeds", 3, "repetitions; the seed moves arrival jitter, regime draws and the sims' seeds")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	report := fs.String("report", "", "write an HTML report into this directory")
+	duration := fs.Duration("duration", 8*time.Second, "replay only arrivals in the first DURATION of wall time (0 = no bound)")
+	maxReq := fs.Int("max-requests", 200, "replay at most this many requests per run (0 = all)")
+	offset := fs.Int("offset", 0, "start at this request of the trace")
+	conc := fs.Int("concurrency", 64, "requests in flight at most")
+	tpb := fs.Int("tokens-per-trace-block", replay.DefaultTokensPerTraceBlock, "tokens each 512-token trace block becomes (512 = unscaled)")
+	outScale := fs.Float64("output-scale", 0, "max_tokens = output_length x this (default tokens-per-trace-block/512)")
+	maxOut := fs.Int("max-output-tokens", 32, "cap on max_tokens (0 = none)")
+	jitter := fs.Duration("jitter", 20*time.Millisecond, "per-seed arrival jitter")
+	rate := fs.Float64("rate", 25, "regimes: mean arrivals per second")
+	warmup := fs.Duration("warmup", 2*time.Second, "scale-up regime: warm-up window of the new replicas")
+	prefill := fs.Float64("sim-prefill-tokens-per-s", 0, "engine prefill rate (default 20000 x tokens-per-trace-block/512: trace-equivalent time)")
+	decode := fs.Float64("sim-decode-ms-per-token", 20, "engine decode step")
+	timeScale := fs.Float64("sim-time-scale", 1, "vllm-sim --time-scale: divides every engine duration")
+	blockSize := fs.Int("sim-block-size", 16, "engine KV block size in tokens")
+	blocks := fs.Int("sim-num-gpu-blocks", 0, "engine KV blocks (default: 600 trace blocks' worth, as BENCHMARKS.md's 8 x 600)")
+	seqs := fs.Int("sim-max-num-seqs", 32, "engine running requests")
+	dp := fs.Int("sim-data-parallel-size", 1, "DP ranks per engine")
+	binDir := fs.String("bin-dir", "", "directory with vllm-sim and kvrouter (default: next to kvbench, then bin/)")
+	simBin := fs.String("vllm-sim", "", "vllm-sim binary (overrides --bin-dir)")
+	routerBin := fs.String("kvrouter", "", "kvrouter binary (overrides --bin-dir)")
+	logDir := fs.String("log-dir", "", "keep process logs here (default: a temporary directory, removed unless a run fails)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if (*trace == "") == (*regime == "") {
+		return errors.New("give exactly one of --trace and --regime")
+	}
+	if *speed <= 0 || *tpb < 1 || *replicas < 1 || *seeds < 1 || *conc < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
+		return errors.New("--speed, --rate must be > 0; --replicas, --seeds, --concurrency, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
+	}
+	names := splitList(*policies)
+	if len(names) == 0 {
+		return errors.New("--policies is empty")
+	}
+	for _, n := range names {
+		if _, err := score.New(n, score.Options{}); err != nil {
+			return err
+		}
+	}
+	o := replay.Options{Replicas: *replicas, Policies: names, Seeds: *seeds, Concurrency: *conc,
+		Tokens: replay.Tokenizer{PerBlock: *tpb}, OutputScale: *outScale, MaxOutputTokens: *maxOut,
+		Jitter: *jitter, Model: "vllm-sim", Progress: stderr}
+	if o.OutputScale == 0 {
+		o.OutputScale = float64(*tpb) / fleet.TraceBlockTokens
+	}
+	if *prefill == 0 {
+		*prefill = 20000 * float64(*tpb) / fleet.TraceBlockTokens
+	}
+	if *blocks == 0 {
+		*blocks = 600*(*tpb) / *blockSize + 1
+	}
+	o.SimArgs = []string{"--prefill-tokens-per-s", fmtF(*prefill), "--decode-ms-per-token", fmtF(*decode),
+		"--time-scale", fmtF(*timeScale), "--block-size", strconv.Itoa(*blockSize),
+		"--num-gpu-blocks", strconv.Itoa(*blocks), "--max-num-seqs", strconv.Itoa(*seqs),
+		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576"}
+	var err error
+	if o.SimBin, o.RouterBin, err = findBinaries(*binDir, *simBin, *routerBin); err != nil {
+		return err
+	}
+
+	var w replay.Workload
+	if *trace != "" {
+		tr, err := fleet.LoadTrace(*trace)
+		if err != nil {
+			return err
+		}
+		if w, err = replay.TraceSlice(tr, *offset, *maxReq, *speed, *duration); err != nil {
+			return err
+		}
+		w.Name = filepath.Base(*trace)
+	} else {
+		n := *maxReq
+		if n <= 0 {
+			n = 160
+		}
+		if *duration > 0 {
+			n = min(n, max(int(duration.Seconds()**rate), 1))
+		}
+		if w, err = replay.Regime(*regime, replay.RegimeOptions{Requests: n, Rate: *rate, Replicas: *replicas, Warmup: *warmup}); err != nil {
+			return err
+		}
+	}
+
+	keep := *logDir != ""
+	if !keep {
+		if *logDir, err = os.MkdirTemp("", "kvbench-replay-"); err != nil {
+			return err
+		}
+	}
+	o.LogDir = *logDir
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs, %d replicas, %d policies x %d seeds; logs in %s\n",
+		w.Name, len(w.Requests), w.Span().Seconds(), *replicas, len(names), *seeds, o.LogDir)
+	runs, err := replay.Replay(ctx, o, w)
+	if err != nil {
+		return fmt.Errorf("%w (logs kept in %s)", err, o.LogDir)
+	}
+	if !keep {
+		os.RemoveAll(o.LogDir)
+	}
+	out := replayOutput{Workload: w.Name, Replicas: *replicas, Seeds: *seeds, Requests: len(w.Requests),
+		Interval: "mean over seeds of each per-seed figure, 95% Student-t interval", Results: replay.Summarize(runs), Runs: runs}
+	if *report != "" {
+		if err := writeReplayReport(*report, &out, "kvbench replay "+strings.Join(args, " ")); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	return writeReplayTable(stdout, &out)
+}
+
+// findBinaries looks for vllm-sim and kvrouter: explicit flags, then --bin-dir, then the
+// directory kvbench runs from, then ./bin.
+func findBinaries(dir, simBin, routerBin string) (string, string, error) {
+	var dirs []string
+	if dir != "" {
+		dirs = []string{dir}
+	} else {
+		if exe, err := os.Executable(); err == nil {
+			dirs = append(dirs, filepath.Dir(exe))
+		}
+		dirs = append(dirs, "bin")
+	}
+	find := func(explicit, name string) (string, error) {
+		if explicit != "" {
+			return explicit, nil
+		}
+		for _, d := range dirs {
+			p := filepath.Join(d, name)
+			if st, err := os.Stat(p); err == nil && !st.IsDir() {
+				return p, nil
+			}
+		}
+		return "", fmt.Errorf("no %s binary in %s (make build, or --%s PATH)", name, strings.Join(dirs, ", "), name)
+	}
+	s, err := find(simBin, "vllm-sim")
+	if err != nil {
+		return "", "", err
+	}
+	r, err := find(routerBin, "kvrouter")
+	return s, r, err
+}
+
+func fmtF(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+
+// ci prints an interval as mean [lo, hi]; "-" when nothing was measured.
+func ci(iv replay.Interval, digits int) string {
+	if math.IsNaN(iv.Mean) {
+		return "-"
+	}
+	f := "%." + strconv.Itoa(digits) + "f"
+	if iv.N < 2 {
+		return fmt.Sprintf(f, iv.Mean)
+	}
+	return fmt.Sprintf(f+" ["+f+","+f+"]", iv.Mean, iv.Lo, iv.Hi)
+}
+
+func writeReplayTable(w io.Writer, out *replayOutput) error {
+	fmt.Fprintf(w, "%s: %d requests, %d replicas, %d seeds; mean [95%% t-interval over seeds]\n",
+		out.Workload, out.Requests, out.Replicas, out.Seeds)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	scale := false
+	for _, r := range out.Results {
+		scale = scale || r.NewShareOfFair != nil
+	}
+	head := "policy\tttft_p50_s\tttft_p90_s\tttft_p99_s\te2e_p90_s\treq_per_s\tcached\terrors"
+	if scale {
+		head += "\tnew_share_of_fair\thit_drop"
+	}
+	fmt.Fprintln(tw, head+"\t")
+	for _, r := range out.Results {
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d", r.Policy, ci(r.TTFTP50, 3), ci(r.TTFTP90, 3), ci(r.TTFTP99, 3),
+			ci(r.E2EP90, 2), ci(r.Throughput, 1), ci(r.CachedRatio, 2), r.Errors)
+		if scale && r.NewShareOfFair != nil {
+			line += "\t" + ci(*r.NewShareOfFair, 2) + "\t" + ci(*r.HitDrop, 2)
+		}
+		fmt.Fprintln(tw, line+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range out.Results {
+		for _, e := range r.FirstErrors {
+			fmt.Fprintf(w, "  %s error: %s\n", r.Policy, e)
+		}
+	}
+	return nil
+}
+
+// writeReplayReport writes index.html with the table, TTFT CDFs (all seeds pooled), cached
+// ratio per policy and requests per engine over time, with the SVG helpers of report.go.
+func writeReplayReport(dir string, out *replayOutput, cmdline string) error {
+	if err := mkdir(dir); err != nil {
+		return err
+	}
+	esc := html.EscapeString
+	var b strings.Builder
+	fmt.Fprintf(&b, "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvbench replay: %s</title>"+
+		"<style>body{font-family:sans-serif;margin:2em}code{background:#f4f4f4;padding:2px}</style></head><body>", esc(out.Workload))
+	fmt.Fprintf(&b, "<h1>kvbench replay — %s</h1><p>%d vllm-sim engines, %d requests per run, %d seeds; live processes on loopback.</p>",
+		esc(out.Workload), out.Replicas, out.Requests, out.Seeds)
+	fmt.Fprintf(&b, "<p>Command: <code>%s</code></p><h2>Results</h2>", esc(cmdline))
+	var tb strings.Builder
+	_ = writeReplayTable(&tb, out)
+	b.WriteString("<pre>" + esc(tb.String()) + "</pre>")
+
+	var cdf, share []series
+	for _, pol := range out.Results {
+		var ttfts []float64
+		for _, r := range out.Runs {
+			if r.Policy != pol.Policy {
+				continue
+			}
+			for _, o := range r.Outcomes {
+				if o.Err == "" {
+					ttfts = append(ttfts, o.TTFT)
+				}
+			}
+		}
+		sort.Float64s(ttfts)
+		s := series{name: pol.Policy}
+		step := max(len(ttfts)/400, 1)
+		for i := 0; i < len(ttfts); i += step {
+			s.xs, s.ys = append(s.xs, ttfts[i]), append(s.ys, float64(i+1)/float64(len(ttfts)))
+		}
+		cdf = append(cdf, s)
+		share = append(share, series{name: pol.Policy, xs: []float64{0, 1}, ys: []float64{pol.CachedRatio.Mean, pol.CachedRatio.Mean}})
+	}
+	b.WriteString("<h2>TTFT CDF (all seeds)</h2>")
+	b.WriteString(linePlot(cdf, "TTFT (s, log scale)", "share of requests", true))
+	b.WriteString("<h2>Cached-token ratio per policy (mean over seeds)</h2><ul>")
+	for _, s := range share {
+		fmt.Fprintf(&b, "<li>%s: %.3f</li>", esc(s.name), s.ys[0])
+	}
+	b.WriteString("</ul>")
+	for _, r := range out.Runs {
+		if r.Seed != 1 {
+			continue
+		}
+		fmt.Fprintf(&b, "<h2>Requests per engine over time: %s (seed 1)</h2>", esc(r.Policy))
+		b.WriteString(linePlot(enginesOverTime(r), "second of the run", "requests started", false))
+	}
+	b.WriteString("</body></html>\n")
+	return os.WriteFile(filepath.Join(dir, "index.html"), []byte(b.String()), 0o644)
+}
+
+// enginesOverTime counts requests started per engine per second of a run.
+func enginesOverTime(r *replay.RunResult) []series {
+	last := 0
+	for _, o := range r.Outcomes {
+		last = max(last, int(o.SentAt.Seconds()))
+	}
+	var out []series
+	for k, name := range r.Engines {
+		if k >= 16 {
+			break
+		}
+		s := series{name: name, xs: make([]float64, last+1), ys: make([]float64, last+1)}
+		for i := range s.xs {
+			s.xs[i] = float64(i)
+		}
+		for _, o := range r.Outcomes {
+			if o.Engine == name && o.Err == "" {
+				s.ys[int(o.SentAt.Seconds())]++
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/test/replay"
+)
+
+func TestReplayFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "exactly one of --trace and --regime"},
+		{[]string{"--trace", "x", "--regime", "no-reuse"}, "exactly one"},
+		{[]string{"--regime", "no-reuse", "--speed", "0"}, "--speed"},
+		{[]string{"--regime", "no-reuse", "--policies", "nope"}, "nope"},
+		{[]string{"--regime", "no-reuse", "--bin-dir", "/nonexistent"}, "no vllm-sim binary"},
+		{[]string{"--regime", "bogus", "--vllm-sim", "x", "--kvrouter", "y"}, "unknown regime"},
+		{[]string{"--trace", "/nonexistent.jsonl", "--vllm-sim", "x", "--kvrouter", "y"}, "nonexistent"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(append([]string{"replay"}, tc.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("replay %v: exit %d, stderr %q; want an error with %q", tc.args, code, errb.String(), tc.want)
+		}
+	}
+}
+
+func fakeOutput() *replayOutput {
+	runs := []*replay.RunResult{
+		{Policy: "kv", Seed: 1, Wall: 2, Engines: []string{"engine-0", "engine-1"}, Outcomes: []replay.Outcome{
+			{TTFT: 0.05, E2E: 0.3, PromptTokens: 100, CachedTokens: 90, Engine: "engine-0", SentAt: 0},
+			{TTFT: 0.07, E2E: 0.4, PromptTokens: 100, CachedTokens: 90, Engine: "engine-1", SentAt: 1500 * time.Millisecond}}},
+		{Policy: "round-robin", Seed: 1, Wall: 2, Engines: []string{"engine-0", "engine-1"}, Outcomes: []replay.Outcome{
+			{TTFT: 0.2, E2E: 0.5, PromptTokens: 100, CachedTokens: 10, Engine: "engine-0"},
+			{Err: "HTTP 502: engine gone"}}},
+	}
+	return &replayOutput{Workload: "w<1>", Replicas: 2, Seeds: 1, Requests: 2, Results: replay.Summarize(runs), Runs: runs}
+}
+
+func TestReplayTableAndReport(t *testing.T) {
+	out := fakeOutput()
+	var b bytes.Buffer
+	if err := writeReplayTable(&b, out); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	for _, want := range []string{"ttft_p90_s", "kv ", "0.90", "round-robin", "HTTP 502: engine gone"} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("table lacks %q:\n%s", want, s)
+		}
+	}
+	dir := t.TempDir()
+	if err := writeReplayReport(dir, out, "kvbench replay --regime x"); err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := string(page)
+	for _, want := range []string{"<svg", "TTFT CDF", "w&lt;1&gt;", "Requests per engine over time: kv", "engine-1"} {
+		if !strings.Contains(p, want) {
+			t.Fatalf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(p, "<script") || strings.Contains(p, "src=") || strings.Contains(p, "href=") {
+		t.Fatal("report is not self-contained")
+	}
+	j, err := json.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(j, &back); err != nil || back["workload"] != "w<1>" {
+		t.Fatalf("JSON round trip: %v %v", err, back["workload"])
+	}
+}
