@@ -122,11 +122,15 @@ func (s *Server) decide(toks []uint32, id blockkey.Identity, session string, rep
 	}
 	s.polMu.Lock()
 	i, err := s.pol.Pick(&d.req, d.cands)
+	d.took = time.Since(t0)
 	if err == nil && commit {
 		s.pol.OnRouted(&d.req, d.cands, i)
+		// Outside the measured decision, still under the policy lock: a sibling decided right
+		// after this one must already see it in the predicted side index.
+		d.chosen = i
+		s.record(d)
 	}
 	s.polMu.Unlock()
-	d.took = time.Since(t0)
 	if err != nil {
 		return d, err
 	}
@@ -325,7 +329,6 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	rep.running.Add(1)
 	rankLabel := strconv.Itoa(rep.rank)
 	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
-	s.record(d) // the forward is starting: siblings sent from now on co-locate
 	firstByte := false
 	engineHdr := rep.eng.name
 	if dp.Ranks() > 1 {
