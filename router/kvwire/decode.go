@@ -663,9 +663,19 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
 		// (and the error) from d.int.
 		p := 0
 		for ; i < n && p < len(b); i++ {
-			if c := b[p]; c <= msgpcode.PosFixedNumHigh {
+			// The forms vLLM's vocabularies produce, inline; rawInt for the others.
+			switch c := b[p]; {
+			case c <= msgpcode.PosFixedNumHigh:
 				dst = append(dst, uint32(c))
 				p++
+				continue
+			case c == msgpcode.Uint32 && len(b)-p >= 5:
+				dst = append(dst, be32(b[p+1:]))
+				p += 5
+				continue
+			case c == msgpcode.Uint16 && len(b)-p >= 3:
+				dst = append(dst, uint32(be16(b[p+1:])))
+				p += 3
 				continue
 			}
 			v, _, w := rawInt(b[p:])
