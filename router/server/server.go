@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
@@ -129,8 +130,12 @@ func New(o Options) (*Server, error) {
 		IdleTimeout: o.IdleTimeout})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
-		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM,
-			Ingest: kvevents.IngestOptions{BlockSize: o.Config.BlockSize}})
+		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize}
+		// The parity check needs the engines' block size to recompute their hashes.
+		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil && o.Config.BlockSize > 0 {
+			ing.Parity = &kvevents.Parity{Algo: algo, Seed: o.Config.Hash.Seed}
+		}
+		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing})
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,227 @@
+// Command kvrouter is kvroute's KV-cache-aware, OpenAI-compatible router (package
+// router/server). Flags override the --config file; see docs/router.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/server"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stderr, nil))
+}
+
+type engineFlags []string
+
+func (e *engineFlags) String() string     { return strings.Join(*e, " ") }
+func (e *engineFlags) Set(v string) error { *e = append(*e, v); return nil }
+
+// settings is everything the flags and the file decide.
+type settings struct {
+	cfg        config.Config
+	source     discovery.Source
+	eventsBind string
+	model      string
+	fullReport bool
+	logger     *slog.Logger
+}
+
+func parse(args []string, stderr io.Writer) (*settings, error) {
+	fs := flag.NewFlagSet("kvrouter", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "YAML configuration file (router/config schema); flags override it")
+	listen := fs.String("listen", "", "API address host:port (default :8000)")
+	admin := fs.String("admin-listen", "", "metrics and debug address (default 127.0.0.1:9090)")
+	var engines engineFlags
+	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;warmup-until=RFC3339 (repeatable)")
+	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
+	eventsBind := fs.String("events-bind", "", "bind tcp://HOST:PORT for engines that dial in; engines are told apart by topic")
+	namespace := fs.String("namespace", "", "Kubernetes discovery: namespace of the engine pods")
+	selector := fs.String("selector", "", "Kubernetes discovery: label selector of the engine pods")
+	enginePort := fs.Int("engine-port", 0, "Kubernetes discovery: engines' HTTP port (0: the container port named http)")
+	policy := fs.String("policy", "", "scoring policy: "+strings.Join(config.Policies, "|")+" (default kv)")
+	blockSize := fs.Int("block-size", -1, "engines' KV block size (0: learn from discovery/events)")
+	model := fs.String("model", "", "served model name (default: read from each engine's /v1/models)")
+	fullReport := fs.Bool("kv-cache-report-full", false, `inject vllm_xargs.kv_cache_report_mode="full" into forwarded requests`)
+	noEvents := fs.Bool("no-events", false, "do not subscribe to KV events (score every engine approximately)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	ho := &slog.HandlerOptions{Level: level}
+	var logger *slog.Logger
+	switch *logFormat {
+	case "json":
+		logger = slog.New(slog.NewJSONHandler(stderr, ho))
+	case "text":
+		logger = slog.New(slog.NewTextHandler(stderr, ho))
+	default:
+		return nil, fmt.Errorf("--log-format must be text or json, got %q", *logFormat)
+	}
+
+	cfg := config.Default()
+	if *cfgPath != "" {
+		c, err := config.Load(*cfgPath)
+		if err != nil {
+			return nil, err
+		}
+		cfg = c
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if *admin != "" {
+		cfg.AdminListen = *admin
+	}
+	if *policy != "" {
+		cfg.Policy = *policy
+	}
+	if *blockSize >= 0 {
+		cfg.BlockSize = *blockSize
+	}
+	if *noEvents {
+		cfg.Events.Enabled = false
+	}
+	if *namespace != "" || *selector != "" {
+		cfg.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(*namespace, *selector, *enginePort)}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	st := &settings{cfg: cfg, eventsBind: *eventsBind, model: *model, fullReport: *fullReport, logger: logger}
+
+	sources := 0
+	for _, set := range []bool{len(engines) > 0, *enginesFile != "", cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil} {
+		if set {
+			sources++
+		}
+	}
+	if sources > 1 {
+		return nil, errors.New("give one engine source: --engine, --engines-file, or --namespace/--selector (or the config's discovery)")
+	}
+	switch {
+	case len(engines) > 0:
+		var es []discovery.Engine
+		for _, e := range engines {
+			en, err := discovery.ParseEngineFlag(e)
+			if err != nil {
+				return nil, fmt.Errorf("--engine: %w", err)
+			}
+			es = append(es, en)
+		}
+		if err := discovery.CheckSnapshot(es); err != nil {
+			return nil, fmt.Errorf("--engine: %w", err)
+		}
+		st.source = discovery.NewStatic(es)
+	case *enginesFile != "":
+		st.source = discovery.NewFile(*enginesFile, 0, discovery.WithLogger(logger))
+	case cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil:
+		k := cfg.Discovery.Kubernetes
+		if k.Namespace == "" || k.Selector == "" {
+			return nil, errors.New("kubernetes discovery needs both --namespace and --selector")
+		}
+		rc, err := ctrl.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes discovery: %w", err)
+		}
+		ko := discovery.KubernetesOptionsFromConfig(k)
+		ko.Logger = logger
+		if st.source, err = discovery.NewKubernetes(rc, ko); err != nil {
+			return nil, err
+		}
+	default:
+		if len(cfg.Engines) == 0 && *eventsBind == "" {
+			return nil, errors.New("no engines: give --engine, --engines-file, --namespace/--selector or a config with engines")
+		}
+	}
+	return st, nil
+}
+
+// run starts the router and blocks until ctx ends. ready, when set, receives the bound API
+// and admin addresses (tests listen on port 0).
+func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, admin string)) int {
+	st, err := parse(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 2
+	}
+	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
+		FullReport: st.fullReport, Logger: st.logger})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	apiLn, err := net.Listen("tcp", st.cfg.Listen)
+	if err != nil {
+		srv.Close()
+		fmt.Fprintln(stderr, "kvrouter: --listen:", err)
+		return 1
+	}
+	adminLn, err := net.Listen("tcp", st.cfg.AdminListen)
+	if err != nil {
+		apiLn.Close()
+		srv.Close()
+		fmt.Fprintln(stderr, "kvrouter: --admin-listen:", err)
+		return 1
+	}
+	// No WriteTimeout: it would cut long streams. ReadHeaderTimeout guards against slow
+	// clients holding connections; bodies are bounded by limits.maxBodyBytes.
+	api := &http.Server{Handler: srv.APIHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	adm := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- srv.Run(ctx) }()
+	go func() { errc <- api.Serve(apiLn) }()
+	go func() { errc <- adm.Serve(adminLn) }()
+	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy)
+	if ready != nil {
+		ready(apiLn.Addr().String(), adminLn.Addr().String())
+	}
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			st.logger.Error("kvrouter stopped", "err", err)
+			code = 1
+		}
+	}
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	_ = api.Shutdown(sctx)
+	_ = adm.Shutdown(sctx)
+	srv.Close()
+	return code
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/test/vllmsim"
+)
+
+func TestFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--policy", "nope", "--engine", "a=http://127.0.0.1:1"},
+		{"--engine", "bad"},
+		{"--engine", "a=http://127.0.0.1:1", "--engines-file", "x"},
+		{"--namespace", "ns"},
+		{"--log-format", "xml", "--engine", "a=http://127.0.0.1:1"},
+		{"--config", "does-not-exist.yaml"},
+	} {
+		var stderr bytes.Buffer
+		if code := run(context.Background(), args, &stderr, nil); code != 2 || !strings.Contains(stderr.String(), "kvrouter:") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
+		}
+	}
+}
+
+// The binary's run: static --engine, JSON logs, a completion through it, clean stop.
+func TestRunServesThroughEngine(t *testing.T) {
+	sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	if err := sim.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	eng := "e0=" + sim.URL() + ";events=" + strings.Join(sim.EventEndpoints(), ",") + ";replay=" + strings.Join(sim.ReplayEndpoints(), ",")
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan [2]string, 1)
+	var logs syncBuf
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", eng,
+			"--policy", "least-loaded", "--log-format", "json"}, &logs, func(a, b string) { addrs <- [2]string{a, b} })
+	}()
+	var a [2]string
+	select {
+	case a = <-addrs:
+	case code := <-done:
+		t.Fatalf("exited %d: %s", code, logs.String())
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get("http://" + a[0] + "/readyz")
+		if err == nil && resp.StatusCode == 200 {
+			resp.Body.Close()
+			break
+		}
+		if err == nil {
+			resp.Body.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := http.Post("http://"+a[0]+"/v1/completions", "application/json", strings.NewReader(`{"model":"vllm-sim","prompt":"hi there","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("x-kvroute-engine") != "e0" {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	m, err := http.Get("http://" + a[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(m.Body)
+	m.Body.Close()
+	if !bytes.Contains(mb, []byte(`kvroute_router_requests_total{code="200",engine="e0",policy="load"} 1`)) {
+		t.Fatalf("metrics lack the request:\n%s", mb)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(logs.String(), `"msg":"kvrouter listening"`) {
+		t.Fatalf("no JSON log line: %s", logs.String())
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
