@@ -79,6 +79,36 @@ build: ## Binaries into bin/.
 demo: build ## The main job on an embedded default.
 	@hack/demo.sh
 
+##@ Ship
+
+# Image and bundle version; the tag of ghcr.io/kvroute/{manager,kvrouter,vllm-sim}.
+VERSION           ?= 0.1.0
+IMAGE_REPO        ?= ghcr.io/kvroute
+CONTAINER_TOOL    ?= docker
+# config/default pulls the CRD and ClusterRole from config/crd/bases and config/rbac by file.
+KUSTOMIZE_BUILD   := $(KUSTOMIZE) build --load-restrictor LoadRestrictionsNone
+
+.PHONY: build-installer
+build-installer: $(KUSTOMIZE) ## Render config/default into dist/install.yaml (committed; test/ship checks it is current).
+	@mkdir -p dist
+	$(KUSTOMIZE_BUILD) config/default > dist/install.yaml
+
+.PHONY: bundle
+bundle: $(KUSTOMIZE) ## Generate the OLM registry+v1 bundle into bundle/ (kustomize + hack/bundle.sh).
+	$(KUSTOMIZE_BUILD) config/manifests > bundle/.rendered.yaml
+	VERSION=$(VERSION) hack/bundle.sh bundle/.rendered.yaml; rm -f bundle/.rendered.yaml
+
+.PHONY: docker-build
+docker-build: ## Build the manager, kvrouter and vllm-sim images (needs a Docker engine; hack/docker-build-check.sh without one).
+	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/manager:v$(VERSION) --build-arg VERSION=v$(VERSION) -f Dockerfile .
+	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/kvrouter:v$(VERSION) --build-arg VERSION=v$(VERSION) -f Dockerfile.kvrouter .
+	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/vllm-sim:v$(VERSION) --build-arg VERSION=v$(VERSION) -f Dockerfile.vllm-sim .
+	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/kvroute-bundle:v$(VERSION) -f bundle.Dockerfile .
+
+.PHONY: docs
+docs: ## Regenerate docs/configuration.md from the CRD.
+	$(GO) run ./hack/gen-config-reference.go config/crd/bases/serving.kvroute.io_kvroutedmodels.yaml > docs/configuration.md
+
 ##@ Tools
 
 $(CONTROLLER_GEN):
