@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo, stage one: a local control plane (no kubelet), the KVRoutedModel CRD, the operator
 # (bin/manager) against it, a sample model, and the children the operator creates.
-# Later stages (vllm-sim engines, kvrouter, a trace) add steps below.
+# Stage two (steps 8-12): hack/podbacker backs the engine pods with vllm-sim processes on
+# loopback IPs, kvrouter discovers them through the API server, a scale-up, trace slices.
 # Everything started here is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -98,5 +99,62 @@ for name in "${NAMES[@]}"; do
   echo "$name:"
   "$KUBECTL" -n "$NS" get kvrm "$name" -o jsonpath='{range .status.conditions[*]}   {.type}={.status} {.reason}: {.message}{"\n"}{end}'
 done
+
+# Stage two: the engine pods made real, kvrouter discovering them, a trace, a scale-up.
+MODEL=${MODEL:-llama-70b}
+ENGINE_SEL="app.kubernetes.io/part-of=kvroute,app.kubernetes.io/component=engine,serving.kvroute.io/model=$MODEL"
+ROUTER_PORT=${ROUTER_PORT:-18080}
+ADMIN_PORT=${ADMIN_PORT:-19090}
+REPORT=${REPORT:-bench/demo-report}
+
+step "8. pod backer: pods for the Deployments, one vllm-sim per pod on 127.0.0.x (no kubelet here)"
+go build -o bin/podbacker ./hack/podbacker
+mkdir -p "$WORK/pods"
+bin/podbacker --namespace "$NS" --selector "app.kubernetes.io/part-of=kvroute,serving.kvroute.io/model=$MODEL" \
+  --vllm-sim bin/vllm-sim --log-dir "$WORK/pods" \
+  --sim-arg=--prefill-tokens-per-s=1250 --sim-arg=--num-gpu-blocks=2401 --sim-arg=--max-model-len=1048576 \
+  --ready-url "kvrouter=http://127.0.0.1:$ROUTER_PORT/readyz" >"$WORK/podbacker.log" 2>&1 &
+PIDS+=($!)
+waitfor 60 "2 Ready engine pods" bash -c "[ \"\$('$KUBECTL' -n $NS get pods -l '$ENGINE_SEL' -o jsonpath='{range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\" \"}{end}')\" = 'True True ' ]"
+"$KUBECTL" -n "$NS" get pods -l "$ENGINE_SEL" -o wide
+
+step "9. kvrouter with Kubernetes discovery (--namespace $NS --selector ...), as the router Deployment runs it"
+if [ ! -x bin/kvrouter ]; then
+  echo "demo: bin/kvrouter is missing (cmd/kvrouter not built); stopping after the engines" >&2
+  exit 1
+fi
+bin/kvrouter --namespace "$NS" --selector "$ENGINE_SEL" --listen "127.0.0.1:$ROUTER_PORT" \
+  --admin-listen "127.0.0.1:$ADMIN_PORT" >"$WORK/kvrouter.log" 2>&1 &
+PIDS+=($!)
+waitfor 30 "kvrouter /readyz" curl -fsS "http://127.0.0.1:$ROUTER_PORT/readyz"
+curl -fsS "http://127.0.0.1:$ADMIN_PORT/debug/engines" | head -c 600; echo
+"$KUBECTL" -n "$NS" wait --for=condition=Available --timeout=60s kvrm/"$MODEL" || true
+"$KUBECTL" -n "$NS" get kvrm "$MODEL"
+
+step "10. one request through kvrouter: which pod served it"
+curl -sS -D - -o /dev/null "http://127.0.0.1:$ROUTER_PORT/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model":"llama-3-70b","prompt":"Hello from the demo","max_tokens":4}' | grep -i '^x-kvroute' || true
+
+step "11. scale-up through /scale: 2 -> 4; the new pods carry serving.kvroute.io/warmup-until"
+"$KUBECTL" -n "$NS" patch kvrm "$MODEL" --subresource=scale --type=merge -p '{"spec":{"replicas":4}}'
+waitfor 60 "4 Ready engine pods" bash -c "[ \"\$('$KUBECTL' -n $NS get pods -l '$ENGINE_SEL' -o jsonpath='{range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\" \"}{end}')\" = 'True True True True ' ]"
+sleep 2
+"$KUBECTL" -n "$NS" get pods -l "$ENGINE_SEL" \
+  -o custom-columns='POD:.metadata.name,IP:.status.podIP,READY:.status.conditions[?(@.type=="Ready")].status,WARMUP-UNTIL:.metadata.annotations.serving\.kvroute\.io/warmup-until'
+echo "   20 requests through kvrouter, engine per request:"
+for i in $(seq 1 20); do
+  curl -sS -D - -o /dev/null "http://127.0.0.1:$ROUTER_PORT/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"llama-3-70b\",\"prompt\":\"request $i of the scale-up\",\"max_tokens\":2}" | tr -d '\r' | sed -n 's/^x-kvroute-engine: //Ip'
+done | sort | uniq -c | sed 's/^/   /'
+
+step "12. trace slices through kvrouter policies side by side (kvbench replay: fresh sims per run)"
+mkdir -p "$REPORT"
+bin/kvbench replay --trace testdata/traces/synthetic/llmd_shared_prefix_150x5_6000_1200_1000.jsonl \
+  --replicas 4 --speed 20 --max-requests 120 --duration 6s --seeds 2 --policies kv,round-robin,load \
+  --report "$REPORT/shared-prefix"
+bin/kvbench replay --trace testdata/traces/mooncake/conversation_trace.jsonl \
+  --replicas 4 --speed 20 --max-requests 120 --duration 6s --seeds 2 --policies kv,round-robin,load \
+  --report "$REPORT/conversation"
+echo "   reports: $REPORT/shared-prefix/index.html $REPORT/conversation/index.html"
 
 step "demo: done"
