@@ -38,7 +38,9 @@ type Decoder struct {
 
 // NewDecoder returns a decoder ready for DecodeBatch.
 func NewDecoder() *Decoder {
-	d := &Decoder{intern: make(map[string]string)}
+	// A non-nil arena from the start: an empty bin hash or extra key sliced from a nil arena
+	// would be nil, and a nil Bytes reads as an integer hash.
+	d := &Decoder{intern: make(map[string]string), arena: make([]byte, 0, 256)}
 	d.md = msgpack.NewDecoder(&d.r) // bytes.Reader is a ByteScanner: no extra buffering
 	return d
 }

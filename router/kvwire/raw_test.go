@@ -90,3 +90,18 @@ func FuzzRawReadersMatchLibrary(f *testing.F) {
 	lib.libOnly = true
 	f.Fuzz(func(t *testing.T, payload []byte) { sameAsLibrary(t, fast, lib, payload) })
 }
+
+// An empty bin hash is a bytes hash on a fresh decoder too (its arena starts non-nil).
+func TestEmptyBinHashIsBytes(t *testing.T) {
+	for _, libOnly := range []bool{false, true} {
+		d := NewDecoder()
+		d.libOnly = libOnly
+		b, err := d.DecodeBatch(enc(t, []any{1.0, []any{map[string]any{"type": "BlockRemoved", "block_hashes": []any{[]byte{}}}}, 0}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := b.Events[0].Removed.BlockHashes[0]; !h.IsBytes() || len(h.Bytes) != 0 {
+			t.Errorf("libOnly=%v: empty bin hash decoded as %+v", libOnly, h)
+		}
+	}
+}
