@@ -85,12 +85,20 @@ func (s *Server) decide(toks []uint32, id blockkey.Identity, session string, rep
 	if len(toks) > 0 {
 		capBlocks = (len(toks) - 1) / bs
 	}
+	approx := make([]bool, len(reps))
+	anyApprox := false
+	for i, r := range reps {
+		approx[i] = !s.exactStream(r)
+		anyApprox = anyApprox || approx[i]
+	}
 	var exact []index.Match
 	var pred, appr []uint32
 	if len(d.req.Keys) > 0 {
 		exact = s.ix.Match(d.req.Keys, nil)
 		pred = s.predicted.Match(d.req.Keys, now, s.ix.Slots(), nil)
-		appr = s.approx.Match(d.req.Keys, now, s.ix.Slots(), nil)
+		if anyApprox { // the approximate index is only read for replicas without a whole stream
+			appr = s.approx.Match(d.req.Keys, now, s.ix.Slots(), nil)
+		}
 	}
 	d.cands = make([]score.Candidate, len(reps))
 	d.cached = make([]int, len(reps))
@@ -103,7 +111,7 @@ func (s *Server) decide(toks []uint32, id blockkey.Identity, session string, rep
 			DecodeTokens:  int(r.decode.Load()),
 			Running:       int(r.running.Load()),
 			WarmupCredit:  s.warmupCredit(dp.WarmupUntil, now),
-			Approximate:   !s.exactStream(r),
+			Approximate:   approx[i],
 		}
 		if int(r.id) < len(exact) {
 			m := exact[r.id]
@@ -163,7 +171,8 @@ func (s *Server) exactStream(r *replica) bool {
 	return ok && st == kvevents.Exact
 }
 
-// record enters a forwarded decision into the side indexes.
+// record enters a decision into the predicted side index (and the approximate one when the
+// chosen replica is scored approximately).
 func (s *Server) record(d *decision) {
 	if len(d.req.Keys) == 0 {
 		return
@@ -171,7 +180,11 @@ func (s *Server) record(d *decision) {
 	now := s.now()
 	id := d.reps[d.chosen].id
 	s.predicted.Predict(id, d.req.Keys, now)
-	s.approx.Predict(id, d.req.Keys, now)
+	// The approximate index stands in for a missing stream; a replica with a whole stream
+	// never reads it, so its decisions are not written there.
+	if d.cands[d.chosen].Approximate {
+		s.approx.Predict(id, d.req.Keys, now)
+	}
 }
 
 // identity is what changes KV content besides tokens: a LoRA adapter and the cache salt.

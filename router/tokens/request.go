@@ -152,6 +152,9 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 // parsePrompt accepts what vLLM's CompletionRequest.prompt does: a string, a list of strings,
 // a list of token ids or a list of token-id lists. The router routes by the first prompt.
 func (r *Request) parsePrompt(raw json.RawMessage) error {
+	if ids, ok := parseIDs(raw); ok { // the common token-id form, without a generic decode
+		return r.setIDs(ids)
+	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		r.PromptText = s
@@ -168,29 +171,74 @@ func (r *Request) parsePrompt(raw json.RawMessage) error {
 		r.PromptText = s
 		return nil
 	}
-	var ids []float64
-	if json.Unmarshal(raw, &ids) == nil {
+	if ids, ok := parseIDs(list[0]); ok {
 		return r.setIDs(ids)
 	}
-	if err := json.Unmarshal(list[0], &ids); err != nil {
-		return badf("prompt must be a string, a list of strings, token ids or lists of token ids")
-	}
-	return r.setIDs(ids)
+	return badf("prompt must be a string, a list of strings, or lists of valid token ids (integers 0..2^31-1)")
 }
 
-func (r *Request) setIDs(ids []float64) error {
+func (r *Request) setIDs(ids []uint32) error {
 	if len(ids) == 0 {
 		return badf("prompt token ids must not be empty")
 	}
-	out := make([]uint32, len(ids))
-	for i, f := range ids {
-		if f < 0 || f >= math.MaxInt32 || f != math.Trunc(f) {
-			return badf("prompt token id %v at %d is not a valid token id", f, i)
-		}
-		out[i] = uint32(f)
-	}
-	r.PromptIDs, r.HasIDs = out, true
+	r.PromptIDs, r.HasIDs = ids, true
 	return nil
+}
+
+// parseIDs reads a JSON array of non-negative integers below 2^31. It is written by hand
+// because it is the hot path of token-id prompts (a 100k-token prompt is 600 KB of JSON):
+// encoding/json spends about 10x longer going through []json.RawMessage or []float64. Anything
+// it does not accept (floats, exponents, negatives, other values) returns ok=false and the
+// caller reports a bad request.
+func parseIDs(raw []byte) (ids []uint32, ok bool) {
+	i, n := 0, len(raw)
+	skip := func() {
+		for i < n && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i >= n || raw[i] != '[' {
+		return nil, false
+	}
+	i++
+	ids = make([]uint32, 0, n/6)
+	skip()
+	if i < n && raw[i] == ']' {
+		i++
+		skip()
+		return ids, i == n
+	}
+	for {
+		skip()
+		start := i
+		var v uint64
+		for i < n && raw[i] >= '0' && raw[i] <= '9' {
+			v = v*10 + uint64(raw[i]-'0')
+			if v > math.MaxInt32 {
+				return nil, false
+			}
+			i++
+		}
+		if i == start || (raw[start] == '0' && i-start > 1) {
+			return nil, false
+		}
+		ids = append(ids, uint32(v))
+		skip()
+		if i >= n {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i++
+		case ']':
+			i++
+			skip()
+			return ids, i == n
+		default:
+			return nil, false
+		}
+	}
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }

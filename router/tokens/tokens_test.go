@@ -213,3 +213,17 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestParseIDs(t *testing.T) {
+	for in, want := range map[string][]uint32{`[1,2,3]`: {1, 2, 3}, ` [ 0 , 2147483647 ] `: {0, 2147483647}, `[]`: {}} {
+		got, ok := parseIDs([]byte(in))
+		if !ok || !slices.Equal(got, want) {
+			t.Errorf("%s: %v %v", in, got, ok)
+		}
+	}
+	for _, in := range []string{`[1,]`, `[01]`, `[2147483648]`, `[1.0]`, `[-1]`, `[1e3]`, `[1 2]`, `[1]x`, `["a"]`, `[`, ``} {
+		if _, ok := parseIDs([]byte(in)); ok {
+			t.Errorf("%s accepted", in)
+		}
+	}
+}
