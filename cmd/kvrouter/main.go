@@ -42,6 +42,7 @@ type settings struct {
 	eventsBind string
 	model      string
 	fullReport bool
+	hostTopic  bool
 	logger     *slog.Logger
 }
 
@@ -153,6 +154,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 		}
 		ko := discovery.KubernetesOptionsFromConfig(k)
 		ko.Logger = logger
+		st.hostTopic = true
 		if st.source, err = discovery.NewKubernetes(rc, ko); err != nil {
 			return nil, err
 		}
@@ -176,7 +178,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		return 2
 	}
 	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
-		FullReport: st.fullReport, Logger: st.logger})
+		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, Logger: st.logger})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1

@@ -190,14 +190,14 @@ func (s *Server) dropEngine(e *engine) {
 }
 
 // topic is the engine's KV-event topic: <prefix>@<host>@<model>. Pods publish with their IP
-// only (the operator's $(POD_IP)); static engines, often several on one host, with host:port
-// of their HTTP address (vllm-sim's default, llm-d's convention).
+// only (the operator's $(POD_IP), Options.TopicHostOnly); static engines, often several on one
+// host, with host:port of their HTTP address (vllm-sim's default, llm-d's convention).
 func (s *Server) topic(d discovery.Engine, model string) string {
 	u, err := url.Parse(d.URL)
 	host := d.URL
 	if err == nil {
 		host = u.Host
-		if d.Incarnation != "" {
+		if s.o.TopicHostOnly {
 			host = u.Hostname()
 		}
 	}

@@ -27,7 +27,7 @@ type fleet struct {
 
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	t.Helper()
-	if cfg.KVEventsPort == 0 {
+	if cfg.KVEventsPort == 0 && cfg.KVEventsConnect == "" {
 		cfg.KVEventsPort = -1
 	}
 	if cfg.KVReplayPort == 0 {

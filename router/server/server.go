@@ -36,6 +36,9 @@ type Options struct {
 	// Model is the served model name (for topics and LoRA detection); "" reads each engine's
 	// /v1/models.
 	Model string
+	// TopicHostOnly: engines publish with topic <prefix>@<host>@<model> (Kubernetes pods, as the
+	// operator configures them) instead of <prefix>@<host>:<port>@<model>.
+	TopicHostOnly bool
 	// FullReport injects vllm_xargs.kv_cache_report_mode = "full" into every request.
 	FullReport bool
 	// Now is the clock for warm-up credit and side-index TTLs (time.Now); tests move it.
