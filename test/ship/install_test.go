@@ -121,8 +121,7 @@ func TestInstallAppliesAndRBACFits(t *testing.T) {
 	defer cancel()
 	dyn := dynamic.NewForConfigOrDie(restCfg)
 	cs := kubernetes.NewForConfigOrDie(restCfg)
-	dc := discovery.NewDiscoveryClientForConfigOrDie(restCfg)
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	mapper := newMapper()
 
 	objs := decodeObjects(t, readFile(t, "dist/install.yaml"))
 	// CRDs and the Namespace first, as kubectl does with its own ordering.
@@ -224,6 +223,10 @@ func TestInstallAppliesAndRBACFits(t *testing.T) {
 			}
 		}
 	}
+}
+
+func newMapper() *restmapper.DeferredDiscoveryRESTMapper {
+	return restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(restCfg)))
 }
 
 func applyRank(o *unstructured.Unstructured) int {
