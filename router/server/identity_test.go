@@ -111,9 +111,13 @@ func TestBoundModeEvents(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	bind := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	// Bind first: a PUB dialling a closed loopback port in the ephemeral range can connect to
+	// itself (TCP simultaneous open) and never reach the router.
+	src := newPushSource(nil)
+	rt := startRouter(t, src, func(o *Options) { o.EventsBind = bind })
 	sim := startSim(t, vllmsim.Config{KVEventsConnect: bind})
-	e := discovery.Engine{Name: "b0", URL: sim.URL(), Replay: sim.ReplayEndpoints(), Ready: true}
-	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) { o.EventsBind = bind })
+	src.ch <- []discovery.Engine{{Name: "b0", URL: sim.URL(), Replay: sim.ReplayEndpoints(), Ready: true}}
+	eventually(t, "engine added", func() bool { return len(rt.s.Engines()) == 1 })
 	rt.waitStreams(t, "exact")
 	// A PUB that dials in drops what it sends before its connection is up, and a lost tail
 	// is only noticed at the next batch: keep sending until the index has the blocks.
