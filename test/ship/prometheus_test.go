@@ -1,0 +1,214 @@
+package ship
+
+import (
+	"encoding/json"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvroute/kvroute/router/metrics"
+)
+
+// vllmMetrics are the vLLM /metrics names the assets may use (vLLM >= 0.12; the kv-events
+// spec, section 6.3, from vllm/v1/metrics/loggers.py). Counters as Prometheus exposes them.
+var vllmMetrics = []string{
+	"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason",
+	"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+	"vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total",
+	"vllm:prompt_tokens_cached_total", "vllm:cache_config_info",
+}
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// routerMetrics lists every series name kvrouter exposes, read from router/metrics' own
+// collectors (histograms contribute _bucket, _sum and _count).
+func routerMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	m := metrics.New(nil)
+	collectors := []prometheus.Collector{metrics.NewStateCollector(nil, nil, nil)}
+	v := reflect.ValueOf(m).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {
+			collectors = append(collectors, c)
+		}
+	}
+	out := map[string]string{}
+	for _, c := range collectors {
+		ch := make(chan *prometheus.Desc, 64)
+		c.Describe(ch)
+		close(ch)
+		_, isHist := c.(prometheus.Histogram)
+		_, isHistVec := c.(*prometheus.HistogramVec)
+		for d := range ch {
+			sm := fqName.FindStringSubmatch(d.String())
+			if sm == nil {
+				t.Fatalf("no fqName in %s", d)
+			}
+			out[sm[1]] = "router"
+			if isHist || isHistVec {
+				for _, s := range []string{"_bucket", "_sum", "_count"} {
+					out[sm[1]+s] = "router"
+				}
+			}
+		}
+	}
+	if len(out) < 20 {
+		t.Fatalf("only %d router metrics found: %v", len(out), out)
+	}
+	return out
+}
+
+func knownMetrics(t *testing.T) map[string]string {
+	known := routerMetrics(t)
+	for _, n := range vllmMetrics {
+		known[n] = "vllm"
+	}
+	return known
+}
+
+var (
+	promString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+	promMatchers = regexp.MustCompile(`\{[^}]*\}`)
+	promRange    = regexp.MustCompile(`\[[^\]]*\]`)
+	promGrouping = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
+	promNumber   = regexp.MustCompile(`\b[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?\b`)
+	promIdent    = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*(\s*\()?`)
+	promKeywords = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true, "le": true, "inf": true, "nan": true}
+)
+
+// metricNames extracts the metric names of a PromQL expression: identifiers outside strings,
+// label matchers, ranges and grouping clauses that are not functions or keywords. A regex, not
+// the PromQL parser, because github.com/prometheus/prometheus would pull in most of Prometheus.
+func metricNames(expr string) []string {
+	e := promString.ReplaceAllString(expr, `""`)
+	e = promMatchers.ReplaceAllString(e, " ")
+	e = promRange.ReplaceAllString(e, " ")
+	e = promGrouping.ReplaceAllString(e, " ")
+	e = promNumber.ReplaceAllString(e, " ")
+	var out []string
+	for _, m := range promIdent.FindAllString(e, -1) {
+		if strings.HasSuffix(m, "(") || promKeywords[strings.ToLower(m)] {
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func TestMetricNamesExtraction(t *testing.T) {
+	got := metricNames(`sum by (namespace, engine) (rate(kvroute_router_x_total{state=~"a|b",code="2.."}[5m])) / on (pod) group_left (engine) vllm:y > 1e-9 and bool z`)
+	want := []string{"kvroute_router_x_total", "vllm:y", "z"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("metricNames = %v, want %v", got, want)
+	}
+}
+
+func checkExpr(t *testing.T, where, expr string, known map[string]string) {
+	t.Helper()
+	names := metricNames(expr)
+	if len(names) == 0 {
+		t.Errorf("%s: no metric in %q", where, expr)
+	}
+	for _, n := range names {
+		if _, ok := known[n]; !ok {
+			t.Errorf("%s uses %s, which neither router/metrics nor vLLM exposes", where, n)
+		}
+	}
+	if strings.Count(expr, "(") != strings.Count(expr, ")") || strings.Count(expr, "{") != strings.Count(expr, "}") {
+		t.Errorf("%s: unbalanced brackets in %q", where, expr)
+	}
+}
+
+func TestAlertRulesUseRealMetrics(t *testing.T) {
+	known := knownMetrics(t)
+	var rule struct {
+		APIVersion string         `json:"apiVersion"`
+		Kind       string         `json:"kind"`
+		Metadata   map[string]any `json:"metadata"`
+		Spec       struct {
+			Groups []struct {
+				Name  string `json:"name"`
+				Rules []struct {
+					Alert       string            `json:"alert"`
+					Expr        string            `json:"expr"`
+					For         string            `json:"for"`
+					Labels      map[string]string `json:"labels"`
+					Annotations map[string]string `json:"annotations"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"spec"`
+	}
+	if err := yaml.UnmarshalStrict(readFile(t, "config/prometheus/alerts.yaml"), &rule); err != nil {
+		t.Fatal(err)
+	}
+	if rule.Kind != "PrometheusRule" {
+		t.Fatalf("kind %q", rule.Kind)
+	}
+	alerts := map[string]bool{}
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			alerts[r.Alert] = true
+			checkExpr(t, r.Alert, r.Expr, known)
+			if r.Labels["severity"] == "" || r.Annotations["summary"] == "" || !strings.HasPrefix(r.Annotations["runbook"], "docs/operations.md#") {
+				t.Errorf("%s needs a severity, a summary and a runbook into docs/operations.md", r.Alert)
+			}
+		}
+	}
+	// The failure modes the issue names, each with its alert.
+	for _, a := range []string{"KVRouteEventStreamStalled", "KVRouteEventStreamInexact", "KVRoutePredictionDrift", "KVRoutePrefillHotspot", "KVRouteUsageNotReported"} {
+		if !alerts[a] {
+			t.Errorf("no alert %s", a)
+		}
+	}
+}
+
+func TestDashboardUsesRealMetrics(t *testing.T) {
+	known := knownMetrics(t)
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(readFile(t, "config/prometheus/grafana-dashboard.json"), &dash); err != nil {
+		t.Fatal(err)
+	}
+	titles := map[string]bool{}
+	for _, p := range dash.Panels {
+		titles[p.Title] = true
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			checkExpr(t, "panel "+p.Title, strings.ReplaceAll(tg.Expr, "$__rate_interval", "5m"), known)
+		}
+	}
+	for _, want := range []string{"Predicted vs actual hit ratio", "Decisions per engine", "KV event lag", "Gaps, replays, resets", "Streams not exact", "Warm-up credit"} {
+		if !titles[want] {
+			t.Errorf("dashboard has no panel %q", want)
+		}
+	}
+}
+
+// docs/operations.md explains every router metric; a new metric without a line fails here.
+func TestOperationsDocListsEveryRouterMetric(t *testing.T) {
+	doc := string(readFile(t, "docs/operations.md"))
+	var missing []string
+	for n := range routerMetrics(t) {
+		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
+		if !strings.Contains(doc, "`"+base+"`") {
+			missing = append(missing, base)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("docs/operations.md does not explain %v", missing)
+	}
+}
