@@ -74,13 +74,25 @@ func reportPercentiles(b *testing.B, d []time.Duration) {
 }
 
 // BenchmarkDecision is keys + index match + side-index match + scoring from token ids, 16
-// replicas, the kv policy; the side-index record after the decision is in ns/op, not in the
-// percentiles.
+// replicas, the kv policy, with every stream exact (the normal case) or none (every replica
+// also read from the approximate index); the side-index record after the decision is in ns/op,
+// not in the percentiles.
 func BenchmarkDecision(b *testing.B) {
-	for _, n := range []int{32_000, 100_000} {
-		b.Run(fmt.Sprintf("tokens=%dk", n/1000), func(b *testing.B) {
+	for _, c := range []struct {
+		n     int
+		exact bool
+	}{{32_000, true}, {100_000, true}, {32_000, false}, {100_000, false}} {
+		streams := "exact"
+		if !c.exact {
+			streams = "approximate"
+		}
+		n := c.n
+		b.Run(fmt.Sprintf("tokens=%dk/streams=%s", n/1000, streams), func(b *testing.B) {
 			toks := promptTokens(n, 1)
 			s, reps := benchServer(b, 16, toks)
+			if c.exact { // whole streams: the approximate index is neither read nor written
+				s.exactHook = func(*replica) bool { return true }
+			}
 			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for b.Loop() {

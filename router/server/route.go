@@ -164,6 +164,9 @@ func capCandidate(c *score.Candidate, capBlocks int) {
 // exactStream reports whether the replica's event stream is whole (Exact); every other state,
 // or no stream at all, is scored from the approximate index too.
 func (s *Server) exactStream(r *replica) bool {
+	if s.exactHook != nil {
+		return s.exactHook(r)
+	}
 	if !r.stream || s.sub == nil {
 		return false
 	}

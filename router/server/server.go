@@ -86,7 +86,9 @@ type Server struct {
 	accPrompt, accPredicted, accActual float64
 	tokenizeDegraded, requestsTotal    atomic.Uint64
 	closeOnce                          sync.Once
-	readyOnce                          chan struct{}
+	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
+	exactHook func(*replica) bool
+	readyOnce chan struct{}
 }
 
 // New builds a server; it connects nothing until Run.
