@@ -213,3 +213,34 @@ func TestHealthPassiveBackoff(t *testing.T) {
 		t.Fatal("a failed probe takes it out")
 	}
 }
+
+// A client that goes away cancels the engine request (the engine stops generating).
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	cancelled := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("data: {}\n\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := httptest.NewRecorder()
+	done := make(chan Outcome)
+	go func() {
+		done <- New(Options{}).Do(ctx, rec, Target{URL: srv.URL, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, Stream: true})
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case <-cancelled:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the engine request outlived the client")
+	}
+	if out := <-done; !out.ClientGone || out.Retryable {
+		t.Fatalf("outcome %+v", out)
+	}
+}

@@ -62,6 +62,7 @@ func (s *Server) apply(ctx context.Context, snap []discovery.Engine) {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	_, old := s.table.snapshot()
+	info := s.prefetchModels(ctx, snap, old)
 	next := map[string]*engine{}
 	for _, d := range snap {
 		e, ok := old[d.Name]
@@ -84,7 +85,7 @@ func (s *Server) apply(ctx context.Context, snap []discovery.Engine) {
 			if ok {
 				s.dropEngine(e)
 			}
-			ne, err := s.addEngine(ctx, d)
+			ne, err := s.addEngine(d, info[d.Name])
 			if err != nil {
 				s.log.Error("engine not added", "engine", d.Name, "err", err)
 				continue
@@ -126,19 +127,49 @@ func sameWiring(a, b discovery.Engine) bool {
 		a.Ranks() == b.Ranks()
 }
 
-func (s *Server) addEngine(ctx context.Context, d discovery.Engine) (*engine, error) {
+// modelInfo is what an engine's /v1/models said.
+type modelInfo struct {
+	base     string
+	adapters []string
+	err      error
+}
+
+// prefetchModels reads /v1/models of every engine that will be added, concurrently, so a burst
+// of new pods (or an unreachable one) delays the snapshot by one timeout, not one per engine.
+func (s *Server) prefetchModels(ctx context.Context, snap []discovery.Engine, old map[string]*engine) map[string]modelInfo {
+	out := map[string]modelInfo{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, d := range snap {
+		if e, ok := old[d.Name]; ok && sameWiring(*e.dp.Load(), d) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			base, adapters, err := s.models(ctx, d.URL)
+			mu.Lock()
+			out[d.Name] = modelInfo{base, adapters, err}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 	e := &engine{name: d.Name, health: &proxy.Health{}, adapts: map[string]bool{}}
 	e.dp.Store(&d)
 	e.model = s.o.Model
-	if base, adapters, err := s.models(ctx, d.URL); err == nil {
+	if mi.err == nil {
 		if e.model == "" {
-			e.model = base
+			e.model = mi.base
 		}
-		for _, a := range adapters {
+		for _, a := range mi.adapters {
 			e.adapts[a] = true
 		}
 	} else {
-		s.log.Warn("engine models not read; topic and LoRA detection use --model", "engine", d.Name, "err", err)
+		s.log.Warn("engine models not read; topic and LoRA detection use --model", "engine", d.Name, "err", mi.err)
 	}
 	for r := 0; r < d.Ranks(); r++ {
 		rep := &replica{eng: e, rank: r, name: fmt.Sprintf("%s/%d", d.Name, r)}
