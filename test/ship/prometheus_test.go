@@ -149,6 +149,7 @@ func TestAlertRulesUseRealMetrics(t *testing.T) {
 	if rule.Kind != "PrometheusRule" {
 		t.Fatalf("kind %q", rule.Kind)
 	}
+	anchors := headingAnchors(string(readFile(t, "docs/operations.md")))
 	alerts := map[string]bool{}
 	for _, g := range rule.Spec.Groups {
 		for _, r := range g.Rules {
@@ -156,6 +157,9 @@ func TestAlertRulesUseRealMetrics(t *testing.T) {
 			checkExpr(t, r.Alert, r.Expr, known)
 			if r.Labels["severity"] == "" || r.Annotations["summary"] == "" || !strings.HasPrefix(r.Annotations["runbook"], "docs/operations.md#") {
 				t.Errorf("%s needs a severity, a summary and a runbook into docs/operations.md", r.Alert)
+			}
+			if _, a, _ := strings.Cut(r.Annotations["runbook"], "#"); !anchors[a] {
+				t.Errorf("%s: runbook anchor #%s is no heading of docs/operations.md", r.Alert, a)
 			}
 		}
 	}
@@ -211,4 +215,17 @@ func TestOperationsDocListsEveryRouterMetric(t *testing.T) {
 	if len(missing) > 0 {
 		t.Errorf("docs/operations.md does not explain %v", missing)
 	}
+}
+
+// headingAnchors returns the GitHub anchors of a Markdown document's headings.
+func headingAnchors(doc string) map[string]bool {
+	out := map[string]bool{}
+	drop := regexp.MustCompile(`[^a-z0-9 _-]`)
+	for _, line := range strings.Split(doc, "\n") {
+		if h, ok := strings.CutPrefix(line, "#"); ok {
+			h = strings.TrimSpace(strings.TrimLeft(h, "#"))
+			out[strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(h), ""), " ", "-")] = true
+		}
+	}
+	return out
 }
