@@ -64,7 +64,7 @@ waitfor 30 "the apiserver's /readyz" "$KUBECTL" get --raw /readyz
 
 step "3. install the KVRoutedModel CRD"
 "$KUBECTL" apply --server-side -f config/crd/bases
-"$KUBECTL" wait --for condition=established --timeout=30s crd/kvroutedmodels.serving.kvroute.io
+waitfor 30 "the CRD to be Established" "$KUBECTL" wait --for condition=established --timeout=10s crd/kvroutedmodels.serving.kvroute.io
 
 step "4. start the operator (bin/manager)"
 bin/manager --metrics-bind-address 0 --health-probe-bind-address 0 \

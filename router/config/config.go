@@ -69,7 +69,7 @@ type KubernetesDiscovery struct {
 	Namespace string `json:"namespace"`
 	// Selector is a label selector in kubectl syntax.
 	Selector string `json:"selector"`
-	// Port is the engines' HTTP port.
+	// Port is the engines' HTTP port; 0 takes the engine container's port named "http".
 	Port int `json:"port"`
 	// Annotation names; the defaults are the serving.kvroute.io/ ones the operator writes.
 	EventsPortsAnnotation string `json:"eventsPortsAnnotation"`
@@ -295,8 +295,8 @@ func (c Config) Validate() error {
 			if k.Selector == "" {
 				bad("discovery.kubernetes.selector", "required (an empty selector would match every pod)")
 			}
-			if k.Port < 1 || k.Port > 65535 {
-				bad("discovery.kubernetes.port", "%d is out of range 1..65535", k.Port)
+			if k.Port < 0 || k.Port > 65535 {
+				bad("discovery.kubernetes.port", "%d is out of range 0..65535 (0: the engine container's port named http)", k.Port)
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -11,9 +10,6 @@ import (
 // TestReplayEndToEnd replays a tiny siblings slice through real vllm-sim and kvrouter processes:
 // 2 engines, 2 policies, 1 seed, 24 requests, bounded to about 20 s.
 func TestReplayEndToEnd(t *testing.T) {
-	if _, err := os.Stat("../../cmd/kvrouter"); err != nil {
-		t.Skip("cmd/kvrouter is not in the tree yet; this test runs once it is")
-	}
 	dir := buildBinaries(t)
 	w, err := Regime("siblings", RegimeOptions{Requests: 24, Rate: 20, Seed: 1})
 	if err != nil {
