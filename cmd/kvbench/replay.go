@@ -221,14 +221,14 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 	for _, r := range out.Results {
 		scale = scale || r.NewShareOfFair != nil
 	}
-	head := "policy\tttft_p50_s\tttft_p90_s\tttft_p99_s\te2e_p90_s\treq_per_s\tcached\terrors"
+	head := "policy\tttft_p50_s\tttft_p90_s\tttft_p99_s\te2e_p90_s\treq_per_s\tcached\tmax_share\terrors"
 	if scale {
 		head += "\tnew_share_of_fair\thit_drop"
 	}
 	fmt.Fprintln(tw, head+"\t")
 	for _, r := range out.Results {
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d", r.Policy, ci(r.TTFTP50, 3), ci(r.TTFTP90, 3), ci(r.TTFTP99, 3),
-			ci(r.E2EP90, 2), ci(r.Throughput, 1), ci(r.CachedRatio, 2), r.Errors)
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d", r.Policy, ci(r.TTFTP50, 3), ci(r.TTFTP90, 3), ci(r.TTFTP99, 3),
+			ci(r.E2EP90, 2), ci(r.Throughput, 1), ci(r.CachedRatio, 2), ci(r.MaxEngineShare, 2), r.Errors)
 		if scale && r.NewShareOfFair != nil {
 			line += "\t" + ci(*r.NewShareOfFair, 2) + "\t" + ci(*r.HitDrop, 2)
 		}

@@ -269,6 +269,20 @@ func TestSummarizeAndScaleUp(t *testing.T) {
 		t.Fatalf("round-robin summary %+v", s[1])
 	}
 
+	// 3 of 4 requests on engine-0 of 2 engines: 1.5 x a fair share; the error is not counted.
+	sp := &RunResult{Policy: "kv", Seed: 1, Wall: 1, Engines: []string{"engine-0", "engine-1"}}
+	for _, e := range []string{"engine-0", "engine-0", "engine-1", "engine-0"} {
+		sp.Outcomes = append(sp.Outcomes, Outcome{Engine: e, TTFT: 0.1, PromptTokens: 1})
+	}
+	sp.Outcomes = append(sp.Outcomes, Outcome{Engine: "engine-1", Err: "HTTP 502"})
+	if got := Summarize([]*RunResult{sp})[0].MaxEngineShare.Mean; got != 1.5 {
+		t.Fatalf("max engine share %v, want 1.5", got)
+	}
+	// An engine that got nothing still counts towards the fair share.
+	if got := maxShare(map[string]int{"a": 2}, 4, 2); got != 4 {
+		t.Fatalf("all on one of 4 engines: %v, want 4", got)
+	}
+
 	su := &ScaleUp{At: 10 * time.Second, From: 4, To: 8, Warmup: 2 * time.Second}
 	out := []Outcome{
 		{SentAt: 9 * time.Second, Engine: "engine-0", PromptTokens: 100, CachedTokens: 80},

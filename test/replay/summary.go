@@ -20,6 +20,9 @@ type Summary struct {
 	Throughput  Interval `json:"throughput_rps"`      // successful requests / wall time of the run
 	OutputTPS   Interval `json:"output_tokens_per_s"` // generated tokens / wall time
 	CachedRatio Interval `json:"cached_ratio"`        // sum cached_tokens / sum prompt_tokens
+	// MaxEngineShare is the busiest engine's successful requests over a fair share (requests /
+	// engines): 1 is an even spread, the engine count is everything on one engine.
+	MaxEngineShare Interval `json:"max_engine_share"`
 	// Scale-up runs only.
 	NewShareOfFair *Interval `json:"new_share_of_fair,omitempty"`
 	HitDrop        *Interval `json:"hit_drop,omitempty"`
@@ -46,11 +49,12 @@ func Summarize(runs []*RunResult) []Summary {
 
 func summarize(runs []*RunResult) Summary {
 	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes)}
-	var p50, p90, p99, e50, e90, thr, otps, cached, share, drop []float64
+	var p50, p90, p99, e50, e90, thr, otps, cached, spread, share, drop []float64
 	seen := map[string]bool{}
 	for _, r := range runs {
 		var ttft, e2e []float64
 		var c, p, gen int
+		perEngine := map[string]int{}
 		for _, o := range r.Outcomes {
 			if o.Err != "" {
 				s.Errors++
@@ -65,6 +69,7 @@ func summarize(runs []*RunResult) Summary {
 			c += o.CachedTokens
 			p += o.PromptTokens
 			gen += o.OutputTokens
+			perEngine[o.Engine]++
 		}
 		sort.Float64s(ttft)
 		sort.Float64s(e2e)
@@ -80,6 +85,7 @@ func summarize(runs []*RunResult) Summary {
 		thr = append(thr, float64(len(ttft))/wall)
 		otps = append(otps, float64(gen)/wall)
 		cached = append(cached, ratio(c, p))
+		spread = append(spread, maxShare(perEngine, len(r.Engines), len(ttft)))
 		if r.ScaleUp != nil {
 			share = append(share, r.ScaleUp.NewShareOfFair)
 			drop = append(drop, r.ScaleUp.HitDrop)
@@ -88,11 +94,25 @@ func summarize(runs []*RunResult) Summary {
 	s.TTFTP50, s.TTFTP90, s.TTFTP99 = TInterval(p50), TInterval(p90), TInterval(p99)
 	s.E2EP50, s.E2EP90 = TInterval(e50), TInterval(e90)
 	s.Throughput, s.OutputTPS, s.CachedRatio = TInterval(thr), TInterval(otps), TInterval(cached)
+	s.MaxEngineShare = TInterval(spread)
 	if len(share) > 0 {
 		a, b := TInterval(share), TInterval(drop)
 		s.NewShareOfFair, s.HitDrop = &a, &b
 	}
 	return s
+}
+
+// maxShare is the busiest engine's requests over requests/engines (NaN with no requests).
+func maxShare(perEngine map[string]int, engines, requests int) float64 {
+	engines = max(engines, len(perEngine))
+	if requests == 0 || engines == 0 {
+		return math.NaN()
+	}
+	most := 0
+	for _, n := range perEngine {
+		most = max(most, n)
+	}
+	return float64(most) * float64(engines) / float64(requests)
 }
 
 func pct(sorted []float64, p float64) float64 {
