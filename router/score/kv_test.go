@@ -1,6 +1,7 @@
 package score
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -162,5 +163,50 @@ func TestKVTemperatureSamplesOnlyEligibleReplicas(t *testing.T) {
 	}
 	if seen[0] > 0 || seen[3] > 0 || seen[1] == 0 || seen[2] == 0 {
 		t.Errorf("picks %v: want only replicas 1 and 2, both drawn", seen)
+	}
+}
+
+func TestKVRequestBoundSpillsAHotPrefix(t *testing.T) {
+	p := newKV(Options{Seed: 1})
+	const n = 4
+	got := make([]int, n)
+	// 200 requests inside one window, each a full hit on replica 0 only (the others missed the
+	// first copy): the token bound never applies to a full hit, so only the request bound
+	// keeps replica 0 from taking them all.
+	for r := 0; r < 200; r++ {
+		c := fleetOf(n)
+		c[0].ExactBlocks = 10
+		req := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: int64(r) * sec / 10}
+		i, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.OnRouted(req, c, i)
+		got[i]++
+	}
+	// The bound is 2 x the running mean + 4 (the +1 is the request being placed).
+	if limit := 2*200/n + 4 + 1; got[0] > limit {
+		t.Errorf("replica 0 took %d of 200 hot requests, over the request bound %d", got[0], limit)
+	}
+	if got[0] < 200/n {
+		t.Errorf("replica 0 took %d of 200; holding the prefix it should take at least a fair share", got[0])
+	}
+	for i := 1; i < n; i++ {
+		if got[i] == 0 {
+			t.Errorf("replica %d got no request: the hot prefix never spilled to it (%v)", i, got)
+		}
+	}
+	// With the bound switched off the holder takes every request: the test can fail.
+	off := DefaultKV
+	off.RequestSlack, off.RequestHeadroom = math.Inf(1), 0
+	q := newKV(Options{Seed: 1, KV: &off})
+	for r := 0; r < 50; r++ {
+		c := fleetOf(n)
+		c[0].ExactBlocks = 10
+		req := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: int64(r) * sec / 10}
+		if i, _ := q.Pick(req, c); i != 0 {
+			t.Fatalf("without the request bound a full hit went to %d, want the holder", i)
+		}
+		q.OnRouted(req, c, 0)
 	}
 }
