@@ -3,6 +3,7 @@ package blockkey
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -25,11 +26,29 @@ func NextKey(parent Key, blockTokens []uint32, extras Extras) Key {
 }
 
 func nextKey(parent Key, blockTokens []uint32, extrasDigest uint64) Key {
+	var buf keyBuf
+	return buf.next(parent, blockTokens, extrasDigest)
+}
+
+// KeyHasher is NextKey with its scratch buffer kept between calls: use one for a run of blocks
+// (an event's, a prompt's). The zero value is ready.
+type KeyHasher struct{ buf keyBuf }
+
+// Next is NextKey.
+func (h *KeyHasher) Next(parent Key, blockTokens []uint32, extras Extras) Key {
+	return h.buf.next(parent, blockTokens, ExtrasDigest(extras))
+}
+
+// keyBuf is the scratch NextKey hashes from. AppendPromptKeys keeps one for the whole prompt:
+// a fresh 1 KiB array per block is zeroed every time, which cost as much as the hash itself at
+// 16-token blocks.
+type keyBuf [16 + 4*stackTokens]byte
+
+func (buf *keyBuf) next(parent Key, blockTokens []uint32, extrasDigest uint64) Key {
+	binary.LittleEndian.PutUint64(buf[0:], uint64(parent))
+	binary.LittleEndian.PutUint64(buf[8:], extrasDigest)
 	if len(blockTokens) <= stackTokens {
-		var buf [16 + 4*stackTokens]byte
-		binary.LittleEndian.PutUint64(buf[0:], uint64(parent))
-		binary.LittleEndian.PutUint64(buf[8:], extrasDigest)
-		p := buf[16:]
+		p := buf[16 : 16+4*len(blockTokens)]
 		for i, t := range blockTokens {
 			binary.LittleEndian.PutUint32(p[4*i:], t)
 		}
@@ -37,16 +56,13 @@ func nextKey(parent Key, blockTokens []uint32, extrasDigest uint64) Key {
 	}
 	// Streaming gives the same value as one-shot hashing of the same bytes.
 	var h xxh3.Hasher
-	var chunk [16 + 4*stackTokens]byte
-	binary.LittleEndian.PutUint64(chunk[0:], uint64(parent))
-	binary.LittleEndian.PutUint64(chunk[8:], extrasDigest)
-	_, _ = h.Write(chunk[:16])
+	_, _ = h.Write(buf[:16])
 	for len(blockTokens) > 0 {
 		n := min(len(blockTokens), stackTokens)
 		for i, t := range blockTokens[:n] {
-			binary.LittleEndian.PutUint32(chunk[4*i:], t)
+			binary.LittleEndian.PutUint32(buf[4*i:], t)
 		}
-		_, _ = h.Write(chunk[:4*n])
+		_, _ = h.Write(buf[:4*n])
 		blockTokens = blockTokens[n:]
 	}
 	return Key(h.Sum64())
@@ -86,10 +102,12 @@ func AppendPromptKeys(dst []Key, tokens []uint32, blockSize int, id Identity) ([
 		return dst, errBlockSize
 	}
 	n := len(tokens) / blockSize
+	dst = slices.Grow(dst, n)
+	var buf keyBuf
 	if id.IsZero() {
 		parent := RootKey
 		for b := 0; b < n; b++ {
-			parent = nextKey(parent, tokens[b*blockSize:(b+1)*blockSize], 0)
+			parent = buf.next(parent, tokens[b*blockSize:(b+1)*blockSize], 0)
 			dst = append(dst, parent)
 		}
 		return dst, nil
@@ -102,7 +120,7 @@ func AppendPromptKeys(dst []Key, tokens []uint32, blockSize int, id Identity) ([
 	parent := RootKey
 	for b := 0; b < n; b++ {
 		extras = id.BlockExtras(extras, b, blockSize)
-		parent = nextKey(parent, tokens[b*blockSize:(b+1)*blockSize], ExtrasDigest(extras))
+		parent = buf.next(parent, tokens[b*blockSize:(b+1)*blockSize], ExtrasDigest(extras))
 		dst = append(dst, parent)
 	}
 	return dst, nil

@@ -223,3 +223,28 @@ func TestRouterKeysDoNotAllocate(t *testing.T) {
 		t.Errorf("NextKey allocates %.0f times", a)
 	}
 }
+
+// At the stack buffer's boundaries (one-shot below, streamed above) a key must be the
+// one-shot XXH3 of the same bytes, also from a KeyHasher whose buffer holds an earlier block.
+func TestKeyHasherReuseAtBufferBoundaries(t *testing.T) {
+	for _, n := range []int{1, 16, stackTokens, stackTokens + 1, 3*stackTokens + 7} {
+		toks := make([]uint32, n)
+		for i := range toks {
+			toks[i] = uint32(i*2654435761) % 151936
+		}
+		raw := make([]byte, 16+4*n)
+		binary.LittleEndian.PutUint64(raw[0:], uint64(RootKey))
+		for i, tk := range toks {
+			binary.LittleEndian.PutUint32(raw[16+4*i:], tk)
+		}
+		want := Key(xxh3.Hash(raw))
+		if got := NextKey(RootKey, toks, nil); got != want {
+			t.Errorf("%d tokens: NextKey = %x, want the one-shot hash %x", n, got, want)
+		}
+		var h KeyHasher
+		h.Next(RootKey, toks[:n/2], nil) // dirty the buffer first
+		if got := h.Next(RootKey, toks, nil); got != want {
+			t.Errorf("%d tokens: a reused KeyHasher = %x, want %x", n, got, want)
+		}
+	}
+}

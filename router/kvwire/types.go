@@ -169,12 +169,13 @@ func (s *BlockStored) AppendRouterKeys(dst []blockkey.Key, parent blockkey.Key) 
 	bs := int(s.BlockSize)
 	var stack [4]blockkey.ExtraKey
 	scratch := blockkey.Extras(stack[:0])
+	var h blockkey.KeyHasher
 	for i := 0; i < n; i++ {
 		ex, err := s.BlockExtras(scratch, i)
 		if err != nil {
 			return dst, fmt.Errorf("kvwire: %w", err)
 		}
-		parent = blockkey.NextKey(parent, s.TokenIDs[i*bs:(i+1)*bs], ex)
+		parent = h.Next(parent, s.TokenIDs[i*bs:(i+1)*bs], ex)
 		dst = append(dst, parent)
 	}
 	return dst, nil

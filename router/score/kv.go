@@ -44,7 +44,7 @@ type KVParams struct {
 
 // DefaultKV is the `kv` policy's default tuning.
 var DefaultKV = KVParams{
-	TierWeights:         [NumTiers]float64{1, 0.75, 0.25},
+	TierWeights:         [NumTiers]float64{1, 0.5, 0.25}, // as router/config's defaults
 	QueuedPrefillWeight: 0.3,
 	DecodeWeight:        0.05,
 	QueueTokens:         100,

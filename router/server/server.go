@@ -115,13 +115,7 @@ func New(o Options) (*Server, error) {
 	if name == "least-loaded" {
 		name = "load"
 	}
-	kv := score.DefaultKV
-	sc := o.Config.Scoring
-	kv.TierWeights = [score.NumTiers]float64{sc.TierWeights.GPU, sc.TierWeights.CPU, sc.TierWeights.Disk}
-	kv.Temperature = sc.Temperature
-	if sc.ImbalanceBound >= 1 {
-		kv.Slack = sc.ImbalanceBound - 1
-	}
+	kv := kvParams(o.Config.Scoring)
 	pol, err := score.New(name, score.Options{Seed: o.Seed, KV: &kv})
 	if err != nil {
 		return nil, err
@@ -255,4 +249,19 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /debug/engines", s.serveDebugEngines)
 	mux.HandleFunc("POST /debug/route", s.serveDebugRoute)
 	return mux
+}
+
+// kvParams maps the configuration's scoring knobs onto the kv policy's defaults.
+func kvParams(sc config.Scoring) score.KVParams {
+	kv := score.DefaultKV
+	kv.TierWeights = [score.NumTiers]float64{sc.TierWeights.GPU, sc.TierWeights.CPU, sc.TierWeights.Disk}
+	kv.Temperature = sc.Temperature
+	if sc.ImbalanceBound >= 1 {
+		kv.Slack = sc.ImbalanceBound - 1
+	}
+	// loadWeight scales every load term of the cost against the request's own uncached work.
+	kv.QueuedPrefillWeight *= sc.LoadWeight
+	kv.DecodeWeight *= sc.LoadWeight
+	kv.QueueTokens *= sc.LoadWeight
+	return kv
 }

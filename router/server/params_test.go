@@ -1,0 +1,29 @@
+package server
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/score"
+)
+
+func TestKVParamsFromScoring(t *testing.T) {
+	def := kvParams(config.Default().Scoring)
+	if def.QueuedPrefillWeight != score.DefaultKV.QueuedPrefillWeight || def.DecodeWeight != score.DefaultKV.DecodeWeight ||
+		def.QueueTokens != score.DefaultKV.QueueTokens {
+		t.Errorf("the default configuration changed the kv load weights: %+v, want %+v", def, score.DefaultKV)
+	}
+	sc := config.Default().Scoring
+	sc.LoadWeight = 2
+	sc.ImbalanceBound = 1.5
+	sc.Temperature = 0.1
+	sc.TierWeights = config.TierWeights{GPU: 1, CPU: 0.4, Disk: 0.1}
+	got := kvParams(sc)
+	if got.QueuedPrefillWeight != 2*score.DefaultKV.QueuedPrefillWeight || got.DecodeWeight != 2*score.DefaultKV.DecodeWeight ||
+		got.QueueTokens != 2*score.DefaultKV.QueueTokens {
+		t.Errorf("loadWeight 2 did not double every load term: %+v", got)
+	}
+	if got.Slack != 0.5 || got.Temperature != 0.1 || got.TierWeights != [score.NumTiers]float64{1, 0.4, 0.1} {
+		t.Errorf("imbalanceBound, temperature or tierWeights not carried over: %+v", got)
+	}
+}
