@@ -152,7 +152,7 @@ func Default() Config {
 		Hash:        Hash{Algo: "sha256", Seed: "0"},
 		Scoring: Scoring{
 			LoadWeight:     1,
-			ImbalanceBound: 1.5,
+			ImbalanceBound: 1.2, // score.DefaultKV.Slack + 1, what the fleet model measures
 			Temperature:    0,
 			TierWeights:    TierWeights{GPU: 1, CPU: 0.5, Disk: 0.25},
 		},

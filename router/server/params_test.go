@@ -1,6 +1,7 @@
 package server
 
 import (
+	"math"
 	"testing"
 
 	"github.com/kvroute/kvroute/router/config"
@@ -12,6 +13,15 @@ func TestKVParamsFromScoring(t *testing.T) {
 	if def.QueuedPrefillWeight != score.DefaultKV.QueuedPrefillWeight || def.DecodeWeight != score.DefaultKV.DecodeWeight ||
 		def.QueueTokens != score.DefaultKV.QueueTokens {
 		t.Errorf("the default configuration changed the kv load weights: %+v, want %+v", def, score.DefaultKV)
+	}
+	// The live router's defaults are the fleet model's: the figures in docs/benchmarks.md hold
+	// for a router started without a config.
+	if math.Abs(def.Slack-score.DefaultKV.Slack) > 1e-9 {
+		t.Errorf("imbalanceBound %v - 1 differs from score.DefaultKV.Slack %v", config.Default().Scoring.ImbalanceBound, score.DefaultKV.Slack)
+	}
+	def.Slack = score.DefaultKV.Slack // 1.2 - 1 is not exactly 0.2
+	if def != score.DefaultKV {
+		t.Errorf("kv parameters from the default configuration %+v differ from score.DefaultKV %+v", def, score.DefaultKV)
 	}
 	sc := config.Default().Scoring
 	sc.LoadWeight = 2
