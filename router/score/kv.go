@@ -77,8 +77,8 @@ type kvPolicy struct {
 	rng    *rand.Rand
 	window map[string]*tokenWindow
 	// Scratch per candidate, reused across calls so Pick does not allocate.
-	unc, win, val []float64
-	busy          []bool
+	unc, win, val, scale []float64
+	busy                 []bool
 }
 
 func newKV(o Options) *kvPolicy {
@@ -111,12 +111,23 @@ func (k *kvPolicy) windowed(id string, now int64) float64 {
 }
 
 // windowedRequests is the number of requests routed to the replica inside the window (valid
-// after windowed has pruned it for this decision's time).
-func (k *kvPolicy) windowedRequests(id string) int {
+// after windowed has pruned it for this decision's time), times scale.
+func (k *kvPolicy) windowedRequests(id string, scale float64) float64 {
 	if w := k.window[id]; w != nil {
-		return w.n
+		return float64(w.n) * scale
 	}
 	return 0
+}
+
+// span is how long the window of the replica covers at now: the time since the policy first
+// saw it, between one second and the window length. The first call for a replica starts it.
+func (k *kvPolicy) span(id string, now int64) float64 {
+	w := k.window[id]
+	if w == nil {
+		w = &tokenWindow{since: now}
+		k.window[id] = w
+	}
+	return math.Min(math.Max(float64(now-w.since)/1e9, 1), k.p.WindowSeconds)
 }
 
 func grow(s []float64, n int) []float64 {
@@ -139,42 +150,54 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		k.busy = make([]bool, len(cands))
 	}
 	busy := k.busy[:len(cands)]
-	n, sum, reqs, inflight := 0, 0.0, 0, 0
+	// Windows are compared as rates over the time each replica has been in the fleet: a
+	// replica that joined 5 s ago has 5 s of work in its window, not 60, and read raw it would
+	// look idle next to the others; doubling a fleet would then send every request to the
+	// newcomers until their windows caught up. scale[i] stretches a younger replica's window
+	// to the oldest one's span; replicas seen together (a fleet starting at once) all get 1.
+	k.scale = grow(k.scale, len(cands))
+	scale := k.scale
+	oldest := 0.0
+	for i := range cands {
+		if cands[i].Healthy {
+			scale[i] = k.span(cands[i].ID, req.NowNs)
+			oldest = math.Max(oldest, scale[i])
+		}
+	}
+	n, sum, reqs, inflight := 0, 0.0, 0.0, 0
 	for i := range cands {
 		if cands[i].Healthy {
 			n++
-			win[i] = k.windowed(cands[i].ID, req.NowNs)
-			reqs += k.windowedRequests(cands[i].ID)
+			scale[i] = oldest / scale[i]
+			win[i] = k.windowed(cands[i].ID, req.NowNs) * scale[i]
+			sum += win[i]
+			reqs += k.windowedRequests(cands[i].ID, scale[i])
 			inflight += cands[i].Running + cands[i].Queue
 		}
 	}
-	reqLimit := (1+k.p.RequestSlack)*float64(reqs+1)/float64(n) + k.p.RequestHeadroom
+	reqLimit := (1+k.p.RequestSlack)*(reqs+1)/float64(n) + k.p.RequestHeadroom
 	// The floor first: while a replica is starved only starved replicas are candidates (the
 	// token bound below still applies among them). A replica already carrying its share of
-	// the requests in flight is not starved, so a replica joining a busy fleet (an empty
-	// window against a full mean) is not sent every request until its window fills.
-	starvedLimit := k.p.StarvedShare*float64(reqs+1)/float64(n) - k.p.StarvedHeadroom
-	starved := func(c *Candidate) bool {
-		return c.Healthy && float64(k.windowedRequests(c.ID)) < starvedLimit &&
+	// the requests in flight is not starved, so a replica that comes back to a busy fleet
+	// is not sent every request until its window fills.
+	starvedLimit := k.p.StarvedShare*(reqs+1)/float64(n) - k.p.StarvedHeadroom
+	starved := func(i int) bool {
+		c := &cands[i]
+		return c.Healthy && k.windowedRequests(c.ID, scale[i]) < starvedLimit &&
 			float64(c.Running+c.Queue)*float64(n) <= float64(inflight)
 	}
 	anyStarved := false
 	for i := range cands {
-		anyStarved = anyStarved || starved(&cands[i])
+		anyStarved = anyStarved || starved(i)
 	}
 	cheapest := math.Inf(1)
 	for i := range cands {
 		busy[i] = false
-		if anyStarved && cands[i].Healthy && !starved(&cands[i]) {
-			busy[i] = true
-			continue
-		}
 		if !cands[i].Healthy {
 			continue
 		}
-		unc[i] = k.uncached(req, &cands[i])
-		sum += win[i]
-		if float64(k.windowedRequests(cands[i].ID)+1) > reqLimit {
+		unc[i] = k.uncached(req, &cands[i]) * scale[i]
+		if anyStarved && !starved(i) || k.windowedRequests(cands[i].ID, scale[i])+scale[i] > reqLimit {
 			busy[i] = true
 			continue
 		}
@@ -192,10 +215,10 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		}
 		// Cost in prefill-token equivalents: the uncached part of this request, the prefill
 		// already routed there, running sequences (they slow every step), waiting requests.
-		val[i] = unc[i] + k.p.QueuedPrefillWeight*float64(c.PrefillTokens) +
+		val[i] = unc[i]/scale[i] + k.p.QueuedPrefillWeight*float64(c.PrefillTokens) +
 			k.p.DecodeWeight*float64(c.DecodeTokens) + k.p.QueueTokens*float64(c.Queue)
 		// A (near) full hit adds no prefill work, so it never breaks the bound.
-		anyEligible = anyEligible || unc[i] <= float64(req.BlockSize) || win[i]+unc[i] <= limit
+		anyEligible = anyEligible || unc[i] <= float64(req.BlockSize)*scale[i] || win[i]+unc[i] <= limit
 	}
 	if !anyEligible {
 		// Everyone is over the bound (a burst, or an idle fleet): the replicas with the least
@@ -210,7 +233,7 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		limit = lo + float64(req.BlockSize)
 	}
 	for i := range cands {
-		if cands[i].Healthy && unc[i] > float64(req.BlockSize) && win[i]+unc[i] > limit {
+		if cands[i].Healthy && unc[i] > float64(req.BlockSize)*scale[i] && win[i]+unc[i] > limit {
 			val[i] = math.Inf(1)
 		}
 	}
@@ -253,10 +276,15 @@ func (k *kvPolicy) sample(cands []Candidate, value func(int) float64) int {
 }
 
 func (k *kvPolicy) OnRouted(req *Request, cands []Candidate, i int) {
+	for j := range cands {
+		if cands[j].Healthy {
+			k.span(cands[j].ID, req.NowNs) // starts the clock of a replica not seen before
+		}
+	}
 	id := cands[i].ID
 	w := k.window[id]
 	if w == nil {
-		w = &tokenWindow{}
+		w = &tokenWindow{since: req.NowNs}
 		k.window[id] = w
 	}
 	w.add(req.NowNs, k.uncached(req, &cands[i]))
@@ -270,6 +298,7 @@ type tokenWindow struct {
 	head  int // index of the oldest live entry
 	n     int // live entries
 	total float64
+	since int64 // when the policy first saw the replica (unix ns)
 }
 
 // sum drops entries older than now-span and returns the total of the rest.
