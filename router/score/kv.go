@@ -119,15 +119,20 @@ func (k *kvPolicy) windowedRequests(id string, scale float64) float64 {
 	return 0
 }
 
+// minSpanSeconds is the shortest history a replica's window is read over: a newcomer's first
+// seconds are too few requests to extrapolate, and stretched from one second a single request
+// would shut it out (a 4 -> 8 scale-up then gave the new half 0.76 of a fair share).
+const minSpanSeconds = 5
+
 // span is how long the window of the replica covers at now: the time since the policy first
-// saw it, between one second and the window length. The first call for a replica starts it.
+// saw it, between minSpanSeconds and the window length. The first call for a replica starts it.
 func (k *kvPolicy) span(id string, now int64) float64 {
 	w := k.window[id]
 	if w == nil {
 		w = &tokenWindow{since: now}
 		k.window[id] = w
 	}
-	return math.Min(math.Max(float64(now-w.since)/1e9, 1), k.p.WindowSeconds)
+	return math.Min(math.Max(float64(now-w.since)/1e9, minSpanSeconds), k.p.WindowSeconds)
 }
 
 func grow(s []float64, n int) []float64 {
