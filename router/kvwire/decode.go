@@ -260,6 +260,23 @@ func (d *Decoder) decodeMapEvent(e *Event) error {
 	}
 	var seen uint32
 	haveType := false
+	// msgspec writes "type" first. Anything else is scanned for it once, so that a field
+	// before it is read as its class has it (or skipped for an unknown class), not guessed.
+	start := d.pos()
+	if n > 0 {
+		key, err := d.strBytes("event key")
+		if err != nil {
+			return err
+		}
+		if string(key) != "type" {
+			d.seek(start)
+			if err := d.scanType(e, n); err != nil {
+				return err
+			}
+			haveType = true
+		}
+		d.seek(start)
+	}
 	for i := 0; i < n; i++ {
 		key, err := d.strBytes("event key")
 		if err != nil {
@@ -276,7 +293,7 @@ func (d *Decoder) decodeMapEvent(e *Event) error {
 		}
 		f := fieldIndex(key)
 		if haveType && !classHas(e.Type, f) {
-			f = -1 // msgspec writes "type" first, so other classes' and unknown events' fields are skipped
+			f = -1 // other classes' and unknown events' fields are skipped
 		}
 		if err := d.storedField(&e.Stored, f); err != nil {
 			return err
@@ -289,6 +306,29 @@ func (d *Decoder) decodeMapEvent(e *Event) error {
 		return errors.New(`map event without "type"`)
 	}
 	return finishEvent(e, seen)
+}
+
+// scanType reads the n keys of a map event from the current position, skipping every value
+// but "type", and sets the event's tag from it.
+func (d *Decoder) scanType(e *Event, n int) error {
+	for i := 0; i < n; i++ {
+		key, err := d.strBytes("event key")
+		if err != nil {
+			return err
+		}
+		if string(key) == "type" {
+			tag, err := d.strBytes("type")
+			if err != nil {
+				return err
+			}
+			d.setTag(e, tag)
+			return nil
+		}
+		if err := d.skip(0); err != nil {
+			return err
+		}
+	}
+	return errors.New(`map event without "type"`)
 }
 
 // decodeArrayEvent reads [tag, field1, ...] by position; trailing fields a version lacks stay
