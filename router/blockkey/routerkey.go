@@ -22,12 +22,8 @@ const stackTokens = 256
 //
 // Key = XXH3-64(parent LE | extras digest LE | tokens as uint32 LE).
 func NextKey(parent Key, blockTokens []uint32, extras Extras) Key {
-	return nextKey(parent, blockTokens, ExtrasDigest(extras))
-}
-
-func nextKey(parent Key, blockTokens []uint32, extrasDigest uint64) Key {
 	var buf keyBuf
-	return buf.next(parent, blockTokens, extrasDigest)
+	return buf.next(parent, blockTokens, ExtrasDigest(extras))
 }
 
 // KeyHasher is NextKey with its scratch buffer kept between calls: use one for a run of blocks

@@ -258,42 +258,24 @@ func (d *Decoder) decodeMapEvent(e *Event) error {
 	if err != nil {
 		return err
 	}
-	var seen uint32
-	haveType := false
-	// msgspec writes "type" first. Anything else is scanned for it once, so that a field
-	// before it is read as its class has it (or skipped for an unknown class), not guessed.
+	// The type first, wherever its key stands (msgspec writes it first, so this is usually
+	// one key), so every field is read as its class has it or skipped for an unknown class.
 	start := d.pos()
-	if n > 0 {
-		key, err := d.strBytes("event key")
-		if err != nil {
-			return err
-		}
-		if string(key) != "type" {
-			d.seek(start)
-			if err := d.scanType(e, n); err != nil {
-				return err
-			}
-			haveType = true
-		}
-		d.seek(start)
+	if err := d.scanType(e, n); err != nil {
+		return err
 	}
+	d.seek(start)
+	var seen uint32
 	for i := 0; i < n; i++ {
 		key, err := d.strBytes("event key")
 		if err != nil {
 			return err
 		}
-		if string(key) == "type" {
-			tag, err := d.strBytes("type")
-			if err != nil {
-				return err
+		f := -1 // "type" (already read), unknown keys, and other classes' fields are skipped
+		if string(key) != "type" {
+			if g := fieldIndex(key); classHas(e.Type, g) {
+				f = g
 			}
-			d.setTag(e, tag)
-			haveType = true
-			continue
-		}
-		f := fieldIndex(key)
-		if haveType && !classHas(e.Type, f) {
-			f = -1 // other classes' and unknown events' fields are skipped
 		}
 		if err := d.storedField(&e.Stored, f); err != nil {
 			return err
@@ -302,14 +284,11 @@ func (d *Decoder) decodeMapEvent(e *Event) error {
 			seen |= 1 << f
 		}
 	}
-	if !haveType {
-		return errors.New(`map event without "type"`)
-	}
 	return finishEvent(e, seen)
 }
 
-// scanType reads the n keys of a map event from the current position, skipping every value
-// but "type", and sets the event's tag from it.
+// scanType reads the keys of a map event of n keys from the current position up to "type",
+// skipping the values before it, and sets the event's tag from it.
 func (d *Decoder) scanType(e *Event, n int) error {
 	for i := 0; i < n; i++ {
 		key, err := d.strBytes("event key")

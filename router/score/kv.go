@@ -77,8 +77,8 @@ type kvPolicy struct {
 	rng    *rand.Rand
 	window map[string]*tokenWindow
 	// Scratch per candidate, reused across calls so Pick does not allocate.
-	unc, win, val, scale []float64
-	busy                 []bool
+	unc, win, val, scale, cnt []float64
+	busy                      []bool
 }
 
 func newKV(o Options) *kvPolicy {
@@ -111,10 +111,10 @@ func (k *kvPolicy) windowed(id string, now int64) float64 {
 }
 
 // windowedRequests is the number of requests routed to the replica inside the window (valid
-// after windowed has pruned it for this decision's time), times scale.
-func (k *kvPolicy) windowedRequests(id string, scale float64) float64 {
+// after windowed has pruned it for this decision's time).
+func (k *kvPolicy) windowedRequests(id string) float64 {
 	if w := k.window[id]; w != nil {
-		return float64(w.n) * scale
+		return float64(w.n)
 	}
 	return 0
 }
@@ -149,9 +149,9 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	}
 	k.unc, k.win, k.val = grow(k.unc, len(cands)), grow(k.win, len(cands)), grow(k.val, len(cands))
 	unc, win, val := k.unc, k.win, k.val
-	// Replicas over the request bound are out of this decision; the one with the fewest
-	// windowed requests is never over it, so someone is left. The token bound stays over the
-	// whole healthy fleet.
+	// busy: out of this decision (over the request bound, or not starved while another
+	// replica is). Someone is always left: a starved replica when there is one, else the one
+	// with the fewest windowed requests. The token bound's mean stays over the whole fleet.
 	if cap(k.busy) < len(cands) {
 		k.busy = make([]bool, len(cands))
 	}
@@ -161,8 +161,8 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	// look idle next to the others; doubling a fleet would then send every request to the
 	// newcomers until their windows caught up. scale[i] stretches a younger replica's window
 	// to the oldest one's span; replicas seen together (a fleet starting at once) all get 1.
-	k.scale = grow(k.scale, len(cands))
-	scale := k.scale
+	k.scale, k.cnt = grow(k.scale, len(cands)), grow(k.cnt, len(cands))
+	scale, cnt := k.scale, k.cnt
 	oldest := 0.0
 	for i := range cands {
 		if cands[i].Healthy {
@@ -177,7 +177,8 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 			scale[i] = oldest / scale[i]
 			win[i] = k.windowed(cands[i].ID, req.NowNs) * scale[i]
 			sum += win[i]
-			reqs += k.windowedRequests(cands[i].ID, scale[i])
+			cnt[i] = k.windowedRequests(cands[i].ID) * scale[i]
+			reqs += cnt[i]
 			inflight += cands[i].Running + cands[i].Queue
 		}
 	}
@@ -189,7 +190,7 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	starvedLimit := k.p.StarvedShare*(reqs+1)/float64(n) - k.p.StarvedHeadroom
 	starved := func(i int) bool {
 		c := &cands[i]
-		return c.Healthy && k.windowedRequests(c.ID, scale[i]) < starvedLimit &&
+		return c.Healthy && cnt[i] < starvedLimit &&
 			float64(c.Running+c.Queue)*float64(n) <= float64(inflight)
 	}
 	anyStarved := false
@@ -203,7 +204,7 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 			continue
 		}
 		unc[i] = k.uncached(req, &cands[i]) * scale[i]
-		if anyStarved && !starved(i) || k.windowedRequests(cands[i].ID, scale[i])+scale[i] > reqLimit {
+		if anyStarved && !starved(i) || cnt[i]+scale[i] > reqLimit {
 			busy[i] = true
 			continue
 		}
