@@ -49,6 +49,10 @@ test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief 
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=1 -timeout 30m ./...
 	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
+.PHONY: chaos
+chaos: ## The fault suite (test/chaos): real kvrouter processes against real ZMQ publishers and rings, faults injected.
+	$(GO) test -count=1 -timeout 30m -v ./test/chaos/
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default here 5s; e.g. make fuzz FUZZTIME=5m).
 	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh

@@ -22,6 +22,20 @@ if [ -x "$DEST/kube-apiserver" ] && [ -x "$DEST/etcd" ] && [ -e "$DEST/kubectl" 
   exit 0
 fi
 
+# One build at a time: concurrent callers (parallel test packages, several clones) wait for the
+# first one instead of each compiling kube-apiserver into the same .tmp file.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$DEST/.lock"
+  if ! flock -n 9; then
+    log "another build is running; waiting for it"
+    flock 9
+  fi
+  if [ -x "$DEST/kube-apiserver" ] && [ -x "$DEST/etcd" ] && [ -e "$DEST/kubectl" ]; then
+    echo "$DEST"
+    exit 0
+  fi
+fi
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kvroute/kvroute/router/blockkey"
 )
 
 // Config is the whole file.
@@ -250,8 +252,8 @@ func (c Config) Validate() error {
 	if !slices.Contains(Policies, c.Policy) {
 		bad("policy", "%q is not one of %v", c.Policy, Policies)
 	}
-	if c.BlockSize < 0 || c.BlockSize > 4096 {
-		bad("blockSize", "%d is out of range 0..4096 (0 learns it from the events)", c.BlockSize)
+	if c.BlockSize < 0 || c.BlockSize > blockkey.MaxBlockSize {
+		bad("blockSize", "%d is out of range 0..%d (0 learns it from the events)", c.BlockSize, blockkey.MaxBlockSize)
 	}
 	if !slices.Contains(HashAlgos, c.Hash.Algo) {
 		bad("hash.algo", "%q is not one of %v", c.Hash.Algo, HashAlgos)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/kvroute/kvroute/router/blockkey"
 )
 
 // Keys of the --engine syntax after NAME=URL.
@@ -86,8 +88,8 @@ func parseEngine(s string) (Engine, error) {
 			e.WarmupUntil = t
 		case keyBlockSize:
 			n, err := strconv.Atoi(val)
-			if err != nil || n < 1 || n > 4096 {
-				return Engine{}, fmt.Errorf("block-size %q is not a number of tokens in 1..4096", val)
+			if err != nil || !blockkey.ValidBlockSize(int64(n)) {
+				return Engine{}, fmt.Errorf("block-size %q is not a number of tokens in 1..%d", val, blockkey.MaxBlockSize)
 			}
 			e.BlockSize = n
 		default:

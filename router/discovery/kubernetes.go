@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
 )
 
@@ -301,8 +302,8 @@ func EngineFromPod(p *corev1.Pod, o KubernetesOptions) (e Engine, ok bool, probl
 	}
 	if v, has := ann[o.BlockSizeAnnotation]; has {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < 1 || n > 4096 {
-			problems = append(problems, fmt.Sprintf("annotation %s=%q is not a block size in 1..4096 (learned from events instead)", o.BlockSizeAnnotation, v))
+		if err != nil || !blockkey.ValidBlockSize(int64(n)) {
+			problems = append(problems, fmt.Sprintf("annotation %s=%q is not a block size in 1..%d (learned from events instead)", o.BlockSizeAnnotation, v, blockkey.MaxBlockSize))
 		} else {
 			e.BlockSize = n
 		}

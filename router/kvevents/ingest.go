@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 
 	"github.com/kvroute/kvroute/router/blockkey"
@@ -25,8 +26,8 @@ type Parity struct {
 // IngestOptions configure an Ingester.
 type IngestOptions struct {
 	// BlockSize is the block size the router keys requests with; BlockStored events with another
-	// size are counted in BlockSizeMismatches (and still indexed: their keys are right for their
-	// own size). 0: no check.
+	// size (or, when 0, with another size than the first GPU event that validated) are counted in
+	// BlockSizeMismatches (and still indexed: their keys are right for their own size).
 	BlockSize int
 	// Parity, when set, recomputes vLLM's hash of sampled parent-nil blocks.
 	Parity *Parity
@@ -133,7 +134,7 @@ func (g *Ingester) Apply(b *kvwire.Batch) (cleared bool) {
 func (g *Ingester) stored(s *kvwire.BlockStored) {
 	grp := s.GroupIdx.V // an absent group_idx is group 0 (engines before v0.20 had one group)
 	att := !s.KVCacheSpecKind.OK || attentionKind(s.KVCacheSpecKind.V)
-	g.groups[grp] = att
+	g.noteGroup(grp, att)
 	if !att {
 		g.c.skippedGroups.Add(1)
 		return
@@ -147,10 +148,17 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 	if n == 0 {
 		return
 	}
-	if g.blockSize > 0 && s.BlockSize != g.blockSize {
+	// Sizes first: nothing from an event (its block size least of all, which keys every request
+	// once learned) is used before they are consistent.
+	if err := s.CheckTokens(); err != nil {
+		g.c.rekeyErrors.Add(1)
+		return
+	}
+	learned := int64(g.c.blockSizeSet.Load())
+	if want := cmp.Or(g.blockSize, learned); want > 0 && s.BlockSize != want {
 		g.c.blockSizeMismatches.Add(1)
 	}
-	if tier == index.GPU && g.c.blockSizeSet.Load() == 0 && s.BlockSize > 0 {
+	if tier == index.GPU && learned == 0 {
 		g.c.blockSizeSet.Store(uint64(s.BlockSize))
 	}
 	parent := blockkey.RootKey
@@ -194,6 +202,10 @@ func (g *Ingester) parity(s *kvwire.BlockStored) {
 		return
 	}
 	bs := int(s.BlockSize)
+	if bs <= 0 || len(s.TokenIDs) < bs {
+		g.c.paritySkipped.Add(1) // not reached: stored checked the sizes; kept so parity stands alone
+		return
+	}
 	ex, err := s.BlockExtras(g.scratch[:0], 0)
 	if err == nil {
 		g.digest, err = g.hasher.HashBlock(g.digest[:0], nil, s.TokenIDs[:bs], ex)
@@ -210,6 +222,18 @@ func (g *Ingester) parity(s *kvwire.BlockStored) {
 	}
 	if !same {
 		g.c.parityMismatches.Add(1)
+	}
+}
+
+// maxGroups bounds the group_idx values an ingester remembers: vLLM has one KV cache group per
+// distinct layer spec (a handful even for hybrid models), but the value comes from the wire and a
+// map keyed by it would grow with whatever a publisher sends. Past the bound a new group is not
+// remembered; its BlockStored events are still judged by their own kv_cache_spec_kind.
+const maxGroups = 64
+
+func (g *Ingester) noteGroup(grp int64, attention bool) {
+	if _, seen := g.groups[grp]; seen || len(g.groups) < maxGroups {
+		g.groups[grp] = attention
 	}
 }
 

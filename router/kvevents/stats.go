@@ -39,6 +39,7 @@ type counters struct {
 	received, applied, topicMismatches, malformedFrames, decodeErrors      atomic.Uint64
 	overflows, gaps, replays, replayFailures, replayedBatches, uncoverable atomic.Uint64
 	duplicates, backwards, restarts, resets                                atomic.Uint64
+	panics                                                                 atomic.Uint64
 
 	ingest ingestCounters
 }
@@ -70,6 +71,7 @@ type Stats struct {
 	TopicMismatches uint64 // messages whose topic was not the engine's identity (dropped)
 	MalformedFrames uint64 // messages that were not [topic, seq8, payload] (dropped)
 	DecodeErrors    uint64 // payloads that did not decode (their seq is consumed, nothing applied)
+	Panics          uint64 // batches whose decoding or applying panicked (recovered; batch skipped)
 	Overflows       uint64 // messages dropped because the stream's queue was full (each heals by replay)
 
 	// Sequence.
@@ -90,12 +92,12 @@ type Stats struct {
 	Clears              uint64 // AllBlocksCleared applied
 	UnknownEvents       uint64 // event types this version does not know (skipped)
 	UnknownParent       uint64 // BlockStored whose parent the replica does not hold (skipped)
-	RekeyErrors         uint64 // BlockStored whose tokens do not cover its hashes (skipped)
+	RekeyErrors         uint64 // BlockStored whose sizes are inconsistent (block size out of range, tokens not one block per hash) or whose extras cannot be keyed (skipped)
 	SkippedGroups       uint64 // events of non-attention KV groups (skipped)
 	SkippedMedia        uint64 // events with an unknown medium (skipped)
 	UnknownRemoves      uint64 // removed hashes the replica did not hold
 	IndexErrors         uint64 // index calls that failed (replica removed under the stream)
-	BlockSizeMismatches uint64 // BlockStored events whose block size is not the configured one
+	BlockSizeMismatches uint64 // BlockStored events whose block size is not the configured (or else the learned) one
 	ParityChecked       uint64 // blocks whose vLLM hash was recomputed
 	ParityMismatches    uint64 // of those, wire ints that differed: seed or algorithm mismatch
 	ParitySkipped       uint64 // sampled blocks that could not be recomputed (unmodelled extra keys)
@@ -112,7 +114,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 
 		Received: c.received.Load(), Applied: c.applied.Load(),
 		TopicMismatches: c.topicMismatches.Load(), MalformedFrames: c.malformedFrames.Load(),
-		DecodeErrors: c.decodeErrors.Load(), Overflows: c.overflows.Load(),
+		DecodeErrors: c.decodeErrors.Load(), Overflows: c.overflows.Load(), Panics: c.panics.Load(),
 
 		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(),
 		ReplayedBatches: c.replayedBatches.Load(), Uncoverable: c.uncoverable.Load(),

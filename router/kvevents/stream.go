@@ -1,8 +1,10 @@
 package kvevents
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +38,12 @@ type StreamConfig struct {
 	Ingest *IngestOptions
 }
 
+// batchApplier applies decoded batches to the index: the stream's *Ingester, or in tests one
+// that misbehaves.
+type batchApplier interface {
+	Apply(b *kvwire.Batch) (cleared bool)
+}
+
 // stream is one stream's state. The sequence fields are owned by its worker goroutine; the
 // poller touches only queue, kick, the drop marks and the counters.
 type stream struct {
@@ -56,13 +64,16 @@ type stream struct {
 
 	// worker-owned
 	dec       *kvwire.Decoder
-	ing       *Ingester
+	ing       batchApplier
 	next      uint64      // next expected seq
 	base      StreamState // Exact, Approximate or Inexact; Replaying is shown while replaying
 	fresh     bool        // nothing applied since the engine's (or router's) start: seq 0 heals
 	prevLive  uint64
 	havePrev  bool
 	replaying bool
+
+	lastPanicLog time.Time
+	logged       [numDropKinds]bool
 }
 
 func (st *stream) setState() {
@@ -217,19 +228,89 @@ func (st *stream) apply(m kvwire.Message) {
 	st.c.haveSeq.Store(true)
 	fresh := st.fresh
 	st.fresh = false
-	b, err := st.dec.DecodeBatch(m.Payload)
-	if err != nil {
-		// Replay would return the same bytes: count the batch and skip it, like events of a
-		// type this version does not know.
-		st.c.decodeErrors.Add(1)
+	cleared, ok := st.decodeAndApply(m)
+	if !ok {
 		return
 	}
-	st.c.applied.Add(1)
-	cleared := st.ing.Apply(b)
 	if cleared || (fresh && m.Seq == 0) {
 		st.base = Exact
 		st.c.partial.Store(false)
 	}
+}
+
+// decodeAndApply decodes one batch and applies it to the index. A batch that does not decode is
+// counted and skipped: replay would return the same bytes, so it is treated like events of a
+// type this version does not know.
+//
+// A panic while decoding or applying is the last line of defence, not a path the code expects
+// (sizes from the wire are checked before use): the batch is skipped and counted, the first
+// one on the stream is logged with its seq and the start of its payload, and the stream goes on
+// with the next batch. Without it one bad batch kills the router, and since the batch stays in
+// the engine's replay ring every restarted router replays it and dies again (issue 15). The
+// index takes its locks with defer, so a recovered panic leaves none held; the batch's events
+// applied before the panic stay, as they would if its later events had been of unknown types.
+func (st *stream) decodeAndApply(m kvwire.Message) (cleared, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			st.c.panics.Add(1)
+			st.logPanic(m, r)
+			cleared, ok = false, false
+		}
+	}()
+	b, err := st.dec.DecodeBatch(m.Payload)
+	if err != nil {
+		st.c.decodeErrors.Add(1)
+		st.logDrop(dropUndecodable, m, err)
+		return false, false
+	}
+	st.c.applied.Add(1)
+	return st.ing.Apply(b), true
+}
+
+// payloadHead is how much of a skipped batch's payload a log line shows, in bytes (as hex).
+const payloadHead = 64
+
+func hexHead(b []byte) string {
+	if len(b) > payloadHead {
+		return hex.EncodeToString(b[:payloadHead]) + "..."
+	}
+	return hex.EncodeToString(b)
+}
+
+// logPanic logs a recovered panic: the first on the stream in full (value, seq, payload head,
+// stack), later ones at most once a minute with the count since, so a replayed poison batch
+// cannot flood the log.
+func (st *stream) logPanic(m kvwire.Message, r any) {
+	n := st.c.panics.Load()
+	now := time.Now()
+	if n > 1 && now.Sub(st.lastPanicLog) < time.Minute {
+		return
+	}
+	st.lastPanicLog = now
+	st.sub.log.Error("event batch panicked the ingest path; batch skipped, stream continues",
+		"engine", st.key.Engine, "rank", st.key.Rank, "seq", m.Seq, "payload_bytes", len(m.Payload),
+		"payload_head", hexHead(m.Payload), "panic", fmt.Sprint(r), "panics_total", n,
+		"stack", string(debug.Stack()))
+}
+
+// dropKind names a way a batch is dropped, for logDrop's once-per-kind log line.
+type dropKind uint8
+
+const (
+	dropUndecodable dropKind = iota
+	numDropKinds
+)
+
+// logDrop logs the first drop of each kind on the stream, with its reason; the counters carry
+// the rest.
+func (st *stream) logDrop(k dropKind, m kvwire.Message, err error) {
+	if st.logged[k] {
+		return
+	}
+	st.logged[k] = true
+	st.sub.log.Warn("event batch skipped: it does not decode (counted in decode errors; further ones are not logged)",
+		"engine", st.key.Engine, "rank", st.key.Rank, "seq", m.Seq, "payload_bytes", len(m.Payload),
+		"payload_head", hexHead(m.Payload), "err", err)
 }
 
 var errReplayTimeout = errors.New("replay timed out")

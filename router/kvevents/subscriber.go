@@ -3,6 +3,7 @@ package kvevents
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,12 @@ type Options struct {
 	ReplayTimeout time.Duration
 	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
 	Ingest IngestOptions
+	// Logger receives what the streams cannot say through counters alone: the first drop of each
+	// kind and recovered panics (slog.Default() when nil).
+	Logger *slog.Logger
+
+	// wrapApplier, set by tests only, replaces each stream's ingester with what it returns.
+	wrapApplier func(*Ingester) batchApplier
 }
 
 // ErrClosed is returned after Close.
@@ -39,6 +46,7 @@ var ErrClosed = errors.New("kvevents: subscriber closed")
 type Subscriber struct {
 	opts Options
 	ctx  *zmq.Context
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	streams map[StreamKey]*stream
@@ -100,7 +108,11 @@ func New(opts Options) (*Subscriber, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: zmq context: %w", err)
 	}
-	s := &Subscriber{opts: opts, ctx: ctx, streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Subscriber{opts: opts, ctx: ctx, log: log, streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
 	addr := fmt.Sprintf("inproc://kvevents-wake-%d", wakeSeq.Add(1))
 	rx, err := ctx.NewSocket(zmq.PAIR)
 	if err == nil {
@@ -162,7 +174,12 @@ func (s *Subscriber) Add(cfg StreamConfig) error {
 		kick:  make(chan struct{}, 1), ctl: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
 		dec: kvwire.NewDecoder(),
 	}
-	if st.ing, err = newIngester(ix, id, ing, &st.c.ingest); err == nil {
+	var g *Ingester
+	if g, err = newIngester(ix, id, ing, &st.c.ingest); err == nil {
+		st.ing = g
+		if s.opts.wrapApplier != nil {
+			st.ing = s.opts.wrapApplier(g)
+		}
 		err = ix.Clear(id)
 	}
 	if err == nil {

@@ -378,8 +378,8 @@ func clearStored(s *BlockStored) {
 }
 
 func checkStored(s *BlockStored) error {
-	if s.BlockSize <= 0 {
-		return fmt.Errorf("BlockStored block_size %d, want > 0", s.BlockSize)
+	if !blockkey.ValidBlockSize(s.BlockSize) {
+		return fmt.Errorf("BlockStored block_size %d, want 1..%d", s.BlockSize, blockkey.MaxBlockSize)
 	}
 	if s.ExtraKeys.OK && len(s.ExtraKeys.V) != len(s.BlockHashes) {
 		return fmt.Errorf("BlockStored has %d extra_keys entries for %d block hashes", len(s.ExtraKeys.V), len(s.BlockHashes))

@@ -157,16 +157,31 @@ func (s *BlockStored) BlockExtras(dst blockkey.Extras, i int) (blockkey.Extras, 
 	return blockkey.ExtrasFromEvent(dst, s.LoRAName.V, ek, i)
 }
 
+// CheckTokens reports whether the event's sizes are consistent: a block size in
+// 1..blockkey.MaxBlockSize and exactly one block of token ids per hash. Every size here comes
+// from the wire, so the check divides instead of multiplying: hashes x block_size can overflow
+// (4 x 2^62 wraps to 0, which matched an empty token list and then sliced past it).
+func (s *BlockStored) CheckTokens() error {
+	n := len(s.BlockHashes)
+	if !blockkey.ValidBlockSize(s.BlockSize) {
+		return fmt.Errorf("kvwire: BlockStored block size %d is outside 1..%d", s.BlockSize, blockkey.MaxBlockSize)
+	}
+	bs := int(s.BlockSize) // fits: at most MaxBlockSize
+	if len(s.TokenIDs)%bs != 0 || len(s.TokenIDs)/bs != n {
+		return fmt.Errorf("kvwire: BlockStored has %d tokens for %d hashes of block size %d", len(s.TokenIDs), n, s.BlockSize)
+	}
+	return nil
+}
+
 // AppendRouterKeys appends the router keys of the event's blocks, chained from parent (the
 // router key of the block before the run: blockkey.RootKey when ParentBlockHash is unset). It needs
 // one BlockSize window of TokenIDs per hash, which holds for full-attention groups; events with
 // masked blocks (sliding-window, Mamba) or partial entries cannot be re-keyed and get an error.
 func (s *BlockStored) AppendRouterKeys(dst []blockkey.Key, parent blockkey.Key) ([]blockkey.Key, error) {
-	n := len(s.BlockHashes)
-	if s.BlockSize <= 0 || int64(len(s.TokenIDs)) != int64(n)*s.BlockSize {
-		return dst, fmt.Errorf("kvwire: BlockStored has %d tokens for %d hashes of block size %d", len(s.TokenIDs), n, s.BlockSize)
+	if err := s.CheckTokens(); err != nil {
+		return dst, err
 	}
-	bs := int(s.BlockSize)
+	n, bs := len(s.BlockHashes), int(s.BlockSize)
 	var stack [4]blockkey.ExtraKey
 	scratch := blockkey.Extras(stack[:0])
 	var h blockkey.KeyHasher

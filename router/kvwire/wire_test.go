@@ -3,6 +3,7 @@ package kvwire
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"runtime"
 	"strings"
 	"testing"
@@ -268,5 +269,60 @@ func TestFrames(t *testing.T) {
 	}
 	if _, _, err := ParseReplayRequest([][]byte{{1}, {2}, seq}); err == nil {
 		t.Error("replay request without the empty delimiter accepted")
+	}
+}
+
+// Every block size from the wire is range-checked before it is multiplied or used to slice
+// (issue 15): the decoder refuses a BlockStored outside 1..MaxBlockSize, and CheckTokens and
+// AppendRouterKeys refuse it on an event built by hand, without a panic.
+func TestBlockSizeBounds(t *testing.T) {
+	hashes := func(n int) []Hash {
+		out := make([]Hash, n)
+		for i := range out {
+			out[i] = IntHash(uint64(i + 1))
+		}
+		return out
+	}
+	cases := []struct {
+		name      string
+		hashes    int
+		blockSize int64
+		tokens    int
+		ok        bool
+	}{
+		{"issue 15: 4 x 2^62 wraps to 0 tokens", 4, 1 << 62, 0, false},
+		{"2^61 x 8 wraps too", 8, 1 << 61, 0, false},
+		{"max int64", 1, math.MaxInt64, 0, false},
+		{"min int64", 1, math.MinInt64, 0, false},
+		{"zero", 1, 0, 0, false},
+		{"negative", 2, -16, 32, false},
+		{"one above the maximum", 1, blockkey.MaxBlockSize + 1, blockkey.MaxBlockSize + 1, false},
+		{"tokens short by one", 2, 16, 31, false},
+		{"tokens over by one block", 2, 16, 48, false},
+		{"the maximum", 1, blockkey.MaxBlockSize, blockkey.MaxBlockSize, true},
+		{"one token per block", 3, 1, 3, true},
+		{"16", 2, 16, 32, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := BlockStored{BlockHashes: hashes(tc.hashes), TokenIDs: make([]uint32, tc.tokens), BlockSize: tc.blockSize}
+			keys, err := s.AppendRouterKeys(nil, blockkey.RootKey)
+			if (err == nil) != tc.ok || (s.CheckTokens() == nil) != tc.ok {
+				t.Fatalf("AppendRouterKeys err %v, CheckTokens err %v; want ok=%v", err, s.CheckTokens(), tc.ok)
+			}
+			if tc.ok && len(keys) != tc.hashes {
+				t.Fatalf("%d keys for %d hashes", len(keys), tc.hashes)
+			}
+			// The same event on the wire: the decoder takes only block sizes in range.
+			payload, err := NewEncoder().AppendBatch(nil, &Batch{TS: 1, Events: []Event{{Type: EventBlockStored, Stored: s}}}, LayoutMap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = NewDecoder().DecodeBatch(payload)
+			inRange := blockkey.ValidBlockSize(tc.blockSize)
+			if (err == nil) != inRange {
+				t.Fatalf("decode err %v; block size in range: %v", err, inRange)
+			}
+		})
 	}
 }

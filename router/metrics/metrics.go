@@ -102,6 +102,7 @@ type Stream struct {
 	Healthy                                       bool
 	WarmupCredit                                  float64
 	ParityMismatches, BlockSizeMismatch, Overflow float64
+	DecodeErrors, Panics                          float64
 }
 
 // StateCollector reads stream, index and engine state at scrape time.
@@ -137,6 +138,8 @@ func NewStateCollector(streams func() []Stream, keys func() float64, side func()
 			"parity":               d("parity_mismatches_total", "Blocks whose vLLM hash differed from the router's (seed/algorithm mismatch)."),
 			"blocksize_mismatches": d("block_size_mismatches_total", "BlockStored events with another block size."),
 			"overflows":            d("stream_overflows_total", "Messages dropped on the router's queue (healed by replay)."),
+			"decode_errors":        d("stream_decode_errors_total", "Event batches that did not decode or failed the wire checks (skipped)."),
+			"panics":               d("stream_panics_total", "Event batches whose decoding or applying panicked (recovered, skipped)."),
 		},
 		states: prometheus.NewDesc(ns+"_stream_state", "1 for the stream's current state.", []string{"engine", "rank", "state"}, nil),
 		keys:   prometheus.NewDesc(ns+"_index_entries", "Distinct router keys in the exact index.", nil, nil),
@@ -175,6 +178,8 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		emit("parity", ctr, s.ParityMismatches)
 		emit("blocksize_mismatches", ctr, s.BlockSizeMismatch)
 		emit("overflows", ctr, s.Overflow)
+		emit("decode_errors", ctr, s.DecodeErrors)
+		emit("panics", ctr, s.Panics)
 		for _, st := range streamStates {
 			ch <- prometheus.MustNewConstMetric(c.states, g, b2f(st == s.State), s.Engine, s.Rank, st)
 		}

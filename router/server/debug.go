@@ -39,6 +39,8 @@ type RankInfo struct {
 	Replays         uint64         `json:"replays"`
 	Resets          uint64         `json:"resets"`
 	TopicMismatches uint64         `json:"topic_mismatches"`
+	DecodeErrors    uint64         `json:"decode_errors"`
+	Panics          uint64         `json:"panics"`
 	Blocks          map[string]int `json:"blocks"`
 	LastEvent       *time.Time     `json:"last_event,omitempty"`
 	Inflight        Inflight       `json:"inflight"`
@@ -98,6 +100,7 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 				ri.LastSeq = &seq
 			}
 			ri.Partial, ri.Gaps, ri.Replays, ri.Resets, ri.TopicMismatches = st.Partial, st.Gaps, st.Replays, st.Resets, st.TopicMismatches
+			ri.DecodeErrors, ri.Panics = st.DecodeErrors, st.Panics
 		}
 	}
 	if s.exactStream(r) {
@@ -214,6 +217,7 @@ func (s *Server) streamMetrics() []metrics.Stream {
 			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
 				m.Events, m.Received = float64(st.Events), float64(st.Received)
 				m.ParityMismatches, m.BlockSizeMismatch, m.Overflow = float64(st.ParityMismatches), float64(st.BlockSizeMismatches), float64(st.Overflows)
+				m.DecodeErrors, m.Panics = float64(st.DecodeErrors), float64(st.Panics)
 			}
 		}
 		out = append(out, m)

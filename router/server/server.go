@@ -134,7 +134,7 @@ func New(o Options) (*Server, error) {
 		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil && o.Config.BlockSize > 0 {
 			ing.Parity = &kvevents.Parity{Algo: algo, Seed: o.Config.Hash.Seed}
 		}
-		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing})
+		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log})
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,199 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// kvrouterBin builds cmd/kvrouter once per test binary.
+func kvrouterBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "kvroute-chaos-")
+		if buildErr != nil {
+			return
+		}
+		out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, "kvrouter"), "../../cmd/kvrouter").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build kvrouter: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "kvrouter")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// router is one running kvrouter process.
+type router struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	admin string // host:port of /metrics and /debug
+	api   string
+	done  chan struct{}
+	err   error
+	logMu sync.Mutex
+	log   strings.Builder
+}
+
+// startRouter runs kvrouter with args on free loopback ports and waits until it listens.
+func startRouter(t *testing.T, args ...string) *router {
+	t.Helper()
+	args = append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"}, args...)
+	cmd := exec.Command(kvrouterBin(t), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &router{t: t, cmd: cmd, done: make(chan struct{})}
+	addrs := make(chan [2]string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			r.logMu.Lock()
+			r.log.WriteString(line + "\n")
+			r.logMu.Unlock()
+			var rec struct {
+				Msg, API, Admin string
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "kvrouter listening" {
+				addrs <- [2]string{rec.API, rec.Admin}
+			}
+		}
+	}()
+	go func() { r.err = cmd.Wait(); close(r.done) }()
+	t.Cleanup(r.kill)
+	select {
+	case a := <-addrs:
+		r.api, r.admin = a[0], a[1]
+	case <-r.done:
+		t.Fatalf("kvrouter exited before listening (%v):\n%s", r.err, r.logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("kvrouter did not listen within 30 s:\n%s", r.logs())
+	}
+	return r
+}
+
+func (r *router) logs() string {
+	r.logMu.Lock()
+	defer r.logMu.Unlock()
+	return r.log.String()
+}
+
+// alive fails the test if the process has exited.
+func (r *router) alive() {
+	r.t.Helper()
+	select {
+	case <-r.done:
+		r.t.Fatalf("kvrouter exited (%v):\n%s", r.err, r.logs())
+	default:
+	}
+}
+
+// stop sends SIGTERM and wants a clean exit within 15 s.
+func (r *router) stop() {
+	r.t.Helper()
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+		if r.err != nil {
+			r.t.Fatalf("kvrouter exited with %v:\n%s", r.err, r.logs())
+		}
+	case <-time.After(15 * time.Second):
+		r.kill()
+		r.t.Fatal("kvrouter did not stop within 15 s of SIGTERM")
+	}
+}
+
+func (r *router) kill() {
+	select {
+	case <-r.done:
+	default:
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+		<-r.done
+	}
+}
+
+// metric returns the value of the series name{labels...} (labels as `k="v"` pairs, all of which
+// must appear), or false when /metrics has no such series.
+func (r *router) metric(name string, labels ...string) (float64, bool) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.admin+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+next:
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(line, l) {
+				continue next
+			}
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err == nil {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// waitMetric polls until cond holds for the series' value, or fails after timeout.
+func (r *router) waitMetric(timeout time.Duration, what string, cond func(float64) bool, name string, labels ...string) float64 {
+	r.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		r.alive()
+		v, ok := r.metric(name, labels...)
+		if ok && cond(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: %s%v = %v (present %v) after %v\n%s", what, name, labels, v, ok, timeout, r.logs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
