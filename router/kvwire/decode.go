@@ -55,7 +55,7 @@ func (d *Decoder) DecodeBatch(payload []byte) (*Batch, error) {
 	d.arena = d.arena[:0]
 	d.extras = d.extras[:0]
 	b := &d.batch
-	b.TS, b.DataParallelRank, b.Layout = 0, Opt[int64]{}, LayoutUnknown
+	b.TS, b.DataParallelRank, b.Layout, b.BatchLayout = 0, Opt[int64]{}, LayoutUnknown, LayoutUnknown
 	if err := d.decodeBatch(b); err != nil {
 		return nil, fmt.Errorf("kvwire: %w", err)
 	}
@@ -65,7 +65,26 @@ func (d *Decoder) DecodeBatch(payload []byte) (*Batch, error) {
 	return b, nil
 }
 
+// decodeBatch reads the batch in either layout: KVEventBatch is [ts, events, data_parallel_rank]
+// while its class is array_like (shapes E1, E3) and a map of the same fields once array_like is
+// removed from it (E2; see Shape).
 func (d *Decoder) decodeBatch(b *Batch) error {
+	c, err := d.peek()
+	if err != nil {
+		return d.eof(err)
+	}
+	switch {
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		b.BatchLayout = LayoutArray
+		return d.decodeArrayBatch(b)
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		b.BatchLayout = LayoutMap
+		return d.decodeMapBatch(b)
+	}
+	return fmt.Errorf("batch is msgpack code 0x%02x, want an array or a map", c)
+}
+
+func (d *Decoder) decodeArrayBatch(b *Batch) error {
 	n, err := d.arrayLen("batch")
 	if err != nil {
 		return err
@@ -76,6 +95,77 @@ func (d *Decoder) decodeBatch(b *Batch) error {
 	if b.TS, err = d.float("ts"); err != nil {
 		return err
 	}
+	if err := d.decodeEvents(b); err != nil {
+		return err
+	}
+	if n >= 3 {
+		if b.DataParallelRank, err = d.optInt("data_parallel_rank"); err != nil {
+			return err
+		}
+	}
+	for i := 3; i < n; i++ {
+		if err := d.skip(0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeMapBatch reads {"ts": .., "events": [..], "data_parallel_rank": ..} by name, in any key
+// order. msgspec writes the keys in declaration order and, with omit_defaults, leaves
+// data_parallel_rank out when it is None; keys it does not know (a subclass's extra fields, e.g.
+// a plugin's instance id) are skipped. "ts" and "events" have no default, so msgspec always
+// writes them: a batch without either, or with a field twice, is an error.
+func (d *Decoder) decodeMapBatch(b *Batch) error {
+	n, err := d.mapLen("batch")
+	if err != nil {
+		return err
+	}
+	const hasTS, hasEvents, hasRank = 1, 2, 4
+	var seen uint8
+	for i := 0; i < n; i++ {
+		key, err := d.strBytes("batch key")
+		if err != nil {
+			return err
+		}
+		var bit uint8
+		switch string(key) {
+		case "ts":
+			bit = hasTS
+		case "events":
+			bit = hasEvents
+		case "data_parallel_rank":
+			bit = hasRank
+		}
+		if seen&bit != 0 { // before the value is read: key may alias the scratch buffer
+			return fmt.Errorf("map batch has key %q twice", key)
+		}
+		seen |= bit
+		switch bit {
+		case hasTS:
+			b.TS, err = d.float("ts")
+		case hasEvents:
+			err = d.decodeEvents(b)
+		case hasRank:
+			b.DataParallelRank, err = d.optInt("data_parallel_rank")
+		default:
+			err = d.skip(0)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case seen&hasTS == 0:
+		return errors.New(`map batch lacks "ts"`)
+	case seen&hasEvents == 0:
+		return errors.New(`map batch lacks "events"`)
+	}
+	return nil
+}
+
+// decodeEvents reads the events array into b.Events and sets b.Layout from the first event.
+func (d *Decoder) decodeEvents(b *Batch) error {
 	ne, err := d.arrayLen("events")
 	if err != nil {
 		return err
@@ -92,16 +182,6 @@ func (d *Decoder) decodeBatch(b *Batch) error {
 		}
 		if b.Layout == LayoutUnknown {
 			b.Layout = layout
-		}
-	}
-	if n >= 3 {
-		if b.DataParallelRank, err = d.optInt("data_parallel_rank"); err != nil {
-			return err
-		}
-	}
-	for i := 3; i < n; i++ {
-		if err := d.skip(0); err != nil {
-			return err
 		}
 	}
 	return nil
