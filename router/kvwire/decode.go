@@ -437,6 +437,7 @@ func finishEvent(e *Event, seen uint32) error {
 		if seen&storedRequired != storedRequired {
 			return errors.New("BlockStored lacks one of block_hashes, parent_block_hash, token_ids, block_size")
 		}
+		noParentZero(s)
 		return checkStored(s)
 	case EventBlockRemoved:
 		if seen&(1<<fBlockHashes) == 0 {
@@ -450,6 +451,24 @@ func finishEvent(e *Event, seen uint32) error {
 		clearStored(s)
 	}
 	return nil
+}
+
+// noParentZero reads an integer parent_block_hash of 0 as no parent, in both event layouts.
+// vLLM sends None (vllm/distributed/kv_events.py: ExternalBlockHash | None), but
+// llm-d-inference-sim's array layout writes 0 for "no parent" (pkg/kv-cache/kv_cache_sender.go:
+// kvblock.EmptyBlockHash, which is 0), and llm-d-kv-cache's vLLM adapter
+// (pkg/kvevents/engineadapter/vllm_adapter.go) reads None as that same 0, so to llm-d 0 and None
+// are one value whatever the layout. Read as a real parent, every such
+// event names a block no replica holds and is skipped. The map layout gets the same rule (there
+// llm-d-inference-sim writes nil, but any publisher built on llm-d's uint64 ParentHash can only
+// say 0): a real vLLM integer hash is the low 64 bits of a sha256 or xxh3-128 digest
+// (vllm/v1/core/kv_cache_utils.py), so it is 0 with probability 2^-64, and misreading one would
+// only key that one event from the root. Raw-bytes hashes are left alone: no publisher sends
+// zero bytes for none.
+func noParentZero(s *BlockStored) {
+	if p := &s.ParentBlockHash; p.OK && !p.V.IsBytes() && p.V.Int == 0 {
+		*p = Opt[Hash]{}
+	}
 }
 
 // clearStored clears the BlockStored half after its fields were used for another class.

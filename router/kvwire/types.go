@@ -158,7 +158,7 @@ func (s Shape) Layouts() (batch, events Layout) {
 // BlockStored is a newly cached (or, in full report mode, re-announced) run of full blocks.
 type BlockStored struct {
 	BlockHashes     []Hash
-	ParentBlockHash Opt[Hash] // unset when the run starts at block 0
+	ParentBlockHash Opt[Hash] // unset when the run starts at block 0 (None, or integer 0: see noParentZero)
 	TokenIDs        []uint32  // every token of the run (masked blocks keep their tokens)
 	BlockSize       int64
 	LoRAID          Opt[int64]
