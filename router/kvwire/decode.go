@@ -813,7 +813,9 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
 			return dst, fmt.Errorf("token %d: %w", i, err)
 		}
 		if v < 0 || v > math.MaxUint32 {
-			return dst, fmt.Errorf("token %d: id %d out of uint32 range", i, v)
+			// vLLM's token ids are Python ints, but every vocabulary fits uint32, the type the
+			// router keys and hashes them as; the request and render paths refuse the same ids.
+			return dst, fmt.Errorf("token %d: id %d out of range 0..4294967295", i, v)
 		}
 		dst = append(dst, uint32(v))
 	}
