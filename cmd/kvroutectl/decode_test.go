@@ -92,3 +92,37 @@ func TestDecodeBadInput(t *testing.T) {
 		}
 	}
 }
+
+// Every batch shape decodes (the payloads vLLM's own classes wrote, see
+// testdata/vllm/README.md), and the output says which shape it was.
+func TestDecodeEveryBatchShape(t *testing.T) {
+	raw, err := os.ReadFile("../../testdata/vllm/vllm-batch-shapes.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Shapes map[string]struct {
+			Hex string `json:"hex"`
+		} `json:"shapes"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	for _, shape := range []string{"E1", "E2", "E3"} {
+		rc, out, errs := runCmd(t, runDecode, "", "--hex", f.Shapes[shape].Hex)
+		if rc != 0 {
+			t.Fatalf("%s: rc %d: %s", shape, rc, errs)
+		}
+		var got struct {
+			Shape  string           `json:"shape"`
+			Rank   *int             `json:"data_parallel_rank"`
+			Events []map[string]any `json:"events"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("%s: %v", out, err)
+		}
+		if got.Shape != shape || got.Rank == nil || *got.Rank != 0 || len(got.Events) != 3 || got.Events[0]["type"] != "BlockStored" {
+			t.Errorf("%s: %s", shape, out)
+		}
+	}
+}

@@ -55,7 +55,7 @@ func (d *Decoder) DecodeBatch(payload []byte) (*Batch, error) {
 	d.arena = d.arena[:0]
 	d.extras = d.extras[:0]
 	b := &d.batch
-	b.TS, b.DataParallelRank, b.Layout = 0, Opt[int64]{}, LayoutUnknown
+	b.TS, b.DataParallelRank, b.Layout, b.BatchLayout = 0, Opt[int64]{}, LayoutUnknown, LayoutUnknown
 	if err := d.decodeBatch(b); err != nil {
 		return nil, fmt.Errorf("kvwire: %w", err)
 	}
@@ -65,7 +65,26 @@ func (d *Decoder) DecodeBatch(payload []byte) (*Batch, error) {
 	return b, nil
 }
 
+// decodeBatch reads the batch in either layout: KVEventBatch is [ts, events, data_parallel_rank]
+// while its class is array_like (shapes E1, E3) and a map of the same fields once array_like is
+// removed from it (E2; see Shape).
 func (d *Decoder) decodeBatch(b *Batch) error {
+	c, err := d.peek()
+	if err != nil {
+		return d.eof(err)
+	}
+	switch {
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		b.BatchLayout = LayoutArray
+		return d.decodeArrayBatch(b)
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		b.BatchLayout = LayoutMap
+		return d.decodeMapBatch(b)
+	}
+	return fmt.Errorf("batch is msgpack code 0x%02x, want an array or a map", c)
+}
+
+func (d *Decoder) decodeArrayBatch(b *Batch) error {
 	n, err := d.arrayLen("batch")
 	if err != nil {
 		return err
@@ -76,6 +95,77 @@ func (d *Decoder) decodeBatch(b *Batch) error {
 	if b.TS, err = d.float("ts"); err != nil {
 		return err
 	}
+	if err := d.decodeEvents(b); err != nil {
+		return err
+	}
+	if n >= 3 {
+		if b.DataParallelRank, err = d.optInt("data_parallel_rank"); err != nil {
+			return err
+		}
+	}
+	for i := 3; i < n; i++ {
+		if err := d.skip(0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeMapBatch reads {"ts": .., "events": [..], "data_parallel_rank": ..} by name, in any key
+// order. msgspec writes the keys in declaration order and, with omit_defaults, leaves
+// data_parallel_rank out when it is None; keys it does not know (a subclass's extra fields, e.g.
+// a plugin's instance id) are skipped. "ts" and "events" have no default, so msgspec always
+// writes them: a batch without either, or with a field twice, is an error.
+func (d *Decoder) decodeMapBatch(b *Batch) error {
+	n, err := d.mapLen("batch")
+	if err != nil {
+		return err
+	}
+	const hasTS, hasEvents, hasRank = 1, 2, 4
+	var seen uint8
+	for i := 0; i < n; i++ {
+		key, err := d.strBytes("batch key")
+		if err != nil {
+			return err
+		}
+		var bit uint8
+		switch string(key) {
+		case "ts":
+			bit = hasTS
+		case "events":
+			bit = hasEvents
+		case "data_parallel_rank":
+			bit = hasRank
+		}
+		if seen&bit != 0 { // before the value is read: key may alias the scratch buffer
+			return fmt.Errorf("map batch has key %q twice", key)
+		}
+		seen |= bit
+		switch bit {
+		case hasTS:
+			b.TS, err = d.float("ts")
+		case hasEvents:
+			err = d.decodeEvents(b)
+		case hasRank:
+			b.DataParallelRank, err = d.optInt("data_parallel_rank")
+		default:
+			err = d.skip(0)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case seen&hasTS == 0:
+		return errors.New(`map batch lacks "ts"`)
+	case seen&hasEvents == 0:
+		return errors.New(`map batch lacks "events"`)
+	}
+	return nil
+}
+
+// decodeEvents reads the events array into b.Events and sets b.Layout from the first event.
+func (d *Decoder) decodeEvents(b *Batch) error {
 	ne, err := d.arrayLen("events")
 	if err != nil {
 		return err
@@ -92,16 +182,6 @@ func (d *Decoder) decodeBatch(b *Batch) error {
 		}
 		if b.Layout == LayoutUnknown {
 			b.Layout = layout
-		}
-	}
-	if n >= 3 {
-		if b.DataParallelRank, err = d.optInt("data_parallel_rank"); err != nil {
-			return err
-		}
-	}
-	for i := 3; i < n; i++ {
-		if err := d.skip(0); err != nil {
-			return err
 		}
 	}
 	return nil
@@ -357,6 +437,7 @@ func finishEvent(e *Event, seen uint32) error {
 		if seen&storedRequired != storedRequired {
 			return errors.New("BlockStored lacks one of block_hashes, parent_block_hash, token_ids, block_size")
 		}
+		noParentZero(s)
 		return checkStored(s)
 	case EventBlockRemoved:
 		if seen&(1<<fBlockHashes) == 0 {
@@ -370,6 +451,24 @@ func finishEvent(e *Event, seen uint32) error {
 		clearStored(s)
 	}
 	return nil
+}
+
+// noParentZero reads an integer parent_block_hash of 0 as no parent, in both event layouts.
+// vLLM sends None (vllm/distributed/kv_events.py: ExternalBlockHash | None), but
+// llm-d-inference-sim's array layout writes 0 for "no parent" (pkg/kv-cache/kv_cache_sender.go:
+// kvblock.EmptyBlockHash, which is 0), and llm-d-kv-cache's vLLM adapter
+// (pkg/kvevents/engineadapter/vllm_adapter.go) reads None as that same 0, so to llm-d 0 and None
+// are one value whatever the layout. Read as a real parent, every such
+// event names a block no replica holds and is skipped. The map layout gets the same rule (there
+// llm-d-inference-sim writes nil, but any publisher built on llm-d's uint64 ParentHash can only
+// say 0): a real vLLM integer hash is the low 64 bits of a sha256 or xxh3-128 digest
+// (vllm/v1/core/kv_cache_utils.py), so it is 0 with probability 2^-64, and misreading one would
+// only key that one event from the root. Raw-bytes hashes are left alone: no publisher sends
+// zero bytes for none.
+func noParentZero(s *BlockStored) {
+	if p := &s.ParentBlockHash; p.OK && !p.V.IsBytes() && p.V.Int == 0 {
+		*p = Opt[Hash]{}
+	}
 }
 
 // clearStored clears the BlockStored half after its fields were used for another class.
@@ -714,7 +813,9 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
 			return dst, fmt.Errorf("token %d: %w", i, err)
 		}
 		if v < 0 || v > math.MaxUint32 {
-			return dst, fmt.Errorf("token %d: id %d out of uint32 range", i, v)
+			// vLLM's token ids are Python ints, but every vocabulary fits uint32, the type the
+			// router keys and hashes them as; the request and render paths refuse the same ids.
+			return dst, fmt.Errorf("token %d: id %d out of range 0..4294967295", i, v)
 		}
 		dst = append(dst, uint32(v))
 	}

@@ -9,12 +9,14 @@ import (
 	"github.com/kvroute/kvroute/router/blockkey"
 )
 
-// Encoder writes KVEventBatch payloads as vLLM's msgspec encoder does (spec §4.4): the batch is
-// always the array [ts as float64, events, data_parallel_rank]; ints take their shortest form.
-// In LayoutMap an event is a map whose first key is "type", then fields in declaration order,
-// required fields always written (nil for None) and defaulted ones left out when None. In
-// LayoutArray an event is [tag, every field of the v0.22/0.23 set], plus locality only when set.
-// Not safe for concurrent use.
+// Encoder writes KVEventBatch payloads as vLLM's msgspec encoder does (spec §4.4), in each
+// Shape. An array batch is [ts as float64, events, data_parallel_rank] with every field written;
+// a map batch (E2) is {"ts", "events", "data_parallel_rank"} in that order with the rank left out
+// when None (omit_defaults). Ints take their shortest form. In LayoutMap an event is a map whose
+// first key is "type", then fields in declaration order, required fields always written (nil for
+// None) and defaulted ones left out when None. In LayoutArray an event is [tag, every field of
+// the set before locality (block_hashes .. kv_cache_spec_sliding_window)], plus locality only
+// when set. Not safe for concurrent use.
 type Encoder struct {
 	buf bytes.Buffer
 	e   *msgpack.Encoder
@@ -27,22 +29,44 @@ func NewEncoder() *Encoder {
 	return enc
 }
 
-// AppendBatch appends the payload of b in the given layout to dst.
+// AppendBatch appends the payload of b to dst as an array batch whose events are in the given
+// layout: LayoutArray is shape E1, LayoutMap E3.
 func (enc *Encoder) AppendBatch(dst []byte, b *Batch, layout Layout) ([]byte, error) {
+	return enc.appendBatch(dst, b, LayoutArray, layout)
+}
+
+// AppendBatchShape appends the payload of b to dst in shape s (E1, E2 or E3).
+func (enc *Encoder) AppendBatchShape(dst []byte, b *Batch, s Shape) ([]byte, error) {
+	batch, events := s.Layouts()
+	if batch == LayoutUnknown {
+		return dst, fmt.Errorf("kvwire: encode: shape %v", s)
+	}
+	return enc.appendBatch(dst, b, batch, events)
+}
+
+func (enc *Encoder) appendBatch(dst []byte, b *Batch, batch, layout Layout) ([]byte, error) {
 	if layout != LayoutMap && layout != LayoutArray {
 		return dst, fmt.Errorf("kvwire: encode: layout %v", layout)
 	}
 	enc.buf.Reset()
 	e := enc.e
-	_ = e.EncodeArrayLen(3)
+	if batch == LayoutMap {
+		_ = e.EncodeMapLen(2 + count(b.DataParallelRank.OK))
+		enc.key("ts")
+	} else {
+		_ = e.EncodeArrayLen(3)
+	}
 	_ = e.EncodeFloat64(b.TS)
+	enc.key2(batch, "events")
 	_ = e.EncodeArrayLen(len(b.Events))
 	for i := range b.Events {
 		if err := enc.event(&b.Events[i], layout); err != nil {
 			return dst, fmt.Errorf("kvwire: encode event %d: %w", i, err)
 		}
 	}
-	enc.optInt(b.DataParallelRank)
+	if enc.field(batch, "data_parallel_rank", b.DataParallelRank.OK) {
+		enc.optInt(b.DataParallelRank)
+	}
 	return append(dst, enc.buf.Bytes()...), nil
 }
 

@@ -62,15 +62,16 @@ func ReplayReplyFrames(identity []byte, m Message) [][]byte {
 	return append([][]byte{identity, {}}, m.Frames()...)
 }
 
-// ReplayEndFrames returns the end marker a ROUTER sends after the last buffered batch
-// (vLLM ≥ 0.25): [identity, "", "", ff×8, ""].
+// ReplayEndFrames returns the end marker a ROUTER sends after the last buffered batch, in the
+// framing with a topic frame (vLLM PR #45177): [identity, "", "", ff×8, ""].
 func ReplayEndFrames(identity []byte) [][]byte {
 	return ReplayReplyFrames(identity, Message{Topic: []byte{}, Seq: EndSeq, Payload: []byte{}})
 }
 
-// ParseReplayReply parses one replay reply as a DEALER (or REQ) receives it, from any vLLM
-// version: ["", topic, seq, payload] (≥ 0.25), ["", seq, payload] (≤ 0.24), and the same
-// without the leading empty delimiter. An empty payload is the end marker (end is true; the
+// ParseReplayReply parses one replay reply as a DEALER (or REQ) receives it, with or without the
+// topic frame vLLM PR #45177 added (merged June 2026; which release first has it is not
+// verified): ["", topic, seq, payload], ["", seq, payload], and the same without the leading
+// empty delimiter. An empty payload is the end marker (end is true; the
 // returned message then carries only what the marker had).
 func ParseReplayReply(frames [][]byte) (m Message, end bool, err error) {
 	switch len(frames) {
@@ -79,9 +80,9 @@ func ParseReplayReply(frames [][]byte) (m Message, end bool, err error) {
 			return Message{}, false, fmt.Errorf("kvwire: 4-frame replay reply without the empty delimiter")
 		}
 		m.Topic, frames = frames[1], frames[2:]
-	case 3: // "", seq, payload (≤ 0.24, DEALER) or topic, seq, payload (≥ 0.25, REQ): same reading
+	case 3: // "", seq, payload (no topic frame, DEALER) or topic, seq, payload (REQ): same reading
 		m.Topic, frames = frames[0], frames[1:]
-	case 2: // seq, payload (≤ 0.24, REQ)
+	case 2: // seq, payload (no topic frame, REQ)
 		m.Topic = []byte{}
 	default:
 		return Message{}, false, fmt.Errorf("kvwire: replay reply has %d frames, want 2 to 4", len(frames))

@@ -14,11 +14,16 @@ func seedPayloads(f *testing.F) [][]byte {
 			out = append(out, unhex(f, m.Frames["payload"]))
 		}
 	}
-	full, err := NewEncoder().AppendBatch(nil, fullBatch(), LayoutArray)
-	if err != nil {
-		f.Fatal(err)
+	// The three batch shapes as vLLM's classes write them, and the full batch in each.
+	out = append(out, shapePayloads(f)...)
+	for _, shape := range []Shape{ShapeE1, ShapeE2, ShapeE3} {
+		full, err := NewEncoder().AppendBatchShape(nil, fullBatch(), shape)
+		if err != nil {
+			f.Fatal(err)
+		}
+		out = append(out, full)
 	}
-	return append(out, full)
+	return out
 }
 
 // FuzzDecodeBatch: no panic on any input, and whatever decodes re-encodes to something that
@@ -42,7 +47,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		if layout == LayoutUnknown {
 			layout = LayoutMap
 		}
-		again, err := enc.AppendBatch(nil, b, layout)
+		again, err := enc.appendBatch(nil, b, b.BatchLayout, layout) // a map batch of array events too
 		if err != nil {
 			t.Fatalf("decoded batch does not re-encode: %v", err)
 		}

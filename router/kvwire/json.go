@@ -134,7 +134,8 @@ func eventJSON(e *Event) object {
 }
 
 // MarshalJSON writes the batch in the normalized JSON form described above, with the event
-// layout it was decoded from as "layout".
+// layout it was decoded from as "layout" and the batch's Shape as "shape" ("E1", "E2", "E3" or
+// "unknown").
 func (b *Batch) MarshalJSON() ([]byte, error) {
 	events := make([]object, len(b.Events))
 	for i := range b.Events {
@@ -144,6 +145,7 @@ func (b *Batch) MarshalJSON() ([]byte, error) {
 		{"ts", b.TS},
 		{"data_parallel_rank", optJSON(b.DataParallelRank)},
 		{"layout", b.Layout.String()},
+		{"shape", b.Shape().String()},
 		{"events", events},
 	})
 }

@@ -20,7 +20,7 @@ func sameAsLibrary(t *testing.T, fast, lib *Decoder, payload []byte) {
 			t.Fatalf("payload %x: raw readers say %q, library %q", payload, errA, errB)
 		}
 	case !(a.TS == b.TS || a.TS != a.TS && b.TS != b.TS) || !reflect.DeepEqual(a.Events, b.Events) ||
-		a.DataParallelRank != b.DataParallelRank || a.Layout != b.Layout: // NaN ts is never DeepEqual
+		a.DataParallelRank != b.DataParallelRank || a.Layout != b.Layout || a.BatchLayout != b.BatchLayout: // NaN ts is never DeepEqual
 		t.Fatalf("payload %x: raw readers decode\n%+v\nlibrary\n%+v", payload, a, b)
 	}
 }
@@ -62,9 +62,10 @@ func TestRawReadersMatchLibrary(t *testing.T) {
 			inputs = append(inputs, unhex(t, m.Frames["payload"]))
 		}
 	}
-	for _, layout := range []Layout{LayoutMap, LayoutArray} {
+	inputs = append(inputs, shapePayloads(t)...)
+	for _, shape := range []Shape{ShapeE1, ShapeE2, ShapeE3} {
 		for _, b := range []*Batch{fullBatch(), bigBatch()} {
-			p, err := NewEncoder().AppendBatch(nil, b, layout)
+			p, err := NewEncoder().AppendBatchShape(nil, b, shape)
 			if err != nil {
 				t.Fatal(err)
 			}

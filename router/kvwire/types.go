@@ -1,6 +1,6 @@
 // Package kvwire is vLLM's KV-cache event wire format: the ZMQ frames of the PUB stream and of
-// replay replies, and the msgpack KVEventBatch payload in both event layouts (maps, vLLM ≥ 0.24;
-// arrays, older), decoded and encoded.
+// replay replies, and the msgpack KVEventBatch payload in each of the three shapes known (see
+// Shape: array or map batch, array or map events), decoded and encoded.
 package kvwire
 
 import (
@@ -80,15 +80,20 @@ func (t EventType) String() string {
 	return "Unknown"
 }
 
-// Layout is how events are encoded inside a batch.
+// Layout is how a msgpack struct is encoded: as a map keyed by field name or as a positional
+// array. Batch.Layout is the events' layout, Batch.BatchLayout the batch's own; which pairs occur
+// is Shape's doc.
 type Layout uint8
 
 const (
-	// LayoutUnknown: a batch with no events shows neither.
+	// LayoutUnknown: not decoded, or a batch with no events shows no event layout.
 	LayoutUnknown Layout = iota
-	// LayoutMap: events are msgpack maps keyed by field name, None fields left out (vLLM ≥ 0.24).
+	// LayoutMap: a msgpack map keyed by field name; an event's first key is "type", and
+	// defaulted fields whose value is None are left out (msgspec omit_defaults without
+	// array_like).
 	LayoutMap
-	// LayoutArray: events are [tag, field1, ...] with every field present (vLLM ≤ 0.23).
+	// LayoutArray: a positional array; an event is [tag, field1, ...] with every field present
+	// (msgspec array_like).
 	LayoutArray
 )
 
@@ -102,10 +107,58 @@ func (l Layout) String() string {
 	return "unknown"
 }
 
+// Shape is the encoding of a whole batch: the batch's layout and its events'. Three shapes are
+// known, named as in testdata/vllm/vllm-batch-shapes.json, whose bytes vLLM's own classes
+// (vllm/distributed/kv_events.py) produced through msgspec. Which vLLM release sends which is
+// not settled (only E3 was seen from a live engine), so a decoder reads all three and the names
+// carry no version numbers.
+type Shape uint8
+
+const (
+	// ShapeUnknown: an array batch without events (E1 and E3 look alike then), a map batch of
+	// array events (no known publisher), or a Batch that was not decoded.
+	ShapeUnknown Shape = iota
+	// ShapeE1: array batch [ts, events, data_parallel_rank] of array events: kv_events.py with
+	// array_like on every class (vLLM's source up to about v0.22; llm-d-inference-sim's array
+	// mode).
+	ShapeE1
+	// ShapeE2: map batch {"ts", "events", "data_parallel_rank"} of map events: array_like
+	// removed from the batch class too (the newest upstream kv_events.py in public indexes).
+	ShapeE2
+	// ShapeE3: array batch of map events: array_like removed from the event classes only (a live
+	// v0.26.0 capture; llm-d-inference-sim's map mode).
+	ShapeE3
+)
+
+func (s Shape) String() string {
+	switch s {
+	case ShapeE1:
+		return "E1"
+	case ShapeE2:
+		return "E2"
+	case ShapeE3:
+		return "E3"
+	}
+	return "unknown"
+}
+
+// Layouts returns the batch and event layouts of s (LayoutUnknown for ShapeUnknown).
+func (s Shape) Layouts() (batch, events Layout) {
+	switch s {
+	case ShapeE1:
+		return LayoutArray, LayoutArray
+	case ShapeE2:
+		return LayoutMap, LayoutMap
+	case ShapeE3:
+		return LayoutArray, LayoutMap
+	}
+	return LayoutUnknown, LayoutUnknown
+}
+
 // BlockStored is a newly cached (or, in full report mode, re-announced) run of full blocks.
 type BlockStored struct {
 	BlockHashes     []Hash
-	ParentBlockHash Opt[Hash] // unset when the run starts at block 0
+	ParentBlockHash Opt[Hash] // unset when the run starts at block 0 (None, or integer 0: see noParentZero)
 	TokenIDs        []uint32  // every token of the run (masked blocks keep their tokens)
 	BlockSize       int64
 	LoRAID          Opt[int64]
@@ -136,12 +189,26 @@ type Event struct {
 	Removed BlockRemoved
 }
 
-// Batch is one KVEventBatch: [ts, events, data_parallel_rank].
+// Batch is one KVEventBatch: [ts, events, data_parallel_rank] or the same as a map.
 type Batch struct {
 	TS               float64
 	Events           []Event
 	DataParallelRank Opt[int64]
-	Layout           Layout // of the events, as decoded
+	Layout           Layout // of the events (the first event's), as decoded
+	BatchLayout      Layout // of the batch itself, as decoded
+}
+
+// Shape is the batch's shape as decoded, from BatchLayout and Layout.
+func (b *Batch) Shape() Shape {
+	switch {
+	case b.BatchLayout == LayoutMap && b.Layout != LayoutArray:
+		return ShapeE2 // no events still shows the map batch, which only E2 has
+	case b.BatchLayout == LayoutArray && b.Layout == LayoutArray:
+		return ShapeE1
+	case b.BatchLayout == LayoutArray && b.Layout == LayoutMap:
+		return ShapeE3
+	}
+	return ShapeUnknown
 }
 
 // BlockExtras returns block i's extras as the event gives them, for re-keying with

@@ -55,7 +55,7 @@ func TestRoundTripBothLayouts(t *testing.T) {
 	in := fullBatch()
 	enc, d := NewEncoder(), NewDecoder()
 	for _, layout := range []Layout{LayoutMap, LayoutArray} {
-		in.Layout = layout
+		in.Layout, in.BatchLayout = layout, LayoutArray
 		payload, err := enc.AppendBatch(nil, in, layout)
 		if err != nil {
 			t.Fatal(err)
@@ -172,7 +172,8 @@ func TestToleratesUnknownAndMissing(t *testing.T) {
 
 func TestRejectsBadInput(t *testing.T) {
 	cases := map[string][]byte{
-		"not an array":        enc(t, map[string]int{"ts": 1}),
+		"map without events":  enc(t, map[string]int{"ts": 1}),
+		"batch is a string":   enc(t, "x"),
 		"one element":         enc(t, []any{1.0}),
 		"ts is a string":      enc(t, []any{"x", []any{}, 0}),
 		"event is a number":   enc(t, []any{1.0, []any{7}, 0}),

@@ -152,8 +152,12 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 // parsePrompt accepts what vLLM's CompletionRequest.prompt does: a string, a list of strings,
 // a list of token ids or a list of token-id lists. The router routes by the first prompt.
 func (r *Request) parsePrompt(raw json.RawMessage) error {
-	if ids, ok := parseIDs(raw); ok { // the common token-id form, without a generic decode
+	ids, err := parseIDs(raw) // the common token-id form, without a generic decode
+	if err == nil {
 		return r.setIDs(ids)
+	}
+	if err != errNotIDs {
+		return err
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
@@ -171,10 +175,14 @@ func (r *Request) parsePrompt(raw json.RawMessage) error {
 		r.PromptText = s
 		return nil
 	}
-	if ids, ok := parseIDs(list[0]); ok {
+	ids, err = parseIDs(list[0])
+	if err == nil {
 		return r.setIDs(ids)
 	}
-	return badf("prompt must be a string, a list of strings, or lists of valid token ids (integers 0..2^31-1)")
+	if err != errNotIDs {
+		return err
+	}
+	return badf("prompt must be a string, a list of strings, or lists of valid token ids (integers 0..%d)", uint32(math.MaxUint32))
 }
 
 func (r *Request) setIDs(ids []uint32) error {
@@ -185,12 +193,17 @@ func (r *Request) setIDs(ids []uint32) error {
 	return nil
 }
 
-// parseIDs reads a JSON array of non-negative integers below 2^31. It is written by hand
-// because it is the hot path of token-id prompts (a 100k-token prompt is 600 KB of JSON):
-// encoding/json spends about 10x longer going through []json.RawMessage or []float64. Anything
-// it does not accept (floats, exponents, negatives, other values) returns ok=false and the
-// caller reports a bad request.
-func parseIDs(raw []byte) (ids []uint32, ok bool) {
+// errNotIDs: the value is not a JSON array of integers; the caller tries the other prompt forms.
+var errNotIDs = errors.New("not a token-id array")
+
+// parseIDs reads a JSON array of token ids: integers 0..2^32-1, the range every vocabulary fits
+// in and the router keys and hashes as uint32 (the same rule as the render path and the KV-event
+// decoder; vLLM itself takes any Python int and refuses ids past its vocabulary). An integer out
+// of that range is a bad request naming it; anything else that is not such an array (floats,
+// exponents, strings, bad JSON) is errNotIDs. It is written by hand because it is the hot path
+// of token-id prompts (a 100k-token prompt is 600 KB of JSON): encoding/json spends about 10x
+// longer going through []json.RawMessage or []float64.
+func parseIDs(raw []byte) (ids []uint32, err error) {
 	i, n := 0, len(raw)
 	skip := func() {
 		for i < n && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
@@ -199,7 +212,7 @@ func parseIDs(raw []byte) (ids []uint32, ok bool) {
 	}
 	skip()
 	if i >= n || raw[i] != '[' {
-		return nil, false
+		return nil, errNotIDs
 	}
 	i++
 	ids = make([]uint32, 0, n/6)
@@ -207,26 +220,43 @@ func parseIDs(raw []byte) (ids []uint32, ok bool) {
 	if i < n && raw[i] == ']' {
 		i++
 		skip()
-		return ids, i == n
+		if i != n {
+			return nil, errNotIDs
+		}
+		return ids, nil
 	}
 	for {
 		skip()
 		start := i
+		neg := i < n && raw[i] == '-'
+		if neg {
+			i++
+		}
+		digits := i
 		var v uint64
 		for i < n && raw[i] >= '0' && raw[i] <= '9' {
-			v = v*10 + uint64(raw[i]-'0')
-			if v > math.MaxInt32 {
-				return nil, false
+			if v <= math.MaxUint32 { // past it, only the digits are scanned (no overflow)
+				v = v*10 + uint64(raw[i]-'0')
 			}
 			i++
 		}
-		if i == start || (raw[start] == '0' && i-start > 1) {
-			return nil, false
+		if i == digits || (raw[digits] == '0' && i-digits > 1) {
+			return nil, errNotIDs
+		}
+		if i < n && (raw[i] == '.' || raw[i] == 'e' || raw[i] == 'E') {
+			return nil, errNotIDs // not an integer literal
+		}
+		if v > math.MaxUint32 || (neg && v != 0) { // -0 is JSON's 0
+			lit := raw[start:i]
+			if len(lit) > 40 {
+				lit = append(lit[:37:37], "..."...)
+			}
+			return nil, badf("prompt token id %s is out of range: token ids are integers 0..%d", lit, uint32(math.MaxUint32))
 		}
 		ids = append(ids, uint32(v))
 		skip()
 		if i >= n {
-			return nil, false
+			return nil, errNotIDs
 		}
 		switch raw[i] {
 		case ',':
@@ -234,9 +264,12 @@ func parseIDs(raw []byte) (ids []uint32, ok bool) {
 		case ']':
 			i++
 			skip()
-			return ids, i == n
+			if i != n {
+				return nil, errNotIDs
+			}
+			return ids, nil
 		default:
-			return nil, false
+			return nil, errNotIDs
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -162,14 +163,16 @@ type generateRequest struct {
 
 func (g *generateRequest) ids() ([]uint32, error) { return toIDs(g.TokenIDs) }
 
+// toIDs checks an engine's token ids against the rule the request parser applies (parseIDs):
+// 0..2^32-1. An id past int64 already fails the JSON decode.
 func toIDs(in []int64) ([]uint32, error) {
 	if len(in) == 0 {
 		return nil, errors.New("tokens: the engine returned no token ids")
 	}
 	out := make([]uint32, len(in))
 	for i, v := range in {
-		if v < 0 || v > 1<<31 {
-			return nil, fmt.Errorf("tokens: the engine returned token id %d", v)
+		if v < 0 || v > math.MaxUint32 {
+			return nil, fmt.Errorf("tokens: the engine returned token id %d at position %d, outside 0..%d", v, i, uint32(math.MaxUint32))
 		}
 		out[i] = uint32(v)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -215,15 +216,92 @@ func FuzzParse(f *testing.F) {
 }
 
 func TestParseIDs(t *testing.T) {
-	for in, want := range map[string][]uint32{`[1,2,3]`: {1, 2, 3}, ` [ 0 , 2147483647 ] `: {0, 2147483647}, `[]`: {}} {
-		got, ok := parseIDs([]byte(in))
-		if !ok || !slices.Equal(got, want) {
-			t.Errorf("%s: %v %v", in, got, ok)
+	for in, want := range map[string][]uint32{
+		`[1,2,3]`: {1, 2, 3}, ` [ 0 , 2147483647 ] `: {0, 2147483647}, `[]`: {},
+		`[2147483648,4294967295]`: {1 << 31, 1<<32 - 1}, `[-0]`: {0},
+	} {
+		got, err := parseIDs([]byte(in))
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%s: %v %v", in, got, err)
 		}
 	}
-	for _, in := range []string{`[1,]`, `[01]`, `[2147483648]`, `[1.0]`, `[-1]`, `[1e3]`, `[1 2]`, `[1]x`, `["a"]`, `[`, ``} {
-		if _, ok := parseIDs([]byte(in)); ok {
-			t.Errorf("%s accepted", in)
+	// Not a token-id array: the caller tries the other prompt forms.
+	for _, in := range []string{`[1,]`, `[01]`, `[1.0]`, `[1e3]`, `[4294967296.0]`, `[1 2]`, `[1]x`, `["a"]`, `[`, ``, `[-]`, `[-a]`, `[--1]`} {
+		if _, err := parseIDs([]byte(in)); err != errNotIDs {
+			t.Errorf("%s: err %v, want errNotIDs", in, err)
 		}
+	}
+	// Integers out of range: a bad request naming the id.
+	for in, lit := range map[string]string{
+		`[4294967296]`:                      "4294967296",
+		`[1, -1]`:                           "-1",
+		`[-4294967296]`:                     "-4294967296",
+		`[18446744073709551616]`:            "18446744073709551616",
+		`[` + strings.Repeat("9", 60) + `]`: strings.Repeat("9", 37) + "...",
+	} {
+		_, err := parseIDs([]byte(in))
+		if !IsBadRequest(err) || !strings.Contains(err.Error(), "token id "+lit+" is out of range") || !strings.Contains(err.Error(), "0..4294967295") {
+			t.Errorf("%s: err %v", in, err)
+		}
+	}
+}
+
+// One rule for token ids on every path: 0..2^32-1 accepted, 2^32 and negatives refused with a
+// message that says so; the request parser's ids, the engine's render and the KV events agree.
+func TestTokenIDRangeInRequests(t *testing.T) {
+	for _, c := range []struct {
+		prompt string
+		want   []uint32 // nil: a bad request mentioning the range
+	}{
+		{`[4294967295, 0]`, []uint32{1<<32 - 1, 0}},
+		{`[[2147483648, 1], [2]]`, []uint32{1 << 31, 1}},
+		{`[4294967296]`, nil},
+		{`[[4294967296]]`, nil},
+		{`[-1]`, nil},
+		{`[[1, -2]]`, nil},
+	} {
+		r, err := Parse(Completion, []byte(`{"model":"m","prompt":`+c.prompt+`}`))
+		if c.want == nil {
+			if !IsBadRequest(err) || !strings.Contains(err.Error(), "out of range") {
+				t.Errorf("%s: err %v, want a bad request about the range", c.prompt, err)
+			}
+			continue
+		}
+		if err != nil || !r.HasIDs || !slices.Equal(r.PromptIDs, c.want) {
+			t.Errorf("%s: %+v %v", c.prompt, r, err)
+		}
+	}
+}
+
+func TestTokenIDRangeFromEngine(t *testing.T) {
+	for _, c := range []struct {
+		answer string
+		want   []uint32 // nil: an error
+	}{
+		{`[{"token_ids":[0,2147483648,4294967295]}]`, []uint32{0, 1 << 31, 1<<32 - 1}},
+		{`[{"token_ids":[4294967296]}]`, nil},
+		{`[{"token_ids":[1,-1]}]`, nil},
+		{`[{"token_ids":[18446744073709551616]}]`, nil},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte(c.answer))
+		}))
+		tk := New(Options{})
+		body := []byte(`{"model":"m","prompt":"x"}`)
+		r, _ := Parse(Completion, body)
+		got, _, err := tk.Tokens(context.Background(), srv.URL, r, body)
+		srv.Close()
+		if c.want == nil {
+			if err == nil {
+				t.Errorf("%s: accepted as %v", c.answer, got)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v %v", c.answer, got, err)
+		}
+	}
+	if _, err := toIDs([]int64{1, 1 << 32}); err == nil || !strings.Contains(err.Error(), "token id 4294967296 at position 1, outside 0..4294967295") {
+		t.Errorf("toIDs error %v", err)
 	}
 }

@@ -38,7 +38,7 @@ type Config struct {
 	// "kv@<host>:<http port>@<model>" (see DefaultTopic); a pointer to "" sends vLLM's default
 	// empty topic.
 	KVEventsTopic *string
-	EventLayout   string // "map" (vLLM >= 0.24, default) or "array" (vLLM <= 0.23)
+	EventLayout   string // "map" (array batch of map events, kvwire.ShapeE3; default) or "array" (kvwire.ShapeE1)
 	BufferSteps   int    // replay ring length in batches (default 10000)
 	HWM           int    // PUB send high-water mark (default 100000)
 
