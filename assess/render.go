@@ -102,15 +102,20 @@ func estimateLines(a Assessment) []string {
 	if a.Verdict == VerdictSingleReplica {
 		return []string{"Nothing to estimate with one replica."}
 	}
-	return []string{
+	lines := []string{
 		fmt.Sprintf("Blind placement today: %s of prompt tokens hit; %s prompt tokens/s are prefilled.",
 			pct(e.BlindHitRate), num(a.Fleet.MissTokensPerS)),
 		fmt.Sprintf("One shared cache, favourable reading: up to %s (%s), with %s of prompt tokens in prefixes "+
 			"looked up about %s times each across the fleet.", pct(e.HitRate), pts(e.GainMax), pct(e.ReusedShare), recurRange(e.Ceiling)),
-		fmt.Sprintf("Prefill saved by routing: at most %s of prompt tokens (%s tokens/s), i.e. up to %s of the "+
-			"prefill computed today; nothing if the reuse is a few prefixes hot on every replica.",
-			pts(e.GainMax), num(e.PrefillTokensPerSSavedMax), pct(e.PrefillSavedMax)),
 	}
+	saved := fmt.Sprintf("Prefill saved by routing: at most %s of prompt tokens (%s tokens/s)", pts(e.GainMax),
+		num(e.PrefillTokensPerSSavedMax))
+	if a.Verdict == VerdictWorthRouting {
+		// As a share of today's prefill only where the favourable reading is plausible: with high
+		// hit rates everywhere it tends to (N-1)/N of a small remainder, which reads as a promise.
+		saved += fmt.Sprintf(", i.e. up to %s of the prefill computed today", pct(e.PrefillSavedMax))
+	}
+	return append(lines, saved+"; nothing if the reuse is a few prefixes hot on every replica.")
 }
 
 func section(b *strings.Builder, name string, lines []string) {
