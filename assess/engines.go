@@ -171,10 +171,12 @@ wait:
 
 	usageName := MetricKVUsage
 	for i := range targets {
+		found := false
 		for k := range last[i].values[MetricQueries] {
 			if k.model != snap.Model {
 				continue
 			}
+			found = true
 			r := Replica{Pod: pods[i], Engine: k.engine, Model: k.model}
 			var n string
 			r.QueryTokens, n = delta(first[i], last[i], MetricQueries, k)
@@ -202,6 +204,9 @@ wait:
 			r.RunningMean, _ = gauge(samples, i, MetricRunning, k)
 			r.WaitingMean, _ = gauge(samples, i, MetricWaiting, k)
 			snap.Replicas = append(snap.Replicas, r)
+		}
+		if !found {
+			notes = append(notes, fmt.Sprintf("%s serves no %s series for model %s: left out.", pods[i], MetricQueries, snap.Model))
 		}
 	}
 	sortReplicas(snap.Replicas)

@@ -378,8 +378,9 @@ func TestEnginesErrors(t *testing.T) {
 	}
 	// The model filter keeps one fleet out of engines serving two.
 	snap, err := CollectEngines(context.Background(), EngineOptions{URLs: urls(append(sims, other...)), Model: "other", Wait: noop})
-	if err != nil || len(snap.Replicas) != 1 || snap.Replicas[0].Pod != strings.TrimPrefix(other[0].URL(), "http://") {
-		t.Errorf("model filter: %v %+v", err, snap.Replicas)
+	if err != nil || len(snap.Replicas) != 1 || snap.Replicas[0].Pod != strings.TrimPrefix(other[0].URL(), "http://") ||
+		!strings.Contains(strings.Join(snap.Notes, "\n"), strings.TrimPrefix(sims[0].URL(), "http://")+" serves no") {
+		t.Errorf("model filter: %v %+v %q", err, snap.Replicas, snap.Notes)
 	}
 }
 
