@@ -268,6 +268,8 @@ func TestPrometheusErrors(t *testing.T) {
 	noHits := &fakeProm{series: []promSeries{{metric: MetricQueries, labels: map[string]string{"pod": "a", "engine": "0", "model_name": "m"}, inc: 5}}}
 	secured := &fakeProm{token: "s3cret"}
 	secured.vllmPod("a", "m", 1, 10, 1, MetricKVUsage)
+	twoURL, noHitsURL, securedURL, emptyURL := startProm(t, two), startProm(t, noHits), startProm(t, secured), startProm(t, &fakeProm{})
+	// A port that was just free, taken after every server above so none of them reuses it.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -280,15 +282,15 @@ func TestPrometheusErrors(t *testing.T) {
 		o    PromOptions
 		want []string
 	}{
-		{"two models", PromOptions{URL: startProm(t, two)}, []string{"2 models (llama, qwen)", "pass --model"}},
-		{"wrong model", PromOptions{URL: startProm(t, two), Model: "mistral"},
+		{"two models", PromOptions{URL: twoURL}, []string{"2 models (llama, qwen)", "pass --model"}},
+		{"wrong model", PromOptions{URL: twoURL, Model: "mistral"},
 			[]string{`no vllm:prefix_cache_queries_total series match {model_name="mistral"}`, "model_name llama, qwen", "--model"}},
-		{"no vLLM at all", PromOptions{URL: startProm(t, &fakeProm{})},
+		{"no vLLM at all", PromOptions{URL: emptyURL},
 			[]string{"has no vllm:prefix_cache_queries_total series in the last 5m", "up{}", "vllm:gpu_prefix_cache_queries_total"}},
-		{"queries without hits", PromOptions{URL: startProm(t, noHits)}, []string{"no vllm:prefix_cache_hits_total"}},
-		{"bad selector", PromOptions{URL: startProm(t, two), Selector: `namespace=~"llm.*"`}, []string{"rejected", "parse error"}},
+		{"queries without hits", PromOptions{URL: noHitsURL}, []string{"no vllm:prefix_cache_hits_total"}},
+		{"bad selector", PromOptions{URL: twoURL, Selector: `namespace=~"llm.*"`}, []string{"rejected", "parse error"}},
 		{"unreachable", PromOptions{URL: closed}, []string{"cannot query Prometheus at " + closed, "connection refused"}},
-		{"auth", PromOptions{URL: startProm(t, secured)}, []string{"refused the query", "--prometheus-token-file"}},
+		{"auth", PromOptions{URL: securedURL}, []string{"refused the query", "--prometheus-token-file"}},
 		{"not a URL", PromOptions{URL: "prometheus:9090"}, []string{"want the server's base URL"}},
 		{"bad pod label", PromOptions{URL: closed, PodLabel: "pod-name"}, []string{"not a Prometheus label name"}},
 		{"window too short", PromOptions{URL: closed, Window: time.Millisecond}, []string{"too short"}},
@@ -308,7 +310,7 @@ func TestPrometheusErrors(t *testing.T) {
 			}
 		})
 	}
-	snap, err := CollectPrometheus(context.Background(), PromOptions{URL: startProm(t, secured), Window: time.Minute, BearerToken: "s3cret"})
+	snap, err := CollectPrometheus(context.Background(), PromOptions{URL: securedURL, Window: time.Minute, BearerToken: "s3cret"})
 	if err != nil || len(snap.Replicas) != 1 {
 		t.Errorf("with the token: %v %+v", err, snap)
 	}
