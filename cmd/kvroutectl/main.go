@@ -1,5 +1,6 @@
 // Command kvroutectl is kvroute's offline toolbox: render a KVRoutedModel's children without a
-// cluster, compute vLLM-exact block hashes, and decode KV-event payloads.
+// cluster, compute vLLM-exact block hashes, decode KV-event payloads, and assess whether a vLLM
+// fleet's traffic deserves a KV-aware router at all.
 package main
 
 import (
@@ -19,6 +20,7 @@ var commands = map[string]command{
 	"render": {"render a KVRoutedModel's child objects as YAML (no cluster needed)", runRender},
 	"hash":   {"vLLM-exact block hashes for token ids, as JSON", runHash},
 	"decode": {"decode one KV-event payload into normalized JSON", runDecode},
+	"assess": {"read a vLLM fleet's counters and say whether routing by KV cache is worth it", runAssess},
 }
 
 func main() {
@@ -44,7 +46,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvroutectl <command> [flags]\n\ncommands:")
-	for _, name := range []string{"render", "hash", "decode"} {
+	for _, name := range []string{"render", "hash", "decode", "assess"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
 	}
 }
