@@ -94,57 +94,65 @@ type Stream struct {
 	Engine string
 	Rank   string
 	// State is exact, replaying, approximate or inexact.
-	State                                         string
-	LastSeq                                       float64
-	Gaps, Replays, Resets, Events, Received       float64
-	EventLagSeconds                               float64 // now - last applied event (0 if none)
-	BlocksGPU, BlocksCPU, BlocksDisk              float64
-	Healthy                                       bool
-	WarmupCredit                                  float64
-	ParityMismatches, BlockSizeMismatch, Overflow float64
-	DecodeErrors, Panics                          float64
+	State                            string
+	LastSeq                          float64
+	EventLagSeconds                  float64 // now - last applied event (0 if none)
+	BlocksGPU, BlocksCPU, BlocksDisk float64
+	Healthy                          bool
+	WarmupCredit                     float64
+	// Counters holds one value per CounterSpec given to NewStateCollector, in that order.
+	Counters []float64
+}
+
+// CounterSpec names one per-stream counter: its metric name after the router's namespace and
+// its help. The event pipeline keeps the list (kvevents.CounterSpecs), so every counter it has
+// is exported without this package naming each one.
+type CounterSpec struct {
+	Metric, Help string
 }
 
 // StateCollector reads stream, index and engine state at scrape time.
 type StateCollector struct {
-	Streams    func() []Stream
-	IndexKeys  func() float64
-	SideLen    func() (predicted, approximate float64)
-	streamDesc map[string]*prometheus.Desc
-	states     *prometheus.Desc
-	keys, side *prometheus.Desc
+	Streams      func() []Stream
+	IndexKeys    func() float64
+	SideLen      func() (predicted, approximate float64)
+	Unroutable   func() float64
+	streamDesc   map[string]*prometheus.Desc
+	counterDescs []*prometheus.Desc
+	states       *prometheus.Desc
+	keys, side   *prometheus.Desc
+	unroutable   *prometheus.Desc
 }
 
 var streamStates = []string{"exact", "replaying", "approximate", "inexact"}
 
-// NewStateCollector returns a collector over the given readers.
-func NewStateCollector(streams func() []Stream, keys func() float64, side func() (float64, float64)) *StateCollector {
+// NewStateCollector returns a collector over the given readers, with one counter per spec on
+// every stream; unroutable may be nil.
+func NewStateCollector(streams func() []Stream, keys func() float64, side func() (float64, float64),
+	unroutable func() float64, counters []CounterSpec) *StateCollector {
 	l := []string{"engine", "rank"}
 	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(ns+"_"+name, help, l, nil) }
-	return &StateCollector{
-		Streams: streams, IndexKeys: keys, SideLen: side,
+	c := &StateCollector{
+		Streams: streams, IndexKeys: keys, SideLen: side, Unroutable: unroutable,
 		streamDesc: map[string]*prometheus.Desc{
-			"last_seq":             d("stream_last_seq", "Last applied event sequence number."),
-			"gaps":                 d("stream_gaps_total", "Sequence gaps (and queue overflows) seen."),
-			"replays":              d("stream_replays_total", "Replays requested."),
-			"resets":               d("stream_resets_total", "Times the replica's entries were dropped (stream inexact)."),
-			"events":               d("stream_events_total", "Events applied."),
-			"lag":                  d("event_lag_seconds", "Seconds since the stream's last applied event."),
-			"gpu":                  d("index_blocks_gpu", "Blocks indexed on GPU."),
-			"cpu":                  d("index_blocks_cpu", "Blocks indexed on CPU."),
-			"disk":                 d("index_blocks_disk", "Blocks indexed on disk."),
-			"healthy":              d("engine_healthy", "1 when the replica may take traffic."),
-			"warmup":               d("warmup_credit", "Current warm-up credit (0..1)."),
-			"parity":               d("parity_mismatches_total", "Blocks whose vLLM hash differed from the router's (seed/algorithm mismatch)."),
-			"blocksize_mismatches": d("block_size_mismatches_total", "BlockStored events with another block size."),
-			"overflows":            d("stream_overflows_total", "Messages dropped on the router's queue (healed by replay)."),
-			"decode_errors":        d("stream_decode_errors_total", "Event batches that did not decode or failed the wire checks (skipped)."),
-			"panics":               d("stream_panics_total", "Event batches whose decoding or applying panicked (recovered, skipped)."),
+			"last_seq": d("stream_last_seq", "Last applied event sequence number."),
+			"lag":      d("event_lag_seconds", "Seconds since the stream's last applied event."),
+			"gpu":      d("index_blocks_gpu", "Blocks indexed on GPU."),
+			"cpu":      d("index_blocks_cpu", "Blocks indexed on CPU."),
+			"disk":     d("index_blocks_disk", "Blocks indexed on disk."),
+			"healthy":  d("engine_healthy", "1 when the replica may take traffic."),
+			"warmup":   d("warmup_credit", "Current warm-up credit (0..1)."),
 		},
 		states: prometheus.NewDesc(ns+"_stream_state", "1 for the stream's current state.", []string{"engine", "rank", "state"}, nil),
 		keys:   prometheus.NewDesc(ns+"_index_entries", "Distinct router keys in the exact index.", nil, nil),
 		side:   prometheus.NewDesc(ns+"_side_index_entries", "Records in the side indexes.", []string{"index"}, nil),
+		unroutable: prometheus.NewDesc(ns+"_events_unroutable_total",
+			"Messages on the bound events socket whose topic names no known engine (dropped).", nil, nil),
 	}
+	for _, cs := range counters {
+		c.counterDescs = append(c.counterDescs, d(cs.Metric, cs.Help))
+	}
+	return c
 }
 
 // Describe implements prometheus.Collector.
@@ -152,6 +160,10 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.streamDesc {
 		ch <- d
 	}
+	for _, d := range c.counterDescs {
+		ch <- d
+	}
+	ch <- c.unroutable
 	ch <- c.states
 	ch <- c.keys
 	ch <- c.side
@@ -165,26 +177,26 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.streamDesc[k], t, v, s.Engine, s.Rank)
 		}
 		emit("last_seq", g, s.LastSeq)
-		emit("gaps", ctr, s.Gaps)
-		emit("replays", ctr, s.Replays)
-		emit("resets", ctr, s.Resets)
-		emit("events", ctr, s.Events)
 		emit("lag", g, s.EventLagSeconds)
 		emit("gpu", g, s.BlocksGPU)
 		emit("cpu", g, s.BlocksCPU)
 		emit("disk", g, s.BlocksDisk)
 		emit("healthy", g, b2f(s.Healthy))
 		emit("warmup", g, s.WarmupCredit)
-		emit("parity", ctr, s.ParityMismatches)
-		emit("blocksize_mismatches", ctr, s.BlockSizeMismatch)
-		emit("overflows", ctr, s.Overflow)
-		emit("decode_errors", ctr, s.DecodeErrors)
-		emit("panics", ctr, s.Panics)
+		// A replica without an event stream has no counters: its series are absent, not 0.
+		for i, v := range s.Counters {
+			if i < len(c.counterDescs) {
+				ch <- prometheus.MustNewConstMetric(c.counterDescs[i], ctr, v, s.Engine, s.Rank)
+			}
+		}
 		for _, st := range streamStates {
 			ch <- prometheus.MustNewConstMetric(c.states, g, b2f(st == s.State), s.Engine, s.Rank, st)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.keys, g, c.IndexKeys())
+	if c.Unroutable != nil {
+		ch <- prometheus.MustNewConstMetric(c.unroutable, ctr, c.Unroutable())
+	}
 	p, a := c.SideLen()
 	ch <- prometheus.MustNewConstMetric(c.side, g, p, "predicted")
 	ch <- prometheus.MustNewConstMetric(c.side, g, a, "approximate")

@@ -32,19 +32,22 @@ type RankInfo struct {
 	// Stream is exact, replaying, approximate, inexact, or none (no event stream).
 	Stream string `json:"stream"`
 	// Scoring is "exact" when the exact index alone is trusted, else "approximate".
-	Scoring         string         `json:"scoring"`
-	LastSeq         *uint64        `json:"last_seq"`
-	Partial         bool           `json:"partial"`
-	Gaps            uint64         `json:"gaps"`
-	Replays         uint64         `json:"replays"`
-	Resets          uint64         `json:"resets"`
-	TopicMismatches uint64         `json:"topic_mismatches"`
-	DecodeErrors    uint64         `json:"decode_errors"`
-	Panics          uint64         `json:"panics"`
-	Blocks          map[string]int `json:"blocks"`
-	LastEvent       *time.Time     `json:"last_event,omitempty"`
-	Inflight        Inflight       `json:"inflight"`
-	Accuracy        Accuracy       `json:"accuracy"`
+	Scoring         string  `json:"scoring"`
+	LastSeq         *uint64 `json:"last_seq"`
+	Partial         bool    `json:"partial"`
+	Gaps            uint64  `json:"gaps"`
+	Replays         uint64  `json:"replays"`
+	Resets          uint64  `json:"resets"`
+	TopicMismatches uint64  `json:"topic_mismatches"`
+	DecodeErrors    uint64  `json:"decode_errors"`
+	Panics          uint64  `json:"panics"`
+	// Counters is every counter of the stream (kvevents.Stats), by its /debug name; absent when
+	// the replica has no event stream.
+	Counters  map[string]uint64 `json:"counters,omitempty"`
+	Blocks    map[string]int    `json:"blocks"`
+	LastEvent *time.Time        `json:"last_event,omitempty"`
+	Inflight  Inflight          `json:"inflight"`
+	Accuracy  Accuracy          `json:"accuracy"`
 }
 
 // Inflight is the load this router has sent to a replica and not seen finish.
@@ -92,6 +95,7 @@ func (s *Server) Engines() []EngineInfo {
 
 func (s *Server) rankInfo(r *replica) RankInfo {
 	ri := RankInfo{Rank: r.rank, Stream: "none", Scoring: "approximate", Blocks: map[string]int{}}
+	applied := false // last_event only for a stream that applied a batch: the index also stamps clears
 	if r.stream && s.sub != nil {
 		if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
 			ri.Stream = st.State.String()
@@ -101,6 +105,11 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 			}
 			ri.Partial, ri.Gaps, ri.Replays, ri.Resets, ri.TopicMismatches = st.Partial, st.Gaps, st.Replays, st.Resets, st.TopicMismatches
 			ri.DecodeErrors, ri.Panics = st.DecodeErrors, st.Panics
+			ri.Counters = map[string]uint64{}
+			for _, c := range st.Counters() {
+				ri.Counters[c.Key] = c.Value
+			}
+			applied = st.Applied > 0
 		}
 	}
 	if s.exactStream(r) {
@@ -110,7 +119,7 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 		for t := index.Tier(0); t < index.NumTiers; t++ {
 			ri.Blocks[t.String()] = st.Blocks[t]
 		}
-		if !st.Updated.IsZero() {
+		if applied && !st.Updated.IsZero() {
 			u := st.Updated
 			ri.LastEvent = &u
 		}
@@ -203,7 +212,6 @@ func (s *Server) streamMetrics() []metrics.Stream {
 	for _, r := range s.reps() {
 		ri := s.rankInfo(r)
 		m := metrics.Stream{Engine: r.eng.name, Rank: strconv.Itoa(r.rank), State: ri.Stream,
-			Gaps: float64(ri.Gaps), Replays: float64(ri.Replays), Resets: float64(ri.Resets),
 			BlocksGPU: float64(ri.Blocks["GPU"]), BlocksCPU: float64(ri.Blocks["CPU"]), BlocksDisk: float64(ri.Blocks["Disk"]),
 			Healthy:      r.eng.dp.Load().Ready && r.eng.health.Healthy(now),
 			WarmupCredit: s.warmupCredit(r.eng.dp.Load().WarmupUntil, now)}
@@ -215,9 +223,9 @@ func (s *Server) streamMetrics() []metrics.Stream {
 		}
 		if r.stream && s.sub != nil {
 			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
-				m.Events, m.Received = float64(st.Events), float64(st.Received)
-				m.ParityMismatches, m.BlockSizeMismatch, m.Overflow = float64(st.ParityMismatches), float64(st.BlockSizeMismatches), float64(st.Overflows)
-				m.DecodeErrors, m.Panics = float64(st.DecodeErrors), float64(st.Panics)
+				for _, c := range st.Counters() {
+					m.Counters = append(m.Counters, float64(c.Value))
+				}
 			}
 		}
 		out = append(out, m)

@@ -148,7 +148,8 @@ func New(o Options) (*Server, error) {
 	}
 	s.table.engines = map[string]*engine{}
 	s.met = metrics.New(metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
-		func() (float64, float64) { return float64(s.predicted.Len()), float64(s.approx.Len()) }))
+		func() (float64, float64) { return float64(s.predicted.Len()), float64(s.approx.Len()) },
+		s.unroutableEvents, streamCounterSpecs()))
 	return s, nil
 }
 
@@ -221,6 +222,23 @@ func (s *Server) Ready() bool {
 
 // Metrics exposes the collectors (for tests and the admin handler).
 func (s *Server) Metrics() *metrics.Metrics { return s.met }
+
+// streamCounterSpecs are the per-stream counters /metrics exports: every one kvevents keeps.
+func streamCounterSpecs() []metrics.CounterSpec {
+	var out []metrics.CounterSpec
+	for _, c := range kvevents.CounterSpecs() {
+		out = append(out, metrics.CounterSpec{Metric: c.Metric, Help: c.Help})
+	}
+	return out
+}
+
+// unroutableEvents counts bound-mode messages whose topic named no engine.
+func (s *Server) unroutableEvents() float64 {
+	if s.sub == nil {
+		return 0
+	}
+	return float64(s.sub.Unroutable())
+}
 
 // APIHandler serves the OpenAI API, /healthz and /readyz.
 func (s *Server) APIHandler() http.Handler {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/metrics"
 )
 
@@ -30,7 +31,11 @@ var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
 func routerMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	m := metrics.New(nil)
-	collectors := []prometheus.Collector{metrics.NewStateCollector(nil, nil, nil)}
+	var counters []metrics.CounterSpec
+	for _, c := range kvevents.CounterSpecs() {
+		counters = append(counters, metrics.CounterSpec{Metric: c.Metric, Help: c.Help})
+	}
+	collectors := []prometheus.Collector{metrics.NewStateCollector(nil, nil, nil, nil, counters)}
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {
@@ -39,7 +44,7 @@ func routerMetrics(t *testing.T) map[string]string {
 	}
 	out := map[string]string{}
 	for _, c := range collectors {
-		ch := make(chan *prometheus.Desc, 64)
+		ch := make(chan *prometheus.Desc, 256)
 		c.Describe(ch)
 		close(ch)
 		_, isHist := c.(prometheus.Histogram)

@@ -1,0 +1,73 @@
+package kvevents
+
+// Counter is one of a stream's counters, named for exporters: Metric is its Prometheus name
+// after the router's namespace, Key its name in /debug/engines.
+type Counter struct {
+	Field  string // the Stats field
+	Metric string
+	Key    string
+	Help   string
+	Value  uint64
+}
+
+// counterSpec is one row of the table every exporter reads. TestEveryStatsCounterIsExported
+// fails for a uint64 field of Stats that has no row, so a new counter cannot be left unexported.
+type counterSpec struct {
+	field, metric, key, help string
+	get                      func(*Stats) uint64
+}
+
+// counterTable lists every counter of Stats. Metric names that dashboards and alerts already
+// use are kept as they were (stream_gaps_total, parity_mismatches_total, ...); the rest are
+// stream_<key>_total.
+var counterTable = []counterSpec{
+	{"Received", "stream_received_total", "received", "Messages taken off the SUB socket for the stream.", func(s *Stats) uint64 { return s.Received }},
+	{"Applied", "stream_applied_total", "applied", "Batches applied in order (live and replayed).", func(s *Stats) uint64 { return s.Applied }},
+	{"TopicMismatches", "stream_topic_mismatches_total", "topic_mismatches", "Messages whose topic was not the engine's (dropped).", func(s *Stats) uint64 { return s.TopicMismatches }},
+	{"MalformedFrames", "stream_malformed_frames_total", "malformed_frames", "Messages that were not [topic, seq, payload] (dropped).", func(s *Stats) uint64 { return s.MalformedFrames }},
+	{"DecodeErrors", "stream_decode_errors_total", "decode_errors", "Event batches that did not decode or failed the wire checks (skipped).", func(s *Stats) uint64 { return s.DecodeErrors }},
+	{"Panics", "stream_panics_total", "panics", "Event batches whose decoding or applying panicked (recovered, skipped).", func(s *Stats) uint64 { return s.Panics }},
+	{"Overflows", "stream_overflows_total", "overflows", "Messages dropped on the router's queue (healed by replay).", func(s *Stats) uint64 { return s.Overflows }},
+	{"Gaps", "stream_gaps_total", "gaps", "Sequence gaps (and queue overflows) seen.", func(s *Stats) uint64 { return s.Gaps }},
+	{"Replays", "stream_replays_total", "replays", "Replays requested.", func(s *Stats) uint64 { return s.Replays }},
+	{"ReplayFailures", "stream_replay_failures_total", "replay_failures", "Replays that failed (no replay socket, timeout, bad reply).", func(s *Stats) uint64 { return s.ReplayFailures }},
+	{"ReplayedBatches", "stream_replayed_batches_total", "replayed_batches", "Batches applied from replays.", func(s *Stats) uint64 { return s.ReplayedBatches }},
+	{"Uncoverable", "stream_uncoverable_gaps_total", "uncoverable", "Gaps the engine's replay ring no longer covered.", func(s *Stats) uint64 { return s.Uncoverable }},
+	{"Duplicates", "stream_duplicates_total", "duplicates", "Batches seen again (replay overlap) and skipped.", func(s *Stats) uint64 { return s.Duplicates }},
+	{"Backwards", "stream_backwards_total", "backwards", "Sequence decreases (engine restarts seen on the wire).", func(s *Stats) uint64 { return s.Backwards }},
+	{"Restarts", "stream_restarts_total", "restarts", "Engine restarts reported by discovery.", func(s *Stats) uint64 { return s.Restarts }},
+	{"Resets", "stream_resets_total", "resets", "Times the replica's entries were dropped (stream inexact).", func(s *Stats) uint64 { return s.Resets }},
+	{"Events", "stream_events_total", "events", "Events applied.", func(s *Stats) uint64 { return s.Events }},
+	{"BlocksStored", "stream_blocks_stored_total", "blocks_stored", "Blocks indexed from BlockStored events.", func(s *Stats) uint64 { return s.BlocksStored }},
+	{"BlocksRemoved", "stream_blocks_removed_total", "blocks_removed", "Blocks removed by BlockRemoved events.", func(s *Stats) uint64 { return s.BlocksRemoved }},
+	{"Clears", "stream_clears_total", "clears", "AllBlocksCleared events applied.", func(s *Stats) uint64 { return s.Clears }},
+	{"UnknownEvents", "stream_unknown_events_total", "unknown_events", "Events of a type this version does not know (skipped).", func(s *Stats) uint64 { return s.UnknownEvents }},
+	{"UnknownParent", "stream_unknown_parents_total", "unknown_parents", "BlockStored events whose parent the replica does not hold (skipped).", func(s *Stats) uint64 { return s.UnknownParent }},
+	{"RekeyErrors", "stream_rekey_errors_total", "rekey_errors", "BlockStored events whose sizes or extras cannot be keyed (skipped).", func(s *Stats) uint64 { return s.RekeyErrors }},
+	{"SkippedGroups", "stream_skipped_groups_total", "skipped_groups", "Events of non-attention KV cache groups (sliding window, Mamba; skipped).", func(s *Stats) uint64 { return s.SkippedGroups }},
+	{"SkippedMedia", "stream_skipped_media_total", "skipped_media", "Events with a medium this version does not know (skipped).", func(s *Stats) uint64 { return s.SkippedMedia }},
+	{"UnknownRemoves", "stream_unknown_removes_total", "unknown_removes", "Removed hashes the replica did not hold.", func(s *Stats) uint64 { return s.UnknownRemoves }},
+	{"IndexErrors", "stream_index_errors_total", "index_errors", "Index calls that failed (replica removed under the stream).", func(s *Stats) uint64 { return s.IndexErrors }},
+	{"BlockSizeMismatches", "block_size_mismatches_total", "block_size_mismatches", "BlockStored events with another block size than the configured or learned one.", func(s *Stats) uint64 { return s.BlockSizeMismatches }},
+	{"ParityChecked", "parity_checked_total", "parity_checked", "Blocks whose vLLM hash was recomputed.", func(s *Stats) uint64 { return s.ParityChecked }},
+	{"ParityMismatches", "parity_mismatches_total", "parity_mismatches", "Blocks whose vLLM hash differed from the router's (seed/algorithm mismatch).", func(s *Stats) uint64 { return s.ParityMismatches }},
+	{"ParitySkipped", "parity_skipped_total", "parity_skipped", "Sampled blocks whose hash could not be recomputed (unmodelled extra keys).", func(s *Stats) uint64 { return s.ParitySkipped }},
+}
+
+// CounterSpecs returns every counter's names and help, without values (for metric descriptors).
+func CounterSpecs() []Counter {
+	out := make([]Counter, len(counterTable))
+	for i, c := range counterTable {
+		out[i] = Counter{Field: c.field, Metric: c.metric, Key: c.key, Help: c.help}
+	}
+	return out
+}
+
+// Counters returns every counter of s with its value, in CounterSpecs' order.
+func (s Stats) Counters() []Counter {
+	out := CounterSpecs()
+	for i, c := range counterTable {
+		out[i].Value = c.get(&s)
+	}
+	return out
+}

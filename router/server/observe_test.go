@@ -1,0 +1,59 @@
+package server
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/test/vllmsim"
+)
+
+// Every counter the event pipeline keeps is on /metrics for each stream and in /debug/engines
+// (kvevents' own test ties the counter table to every field of Stats), and last_event is shown
+// only once the stream applied a batch.
+func TestEveryStreamCounterOnMetricsAndDebug(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0, KVReplayPort: 0})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
+	rt.waitStreams(t, "exact")
+
+	ranks := rt.s.Engines()[0].Ranks
+	if ranks[0].LastEvent != nil {
+		t.Fatalf("last_event %v on a stream that has applied nothing", ranks[0].LastEvent)
+	}
+	resp, err := http.Get(rt.admin.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var dbg struct {
+		Engines []struct {
+			Ranks []struct {
+				Counters map[string]uint64 `json:"counters"`
+			} `json:"ranks"`
+		} `json:"engines"`
+	}
+	resp, err = http.Get(rt.admin.URL + "/debug/engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&dbg); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, c := range kvevents.CounterSpecs() {
+		if !strings.Contains(string(body), "kvroute_router_"+c.Metric+`{engine="e0",rank="0"}`) {
+			t.Errorf("/metrics lacks kvroute_router_%s for the stream (Stats.%s)", c.Metric, c.Field)
+		}
+		if _, ok := dbg.Engines[0].Ranks[0].Counters[c.Key]; !ok {
+			t.Errorf("/debug/engines lacks counters.%s (Stats.%s)", c.Key, c.Field)
+		}
+	}
+
+	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 2))
+	eventually(t, "last_event after the first batch", func() bool { return rt.s.Engines()[0].Ranks[0].LastEvent != nil })
+}
