@@ -29,6 +29,7 @@ type Metrics struct {
 	ActualCached      *prometheus.CounterVec // engine (responses with usage only)
 	UsageMissing      *prometheus.CounterVec // engine: responses without cached_tokens
 	ApproxDecisions   *prometheus.CounterVec // engine: decisions scored from the approximate index
+	UnkeyedRequests   *prometheus.CounterVec // reason: requests routed by load without keys
 	TTFBSeconds       *prometheus.HistogramVec
 	InflightRequests  *prometheus.GaugeVec // engine, rank
 	PredictedHitRatio prometheus.Gauge
@@ -65,6 +66,8 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Successful answers without cached_tokens (engine started without --enable-prompt-tokens-details?)."}, []string{"engine"}),
 		ApproxDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "approximate_decisions_total",
 			Help: "Decisions where the chosen replica was scored from the approximate index (no healthy event stream)."}, []string{"engine"}),
+		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
+			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet)."}, []string{"reason"}),
 		TTFBSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_byte_seconds",
 			Help: "Time from forwarding to the engine's response headers.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		InflightRequests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_requests",
@@ -75,7 +78,7 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Engine-reported cached / prompt tokens over answers that reported usage."}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
-		m.TokenizeSource, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions,
+		m.TokenizeSource, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
 		m.TTFBSeconds, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {

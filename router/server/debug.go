@@ -136,7 +136,8 @@ func (s *Server) serveDebugEngines(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(map[string]any{"policy": s.policy, "block_size": s.blockSize(s.reps()), "engines": s.Engines(),
+	bs, bsFrom := s.blockSize(s.reps())
+	_ = enc.Encode(map[string]any{"policy": s.policy, "block_size": bs, "block_size_source": bsFrom, "engines": s.Engines(),
 		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats()})
 }
 

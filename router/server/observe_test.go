@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/test/vllmsim"
@@ -56,4 +58,41 @@ func TestEveryStreamCounterOnMetricsAndDebug(t *testing.T) {
 
 	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 2))
 	eventually(t, "last_event after the first batch", func() bool { return rt.s.Engines()[0].Ranks[0].LastEvent != nil })
+}
+
+// With the block size left to learn, requests are routed by load without keys (counted, with the
+// reason on /debug/engines) until a validated event teaches it; then they are keyed, and the
+// parity check runs at the learned size.
+func TestBlockSizeLearnedBeforeKeying(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0, KVReplayPort: 0, BlockSize: 32}) // not the fallback 16
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) { o.Config.BlockSize = 0 })
+	rt.waitStreams(t, "exact")
+	unkeyed := func() float64 {
+		return testutil.ToFloat64(rt.s.met.UnkeyedRequests.WithLabelValues("block_size_unknown"))
+	}
+	if bs, from := rt.s.blockSize(rt.s.reps()); bs != 0 || from != blockSizeUnknown {
+		t.Fatalf("block size %d from %q before any event, want unknown", bs, from)
+	}
+	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 2))
+	if n := unkeyed(); n != 1 {
+		t.Fatalf("%v unkeyed requests, want the first one", n)
+	}
+	eventually(t, "block size learned from events", func() bool {
+		_, from := rt.s.blockSize(rt.s.reps())
+		return from == blockSizeFromEvents
+	})
+	if bs, _ := rt.s.blockSize(rt.s.reps()); bs != 32 {
+		t.Fatalf("learned %d, the engine's block size is 32", bs)
+	}
+	a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 2))
+	if n := unkeyed(); n != 1 {
+		t.Fatalf("%v unkeyed requests after learning, want still 1", n)
+	}
+	if c := a.cachedTokens(t); c == 0 {
+		t.Fatal("second identical prompt: no cached tokens reported")
+	}
+	st, _ := rt.s.sub.Stats("e0", 0)
+	if st.ParityChecked == 0 || st.ParityMismatches != 0 {
+		t.Fatalf("parity checked %d, mismatches %d: want it on at the learned size, agreeing", st.ParityChecked, st.ParityMismatches)
+	}
 }

@@ -17,8 +17,9 @@ import (
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
-// defaultBlockSize is used when neither the configuration, discovery nor the events say.
-const defaultBlockSize = 16
+// capBlockSize is the block size a decision does its arithmetic with while the fleet's is not
+// known yet; no request is keyed with it (see blockSize).
+const capBlockSize = 16
 
 // decision is one routing decision and what it was based on.
 type decision struct {
@@ -31,25 +32,35 @@ type decision struct {
 	took   time.Duration
 }
 
-// blockSize is the fleet's block size: configured, else announced by discovery, else learned
-// from the event streams.
-func (s *Server) blockSize(reps []*replica) int {
+// Where the fleet's block size came from (blockSize).
+const (
+	blockSizeFromConfig    = "config"
+	blockSizeFromDiscovery = "discovery"
+	blockSizeFromEvents    = "events"
+	blockSizeUnknown       = "unknown"
+)
+
+// blockSize is the fleet's block size and where it came from: configured, else announced by
+// discovery, else learned from a validated event. Until one of them says, it is unknown and
+// requests are routed by load without keys: keys at a guessed size would never match the
+// engines' blocks, and would fill the predicted index with entries no event ever confirms.
+func (s *Server) blockSize(reps []*replica) (int, string) {
 	if bs := s.o.Config.BlockSize; bs > 0 {
-		return bs
+		return bs, blockSizeFromConfig
 	}
 	for _, r := range reps {
 		if bs := r.eng.dp.Load().BlockSize; bs > 0 {
-			return bs
+			return bs, blockSizeFromDiscovery
 		}
 	}
 	if s.sub != nil {
 		for _, r := range reps {
 			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok && st.BlockSize > 0 {
-				return st.BlockSize
+				return st.BlockSize, blockSizeFromEvents
 			}
 		}
 	}
-	return defaultBlockSize
+	return 0, blockSizeUnknown
 }
 
 // warmupCredit is the configured credit decaying linearly to 0 at warmup-until over the
@@ -70,10 +81,17 @@ func (s *Server) warmupCredit(until, now time.Time) float64 {
 func (s *Server) decide(toks []uint32, id blockkey.Identity, session string, reps []*replica, excluded map[*replica]bool, commit bool) (*decision, error) {
 	t0 := time.Now()
 	now := s.now()
-	bs := s.blockSize(reps)
+	bs, bsFrom := s.blockSize(reps)
+	keyed := bsFrom != blockSizeUnknown
+	if !keyed {
+		bs = capBlockSize
+		if commit {
+			s.met.UnkeyedRequests.WithLabelValues("block_size_unknown").Inc()
+		}
+	}
 	d := &decision{reps: reps}
 	d.req = score.Request{Tokens: len(toks), BlockSize: bs, SessionKey: session, LoRA: id.LoRAName, NowNs: now.UnixNano()}
-	if len(toks) > 0 {
+	if len(toks) > 0 && keyed {
 		keys, err := blockkey.AppendPromptKeys(nil, toks, bs, id)
 		if err != nil {
 			return nil, err

@@ -130,8 +130,9 @@ func New(o Options) (*Server, error) {
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize}
-		// The parity check needs the engines' block size to recompute their hashes.
-		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil && o.Config.BlockSize > 0 {
+		// Parity recomputes each sampled event's block 0 at the event's own block size, so it
+		// runs whether the router's block size is configured or learned.
+		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil {
 			ing.Parity = &kvevents.Parity{Algo: algo, Seed: o.Config.Hash.Seed}
 		}
 		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log})
