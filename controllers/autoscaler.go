@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -36,27 +37,32 @@ type autoscalerResult struct {
 	problems []status.Problem
 	// retry is true when a missing API (KEDA, a metrics adapter) should be looked for again.
 	retry bool
+	// err is an apply or delete that failed: returned from the pass so controller-runtime
+	// requeues it with backoff. Recorded only as a problem, a transient failure would leave the
+	// model Degraded until some unrelated event happened to reconcile it again.
+	err error
 }
 
 // reconcileAutoscaler applies the HPA or ScaledObject spec.autoscaling asks for and deletes
 // the other one. Neither a missing KEDA nor a missing metrics API stops the rest of the
 // reconcile: they only make the model Degraded until they appear.
-func (r *KVRoutedModelReconciler) reconcileAutoscaler(ctx context.Context, m *v1alpha1.KVRoutedModel, wanted client.Object) autoscalerResult {
-	var res autoscalerResult
+func (r *KVRoutedModelReconciler) reconcileAutoscaler(ctx context.Context, m *v1alpha1.KVRoutedModel, wanted client.Object) (res autoscalerResult) {
 	provider := ""
 	if m.Spec.Autoscaling != nil {
 		provider = m.Spec.Autoscaling.Provider
 	}
+	var errs []error
 	if provider != "HPA" {
 		if err := r.deleteIfOwned(ctx, m, hpaGVK, render.AutoscalerName(m)); err != nil {
-			res.problems = append(res.problems, status.Problem{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error()})
+			errs = append(errs, err)
 		}
 	}
 	if provider != "KEDA" {
 		if err := r.deleteIfOwned(ctx, m, render.ScaledObjectGVK, render.AutoscalerName(m)); err != nil {
-			res.problems = append(res.problems, status.Problem{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error()})
+			errs = append(errs, err)
 		}
 	}
+	defer func() { res.err = errors.Join(errs...) }()
 	if wanted == nil {
 		return res
 	}
@@ -70,7 +76,7 @@ func (r *KVRoutedModelReconciler) reconcileAutoscaler(ctx context.Context, m *v1
 			Message: "spec.autoscaling.provider is KEDA but the ScaledObject API (keda.sh/v1alpha1) is not installed; install KEDA or switch to HPA (everything else is reconciled)"})
 		return res
 	case err != nil:
-		res.problems = append(res.problems, status.Problem{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error()})
+		errs = append(errs, err)
 		return res
 	}
 	kind := wanted.GetObjectKind().GroupVersionKind().Kind

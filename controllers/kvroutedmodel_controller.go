@@ -147,6 +147,9 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 	}
 	as := r.reconcileAutoscaler(ctx, m, autoscaler)
 	obs.Autoscaler = as.current
+	if as.err != nil {
+		errs = append(errs, as.err)
+	}
 	for _, e := range errs {
 		obs.Problems = append(obs.Problems, status.Problem{Reason: v1alpha1.ReasonApplyFailed, Message: e.Error()})
 	}
