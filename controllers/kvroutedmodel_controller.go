@@ -141,8 +141,10 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 		}
 	}
 	if !hasNetworkPolicy {
-		if err := r.deleteIfOwned(ctx, m, networkPolicyGVK, render.EngineName(m)); err != nil {
-			errs = append(errs, err)
+		for _, name := range []string{render.EngineName(m), render.RouterName(m)} {
+			if err := r.deleteIfOwned(ctx, m, networkPolicyGVK, name); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	as := r.reconcileAutoscaler(ctx, m, autoscaler)

@@ -73,7 +73,7 @@ type KVRoutedModelSpec struct {
 	// +optional
 	Router RouterSpec `json:"router,omitempty"`
 
-	// NetworkPolicy restricts ingress to the engine pods.
+	// NetworkPolicy restricts ingress to the engine pods and to the router pods' admin port.
 	// +kubebuilder:default={}
 	// +optional
 	NetworkPolicy NetworkPolicySpec `json:"networkPolicy,omitempty"`
@@ -377,13 +377,17 @@ type WarmupSpec struct {
 	Credit Fraction `json:"credit,omitempty"`
 }
 
-// NetworkPolicySpec controls the NetworkPolicy on the engine pods.
+// NetworkPolicySpec controls the NetworkPolicies on the engine pods and the router pods.
 type NetworkPolicySpec struct {
+	// Enabled renders both: the engine pods' ports reachable from the router (events and replay
+	// from the router only), the router's admin port (metrics, /debug) from the model's own
+	// namespace and allowFrom; the router's API port stays open to every source.
 	// +kubebuilder:default=true
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
-	// AllowFrom are extra peers allowed to the engine HTTP/metrics port (the event and replay
-	// ports stay router-only). Default: the namespace named monitoring.
+	// AllowFrom are extra peers allowed to the engine HTTP/metrics port and to the router's
+	// admin port (the event and replay ports stay router-only). Default: the namespace named
+	// monitoring.
 	// +kubebuilder:default={{namespaceSelector:{matchLabels:{"kubernetes.io/metadata.name":"monitoring"}}}}
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=atomic

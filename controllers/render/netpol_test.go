@@ -157,6 +157,42 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 }
 
+// The router's admin port (metrics, /debug) is reachable from its own namespace and from
+// allowFrom (monitoring by default), not from the rest of the cluster; its API port from anywhere.
+func TestRouterNetworkPolicy(t *testing.T) {
+	for _, shape := range []string{"minimal", "netpol"} {
+		t.Run(shape, func(t *testing.T) {
+			m := sample(t, shape)
+			np := render.RouterNetworkPolicy(m)
+			if np == nil {
+				t.Fatal("no router NetworkPolicy with networkPolicy.enabled defaulted to true")
+			}
+			router, _ := render.RouterDeployment(m, testOpts)
+			ns := m.Namespace
+			nsLabels := map[string]string{"kubernetes.io/metadata.name": ns}
+			routerPod := endpoint{ns, nsLabels, router.Spec.Template.Labels}
+			cports := router.Spec.Template.Spec.Containers[0].Ports
+			sameNS := endpoint{ns, nsLabels, map[string]string{"app": "curl"}}
+			gateway := endpoint{"gateway", map[string]string{"kubernetes.io/metadata.name": "gateway"}, map[string]string{"app": "litellm"}}
+			monitoring := endpoint{"monitoring", map[string]string{"kubernetes.io/metadata.name": "monitoring"}, map[string]string{"app": "prometheus"}}
+			checks := []check{
+				{"gateway elsewhere -> api", gateway, render.RouterHTTPPort, true},
+				{"gateway elsewhere -> admin", gateway, render.RouterAdminPort, false},
+				{"same namespace -> admin", sameNS, render.RouterAdminPort, true},
+				{"gateway elsewhere -> unrelated port", gateway, 22, false},
+			}
+			if shape == "minimal" { // the default allowFrom: the monitoring namespace
+				checks = append(checks, check{"monitoring -> admin", monitoring, render.RouterAdminPort, true})
+			}
+			for _, c := range checks {
+				if got := allowed(t, np, c.src, routerPod, cports, c.port); got != c.allow {
+					t.Errorf("%s (port %d): allowed = %v, want %v", c.name, c.port, got, c.allow)
+				}
+			}
+		})
+	}
+}
+
 func TestNetworkPolicyEmptyAllowFromAddsNoOpenRule(t *testing.T) {
 	m := sample(t, "minimal")
 	m.Spec.NetworkPolicy.AllowFrom = []networkingv1.NetworkPolicyPeer{}
@@ -174,7 +210,7 @@ func TestNetworkPolicyEmptyAllowFromAddsNoOpenRule(t *testing.T) {
 func TestNetworkPolicyDisabled(t *testing.T) {
 	m := sample(t, "minimal")
 	m.Spec.NetworkPolicy.Enabled = ptr(false)
-	if render.NetworkPolicy(m) != nil {
+	if render.NetworkPolicy(m) != nil || render.RouterNetworkPolicy(m) != nil {
 		t.Error("NetworkPolicy rendered while disabled")
 	}
 	objs, _ := render.All(m, testOpts)

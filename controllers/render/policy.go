@@ -50,6 +50,40 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	}
 }
 
+// RouterNetworkPolicy guards the router pods' admin port (metrics, /debug/engines, /debug/route,
+// which shows the fleet and makes engines tokenize): reachable from spec.networkPolicy.allowFrom
+// (by default the monitoring namespace) and from pods of the model's own namespace, not from
+// the rest of the cluster. The API port stays open to every source: the gateway in front of
+// the router may sit in any namespace, and the router is the model's public endpoint. Nil when
+// spec.networkPolicy.enabled is false.
+func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
+	if !*m.Spec.NetworkPolicy.Enabled {
+		return nil
+	}
+	tcp := corev1.ProtocolTCP
+	port := func(p int32) []networkingv1.NetworkPolicyPort {
+		return []networkingv1.NetworkPolicyPort{{Protocol: ptr(tcp), Port: ptr(intstr.FromInt32(p))}}
+	}
+	admin := []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}} // the model's namespace
+	for i := range m.Spec.NetworkPolicy.AllowFrom {
+		var p networkingv1.NetworkPolicyPeer
+		m.Spec.NetworkPolicy.AllowFrom[i].DeepCopyInto(&p)
+		admin = append(admin, p)
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: RouterSelector(m)},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{Ports: port(RouterHTTPPort)}, // no `from`: every source
+				{From: admin, Ports: port(RouterAdminPort)},
+			},
+		},
+	}
+}
+
 // PodDisruptionBudget lets voluntary disruptions (drains) take one engine pod at a time.
 // Pods that never became Ready (still loading) may always be evicted.
 func PodDisruptionBudget(m *v1alpha1.KVRoutedModel) *policyv1.PodDisruptionBudget {

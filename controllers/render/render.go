@@ -122,6 +122,9 @@ func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 		objs = append(objs, np)
 	}
 	objs = append(objs, router, RouterService(m))
+	if np := RouterNetworkPolicy(m); np != nil {
+		objs = append(objs, np)
+	}
 	if a := m.Spec.Autoscaling; a != nil {
 		switch a.Provider {
 		case "HPA":

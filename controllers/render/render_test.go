@@ -329,7 +329,7 @@ func TestAllIsStableAndPure(t *testing.T) {
 		kinds = append(kinds, o.GetObjectKind().GroupVersionKind().Kind)
 	}
 	want := []string{"ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment",
-		"PodDisruptionBudget", "NetworkPolicy", "Deployment", "Service", "ScaledObject"}
+		"PodDisruptionBudget", "NetworkPolicy", "Deployment", "Service", "NetworkPolicy", "ScaledObject"}
 	if !reflect.DeepEqual(kinds, want) {
 		t.Errorf("order = %v, want %v", kinds, want)
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -173,7 +174,19 @@ type RouteAnswer struct {
 
 // serveDebugRoute scores a request body without forwarding it or telling the policy. The
 // body is a completions body, or a chat body when it has "messages" (or ?kind=chat).
+// debugRouteConcurrency bounds /debug/route calls in flight: each one may make an engine render
+// the prompt, so the admin port must not become a way to load the engines.
+const debugRouteConcurrency = 2
+
 func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.debugRouteSlots <- struct{}{}:
+		defer func() { <-s.debugRouteSlots }()
+	default:
+		proxy.WriteError(w, http.StatusTooManyRequests, proxy.TypeUnavailable,
+			fmt.Sprintf("%d /debug/route calls are in flight already; retry when one has finished", debugRouteConcurrency))
+		return
+	}
 	kind := tokens.Completion
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
 	if err != nil {

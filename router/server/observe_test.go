@@ -96,3 +96,31 @@ func TestBlockSizeLearnedBeforeKeying(t *testing.T) {
 		t.Fatalf("parity checked %d, mismatches %d: want it on at the learned size, agreeing", st.ParityChecked, st.ParityMismatches)
 	}
 }
+
+// /debug/route is bounded: past debugRouteConcurrency calls in flight it answers 429 without
+// asking an engine for anything.
+func TestDebugRouteIsBounded(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
+	for range debugRouteConcurrency {
+		rt.s.debugRouteSlots <- struct{}{} // calls in flight
+	}
+	resp, err := http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "in flight") {
+		t.Fatalf("status %d body %s; want 429 naming the bound", resp.StatusCode, body)
+	}
+	<-rt.s.debugRouteSlots
+	resp, err = http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d with a slot free, want 200", resp.StatusCode)
+	}
+}

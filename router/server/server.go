@@ -89,6 +89,8 @@ type Server struct {
 	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
 	exactHook func(*replica) bool
 	readyOnce chan struct{}
+	// debugRouteSlots bounds /debug/route calls in flight (debugRouteConcurrency).
+	debugRouteSlots chan struct{}
 }
 
 // New builds a server; it connects nothing until Run.
@@ -120,7 +122,8 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, pol: pol, readyOnce: make(chan struct{})}
+	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, pol: pol, readyOnce: make(chan struct{}),
+		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
 	s.ix = index.New(index.Options{Now: o.Now})
 	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
 	s.approx = index.NewApproximate(index.SideOptions{})
