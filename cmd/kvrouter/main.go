@@ -43,7 +43,10 @@ type settings struct {
 	model      string
 	fullReport bool
 	hostTopic  bool
-	logger     *slog.Logger
+	// engineKey is the engine API key read from where engineAuth says (never from a flag's
+	// value: that would show in ps).
+	engineKey string
+	logger    *slog.Logger
 }
 
 func parse(args []string, stderr io.Writer) (*settings, error) {
@@ -64,6 +67,8 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	model := fs.String("model", "", "served model name (default: read from each engine's /v1/models)")
 	fullReport := fs.Bool("kv-cache-report-full", false, `inject vllm_xargs.kv_cache_report_mode="full" into forwarded requests`)
 	noEvents := fs.Bool("no-events", false, "do not subscribe to KV events (score every engine approximately)")
+	keyEnv := fs.String("engine-api-key-env", "", "environment variable holding the engines' API key (vLLM --api-key); sent on every engine call, replacing a client's Authorization")
+	keyFile := fs.String("engine-api-key-file", "", "file holding the engines' API key (alternative to --engine-api-key-env)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -113,10 +118,20 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	if *namespace != "" || *selector != "" {
 		cfg.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(*namespace, *selector, *enginePort)}
 	}
+	if *keyEnv != "" || *keyFile != "" {
+		cfg.EngineAuth = &config.EngineAuth{APIKeyEnv: *keyEnv, APIKeyFile: *keyFile}
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	st := &settings{cfg: cfg, eventsBind: *eventsBind, model: *model, fullReport: *fullReport, logger: logger}
+	if cfg.EngineAuth != nil {
+		key, err := cfg.EngineAuth.Key()
+		if err != nil {
+			return nil, err
+		}
+		st.engineKey = key
+	}
 
 	sources := 0
 	for _, set := range []bool{len(engines) > 0, *enginesFile != "", cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil} {
@@ -178,7 +193,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		return 2
 	}
 	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
-		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, Logger: st.logger})
+		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
@@ -206,7 +221,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	go func() { errc <- srv.Run(ctx) }()
 	go func() { errc <- api.Serve(apiLn) }()
 	go func() { errc <- adm.Serve(adminLn) }()
-	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy)
+	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
+		"engine_api_key", st.engineKey != "")
 	if ready != nil {
 		ready(apiLn.Addr().String(), adminLn.Addr().String())
 	}

@@ -30,6 +30,27 @@ func TestFlagErrors(t *testing.T) {
 	}
 }
 
+// The engine key comes from a named variable or file; naming one that is unset is a start-up
+// error, and the key never reaches the logs.
+func TestEngineAPIKeyFlags(t *testing.T) {
+	eng := []string{"--engine", "a=http://127.0.0.1:1"}
+	t.Setenv("KVR_ENGINE_KEY", "")
+	if _, err := parse(append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY"}, eng...), io.Discard); err == nil {
+		t.Error("an empty key variable was accepted")
+	}
+	t.Setenv("KVR_ENGINE_KEY", "k-123")
+	st, err := parse(append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY"}, eng...), io.Discard)
+	if err != nil || st.engineKey != "k-123" {
+		t.Fatalf("%v %v", st, err)
+	}
+	if _, err := parse(append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY", "--engine-api-key-file", "/k"}, eng...), io.Discard); err == nil {
+		t.Error("both sources were accepted")
+	}
+	if st, err := parse(eng, io.Discard); err != nil || st.engineKey != "" {
+		t.Errorf("no key configured: %q %v", st.engineKey, err)
+	}
+}
+
 // The binary's run: static --engine, JSON logs, a completion through it, clean stop.
 func TestRunServesThroughEngine(t *testing.T) {
 	sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})

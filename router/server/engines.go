@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -169,7 +170,11 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 			e.adapts[a] = true
 		}
 	} else {
-		s.log.Warn("engine models not read; topic and LoRA detection use --model", "engine", d.Name, "err", mi.err)
+		if isAuthErr(mi.err) {
+			s.engineAuthFailure(callModels, d.Name, mi.err)
+		}
+		s.log.Warn("engine models not read; topic and LoRA detection use --model",
+			"engine", d.Name, "err", mi.err)
 	}
 	for r := 0; r < d.Ranks(); r++ {
 		rep := &replica{eng: e, rank: r, name: fmt.Sprintf("%s/%d", d.Name, r)}
@@ -249,7 +254,7 @@ func (s *Server) models(ctx context.Context, base string) (string, []string, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", nil, fmt.Errorf("/v1/models answered %d", resp.StatusCode)
+		return "", nil, &proxy.StatusError{Path: "/v1/models", Status: resp.StatusCode}
 	}
 	var ml struct {
 		Data []struct {
@@ -284,7 +289,8 @@ func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
 	}
 }
 
-func (s *Server) probe(ctx context.Context, e *engine) {
+// probe asks the engine's /health and records the answer; it reports whether it was up.
+func (s *Server) probe(ctx context.Context, e *engine) bool {
 	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
 	was := e.health.Healthy(s.now())
 	e.health.Probed(err)
@@ -292,9 +298,22 @@ func (s *Server) probe(ctx context.Context, e *engine) {
 		if !was {
 			e.health.Success()
 		}
-	} else if was {
+		return true
+	}
+	if isAuthErr(err) {
+		// vLLM leaves /health open; an engine (or a proxy in front of it) that guards it is
+		// refusing the router's credentials all the same.
+		s.engineAuthFailure(callHealth, e.name, err)
+	}
+	if was {
 		s.log.Warn("engine unhealthy", "engine", e.name, "err", err)
 	}
+	return false
+}
+
+func isAuthErr(err error) bool {
+	var se *proxy.StatusError
+	return errors.As(err, &se) && proxy.IsAuthStatus(se.Status)
 }
 
 // probeLoop polls every engine's /health.
