@@ -58,7 +58,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	var engines engineFlags
 	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;warmup-until=RFC3339 (repeatable)")
 	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
-	eventsBind := fs.String("events-bind", "", "bind tcp://HOST:PORT for engines that dial in; engines are told apart by topic")
+	eventsBind := fs.String("events-bind", "", "bound mode: bind tcp://HOST:PORT for engines that dial in, told apart by topic (overrides events.bind)")
 	namespace := fs.String("namespace", "", "Kubernetes discovery: namespace of the engine pods")
 	selector := fs.String("selector", "", "Kubernetes discovery: label selector of the engine pods")
 	enginePort := fs.Int("engine-port", 0, "Kubernetes discovery: engines' HTTP port (0: the container port named http)")
@@ -118,13 +118,16 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	if *namespace != "" || *selector != "" {
 		cfg.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(*namespace, *selector, *enginePort)}
 	}
+	if *eventsBind != "" {
+		cfg.Events.Bind = *eventsBind
+	}
 	if *keyEnv != "" || *keyFile != "" {
 		cfg.EngineAuth = &config.EngineAuth{APIKeyEnv: *keyEnv, APIKeyFile: *keyFile}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st := &settings{cfg: cfg, eventsBind: *eventsBind, model: *model, fullReport: *fullReport, logger: logger}
+	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport, logger: logger}
 	if cfg.EngineAuth != nil {
 		key, err := cfg.EngineAuth.Key()
 		if err != nil {
@@ -150,6 +153,9 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 			if err != nil {
 				return nil, fmt.Errorf("--engine: %w", err)
 			}
+			if len(en.Events) == 0 && len(en.Replay) > 0 && st.eventsBind == "" {
+				return nil, fmt.Errorf("--engine %s: replay= without events= is bound mode's shape and needs --events-bind", en.Name)
+			}
 			es = append(es, en)
 		}
 		if err := discovery.CheckSnapshot(es); err != nil {
@@ -174,7 +180,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 			return nil, err
 		}
 	default:
-		if len(cfg.Engines) == 0 && *eventsBind == "" {
+		if len(cfg.Engines) == 0 && st.eventsBind == "" {
 			return nil, errors.New("no engines: give --engine, --engines-file, --namespace/--selector or a config with engines")
 		}
 	}

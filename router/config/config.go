@@ -165,6 +165,11 @@ type Events struct {
 	HWM int `json:"hwm"`
 	// Replay asks the engines' replay sockets for missed batches.
 	Replay bool `json:"replay"`
+	// Bind, when set (tcp://HOST:PORT), is bound mode: the router binds one SUB there and the
+	// engines dial in (vLLM's kv-events endpoint naming the router), their streams told apart
+	// by topic. For engines the router cannot dial, with one router replica. --events-bind
+	// overrides it.
+	Bind string `json:"bind,omitempty"`
 }
 
 // Limits bound what one request may cost the router.
@@ -327,7 +332,9 @@ func (c Config) Validate() error {
 		for r, ep := range e.Replay {
 			checkZMQ(bad, fmt.Sprintf("%s.replay[%d]", key, r), ep)
 		}
-		if len(e.Replay) > 0 && len(e.Replay) != len(e.Events) {
+		// Replay alone is bound mode's shape (events.bind): the events arrive on the router's
+		// socket, replay is still asked of each engine.
+		if len(e.Replay) > 0 && len(e.Events) > 0 && len(e.Replay) != len(e.Events) {
 			bad(key+".replay", "has %d endpoints but events has %d: give one per DP rank or none", len(e.Replay), len(e.Events))
 		}
 	}
@@ -376,6 +383,9 @@ func (c Config) Validate() error {
 	}
 	if c.Events.HWM < 0 {
 		bad("events.hwm", "%d must be >= 0", c.Events.HWM)
+	}
+	if c.Events.Bind != "" {
+		checkZMQ(bad, "events.bind", c.Events.Bind)
 	}
 	if c.Limits.MaxBodyBytes <= 0 {
 		bad("limits.maxBodyBytes", "%d must be > 0", c.Limits.MaxBodyBytes)

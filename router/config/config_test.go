@@ -191,3 +191,21 @@ func TestEngineAuth(t *testing.T) {
 		t.Errorf("default config renders engineAuth: %s %v", out, err)
 	}
 }
+
+// Bound mode: events.bind is where the router binds; replay endpoints may come without event
+// endpoints (the events arrive on the bound socket).
+func TestEventsBindAndReplayOnly(t *testing.T) {
+	c, err := Parse([]byte(`
+events: {bind: "tcp://*:5557"}
+engines: [{name: a, url: "http://x:1", replay: ["tcp://x:5600"]}]
+`))
+	if err != nil || c.Events.Bind != "tcp://*:5557" || len(c.Engines[0].Replay) != 1 {
+		t.Fatalf("%+v %v", c.Events, err)
+	}
+	if _, err := Parse([]byte("events: {bind: \"*:5557\"}\n")); err == nil || !strings.Contains(err.Error(), "events.bind") {
+		t.Errorf("a bind address without tcp:// was accepted: %v", err)
+	}
+	if out, _ := Default().Marshal(); strings.Contains(string(out), "bind") {
+		t.Errorf("default config renders a bind address:\n%s", out)
+	}
+}

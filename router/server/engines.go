@@ -24,8 +24,13 @@ type engine struct {
 	name   string
 	model  string          // served base model, for the topic and LoRA detection
 	adapts map[string]bool // served LoRA adapter names
-	health *proxy.Health
-	reps   []*replica
+	// modelsRead: /v1/models answered when the engine was added. When it did not (the engine
+	// was down, or refused the router's key), model and adapts are guesses, and with no
+	// model the expected topic (<prefix>@<host>@<model>) matches nothing the engine sends:
+	// the first successful probe reads the models again and rebuilds the engine (relearn).
+	modelsRead bool
+	health     *proxy.Health
+	reps       []*replica
 }
 
 // replica is one (engine, DP rank): one index replica, maybe one event stream, and the load
@@ -163,6 +168,7 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 	e.dp.Store(&d)
 	e.model = s.o.Model
 	if mi.err == nil {
+		e.modelsRead = true
 		if e.model == "" {
 			e.model = mi.base
 		}
@@ -173,8 +179,12 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 		if isAuthErr(mi.err) {
 			s.engineAuthFailure(callModels, d.Name, mi.err)
 		}
-		s.log.Warn("engine models not read; topic and LoRA detection use --model",
+		s.log.Warn("engine models not read; topic and LoRA detection use --model until a probe succeeds and they are read again",
 			"engine", d.Name, "err", mi.err)
+	}
+	if !s.bound && len(d.Events) == 0 && len(d.Replay) > 0 {
+		s.log.Warn("engine lists replay endpoints without event endpoints, which only bound mode (--events-bind) uses; scored approximately",
+			"engine", d.Name)
 	}
 	for r := 0; r < d.Ranks(); r++ {
 		rep := &replica{eng: e, rank: r, name: fmt.Sprintf("%s/%d", d.Name, r)}
@@ -316,6 +326,59 @@ func isAuthErr(err error) bool {
 	return errors.As(err, &se) && proxy.IsAuthStatus(se.Status)
 }
 
+// relearn reads the models of an engine that did not answer /v1/models when it was added
+// (typically an engine down when the router started) and, once it does, rebuilds the engine
+// with the real model and adapters: its streams are added again under the right topic (in
+// bound mode the topic is the only way its events are told apart, so until then they are
+// counted as unroutable) and replayed from the engine's ring. The replicas are new objects:
+// load this router had in flight to the old ones is not carried over (they were just
+// appearing, so that is little, and in-flight requests settle on the objects they hold).
+func (s *Server) relearn(ctx context.Context, e *engine) {
+	base, adapters, err := s.models(ctx, e.dp.Load().URL)
+	if err != nil {
+		if isAuthErr(err) {
+			s.engineAuthFailure(callModels, e.name, err)
+		}
+		s.log.Debug("engine models still not read", "engine", e.name, "err", err)
+		return
+	}
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	reps, engines := s.table.snapshot()
+	if engines[e.name] != e {
+		return // removed or replaced meanwhile
+	}
+	d := *e.dp.Load()
+	s.dropEngine(e)
+	ne, err := s.addEngine(d, modelInfo{base: base, adapters: adapters})
+	next := make(map[string]*engine, len(engines))
+	for name, other := range engines {
+		if name != e.name {
+			next[name] = other
+		}
+	}
+	var nreps []*replica
+	for _, r := range reps {
+		switch {
+		case r.eng != e:
+			nreps = append(nreps, r)
+		case r.rank == 0 && ne != nil:
+			nreps = append(nreps, ne.reps...)
+		}
+	}
+	if err != nil {
+		s.log.Error("engine not re-added after reading its models", "engine", e.name, "err", err)
+	} else {
+		ne.health = e.health // keep what probes and forwards learned
+		next[e.name] = ne
+		s.log.Info("engine models read; streams re-added", "engine", e.name, "model", ne.model, "adapters", len(adapters),
+			"streams", countStreams(ne))
+	}
+	s.table.mu.Lock()
+	s.table.engines, s.table.reps = next, nreps
+	s.table.mu.Unlock()
+}
+
 // probeLoop polls every engine's /health.
 func (s *Server) probeLoop(ctx context.Context) {
 	t := time.NewTicker(s.o.ProbeInterval)
@@ -330,7 +393,12 @@ func (s *Server) probeLoop(ctx context.Context) {
 		var wg sync.WaitGroup
 		for _, e := range es {
 			wg.Add(1)
-			go func() { defer wg.Done(); s.probe(ctx, e) }()
+			go func() {
+				defer wg.Done()
+				if s.probe(ctx, e) && !e.modelsRead {
+					s.relearn(ctx, e)
+				}
+			}()
 		}
 		wg.Wait()
 	}
