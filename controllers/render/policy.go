@@ -50,6 +50,36 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	}
 }
 
+// RouterNetworkPolicy guards the router pods' bound events port (EnginesConnect): only the
+// engine pods may send events (anyone else could fill the index with blocks no engine holds).
+// The API and metrics ports stay open to every source, as without a policy: the gateway in
+// front is not known here. Nil unless spec.networkPolicy.enabled and EnginesConnect.
+func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
+	if !*m.Spec.NetworkPolicy.Enabled || !EnginesConnect(m) {
+		return nil
+	}
+	tcp := corev1.ProtocolTCP
+	port := func(p int32) networkingv1.NetworkPolicyPort {
+		return networkingv1.NetworkPolicyPort{Protocol: ptr(tcp), Port: ptr(intstr.FromInt32(p))}
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: RouterSelector(m)},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: EngineSelector(m)}}},
+					Ports: []networkingv1.NetworkPolicyPort{port(m.Spec.Engine.KVEvents.BasePort)},
+				},
+				// No `from`: every source, as for a pod without a policy.
+				{Ports: []networkingv1.NetworkPolicyPort{port(RouterHTTPPort), port(RouterAdminPort)}},
+			},
+		},
+	}
+}
+
 // PodDisruptionBudget lets voluntary disruptions (drains) take one engine pod at a time.
 // Pods that never became Ready (still loading) may always be evicted.
 func PodDisruptionBudget(m *v1alpha1.KVRoutedModel) *policyv1.PodDisruptionBudget {
