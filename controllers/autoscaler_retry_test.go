@@ -97,5 +97,3 @@ func TestAutoscalerApplyFailureIsRetried(t *testing.T) {
 		return nil
 	})
 }
-
-

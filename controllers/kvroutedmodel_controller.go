@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -113,15 +114,14 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 
 	var errs []error
 	var autoscaler client.Object
-	hasNetworkPolicy := false
+	rendered := map[optionalChild]bool{}
 	for _, o := range objs {
 		switch o.GetObjectKind().GroupVersionKind().Kind {
 		case "HorizontalPodAutoscaler", "ScaledObject":
 			autoscaler = o
 			continue
-		case "NetworkPolicy":
-			hasNetworkPolicy = true
 		}
+		rendered[optionalChild{o.GetObjectKind().GroupVersionKind(), o.GetName()}] = true
 		u, err := r.applyObject(ctx, o)
 		if err != nil {
 			errs = append(errs, err)
@@ -140,11 +140,12 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 			}
 		}
 	}
-	if !hasNetworkPolicy {
-		for _, name := range []string{render.EngineName(m), render.RouterName(m)} {
-			if err := r.deleteIfOwned(ctx, m, networkPolicyGVK, name); err != nil {
-				errs = append(errs, err)
-			}
+	for _, c := range optionalChildren(m) {
+		if rendered[c] {
+			continue
+		}
+		if err := r.deleteIfOwned(ctx, m, c.gvk, c.name); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	as := r.reconcileAutoscaler(ctx, m, autoscaler)
@@ -249,4 +250,21 @@ func earliest(a, b time.Duration) time.Duration {
 	return a
 }
 
-var networkPolicyGVK = networkingv1.SchemeGroupVersion.WithKind("NetworkPolicy")
+// optionalChild is a child the spec may switch off.
+type optionalChild struct {
+	gvk  schema.GroupVersionKind
+	name string
+}
+
+// optionalChildren are the children that exist for some specs only (besides the autoscaler,
+// handled on its own): deleted when the spec stops wanting them — the network policies when
+// spec.networkPolicy.enabled turns false, the events Service and the router's policy when
+// spec.engine.kvEvents.mode goes back to RouterConnects.
+func optionalChildren(m *v1alpha1.KVRoutedModel) []optionalChild {
+	np := networkingv1.SchemeGroupVersion.WithKind("NetworkPolicy")
+	return []optionalChild{
+		{np, render.EngineName(m)},
+		{np, render.RouterName(m)},
+		{corev1.SchemeGroupVersion.WithKind("Service"), render.EventsServiceName(m)},
+	}
+}

@@ -449,3 +449,81 @@ func TestAutoscalerSwitchKEDAAndMetricsAPI(t *testing.T) {
 	})
 	eventually(t, 10*time.Second, func() error { return k8s.Get(ctx, key(ns, "qwen"), &autoscalingv2.HorizontalPodAutoscaler{}) })
 }
+
+// The engine API key and EnginesConnect through the real API server: the key's Secret need
+// not exist (nor be readable by the operator) for the children to be applied, since the
+// kubelet resolves it; EnginesConnect adds the events Service and the router's policy, and
+// switching back to RouterConnects deletes them and brings the engines' event ports back.
+func TestAPIKeyAndEnginesConnect(t *testing.T) {
+	ns := namespace(t, "interop")
+	m := newModel(t, ns, "qwen", func(m *v1alpha1.KVRoutedModel) {
+		m.Spec.Engine.APIKeySecretRef = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "no-such-secret"}, Key: "key"}
+		m.Spec.Engine.KVEvents.Mode = v1alpha1.EventsEnginesConnect
+	})
+	d := engine(t, m)
+	c := d.Spec.Template.Spec.Containers[0]
+	var keyVar *corev1.EnvVar
+	for i := range c.Env {
+		if c.Env[i].Name == render.EngineAPIKeyEnv {
+			keyVar = &c.Env[i]
+		}
+	}
+	if keyVar == nil || keyVar.ValueFrom == nil || keyVar.ValueFrom.SecretKeyRef == nil || keyVar.ValueFrom.SecretKeyRef.Name != "no-such-secret" {
+		t.Fatalf("engine env %+v", c.Env)
+	}
+	if _, ok := d.Spec.Template.Annotations[v1alpha1.AnnotationKVEvents]; ok {
+		t.Errorf("EnginesConnect engine announces event ports: %v", d.Spec.Template.Annotations)
+	}
+	eventually(t, 10*time.Second, func() error {
+		r := &appsv1.Deployment{}
+		if err := k8s.Get(ctx, key(ns, render.RouterName(m)), r); err != nil {
+			return err
+		}
+		for _, e := range r.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == render.RouterAPIKeyEnv && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				return nil
+			}
+		}
+		return fmt.Errorf("router env %+v", r.Spec.Template.Spec.Containers[0].Env)
+	})
+	for _, o := range []client.Object{&corev1.Service{}, &networkingv1.NetworkPolicy{}} {
+		name := render.EventsServiceName(m)
+		if _, ok := o.(*networkingv1.NetworkPolicy); ok {
+			name = render.RouterName(m)
+		}
+		eventually(t, 10*time.Second, func() error { return k8s.Get(ctx, key(ns, name), o) })
+		if err := ownedBy(o, getModel(t, m)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	updateModel(t, m, func(m *v1alpha1.KVRoutedModel) { m.Spec.Engine.KVEvents.Mode = v1alpha1.EventsRouterConnects })
+	// The router's policy stays (it guards the admin port in either mode) without the events rule.
+	eventually(t, 10*time.Second, func() error {
+		np := &networkingv1.NetworkPolicy{}
+		if err := k8s.Get(ctx, key(ns, render.RouterName(m)), np); err != nil {
+			return err
+		}
+		if len(np.Spec.Ingress) != 2 {
+			return fmt.Errorf("router policy has %d rules, want API and admin only", len(np.Spec.Ingress))
+		}
+		return nil
+	})
+	for _, o := range []struct {
+		obj  client.Object
+		name string
+	}{{&corev1.Service{}, render.EventsServiceName(m)}} {
+		eventually(t, 10*time.Second, func() error {
+			err := k8s.Get(ctx, key(ns, o.name), o.obj)
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("%T %s still there (err %v)", o.obj, o.name, err)
+		})
+	}
+	eventually(t, 10*time.Second, func() error {
+		if got := engine(t, m).Spec.Template.Annotations[v1alpha1.AnnotationKVEvents]; got != "5557" {
+			return fmt.Errorf("kv-events-ports %q", got)
+		}
+		return nil
+	})
+}

@@ -46,6 +46,11 @@ type KVRoutedModelList struct {
 
 // KVRoutedModelSpec is the desired state. Pointer fields are those where the zero value is a
 // meaningful setting distinct from the default (replicas 0, replay port 0, enabled false, ...).
+// The EnginesConnect rules start with has() guards for the same reason as EngineSpec's: the
+// apiserver also checks them against the bare `{}` defaults.
+// +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.router) || !has(self.router.replicas) || self.router.replicas <= 1`,message="spec.router.replicas must be 0 or 1 with spec.engine.kvEvents.mode EnginesConnect: each engine sends its events to one router (use RouterConnects to run several)",fieldPath=".router.replicas"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.engine.parallelism) || !has(self.engine.parallelism.dataLocal) || self.engine.parallelism.dataLocal == 1`,message="spec.engine.parallelism.dataLocal must be 1 with spec.engine.kvEvents.mode EnginesConnect: kvrouter binds one events socket, and vLLM sends each DP rank to its own port",fieldPath=".engine.parallelism.dataLocal"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.engine.kvEvents.basePort) || (self.engine.kvEvents.basePort != 8000 && self.engine.kvEvents.basePort != 9090)`,message="spec.engine.kvEvents.basePort must not be 8000 or 9090 with spec.engine.kvEvents.mode EnginesConnect: the router binds it beside its API (8000) and metrics (9090) ports",fieldPath=".engine.kvEvents.basePort"
 type KVRoutedModelSpec struct {
 	// Model identity and weights.
 	// +required
@@ -138,10 +143,22 @@ type EngineSpec struct {
 	// +optional
 	Args []EngineArg `json:"args,omitempty"`
 
+	// APIKeySecretRef selects a Secret key holding the engines' API key. The engine gets it
+	// as VLLM_API_KEY (vLLM reads it when --api-key is absent, so the key is in neither the
+	// pod spec nor the process's arguments) and the router as an environment variable it
+	// sends on every engine call. Both read the Secret through the kubelet: the operator
+	// never reads Secrets. vLLM guards the paths under /v1 with it (generation, the render
+	// endpoints, /v1/models); /health, /metrics and /tokenize stay open.
+	// +kubebuilder:validation:XValidation:rule=`!has(self.optional) || !self.optional`,message="spec.engine.apiKeySecretRef.optional must not be true: a missing key would start the engines without authentication"
+	// +optional
+	APIKeySecretRef *corev1.SecretKeySelector `json:"apiKeySecretRef,omitempty"`
+
 	// Env is extra environment for the engine container. PYTHONHASHSEED is refused: it comes
-	// from hashSeed so that every replica hashes blocks the same way.
+	// from hashSeed so that every replica hashes blocks the same way. VLLM_API_KEY is refused:
+	// the router must know the key, so it comes from apiKeySecretRef.
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule=`self.all(e, e.name != 'PYTHONHASHSEED')`,message="spec.engine.env must not set PYTHONHASHSEED: set spec.engine.hashSeed instead"
+	// +kubebuilder:validation:XValidation:rule=`self.all(e, e.name != 'VLLM_API_KEY')`,message="spec.engine.env must not set VLLM_API_KEY: set spec.engine.apiKeySecretRef, which gives the key to the router too"
 	// +listType=map
 	// +listMapKey=name
 	// +optional
@@ -203,6 +220,7 @@ type EngineSpec struct {
 // EngineArg is one extra `vllm serve` argument.
 // +kubebuilder:validation:MaxLength=1024
 // +kubebuilder:validation:XValidation:rule=`!self.matches('^(--(no[-_])?(kv[-_]events[-_]config|port|served[-_]model[-_]name|data[-_]parallel[-_]size|tensor[-_]parallel[-_]size|block[-_]size|prefix[-_]caching[-_]hash[-_]algo|config|enable[-_]prompt[-_]tokens[-_]details|model)([=.].*)?|-(dp|tp)([=0-9].*)?)$')`,message="spec.engine.args must not set a flag the operator owns (--kv-events-config, --port, --served-model-name, --data-parallel-size/-dp, --tensor-parallel-size/-tp, --block-size, --prefix-caching-hash-algo, --config, --enable-prompt-tokens-details, --model, in any spelling): use the matching spec.engine field"
+// +kubebuilder:validation:XValidation:rule=`!self.matches('^--api[-_]key([=.].*)?$')`,message="spec.engine.args must not set --api-key: put the key in a Secret and name it in spec.engine.apiKeySecretRef (the router needs it too, and args are visible in the pod spec)"
 type EngineArg string
 
 // ParallelismSpec is the parallel layout of one engine pod.
@@ -263,7 +281,24 @@ type KVEventsSpec struct {
 	// +kubebuilder:validation:Maximum=1000000
 	// +optional
 	BufferSteps int32 `json:"bufferSteps,omitempty"`
+
+	// Mode is who dials whom for the event streams. RouterConnects (the default): each
+	// engine binds basePort (+ rank) and the router connects to every pod, so any number of
+	// router replicas can subscribe. EnginesConnect: the router binds basePort (kvrouter's
+	// bound mode, events.bind) behind the Service <name>-events and every engine dials it,
+	// for networks where the router cannot reach the pods' event ports; one router replica
+	// and one DP rank per pod. Replay is asked of the engines in both modes.
+	// +kubebuilder:default=RouterConnects
+	// +kubebuilder:validation:Enum=RouterConnects;EnginesConnect
+	// +optional
+	Mode string `json:"mode,omitempty"`
 }
+
+// Event stream modes (spec.engine.kvEvents.mode).
+const (
+	EventsRouterConnects = "RouterConnects"
+	EventsEnginesConnect = "EnginesConnect"
+)
 
 // LoRAAdapter is one adapter served beside the base model.
 // +kubebuilder:validation:XValidation:rule=`!self.uri.startsWith('hf://') || self.uri.matches('^hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$')`,message="spec.engine.loraAdapters[].uri: an hf:// adapter URI must look like hf://org/name (vLLM takes no revision for adapters)",fieldPath=".uri"

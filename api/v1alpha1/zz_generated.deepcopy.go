@@ -91,6 +91,11 @@ func (in *EngineSpec) DeepCopyInto(out *EngineSpec) {
 		*out = make([]EngineArg, len(*in))
 		copy(*out, *in)
 	}
+	if in.APIKeySecretRef != nil {
+		in, out := &in.APIKeySecretRef, &out.APIKeySecretRef
+		*out = new(v1.SecretKeySelector)
+		(*in).DeepCopyInto(*out)
+	}
 	if in.Env != nil {
 		in, out := &in.Env, &out.Env
 		*out = make([]v1.EnvVar, len(*in))

@@ -44,8 +44,8 @@ func TestRenderDP2SampleShowsPortsPerRank(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	objs := docs(t, out)
-	if len(objs) != 10 {
-		t.Fatalf("want 10 children, got %d", len(objs))
+	if len(objs) != 11 { // with the engine and router NetworkPolicies
+		t.Fatalf("want 11 children, got %d", len(objs))
 	}
 	var engine *unstructured.Unstructured
 	for _, o := range objs {
@@ -89,8 +89,8 @@ spec: {model: {name: b, uri: org/b}, networkPolicy: {enabled: false}}
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	objs := docs(t, out)
-	if len(objs) != 19 { // 10 for a, 9 for b (no NetworkPolicy)
-		t.Fatalf("want 19 objects, got %d", len(objs))
+	if len(objs) != 20 { // 11 for a, 9 for b (no NetworkPolicies)
+		t.Fatalf("want 20 objects, got %d", len(objs))
 	}
 	if objs[0].GetNamespace() != "team" || objs[len(objs)-1].GetNamespace() != "other" {
 		t.Errorf("namespaces %q / %q", objs[0].GetNamespace(), objs[len(objs)-1].GetNamespace())

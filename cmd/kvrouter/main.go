@@ -43,7 +43,10 @@ type settings struct {
 	model      string
 	fullReport bool
 	hostTopic  bool
-	logger     *slog.Logger
+	// engineKey is the engine API key read from where engineAuth says (never from a flag's
+	// value: that would show in ps).
+	engineKey string
+	logger    *slog.Logger
 }
 
 func parse(args []string, stderr io.Writer) (*settings, error) {
@@ -55,7 +58,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	var engines engineFlags
 	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;warmup-until=RFC3339 (repeatable)")
 	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
-	eventsBind := fs.String("events-bind", "", "bind tcp://HOST:PORT for engines that dial in; engines are told apart by topic")
+	eventsBind := fs.String("events-bind", "", "bound mode: bind tcp://HOST:PORT for engines that dial in, told apart by topic (overrides events.bind)")
 	namespace := fs.String("namespace", "", "Kubernetes discovery: namespace of the engine pods")
 	selector := fs.String("selector", "", "Kubernetes discovery: label selector of the engine pods")
 	enginePort := fs.Int("engine-port", 0, "Kubernetes discovery: engines' HTTP port (0: the container port named http)")
@@ -64,6 +67,8 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	model := fs.String("model", "", "served model name (default: read from each engine's /v1/models)")
 	fullReport := fs.Bool("kv-cache-report-full", false, `inject vllm_xargs.kv_cache_report_mode="full" into forwarded requests`)
 	noEvents := fs.Bool("no-events", false, "do not subscribe to KV events (score every engine approximately)")
+	keyEnv := fs.String("engine-api-key-env", "", "environment variable holding the engines' API key (vLLM --api-key); sent on every engine call, replacing a client's Authorization")
+	keyFile := fs.String("engine-api-key-file", "", "file holding the engines' API key (alternative to --engine-api-key-env)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -113,10 +118,23 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	if *namespace != "" || *selector != "" {
 		cfg.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(*namespace, *selector, *enginePort)}
 	}
+	if *eventsBind != "" {
+		cfg.Events.Bind = *eventsBind
+	}
+	if *keyEnv != "" || *keyFile != "" {
+		cfg.EngineAuth = &config.EngineAuth{APIKeyEnv: *keyEnv, APIKeyFile: *keyFile}
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st := &settings{cfg: cfg, eventsBind: *eventsBind, model: *model, fullReport: *fullReport, logger: logger}
+	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport, logger: logger}
+	if cfg.EngineAuth != nil {
+		key, err := cfg.EngineAuth.Key()
+		if err != nil {
+			return nil, err
+		}
+		st.engineKey = key
+	}
 
 	sources := 0
 	for _, set := range []bool{len(engines) > 0, *enginesFile != "", cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil} {
@@ -134,6 +152,9 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 			en, err := discovery.ParseEngineFlag(e)
 			if err != nil {
 				return nil, fmt.Errorf("--engine: %w", err)
+			}
+			if len(en.Events) == 0 && len(en.Replay) > 0 && st.eventsBind == "" {
+				return nil, fmt.Errorf("--engine %s: replay= without events= is bound mode's shape and needs --events-bind", en.Name)
 			}
 			es = append(es, en)
 		}
@@ -159,7 +180,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 			return nil, err
 		}
 	default:
-		if len(cfg.Engines) == 0 && *eventsBind == "" {
+		if len(cfg.Engines) == 0 && st.eventsBind == "" {
 			return nil, errors.New("no engines: give --engine, --engines-file, --namespace/--selector or a config with engines")
 		}
 	}
@@ -178,7 +199,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		return 2
 	}
 	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
-		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, Logger: st.logger})
+		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
@@ -206,7 +227,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	go func() { errc <- srv.Run(ctx) }()
 	go func() { errc <- api.Serve(apiLn) }()
 	go func() { errc <- adm.Serve(adminLn) }()
-	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy)
+	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
+		"engine_api_key", st.engineKey != "")
 	if ready != nil {
 		ready(apiLn.Addr().String(), adminLn.Addr().String())
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -22,11 +24,49 @@ func TestFlagErrors(t *testing.T) {
 		{"--namespace", "ns"},
 		{"--log-format", "xml", "--engine", "a=http://127.0.0.1:1"},
 		{"--config", "does-not-exist.yaml"},
+		{"--engine", "a=http://127.0.0.1:1;replay=tcp://127.0.0.1:2"}, // replay alone needs --events-bind
+		{"--engine", "a=http://127.0.0.1:1", "--events-bind", "127.0.0.1:5557"},
 	} {
 		var stderr bytes.Buffer
 		if code := run(context.Background(), args, &stderr, nil); code != 2 || !strings.Contains(stderr.String(), "kvrouter:") {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}
+	}
+}
+
+// The engine key comes from a named variable or file; naming one that is unset is a start-up
+// error, and the key never reaches the logs.
+func TestEngineAPIKeyFlags(t *testing.T) {
+	eng := []string{"--engine", "a=http://127.0.0.1:1"}
+	t.Setenv("KVR_ENGINE_KEY", "")
+	if _, err := parse(append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY"}, eng...), io.Discard); err == nil {
+		t.Error("an empty key variable was accepted")
+	}
+	t.Setenv("KVR_ENGINE_KEY", "k-123")
+	st, err := parse(append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY"}, eng...), io.Discard)
+	if err != nil || st.engineKey != "k-123" {
+		t.Fatalf("%v %v", st, err)
+	}
+	if _, err := parse(append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY", "--engine-api-key-file", "/k"}, eng...), io.Discard); err == nil {
+		t.Error("both sources were accepted")
+	}
+	if st, err := parse(eng, io.Discard); err != nil || st.engineKey != "" {
+		t.Errorf("no key configured: %q %v", st.engineKey, err)
+	}
+}
+
+// Bound mode from the flag or the file; replay endpoints alone are accepted there.
+func TestEventsBind(t *testing.T) {
+	st, err := parse([]string{"--engine", "a=http://127.0.0.1:1;replay=tcp://127.0.0.1:2", "--events-bind", "tcp://127.0.0.1:5557"}, io.Discard)
+	if err != nil || st.eventsBind != "tcp://127.0.0.1:5557" {
+		t.Fatalf("%v %v", st, err)
+	}
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("events: {bind: \"tcp://127.0.0.1:5558\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = parse([]string{"--config", cfg}, io.Discard); err != nil || st.eventsBind != "tcp://127.0.0.1:5558" {
+		t.Fatalf("from the file: %v %v", st, err)
 	}
 }
 

@@ -1,6 +1,8 @@
 // Command vllm-sim runs the vLLM-compatible engine simulator (package test/vllmsim) with
 // vLLM-style flags. PYTHONHASHSEED is read from the environment ("0" when unset: unlike vLLM,
-// whose unset seed is random, the simulator stays reproducible).
+// whose unset seed is random, the simulator stays reproducible). Like vLLM, --api-key (here
+// repeatable) takes precedence over VLLM_API_KEY, and the environment variable keeps the key
+// out of the process's argument list.
 package main
 
 import (
@@ -22,8 +24,14 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stderr))
 }
 
+type keyFlags []string
+
+func (k *keyFlags) String() string     { return strings.Repeat("*", len(*k)) } // never print keys
+func (k *keyFlags) Set(v string) error { *k = append(*k, v); return nil }
+
 func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	var cfg vllmsim.Config
+	var keys keyFlags
 	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.Host, "host", "127.0.0.1", "listen host (HTTP and bound ZMQ sockets)")
@@ -54,6 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.IntVar(&cfg.StallEventsAfter, "stall-events-after", 0, "stop publishing after N batches until POST /debug/events {\"stall\":false}")
 	fs.Float64Var(&cfg.FailRate, "fail-rate", 0, "share of completion requests answered with HTTP 500")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fail-rate draw")
+	fs.Var(&keys, "api-key", "require Authorization: Bearer KEY on /v1/... as vLLM does (repeatable; default $VLLM_API_KEY)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -72,6 +81,13 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 		}
 	}
 	cfg.HashSeed = os.Getenv("PYTHONHASHSEED")
+	// vLLM: tokens = args.api_key or [VLLM_API_KEY], empty ones dropped.
+	cfg.APIKeys = keys
+	if len(keys) == 0 {
+		if k := os.Getenv("VLLM_API_KEY"); k != "" {
+			cfg.APIKeys = []string{k}
+		}
+	}
 	return cfg, nil
 }
 

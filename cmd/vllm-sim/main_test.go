@@ -25,6 +25,23 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+// --api-key wins over VLLM_API_KEY, as in vLLM; without the flag the variable is used.
+func TestParseAPIKey(t *testing.T) {
+	t.Setenv("VLLM_API_KEY", "from-env")
+	cfg, err := parseFlags([]string{"--api-key", "a", "--api-key", "b"}, io.Discard)
+	if err != nil || strings.Join(cfg.APIKeys, ",") != "a,b" {
+		t.Errorf("flags: %v (%v)", cfg.APIKeys, err)
+	}
+	cfg, err = parseFlags(nil, io.Discard)
+	if err != nil || strings.Join(cfg.APIKeys, ",") != "from-env" {
+		t.Errorf("env: %v (%v)", cfg.APIKeys, err)
+	}
+	t.Setenv("VLLM_API_KEY", "")
+	if cfg, _ = parseFlags(nil, io.Discard); len(cfg.APIKeys) != 0 {
+		t.Errorf("empty env gave keys %v", cfg.APIKeys)
+	}
+}
+
 func TestRunRejectsBadConfig(t *testing.T) {
 	var stderr strings.Builder
 	if code := run(context.Background(), []string{"--event-layout", "json"}, &stderr); code != 2 ||

@@ -34,7 +34,8 @@ type Ports struct {
 }
 
 // EnginePorts returns the event and replay ports per DP rank, rank order (vLLM offsets both
-// endpoints by the rank).
+// endpoints by the rank). With EnginesConnect the engines bind no event port (they dial the
+// router), so Events is empty; replay is still bound on the engine.
 func EnginePorts(m *v1alpha1.KVRoutedModel) Ports {
 	ev := m.Spec.Engine.KVEvents
 	var p Ports
@@ -43,7 +44,9 @@ func EnginePorts(m *v1alpha1.KVRoutedModel) Ports {
 	}
 	n := m.Spec.Engine.Parallelism.DataLocal
 	for r := int32(0); r < n; r++ {
-		p.Events = append(p.Events, ev.BasePort+r)
+		if !EnginesConnect(m) {
+			p.Events = append(p.Events, ev.BasePort+r)
+		}
 		if ev.ReplayBasePort != nil && *ev.ReplayBasePort != 0 {
 			p.Replay = append(p.Replay, *ev.ReplayBasePort+r)
 		}
@@ -63,8 +66,17 @@ type kvEventsConfig struct {
 	BufferSteps    int32  `json:"buffer_steps"`
 }
 
+// EnginesConnect reports whether the engines dial the router with their events (kvrouter's
+// bound mode) instead of binding their own event ports.
+func EnginesConnect(m *v1alpha1.KVRoutedModel) bool {
+	ev := m.Spec.Engine.KVEvents
+	return ev.Enabled != nil && *ev.Enabled && ev.Mode == v1alpha1.EventsEnginesConnect
+}
+
 // KVEventsConfigJSON is the --kv-events-config value. The topic holds $(POD_IP), which the
-// kubelet expands from the container's POD_IP variable.
+// kubelet expands from the container's POD_IP variable. The endpoint is where the PUB socket
+// goes: vLLM binds an address with "*" and connects to one with a host
+// (vllm/distributed/kv_events.py), so EnginesConnect names the router's events Service.
 func KVEventsConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
 	ev := m.Spec.Engine.KVEvents
 	c := kvEventsConfig{
@@ -74,6 +86,9 @@ func KVEventsConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
 		Topic:       ev.TopicPrefix + "@$(POD_IP)@" + m.Spec.Model.Name,
 		HWM:         *ev.HWM,
 		BufferSteps: ev.BufferSteps,
+	}
+	if EnginesConnect(m) {
+		c.Endpoint = fmt.Sprintf("tcp://%s.%s.svc:%d", EventsServiceName(m), m.Namespace, ev.BasePort)
 	}
 	if *ev.ReplayBasePort != 0 {
 		c.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", *ev.ReplayBasePort)
@@ -323,8 +338,14 @@ func engineContainerPorts(m *v1alpha1.KVRoutedModel, p Ports) []corev1.Container
 }
 
 // engineEnv: POD_IP for the topic, PYTHONHASHSEED for deterministic block hashes, HOME on the
-// writable emptyDir, HF_TOKEN from the secret; user variables replace ours by name, except
-// POD_IP and PYTHONHASHSEED (the CRD refuses the latter), which routing depends on.
+// writable emptyDir, HF_TOKEN and VLLM_API_KEY from their secrets; user variables replace ours
+// by name, except POD_IP, PYTHONHASHSEED and VLLM_API_KEY (the CRD refuses the last two),
+// which routing depends on.
+//
+// The API key goes in as VLLM_API_KEY, not as --api-key: vLLM reads the variable when the flag
+// is absent (vllm/envs.py; vllm/entrypoints/openai/api_server.py takes args.api_key or
+// [VLLM_API_KEY]), and a flag — even --api-key=$(VAR) — would put the key in the process's
+// arguments, which `ps` and /proc show on the node.
 func engineEnv(m *v1alpha1.KVRoutedModel) []corev1.EnvVar {
 	env := []corev1.EnvVar{
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
@@ -334,8 +355,11 @@ func engineEnv(m *v1alpha1.KVRoutedModel) []corev1.EnvVar {
 	if ref := m.Spec.Model.AuthSecretRef; ref != nil {
 		env = append(env, corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: ref.DeepCopy()}})
 	}
+	if ref := m.Spec.Engine.APIKeySecretRef; ref != nil {
+		env = append(env, corev1.EnvVar{Name: EngineAPIKeyEnv, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: ref.DeepCopy()}})
+	}
 	for _, u := range m.Spec.Engine.Env {
-		if u.Name == "POD_IP" || u.Name == "PYTHONHASHSEED" {
+		if u.Name == "POD_IP" || u.Name == "PYTHONHASHSEED" || u.Name == EngineAPIKeyEnv {
 			continue
 		}
 		replaced := false

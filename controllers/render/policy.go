@@ -50,12 +50,13 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	}
 }
 
-// RouterNetworkPolicy guards the router pods' admin port (metrics, /debug/engines, /debug/route,
-// which shows the fleet and makes engines tokenize): reachable from spec.networkPolicy.allowFrom
-// (by default the monitoring namespace) and from pods of the model's own namespace, not from
-// the rest of the cluster. The API port stays open to every source: the gateway in front of
-// the router may sit in any namespace, and the router is the model's public endpoint. Nil when
-// spec.networkPolicy.enabled is false.
+// RouterNetworkPolicy guards the router pods. The API port stays open to every source: the
+// gateway in front of the router may sit in any namespace, and the router is the model's public
+// endpoint. The admin port (metrics, /debug/engines, /debug/route, which shows the fleet and
+// makes engines tokenize) admits spec.networkPolicy.allowFrom (by default the monitoring
+// namespace) and pods of the model's own namespace, not the rest of the cluster. With
+// EnginesConnect, the bound events port admits the engine pods only (anyone else could fill the
+// index with blocks no engine holds). Nil when spec.networkPolicy.enabled is false.
 func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if !*m.Spec.NetworkPolicy.Enabled {
 		return nil
@@ -70,16 +71,23 @@ func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy 
 		m.Spec.NetworkPolicy.AllowFrom[i].DeepCopyInto(&p)
 		admin = append(admin, p)
 	}
+	rules := []networkingv1.NetworkPolicyIngressRule{
+		{Ports: port(RouterHTTPPort)}, // no `from`: every source
+		{From: admin, Ports: port(RouterAdminPort)},
+	}
+	if EnginesConnect(m) {
+		rules = append(rules, networkingv1.NetworkPolicyIngressRule{
+			From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: EngineSelector(m)}}},
+			Ports: port(m.Spec.Engine.KVEvents.BasePort),
+		})
+	}
 	return &networkingv1.NetworkPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: RouterSelector(m)},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{
-				{Ports: port(RouterHTTPPort)}, // no `from`: every source
-				{From: admin, Ports: port(RouterAdminPort)},
-			},
+			Ingress:     rules,
 		},
 	}
 }

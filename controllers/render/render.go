@@ -35,6 +35,11 @@ const (
 	RouterConfigDir = "/etc/kvrouter"
 	// GPUResource is what the engine requests when the user names no GPU.
 	GPUResource = "nvidia.com/gpu"
+	// EngineAPIKeyEnv is the variable vLLM reads its API key from; RouterAPIKeyEnv is where
+	// the router reads the same key (config engineAuth.apiKeyEnv). Both come from
+	// spec.engine.apiKeySecretRef through the kubelet.
+	EngineAPIKeyEnv = "VLLM_API_KEY"
+	RouterAPIKeyEnv = "KVROUTER_ENGINE_API_KEY"
 )
 
 // Names of the children, derived from the resource's name (at most 50 characters, so every
@@ -42,6 +47,10 @@ const (
 func EngineName(m *v1alpha1.KVRoutedModel) string     { return m.Name + "-engine" }
 func RouterName(m *v1alpha1.KVRoutedModel) string     { return m.Name + "-router" }
 func AutoscalerName(m *v1alpha1.KVRoutedModel) string { return m.Name }
+
+// EventsServiceName is the ClusterIP Service engines dial with EnginesConnect: the router's
+// events port only, apart from the router Service (which may be a LoadBalancer).
+func EventsServiceName(m *v1alpha1.KVRoutedModel) string { return m.Name + "-events" }
 
 // EngineSelector selects the engine pods; its string form is status.selector (/scale).
 func EngineSelector(m *v1alpha1.KVRoutedModel) map[string]string {
@@ -99,8 +108,9 @@ func objectMeta(m *v1alpha1.KVRoutedModel, name, component string) metav1.Object
 }
 
 // All renders every child in a stable order: router config and RBAC, engine Service,
-// Deployment and disruption budget, network policy, router Deployment and Service, and the
-// autoscaler. Children switched off by the spec (network policy, autoscaler) are absent.
+// Deployment and disruption budget, network policy, router Deployment and Service, with
+// EnginesConnect the events Service and the router's network policy, and the autoscaler.
+// Children switched off by the spec (network policies, events Service, autoscaler) are absent.
 func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 	if err := CheckDefaulted(m); err != nil {
 		return nil, err
@@ -122,6 +132,9 @@ func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 		objs = append(objs, np)
 	}
 	objs = append(objs, router, RouterService(m))
+	if svc := EventsService(m); svc != nil {
+		objs = append(objs, svc)
+	}
 	if np := RouterNetworkPolicy(m); np != nil {
 		objs = append(objs, np)
 	}

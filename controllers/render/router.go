@@ -39,6 +39,14 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 		HWM:         int(*e.KVEvents.HWM),
 		Replay:      *e.KVEvents.Enabled && *e.KVEvents.ReplayBasePort != 0,
 	}
+	if EnginesConnect(m) {
+		c.Events.Bind = fmt.Sprintf("tcp://*:%d", e.KVEvents.BasePort)
+	}
+	if e.APIKeySecretRef != nil {
+		// The name of the variable, never the key: the ConfigMap is readable more widely
+		// than the Secret.
+		c.EngineAuth = &config.EngineAuth{APIKeyEnv: RouterAPIKeyEnv}
+	}
 	if err := c.Validate(); err != nil {
 		return config.Config{}, err
 	}
@@ -99,19 +107,30 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 			PeriodSeconds: period, TimeoutSeconds: 2, SuccessThreshold: 1, FailureThreshold: failures,
 		}
 	}
+	ports := []corev1.ContainerPort{
+		{Name: "http", ContainerPort: RouterHTTPPort, Protocol: corev1.ProtocolTCP},
+		{Name: "metrics", ContainerPort: RouterAdminPort, Protocol: corev1.ProtocolTCP},
+	}
+	if EnginesConnect(m) {
+		ports = append(ports, corev1.ContainerPort{Name: eventsPortName, ContainerPort: m.Spec.Engine.KVEvents.BasePort, Protocol: corev1.ProtocolTCP})
+	}
+	var env []corev1.EnvVar
+	if ref := m.Spec.Engine.APIKeySecretRef; ref != nil {
+		// The kubelet resolves the Secret: the operator needs no access to it, and the key
+		// is in neither the ConfigMap nor the arguments.
+		env = append(env, corev1.EnvVar{Name: RouterAPIKeyEnv, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: ref.DeepCopy()}})
+	}
 	container := corev1.Container{
 		Name:            RouterContainer,
 		Image:           image,
 		ImagePullPolicy: r.ImagePullPolicy,
 		Args:            []string{"--config", RouterConfigDir + "/" + RouterConfigKey},
-		Ports: []corev1.ContainerPort{
-			{Name: "http", ContainerPort: RouterHTTPPort, Protocol: corev1.ProtocolTCP},
-			{Name: "metrics", ContainerPort: RouterAdminPort, Protocol: corev1.ProtocolTCP},
-		},
-		Resources:      res,
-		VolumeMounts:   []corev1.VolumeMount{{Name: "config", MountPath: RouterConfigDir, ReadOnly: true}},
-		ReadinessProbe: probe("/readyz", 5, 3),
-		LivenessProbe:  probe("/healthz", 10, 3),
+		Ports:           ports,
+		Env:             env,
+		Resources:       res,
+		VolumeMounts:    []corev1.VolumeMount{{Name: "config", MountPath: RouterConfigDir, ReadOnly: true}},
+		ReadinessProbe:  probe("/readyz", 5, 3),
+		LivenessProbe:   probe("/healthz", 10, 3),
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr(false),
 			ReadOnlyRootFilesystem:   ptr(true),
@@ -169,6 +188,29 @@ func RouterService(m *v1alpha1.KVRoutedModel) *corev1.Service {
 				{Name: "http", Port: s.Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
 				{Name: "metrics", Port: RouterAdminPort, TargetPort: intstr.FromString("metrics"), Protocol: corev1.ProtocolTCP},
 			},
+		},
+	}
+}
+
+// eventsPortName names the router's bound events port (EnginesConnect).
+const eventsPortName = "kv-events"
+
+// EventsService is the ClusterIP Service the engines dial with EnginesConnect: the router's
+// events port alone. The engines' kv-events endpoint names it; it is separate from the router
+// Service, which may face outside the cluster, so events can only come from inside. Nil in
+// RouterConnects mode.
+func EventsService(m *v1alpha1.KVRoutedModel) *corev1.Service {
+	if !EnginesConnect(m) {
+		return nil
+	}
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: objectMeta(m, EventsServiceName(m), v1alpha1.ComponentRouter),
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeClusterIP,
+			Selector: RouterSelector(m),
+			Ports: []corev1.ServicePort{{Name: eventsPortName, Port: m.Spec.Engine.KVEvents.BasePort,
+				TargetPort: intstr.FromString(eventsPortName), Protocol: corev1.ProtocolTCP}},
 		},
 	}
 }

@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,6 +42,54 @@ type Config struct {
 	Warmup    Warmup     `json:"warmup"`
 	Events    Events     `json:"events"`
 	Limits    Limits     `json:"limits"`
+	// EngineAuth, when set, says where the router's engine API key is; nil: engines take no
+	// key (a client's Authorization is then forwarded to them as is).
+	EngineAuth *EngineAuth `json:"engineAuth,omitempty"`
+}
+
+// EngineAuth is where kvrouter reads its credential for engines started with vLLM's
+// --api-key (or VLLM_API_KEY). The key itself is never in the file or on the command line
+// (where `ps` and the pod spec show it): it comes from an environment variable (the operator
+// fills one from spec.engine.apiKeySecretRef) or a file (a mounted Secret). Set exactly one.
+type EngineAuth struct {
+	// APIKeyEnv names the environment variable that holds the key.
+	APIKeyEnv string `json:"apiKeyEnv,omitempty"`
+	// APIKeyFile is a file holding the key; surrounding whitespace (a trailing newline) is
+	// dropped.
+	APIKeyFile string `json:"apiKeyFile,omitempty"`
+}
+
+// Key reads the key from where a says. A named source that is unset, empty or unreadable is
+// an error: a router that silently ran without its key would fail every engine call.
+func (a EngineAuth) Key() (string, error) {
+	var key string
+	switch {
+	case a.APIKeyEnv != "":
+		v, ok := os.LookupEnv(a.APIKeyEnv)
+		if !ok {
+			return "", fmt.Errorf("engineAuth.apiKeyEnv: environment variable %s is not set", a.APIKeyEnv)
+		}
+		key = strings.TrimSpace(v)
+		if key == "" {
+			return "", fmt.Errorf("engineAuth.apiKeyEnv: environment variable %s is empty", a.APIKeyEnv)
+		}
+	case a.APIKeyFile != "":
+		b, err := os.ReadFile(a.APIKeyFile)
+		if err != nil {
+			return "", fmt.Errorf("engineAuth.apiKeyFile: %w", err)
+		}
+		key = strings.TrimSpace(string(b))
+		if key == "" {
+			return "", fmt.Errorf("engineAuth.apiKeyFile: %s is empty", a.APIKeyFile)
+		}
+	default:
+		return "", errors.New("engineAuth: set apiKeyEnv or apiKeyFile")
+	}
+	// A header value cannot hold line breaks; vLLM compares the whole text after "Bearer ".
+	if strings.ContainsAny(key, "\r\n") {
+		return "", errors.New("engineAuth: the key spans several lines")
+	}
+	return key, nil
 }
 
 // Hash mirrors vLLM's --prefix-caching-hash-algo and PYTHONHASHSEED.
@@ -117,6 +167,11 @@ type Events struct {
 	HWM int `json:"hwm"`
 	// Replay asks the engines' replay sockets for missed batches.
 	Replay bool `json:"replay"`
+	// Bind, when set (tcp://HOST:PORT), is bound mode: the router binds one SUB there and the
+	// engines dial in (vLLM's kv-events endpoint naming the router), their streams told apart
+	// by topic. For engines the router cannot dial, with one router replica. --events-bind
+	// overrides it.
+	Bind string `json:"bind,omitempty"`
 }
 
 // Limits bound what one request may cost the router.
@@ -279,7 +334,9 @@ func (c Config) Validate() error {
 		for r, ep := range e.Replay {
 			checkZMQ(bad, fmt.Sprintf("%s.replay[%d]", key, r), ep)
 		}
-		if len(e.Replay) > 0 && len(e.Replay) != len(e.Events) {
+		// Replay alone is bound mode's shape (events.bind): the events arrive on the router's
+		// socket, replay is still asked of each engine.
+		if len(e.Replay) > 0 && len(e.Events) > 0 && len(e.Replay) != len(e.Events) {
 			bad(key+".replay", "has %d endpoints but events has %d: give one per DP rank or none", len(e.Replay), len(e.Events))
 		}
 	}
@@ -329,6 +386,9 @@ func (c Config) Validate() error {
 	if c.Events.HWM < 0 {
 		bad("events.hwm", "%d must be >= 0", c.Events.HWM)
 	}
+	if c.Events.Bind != "" {
+		checkZMQ(bad, "events.bind", c.Events.Bind)
+	}
 	if c.Limits.MaxBodyBytes <= 0 {
 		bad("limits.maxBodyBytes", "%d must be > 0", c.Limits.MaxBodyBytes)
 	}
@@ -341,11 +401,21 @@ func (c Config) Validate() error {
 			bad("limits."+d.key, "%v must be > 0", d.v)
 		}
 	}
+	if a := c.EngineAuth; a != nil {
+		switch {
+		case (a.APIKeyEnv == "") == (a.APIKeyFile == ""):
+			bad("engineAuth", "set exactly one of apiKeyEnv and apiKeyFile")
+		case a.APIKeyEnv != "" && !envName.MatchString(a.APIKeyEnv):
+			bad("engineAuth.apiKeyEnv", "%q is not an environment variable name", a.APIKeyEnv)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("router config invalid: %w", err)
 	}
 	return nil
 }
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func checkZMQ(bad func(string, string, ...any), key, ep string) {
 	u, err := url.Parse(ep)

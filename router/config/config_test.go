@@ -140,3 +140,72 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The engine key is read from a named variable or file, never given inline; a source that is
+// named but missing or empty is an error at start, not a router that fails every engine call.
+func TestEngineAuth(t *testing.T) {
+	c, err := Parse([]byte("engineAuth: {apiKeyEnv: KVR_TEST_KEY}\n"))
+	if err != nil || c.EngineAuth == nil || c.EngineAuth.APIKeyEnv != "KVR_TEST_KEY" {
+		t.Fatalf("%+v %v", c.EngineAuth, err)
+	}
+	if _, err := c.EngineAuth.Key(); err == nil || !strings.Contains(err.Error(), "not set") {
+		t.Errorf("unset variable: %v", err)
+	}
+	t.Setenv("KVR_TEST_KEY", "  ")
+	if _, err := c.EngineAuth.Key(); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty variable: %v", err)
+	}
+	t.Setenv("KVR_TEST_KEY", "s3cret\n")
+	if k, err := c.EngineAuth.Key(); err != nil || k != "s3cret" {
+		t.Errorf("key %q %v", k, err)
+	}
+	file := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(file, []byte("from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := (EngineAuth{APIKeyFile: file}).Key(); err != nil || k != "from-file" {
+		t.Errorf("file key %q %v", k, err)
+	}
+	if err := os.WriteFile(file, []byte("two\nlines\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (EngineAuth{APIKeyFile: file}).Key(); err == nil {
+		t.Error("a two-line key was accepted")
+	}
+	if _, err := (EngineAuth{APIKeyFile: file + ".missing"}).Key(); err == nil {
+		t.Error("a missing file was accepted")
+	}
+	for _, bad := range []string{
+		"engineAuth: {}\n",
+		"engineAuth: {apiKeyEnv: A, apiKeyFile: /k}\n",
+		"engineAuth: {apiKeyEnv: 1BAD}\n",
+		"engineAuth: {apiKey: inline}\n", // no inline key: the schema has no such field
+	} {
+		if _, err := Parse([]byte(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	// Absent by default, and absent from the rendered file when unset.
+	out, err := Default().Marshal()
+	if err != nil || strings.Contains(string(out), "engineAuth") {
+		t.Errorf("default config renders engineAuth: %s %v", out, err)
+	}
+}
+
+// Bound mode: events.bind is where the router binds; replay endpoints may come without event
+// endpoints (the events arrive on the bound socket).
+func TestEventsBindAndReplayOnly(t *testing.T) {
+	c, err := Parse([]byte(`
+events: {bind: "tcp://*:5557"}
+engines: [{name: a, url: "http://x:1", replay: ["tcp://x:5600"]}]
+`))
+	if err != nil || c.Events.Bind != "tcp://*:5557" || len(c.Engines[0].Replay) != 1 {
+		t.Fatalf("%+v %v", c.Events, err)
+	}
+	if _, err := Parse([]byte("events: {bind: \"*:5557\"}\n")); err == nil || !strings.Contains(err.Error(), "events.bind") {
+		t.Errorf("a bind address without tcp:// was accepted: %v", err)
+	}
+	if out, _ := Default().Marshal(); strings.Contains(string(out), "bind") {
+		t.Errorf("default config renders a bind address:\n%s", out)
+	}
+}

@@ -21,8 +21,9 @@ type Engine struct {
 	// Events are the KV-event PUB endpoints per DP rank, rank order: tcp://host:port
 	// ("" = no events for that rank).
 	Events []string
-	// Replay are the replay (ROUTER) endpoints per DP rank, rank order ("" = no replay); nil
-	// or the same length as Events.
+	// Replay are the replay (ROUTER) endpoints per DP rank, rank order ("" = no replay); nil,
+	// the same length as Events, or — for a router in bound mode, where events arrive on its
+	// own socket — given without Events.
 	Replay []string
 	// BlockSize is the engine's KV block size in tokens; 0 = unknown (learned from events).
 	BlockSize int
@@ -37,9 +38,10 @@ type Engine struct {
 	Incarnation string
 }
 
-// Ranks is the number of DP ranks the engine announces events for (at least 1).
+// Ranks is the number of DP ranks the engine announces event or replay endpoints for (at
+// least 1).
 func (e Engine) Ranks() int {
-	return max(1, len(e.Events))
+	return max(1, len(e.Events), len(e.Replay))
 }
 
 // Equal reports whether two engines are identical, field by field.

@@ -28,7 +28,9 @@ var flagKeys = []string{keyEvents, keyReplay, keyWarmupUntil, keyBlockSize}
 //	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;warmup-until=RFC3339;block-size=N
 //
 // Everything after the URL is optional and may come in any order, each key once. events and
-// replay list one endpoint per DP rank in rank order; replay needs events and the same count.
+// replay list one endpoint per DP rank in rank order, the same count when both are given;
+// replay alone is for a router in bound mode (--events-bind), where the engines dial in with
+// their events but still serve replay on their own sockets.
 // The engine is Ready (a static engine is routable until its requests fail).
 func ParseEngineFlag(s string) (Engine, error) {
 	e, err := parseEngine(s)
@@ -96,13 +98,19 @@ func parseEngine(s string) (Engine, error) {
 			return Engine{}, fmt.Errorf("unknown key %q (keys: %s)", key, strings.Join(flagKeys, ", "))
 		}
 	}
-	if replayGiven && len(e.Events) == 0 {
-		return Engine{}, errors.New("replay is given without events: replay endpoints pair with event endpoints, one per DP rank")
-	}
-	if replayGiven && len(e.Replay) != len(e.Events) {
-		return Engine{}, fmt.Errorf("replay has %d endpoints but events has %d: give one per DP rank, in rank order", len(e.Replay), len(e.Events))
+	if err := checkReplay(e); replayGiven && err != nil {
+		return Engine{}, err
 	}
 	return e, nil
+}
+
+// checkReplay: replay pairs with events rank by rank when both are given. Replay alone is
+// bound mode's shape (the events come in over the router's bound socket, told apart by topic).
+func checkReplay(e Engine) error {
+	if len(e.Replay) > 0 && len(e.Events) > 0 && len(e.Replay) != len(e.Events) {
+		return fmt.Errorf("replay has %d endpoints but events has %d: give one per DP rank, in rank order", len(e.Replay), len(e.Events))
+	}
+	return nil
 }
 
 // checkName keeps names usable where the router writes them: the x-kvroute-engine header

@@ -29,6 +29,9 @@ func TestParseEngineFlagGood(t *testing.T) {
 			Engine{Name: "e3", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:1"}, WarmupUntil: warm, BlockSize: 16}},
 		{"e4=http://h:8000;warmup-until=2026-03-04T06:06:07.5+01:00",
 			Engine{Name: "e4", URL: "http://h:8000", Ready: true, WarmupUntil: warm.Add(500 * time.Millisecond)}},
+		// Bound mode: events come in over the router's socket; replay is still the engine's.
+		{"e5=http://h:8000;replay=tcp://h:5600,tcp://h:5601",
+			Engine{Name: "e5", URL: "http://h:8000", Ready: true, Replay: []string{"tcp://h:5600", "tcp://h:5601"}}},
 	}
 	for _, tc := range cases {
 		got, err := ParseEngineFlag(tc.in)
@@ -66,7 +69,6 @@ func TestParseEngineFlagBad(t *testing.T) {
 		{"e=http://h:8000;events=tcp://h", "not in 1..65535"},
 		{"e=http://h:8000;events=tcp://h:0", "not in 1..65535"},
 		{"e=http://h:8000;events=tcp://h:1/x", "tcp://HOST:PORT only"},
-		{"e=http://h:8000;replay=tcp://h:5600", "replay is given without events"},
 		{"e=http://h:8000;events=tcp://h:1,tcp://h:2;replay=tcp://h:3", "replay has 1 endpoints but events has 2"},
 		{"e=http://h:8000;events=tcp://h:1;events=tcp://h:2", "events is given twice"},
 		{"e=http://h:8000;warmup-until=tomorrow", "not an RFC 3339 time"},

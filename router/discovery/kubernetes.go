@@ -294,7 +294,7 @@ func EngineFromPod(p *corev1.Pod, o KubernetesOptions) (e Engine, ok bool, probl
 	switch {
 	case err != nil:
 		problems = append(problems, fmt.Sprintf("annotation %s: %v (replay ignored)", o.ReplayPortsAnnotation, err))
-	case len(replay) > 0 && len(replay) != len(e.Events):
+	case len(replay) > 0 && len(e.Events) > 0 && len(replay) != len(e.Events):
 		problems = append(problems, fmt.Sprintf("annotation %s lists %d ports but %s lists %d (replay ignored)",
 			o.ReplayPortsAnnotation, len(replay), o.EventsPortsAnnotation, len(e.Events)))
 	default:

@@ -78,6 +78,11 @@ func TestEngineFromPodProblems(t *testing.T) {
 			t.Errorf("problems %q do not mention %q", all, want)
 		}
 	}
+	// A pod whose engine dials a router in bound mode has no event ports, only replay ones.
+	e, _, problems = EngineFromPod(enginePod("10.0.0.1", map[string]string{config.DefaultReplayPortsAnnotation: "5600,5601"}), KubernetesOptions{})
+	if len(problems) != 0 || e.Events != nil || strings.Join(e.Replay, " ") != "tcp://10.0.0.1:5600 tcp://10.0.0.1:5601" || e.Ranks() != 2 {
+		t.Fatalf("replay-only pod: %s %v", show(e), problems)
+	}
 	_, _, problems = EngineFromPod(enginePod("10.0.0.1", map[string]string{config.DefaultEventsPortsAnnotation: "5557,x"}), KubernetesOptions{})
 	if len(problems) != 1 || !strings.Contains(problems[0], "rank 1") {
 		t.Errorf("bad events port: %v", problems)

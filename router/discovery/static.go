@@ -84,8 +84,8 @@ func fromConfigEngine(ce config.Engine) (Engine, error) {
 			*list.out = append(*list.out, ep)
 		}
 	}
-	if len(e.Replay) > 0 && len(e.Replay) != len(e.Events) {
-		return Engine{}, fmt.Errorf("replay has %d endpoints but events has %d: give one per DP rank, in rank order", len(e.Replay), len(e.Events))
+	if err := checkReplay(e); err != nil {
+		return Engine{}, err
 	}
 	if ce.WarmupUntil != nil {
 		e.WarmupUntil = ce.WarmupUntil.Time

@@ -24,6 +24,7 @@ type Metrics struct {
 	TokenizeSeconds   prometheus.Histogram
 	TokenizeFailures  prometheus.Counter
 	TokenizeSource    *prometheus.CounterVec // source
+	EngineAuth        *prometheus.CounterVec // call: engines refusing the router's credentials
 	PromptTokens      *prometheus.CounterVec // engine
 	PredictedCached   *prometheus.CounterVec // engine
 	ActualCached      *prometheus.CounterVec // engine (responses with usage only)
@@ -56,6 +57,9 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Requests whose tokenization failed and were routed by load only."}),
 		TokenizeSource: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tokenize_source_total",
 			Help: "Where request tokens came from: ids, cache or engine."}, []string{"source"}),
+		EngineAuth: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_auth_failures_total",
+			Help: "Router calls an engine refused with 401/403 (no or wrong engine API key: a router misconfiguration), by call: tokenize, models, health, generate."},
+			[]string{"call"}),
 		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prompt_tokens_total",
 			Help: "Prompt tokens routed, by engine."}, []string{"engine"}),
 		PredictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "predicted_cached_tokens_total",
@@ -78,7 +82,7 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Engine-reported cached / prompt tokens over answers that reported usage."}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
-		m.TokenizeSource, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
+		m.TokenizeSource, m.EngineAuth, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
 		m.TTFBSeconds, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {

@@ -30,6 +30,12 @@ type Options struct {
 	IdleTimeout time.Duration
 	// MaxCaptureBytes bounds how much of a non-streamed answer is kept to read its usage (8 MiB).
 	MaxCaptureBytes int
+	// EngineAPIKey, when set, is the router's credential for the engines (vLLM --api-key):
+	// every request the client makes — render, tokenize, /v1/models, /health probes and the
+	// forwarded generation — carries "Authorization: Bearer <key>", replacing a client's own
+	// Authorization (see docs/router.md, "Engine API key"). Empty: the client's Authorization
+	// is forwarded unchanged on generation requests and the router's own calls carry none.
+	EngineAPIKey string
 }
 
 // Proxy forwards requests to engines. Safe for concurrent use.
@@ -62,7 +68,40 @@ func New(o Options) *Proxy {
 		// copy and cost CPU for no gain on a cluster network.
 		DisableCompression: true,
 	}
-	return &Proxy{o: o, client: &http.Client{Transport: tr}}
+	var rt http.RoundTripper = tr
+	if o.EngineAPIKey != "" {
+		rt = &engineAuth{base: tr, value: "Bearer " + o.EngineAPIKey}
+	}
+	return &Proxy{o: o, client: &http.Client{Transport: rt}}
+}
+
+// engineAuth sets the router's engine credential on every request. It sits in the transport,
+// not at each call site, so no request to an engine can go out without it: the tokenizer,
+// model discovery, probes and the proxy all share this client.
+type engineAuth struct {
+	base  http.RoundTripper
+	value string
+}
+
+func (a *engineAuth) RoundTrip(r *http.Request) (*http.Response, error) {
+	// A RoundTripper must not change the caller's request: change a shallow copy's header.
+	r2 := new(http.Request)
+	*r2 = *r
+	r2.Header = r.Header.Clone()
+	if r2.Header == nil {
+		r2.Header = http.Header{}
+	}
+	r2.Header.Set("Authorization", a.value)
+	return a.base.RoundTrip(r2)
+}
+
+// ErrEngineAuth is an engine refusing the router's engine API key (401 or 403 while one is
+// configured): the router's configuration is wrong, not the client's request.
+var ErrEngineAuth = errors.New("the engine refused the router's engine API key (401/403): it differs from the engines' --api-key")
+
+// IsAuthStatus reports whether an engine status means "credentials missing or refused".
+func IsAuthStatus(code int) bool {
+	return code == http.StatusUnauthorized || code == http.StatusForbidden
 }
 
 // Client is the proxy's HTTP client (for probes and tokenization, sharing the pool).
@@ -121,6 +160,11 @@ type Outcome struct {
 	ClientGone bool
 	// TTFB is the time to the engine's first answer byte (headers).
 	TTFB time.Duration
+	// AuthRejected: the engine answered 401/403 to the router's own engine API key. Nothing
+	// was copied to the client (a 401 would tell it its key is wrong when the router's is);
+	// Err is ErrEngineAuth and Retryable follows MayRetry, since during a key rotation another
+	// engine may still take the old key.
+	AuthRejected bool
 }
 
 // forwarded request headers: the client's identity and content negotiation, nothing hop-by-hop.
@@ -159,6 +203,11 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 	}
 	defer resp.Body.Close()
 	out := Outcome{Status: resp.StatusCode, TTFB: time.Since(start)}
+	if p.o.EngineAPIKey != "" && IsAuthStatus(resp.StatusCode) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		out.AuthRejected, out.Retryable, out.Err = true, r.MayRetry, ErrEngineAuth
+		return out
+	}
 	if resp.StatusCode >= 500 && r.MayRetry {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		out.Retryable = true

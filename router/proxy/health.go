@@ -119,7 +119,16 @@ func Probe(ctx context.Context, client *http.Client, engineURL string, timeout t
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/health answered %d", resp.StatusCode)
+		return &StatusError{Path: "/health", Status: resp.StatusCode}
 	}
 	return nil
 }
+
+// StatusError is an engine answering a router call (probe, model discovery) with an
+// unexpected status; IsAuthStatus(Status) tells a credential problem from the rest.
+type StatusError struct {
+	Path   string
+	Status int
+}
+
+func (e *StatusError) Error() string { return fmt.Sprintf("%s answered %d", e.Path, e.Status) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -123,6 +124,75 @@ func TestRankHeaderAndAuthorization(t *testing.T) {
 	if out.Usage == nil || out.Usage.HasCached || out.Usage.PromptTokens != 3 {
 		t.Fatalf("usage without details: %+v", out.Usage)
 	}
+}
+
+// With an engine API key, the engine sees the router's key on every call the shared client
+// makes — a forward that carried the client's own Authorization, a probe, a bare GET — and the
+// caller's request is left as it was.
+func TestEngineAPIKeyReplacesAuthorization(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{APIKeys: []string{"engine-key"}})
+	p := New(Options{EngineAPIKey: "engine-key"})
+	for _, client := range []string{"", "Bearer client-key", "Basic Zm9vOmJhcg=="} {
+		h := http.Header{}
+		if client != "" {
+			h.Set("Authorization", client)
+		}
+		rec := httptest.NewRecorder()
+		out := p.Do(context.Background(), rec, Target{URL: sim.URL(), Rank: -1}, &Request{
+			Path: "/v1/completions", Body: []byte(`{"model":"vllm-sim","prompt":"hi","max_tokens":1}`), Header: h})
+		if out.Status != 200 || out.Err != nil {
+			t.Fatalf("client %q: %+v %s", client, out, rec.Body.Bytes())
+		}
+		if h.Get("Authorization") != client {
+			t.Fatalf("the caller's header changed to %q", h.Get("Authorization"))
+		}
+	}
+	if err := Probe(context.Background(), p.Client(), sim.URL(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, sim.URL()+"/v1/models", nil)
+	resp, err := p.Client().Do(req)
+	if err != nil || resp.StatusCode != 200 || req.Header.Get("Authorization") != "" {
+		t.Fatalf("models: %v %v, caller header %q", resp, err, req.Header.Get("Authorization"))
+	}
+	resp.Body.Close()
+	// Without a key the client's header is what the engine judges.
+	rec := httptest.NewRecorder()
+	out := New(Options{}).Do(context.Background(), rec, Target{URL: sim.URL(), Rank: -1}, &Request{
+		Path: "/v1/completions", Body: []byte(`{"model":"vllm-sim","prompt":"hi","max_tokens":1}`),
+		Header: http.Header{"Authorization": {"Bearer engine-key"}}})
+	if out.Status != 200 {
+		t.Fatalf("pass-through: %+v", out)
+	}
+}
+
+// An engine refusing the router's own key is the router's misconfiguration: nothing reaches
+// the client (which would read a 401 as its own key being wrong), the outcome says why, and
+// it may be retried elsewhere (mid-rotation, another engine may take the key).
+func TestEngineRefusingRouterKey(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{APIKeys: []string{"new-key"}})
+	p := New(Options{EngineAPIKey: "old-key"})
+	for _, mayRetry := range []bool{true, false} {
+		rec := httptest.NewRecorder()
+		out := p.Do(context.Background(), rec, Target{URL: sim.URL(), Rank: -1}, &Request{
+			Path: "/v1/completions", Body: []byte(`{"model":"vllm-sim","prompt":"hi","max_tokens":1}`), Header: http.Header{},
+			MayRetry: mayRetry})
+		if !out.AuthRejected || out.Status != 401 || out.Started || out.Retryable != mayRetry || !errors.Is(out.Err, ErrEngineAuth) {
+			t.Fatalf("mayRetry %v: %+v", mayRetry, out)
+		}
+		if rec.Body.Len() != 0 || rec.Code != 200 || len(rec.Header()) != 0 { // 200: the recorder's untouched default
+			t.Fatalf("written to the client: %d %v %s", rec.Code, rec.Header(), rec.Body.Bytes())
+		}
+	}
+	if err := Probe(context.Background(), p.Client(), sim.URL(), time.Second); err != nil {
+		t.Fatalf("/health is open in vLLM, whatever the key: %v", err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, sim.URL()+"/v1/models", nil)
+	resp, err := p.Client().Do(req)
+	if err != nil || resp.StatusCode != 401 {
+		t.Fatalf("models with the old key: %v %v", resp, err)
+	}
+	resp.Body.Close()
 }
 
 func TestRetryableBeforeFirstByte(t *testing.T) {

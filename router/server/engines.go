@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -23,8 +24,13 @@ type engine struct {
 	name   string
 	model  string          // served base model, for the topic and LoRA detection
 	adapts map[string]bool // served LoRA adapter names
-	health *proxy.Health
-	reps   []*replica
+	// modelsRead: /v1/models answered when the engine was added. When it did not (the engine
+	// was down, or refused the router's key), model and adapts are guesses, and with no
+	// model the expected topic (<prefix>@<host>@<model>) matches nothing the engine sends:
+	// the first successful probe reads the models again and rebuilds the engine (relearn).
+	modelsRead bool
+	health     *proxy.Health
+	reps       []*replica
 }
 
 // replica is one (engine, DP rank): one index replica, maybe one event stream, and the load
@@ -162,6 +168,7 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 	e.dp.Store(&d)
 	e.model = s.o.Model
 	if mi.err == nil {
+		e.modelsRead = true
 		if e.model == "" {
 			e.model = mi.base
 		}
@@ -169,7 +176,15 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 			e.adapts[a] = true
 		}
 	} else {
-		s.log.Warn("engine models not read; topic and LoRA detection use --model", "engine", d.Name, "err", mi.err)
+		if isAuthErr(mi.err) {
+			s.engineAuthFailure(callModels, d.Name, mi.err)
+		}
+		s.log.Warn("engine models not read; topic and LoRA detection use --model until a probe succeeds and they are read again",
+			"engine", d.Name, "err", mi.err)
+	}
+	if !s.bound && len(d.Events) == 0 && len(d.Replay) > 0 {
+		s.log.Warn("engine lists replay endpoints without event endpoints, which only bound mode (--events-bind) uses; scored approximately",
+			"engine", d.Name)
 	}
 	for r := 0; r < d.Ranks(); r++ {
 		rep := &replica{eng: e, rank: r, name: fmt.Sprintf("%s/%d", d.Name, r)}
@@ -249,7 +264,7 @@ func (s *Server) models(ctx context.Context, base string) (string, []string, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", nil, fmt.Errorf("/v1/models answered %d", resp.StatusCode)
+		return "", nil, &proxy.StatusError{Path: "/v1/models", Status: resp.StatusCode}
 	}
 	var ml struct {
 		Data []struct {
@@ -284,7 +299,8 @@ func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
 	}
 }
 
-func (s *Server) probe(ctx context.Context, e *engine) {
+// probe asks the engine's /health and records the answer; it reports whether it was up.
+func (s *Server) probe(ctx context.Context, e *engine) bool {
 	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
 	was := e.health.Healthy(s.now())
 	e.health.Probed(err)
@@ -292,9 +308,75 @@ func (s *Server) probe(ctx context.Context, e *engine) {
 		if !was {
 			e.health.Success()
 		}
-	} else if was {
+		return true
+	}
+	if isAuthErr(err) {
+		// vLLM leaves /health open; an engine (or a proxy in front of it) that guards it is
+		// refusing the router's credentials all the same.
+		s.engineAuthFailure(callHealth, e.name, err)
+	}
+	if was {
 		s.log.Warn("engine unhealthy", "engine", e.name, "err", err)
 	}
+	return false
+}
+
+func isAuthErr(err error) bool {
+	var se *proxy.StatusError
+	return errors.As(err, &se) && proxy.IsAuthStatus(se.Status)
+}
+
+// relearn reads the models of an engine that did not answer /v1/models when it was added
+// (typically an engine down when the router started) and, once it does, rebuilds the engine
+// with the real model and adapters: its streams are added again under the right topic (in
+// bound mode the topic is the only way its events are told apart, so until then they are
+// counted as unroutable) and replayed from the engine's ring. The replicas are new objects:
+// load this router had in flight to the old ones is not carried over (they were just
+// appearing, so that is little, and in-flight requests settle on the objects they hold).
+func (s *Server) relearn(ctx context.Context, e *engine) {
+	base, adapters, err := s.models(ctx, e.dp.Load().URL)
+	if err != nil {
+		if isAuthErr(err) {
+			s.engineAuthFailure(callModels, e.name, err)
+		}
+		s.log.Debug("engine models still not read", "engine", e.name, "err", err)
+		return
+	}
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	reps, engines := s.table.snapshot()
+	if engines[e.name] != e {
+		return // removed or replaced meanwhile
+	}
+	d := *e.dp.Load()
+	s.dropEngine(e)
+	ne, err := s.addEngine(d, modelInfo{base: base, adapters: adapters})
+	next := make(map[string]*engine, len(engines))
+	for name, other := range engines {
+		if name != e.name {
+			next[name] = other
+		}
+	}
+	var nreps []*replica
+	for _, r := range reps {
+		switch {
+		case r.eng != e:
+			nreps = append(nreps, r)
+		case r.rank == 0 && ne != nil:
+			nreps = append(nreps, ne.reps...)
+		}
+	}
+	if err != nil {
+		s.log.Error("engine not re-added after reading its models", "engine", e.name, "err", err)
+	} else {
+		ne.health = e.health // keep what probes and forwards learned
+		next[e.name] = ne
+		s.log.Info("engine models read; streams re-added", "engine", e.name, "model", ne.model, "adapters", len(adapters),
+			"streams", countStreams(ne))
+	}
+	s.table.mu.Lock()
+	s.table.engines, s.table.reps = next, nreps
+	s.table.mu.Unlock()
 }
 
 // probeLoop polls every engine's /health.
@@ -311,7 +393,12 @@ func (s *Server) probeLoop(ctx context.Context) {
 		var wg sync.WaitGroup
 		for _, e := range es {
 			wg.Add(1)
-			go func() { defer wg.Done(); s.probe(ctx, e) }()
+			go func() {
+				defer wg.Done()
+				if s.probe(ctx, e) && !e.modelsRead {
+					s.relearn(ctx, e)
+				}
+			}()
 		}
 		wg.Wait()
 	}

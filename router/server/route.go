@@ -282,7 +282,13 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	if err != nil {
 		s.met.TokenizeFailures.Inc()
 		s.tokenizeDegraded.Add(1)
-		s.log.Warn("tokenization failed; routing by load only", "err", err)
+		if tokens.IsEngineAuth(err) {
+			// The router's own call was refused: its configuration, not the client's request,
+			// is wrong. The request still goes out (routed by load); it is not a client error.
+			s.engineAuthFailure(callTokenize, te.name, err)
+		} else {
+			s.log.Warn("tokenization failed; routing by load only", "err", err)
+		}
 		p.degraded = true
 		return p, true
 	}
@@ -392,10 +398,13 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	}
 	rep.running.Add(-1)
 	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Dec()
+	if out.AuthRejected {
+		s.engineAuthFailure(callGenerate, rep.eng.name, out.Err)
+	}
 	if out.Retryable && !out.Started {
 		return out
 	}
-	if out.Status > 0 {
+	if out.Status > 0 && !out.AuthRejected {
 		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())
 		if out.Status < 500 {
 			rep.eng.health.Success()
@@ -465,6 +474,8 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.dp.Load().URL+"/v1/models", nil)
+	// The same rule as generation: forwarded as is without an engine API key, replaced by
+	// the router's key (in the client's transport) with one.
 	if a := r.Header.Get("Authorization"); a != "" {
 		req.Header.Set("Authorization", a)
 	}
@@ -475,6 +486,11 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	if s.o.EngineAPIKey != "" && proxy.IsAuthStatus(resp.StatusCode) {
+		s.engineAuthFailure(callModels, e.name, proxy.ErrEngineAuth)
+		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.name+": "+proxy.ErrEngineAuth.Error())
+		return
+	}
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)

@@ -41,6 +41,9 @@ type Options struct {
 	TopicHostOnly bool
 	// FullReport injects vllm_xargs.kv_cache_report_mode = "full" into every request.
 	FullReport bool
+	// EngineAPIKey is the router's credential for engines started with --api-key: sent on
+	// every call to an engine, replacing a client's Authorization (proxy.Options.EngineAPIKey).
+	EngineAPIKey string
 	// Now is the clock for warm-up credit and side-index TTLs (time.Now); tests move it.
 	Now func() time.Time
 	// ProbeInterval between active /health probes (2s); ProbeTimeout per probe (1s).
@@ -86,6 +89,9 @@ type Server struct {
 	accPrompt, accPredicted, accActual float64
 	tokenizeDegraded, requestsTotal    atomic.Uint64
 	closeOnce                          sync.Once
+	// authLogged holds the calls whose engine 401/403 was logged: a misconfigured key
+	// fails every call, so it is logged once per call kind and counted every time.
+	authLogged sync.Map
 	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
 	exactHook func(*replica) bool
 	readyOnce chan struct{}
@@ -129,7 +135,7 @@ func New(o Options) (*Server, error) {
 	s.approx = index.NewApproximate(index.SideOptions{})
 	lim := o.Config.Limits
 	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstByteTimeout: lim.FirstByteTimeout.Duration,
-		IdleTimeout: o.IdleTimeout})
+		IdleTimeout: o.IdleTimeout, EngineAPIKey: o.EngineAPIKey})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize}
@@ -154,7 +160,36 @@ func New(o Options) (*Server, error) {
 	s.met = metrics.New(metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
 		func() (float64, float64) { return float64(s.predicted.Len()), float64(s.approx.Len()) },
 		s.unroutableEvents, streamCounterSpecs()))
+	for _, c := range authCalls {
+		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
+	}
 	return s, nil
+}
+
+// The router's calls to an engine, as counted in engine_auth_failures_total.
+const (
+	callTokenize = "tokenize"
+	callModels   = "models"
+	callHealth   = "health"
+	callGenerate = "generate"
+)
+
+var authCalls = []string{callTokenize, callModels, callHealth, callGenerate}
+
+// engineAuthFailure records an engine refusing one of the router's calls with 401/403. It is
+// the router's misconfiguration, never the client's: counted every time, logged once per call
+// kind with what to fix.
+func (s *Server) engineAuthFailure(call, engine string, err error) {
+	s.met.EngineAuth.WithLabelValues(call).Inc()
+	if _, seen := s.authLogged.LoadOrStore(call, true); seen {
+		return
+	}
+	fix := "the engines require an API key and the router has none: set engineAuth.apiKeyEnv or apiKeyFile (--engine-api-key-env, --engine-api-key-file), or spec.engine.apiKeySecretRef"
+	if s.o.EngineAPIKey != "" {
+		fix = "the engines refused the router's engine API key: it differs from theirs (vLLM --api-key / VLLM_API_KEY)"
+	}
+	s.log.Error("engine refused the router's credentials; logged once, counted in kvroute_router_engine_auth_failures_total",
+		"call", call, "engine", engine, "err", err, "fix", fix)
 }
 
 // Run follows the engine source and probes engines until ctx ends; it then closes the

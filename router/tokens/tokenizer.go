@@ -131,6 +131,27 @@ func (t *Tokenizer) Tokens(ctx context.Context, engineURL string, r *Request, bo
 // errNoRender is an engine without the render endpoints (vLLM before 0.15).
 var errNoRender = errors.New("no render endpoint")
 
+// EngineError is an engine answering a render or tokenize call with an unexpected status.
+type EngineError struct {
+	URL    string
+	Status int
+	Body   string // the first 512 bytes, trimmed
+}
+
+func (e *EngineError) Error() string {
+	return fmt.Sprintf("tokens: %s answered %d: %s", e.URL, e.Status, e.Body)
+}
+
+// IsEngineAuth reports whether err is an engine refusing the call's credentials (401 or 403).
+// The router's render calls are its own, so this is the router's misconfiguration (no engine
+// API key, or the wrong one), never the client's: vLLM's --api-key guards the render
+// endpoints (under /v1) but not /tokenize, and a 401 is deliberately not taken as "no render
+// endpoint" — falling back would hide the misconfiguration behind slower, partial service.
+func IsEngineAuth(err error) bool {
+	var ee *EngineError
+	return errors.As(err, &ee) && (ee.Status == http.StatusUnauthorized || ee.Status == http.StatusForbidden)
+}
+
 func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, error) {
 	t.renders.Add(1)
 	if r.Kind == Chat {
@@ -235,7 +256,7 @@ func (t *Tokenizer) post(ctx context.Context, url string, body []byte, into any)
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("tokens: %s answered %d: %s", url, resp.StatusCode, bytes.TrimSpace(msg))
+		return &EngineError{URL: url, Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg))}
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRenderBytes)).Decode(into); err != nil {
 		return fmt.Errorf("tokens: %s: bad answer: %w", url, err)

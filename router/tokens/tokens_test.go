@@ -305,3 +305,49 @@ func TestTokenIDRangeFromEngine(t *testing.T) {
 		t.Errorf("toIDs error %v", err)
 	}
 }
+
+// An engine started with --api-key refuses the render endpoints (under /v1) to a caller
+// without the key. That is reported as an auth error, not as "no render endpoint": the
+// tokenizer does not fall back to /tokenize (open in vLLM), which would hide the router's
+// misconfiguration and only half work (the router's generation requests are refused too).
+func TestRenderRefusedWithoutKey(t *testing.T) {
+	sim, err := vllmsim.New(vllmsim.Config{APIKeys: []string{"k"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); _ = sim.Close() })
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tokenizeCalls := 0
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			tokenizeCalls++
+		}
+		sim.Handler().ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	for _, c := range []struct {
+		kind Kind
+		body string
+	}{
+		{Completion, `{"model":"vllm-sim","prompt":"hello","max_tokens":1}`},
+		{Chat, `{"model":"vllm-sim","messages":[{"role":"user","content":"hello"}]}`},
+	} {
+		r, err := Parse(c.kind, []byte(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = New(Options{}).Tokens(context.Background(), front.URL, r, []byte(c.body))
+		if !IsEngineAuth(err) {
+			t.Fatalf("%v: err %v, want an engine auth error", c.kind, err)
+		}
+	}
+	if tokenizeCalls != 0 {
+		t.Fatalf("fell back to /tokenize %d times", tokenizeCalls)
+	}
+	if IsEngineAuth(&EngineError{Status: 500}) || !IsEngineAuth(&EngineError{Status: 403}) {
+		t.Fatal("IsEngineAuth misreads statuses")
+	}
+}

@@ -7,6 +7,7 @@ package vllmsim
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -22,6 +23,9 @@ type Config struct {
 	// LoRAAdapters are the served LoRA adapter names (vLLM's --lora-modules NAME=PATH);
 	// a request whose model is one of them hashes with the adapter name as an extra key.
 	LoRAAdapters []string
+	// APIKeys, when any, protect the paths vLLM's --api-key protects (see auth.go): vLLM
+	// accepts any of several keys (--api-key K1 K2, or VLLM_API_KEY when the flag is absent).
+	APIKeys []string
 
 	BlockSize    int    // tokens per KV block (default 16)
 	NumGPUBlocks int    // blocks per rank, including vLLM's reserved null block (default 4096)
@@ -152,6 +156,11 @@ func (cfg Config) Validate() error {
 	if _, err := strconv.ParseUint(cfg.HashSeed, 10, 32); err != nil && cfg.HashSeed != "random" {
 		// What CPython accepts at start-up; vLLM then hashes the string literally.
 		return fmt.Errorf("PYTHONHASHSEED must be \"random\" or a decimal integer 0..4294967295, got %q", cfg.HashSeed)
+	}
+	for _, k := range cfg.APIKeys {
+		if k == "" || strings.ContainsAny(k, "\r\n") {
+			return fmt.Errorf("api key must be non-empty and one line")
+		}
 	}
 	for _, name := range cfg.LoRAAdapters {
 		if name == "" || name == cfg.Model {

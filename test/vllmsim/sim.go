@@ -191,7 +191,7 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{http.StatusNotFound, "NotFoundError", "no route " + r.Method + " " + r.URL.Path})
 	})
-	return mux
+	return requireAPIKey(mux, s.cfg.APIKeys)
 }
 
 // pickRank honours X-data-parallel-rank, else takes the least loaded rank by vLLM's DP

@@ -1,0 +1,321 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The done-when check of the engine API key (issue 17): real vllm-sim processes started with
+// an API key (from VLLM_API_KEY, as vLLM reads it, so it is in no argument list) behind a real
+// kvrouter process given the key through --engine-api-key-env. Text completions (rendered by
+// the engines' guarded /v1/completions/render), chat (/v1/chat/completions/render) and a LoRA
+// adapter (discovered through the guarded /v1/models) go to the engine holding their prefix
+// and are routed exactly — the router's prediction equals what the engine reports cached —
+// with zero tokenizer failures and zero refused router calls, whatever Authorization the
+// client itself sends (none, a gateway's, the engine key).
+func TestAPIKeyFleetRoutesExactly(t *testing.T) {
+	const key = "e2e-engine-key-7f3a"
+	bins := buildBinaries(t)
+	var engines []string
+	var sims []simProc
+	for i := range 3 {
+		s := startSimProc(t, filepath.Join(bins, "vllm-sim"), []string{"VLLM_API_KEY=" + key},
+			"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1", "--lora-modules", "ad1",
+			"--time-scale", "20", "--decode-ms-per-token", "2")
+		sims = append(sims, s)
+		engines = append(engines, "--engine", fmt.Sprintf("e%d=%s;events=%s;replay=%s", i, s.url,
+			strings.Join(s.events, ","), strings.Join(s.replay, ",")))
+		if i == 0 {
+			// The engines really are guarded: the render endpoint refuses a caller without it.
+			if a := call(t, http.MethodPost, s.url+"/v1/completions/render", `{"model":"vllm-sim","prompt":"x"}`, ""); a.status != 401 {
+				t.Fatalf("vllm-sim without a key: %d %s", a.status, a.body)
+			}
+		}
+	}
+	api, admin := freeAddr(t), freeAddr(t)
+	args := append([]string{"--listen", api, "--admin-listen", admin, "--engine-api-key-env", "KVR_ENGINE_KEY"}, engines...)
+	router := startProc(t, "kvrouter", filepath.Join(bins, "kvrouter"), []string{"KVR_ENGINE_KEY=" + key}, nil, args...)
+	base, adm := "http://"+api, "http://"+admin
+	waitFor(t, "every stream exact and every model read", 20*time.Second, func() bool {
+		a := call(t, http.MethodGet, adm+"/debug/engines", "", "")
+		var dbg struct {
+			Engines []struct {
+				Model string `json:"model"`
+				Ranks []struct {
+					Stream string `json:"stream"`
+				} `json:"ranks"`
+			} `json:"engines"`
+		}
+		if a.status != 200 || json.Unmarshal(a.body, &dbg) != nil || len(dbg.Engines) != 3 {
+			return false
+		}
+		for _, e := range dbg.Engines {
+			if e.Model != "vllm-sim" || e.Ranks[0].Stream != "exact" {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Each prefix is first served by one engine directly (with the key), then a sibling goes
+	// through the router: it must land there and predict exactly what the engine reports.
+	clientAuth := []string{"", "Bearer a-gateway-key", "Bearer " + key}
+	n := 0
+	sibling := func(what, path, warm, body string, on int) {
+		t.Helper()
+		if a := call(t, http.MethodPost, sims[on].url+path, warm, "Bearer "+key); a.status != 200 {
+			t.Fatalf("%s warm-up on e%d: %d %s", what, on, a.status, a.body)
+		}
+		var a answer
+		want := fmt.Sprintf("e%d", on)
+		// The engine's BlockStored reaches the router within milliseconds; the route is asked
+		// again (read-only) until the router sees the warm-up, then the request is sent.
+		waitFor(t, what+" warm-up indexed", 10*time.Second, func() bool {
+			return bytes.Contains(call(t, http.MethodPost, adm+"/debug/route", body, "").body, []byte(`"chosen":"`+want+`/0"`))
+		})
+		a = call(t, http.MethodPost, base+path, body, clientAuth[n%len(clientAuth)])
+		n++
+		if a.status != 200 {
+			t.Fatalf("%s: %d %s", what, a.status, a.body)
+		}
+		var u struct {
+			Usage struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(a.body, &u); err != nil {
+			t.Fatalf("%s: %s: %v", what, a.body, err)
+		}
+		got, pred := a.header.Get("x-kvroute-engine"), a.header.Get("x-kvroute-predicted-cached-tokens")
+		if got != want || u.Usage.Details.Cached == 0 || pred != strconv.Itoa(u.Usage.Details.Cached) {
+			t.Fatalf("%s: routed to %s (want %s), predicted %s cached tokens, the engine reports %d", what, got, want, pred, u.Usage.Details.Cached)
+		}
+	}
+	for p := range 3 {
+		prefix := strings.Repeat(fmt.Sprintf("conversation %d shares this long system prompt. ", p), 12)
+		text := func(q string) string {
+			b, _ := json.Marshal(map[string]any{"model": "vllm-sim", "max_tokens": 2, "prompt": prefix + q})
+			return string(b)
+		}
+		chat := func(model, q string) string {
+			b, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2, "messages": []map[string]string{
+				{"role": "system", "content": prefix}, {"role": "user", "content": q}}})
+			return string(b)
+		}
+		sibling("text", "/v1/completions", text("first question"), text("a second, different question"), p%3)
+		sibling("chat", "/v1/chat/completions", chat("vllm-sim", "hello"), chat("vllm-sim", "hello again, differently"), (p+1)%3)
+		sibling("adapter", "/v1/chat/completions", chat("ad1", "hello"), chat("ad1", "hello again, differently"), (p+2)%3)
+	}
+	// The adapter's requests carry its identity: learned from the guarded /v1/models.
+	if a := call(t, http.MethodPost, adm+"/debug/route", `{"model":"ad1","messages":[{"role":"user","content":"x"}]}`, ""); !bytes.Contains(a.body, []byte(`"lora":"ad1"`)) {
+		t.Fatalf("debug route for the adapter: %d %s", a.status, a.body)
+	}
+	metrics := string(call(t, http.MethodGet, adm+"/metrics", "", "").body)
+	for _, want := range []string{
+		"kvroute_router_tokenize_failures_total 0",
+		`kvroute_router_engine_auth_failures_total{call="tokenize"} 0`,
+		`kvroute_router_engine_auth_failures_total{call="models"} 0`,
+		`kvroute_router_engine_auth_failures_total{call="health"} 0`,
+		`kvroute_router_engine_auth_failures_total{call="generate"} 0`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if m := regexp.MustCompile(`kvroute_router_tokenize_source_total\{source="engine"\} (\d+)`).FindStringSubmatch(metrics); m == nil || m[1] == "0" {
+		t.Errorf("no render went to the engines: %v", m)
+	}
+	if strings.Contains(router.output(), key) {
+		t.Error("the engine key appears in kvrouter's log")
+	}
+	t.Logf("%d requests routed exactly through guarded engines", n)
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func call(t *testing.T, method, url, body, auth string) answer {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	c := &http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return answer{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header, b}
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// buildBinaries builds vllm-sim and kvrouter once per test binary (removed in TestMain).
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if binDir, buildErr = os.MkdirTemp("", "e2e-router-bin-"); buildErr != nil {
+			return
+		}
+		for _, c := range []string{"vllm-sim", "kvrouter"} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, c), "../../../cmd/"+c).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", c, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// proc is a child process whose output is kept (and shown if the test fails).
+type proc struct {
+	mu  sync.Mutex
+	out bytes.Buffer
+}
+
+func (p *proc) output() string { p.mu.Lock(); defer p.mu.Unlock(); return p.out.String() }
+
+// startProc runs a child with extra environment and stops it (SIGTERM, then SIGKILL) when the
+// test ends. Its output is drained line by line into onLine (may be nil) and kept.
+func startProc(t *testing.T, name, bin string, env []string, onLine func(string), args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	p := &proc{}
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			if onLine != nil {
+				onLine(sc.Text())
+			}
+		}
+	}()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		<-drained
+		pr.Close()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, p.output())
+		}
+	})
+	return p
+}
+
+type simProc struct {
+	url            string
+	events, replay []string
+}
+
+var simLine = regexp.MustCompile(`serving .* on (http://\S+) \(\d+ ranks, topic ".*", events \[([^\]]*)\], replay \[([^\]]*)\]\)`)
+
+// startSimProc runs vllm-sim on free ports and reads the bound addresses from its start line.
+func startSimProc(t *testing.T, bin string, env []string, args ...string) simProc {
+	t.Helper()
+	found := make(chan simProc, 1)
+	var once sync.Once
+	startProc(t, "vllm-sim", bin, env, func(line string) {
+		if m := simLine.FindStringSubmatch(line); m != nil {
+			once.Do(func() { found <- simProc{m[1], strings.Fields(m[2]), strings.Fields(m[3])} })
+		}
+	}, args...)
+	select {
+	case s := <-found:
+		return s
+	case <-time.After(15 * time.Second):
+		t.Fatal("vllm-sim did not report its addresses")
+		return simProc{}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
