@@ -40,7 +40,9 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.StringVar(&cfg.KVEventsConnect, "kv-events-connect", "", "dial this tcp://HOST:PORT instead of binding (rank r: port+r)")
 	fs.IntVar(&cfg.KVReplayPort, "kv-replay-port", 0, "ROUTER replay bind port of rank 0 (rank r: port+r); 0 = off")
 	topic := fs.String("kv-events-topic", "", "event topic (default kv@HOST:PORT@MODEL; pass an empty value for vLLM's empty topic)")
-	fs.StringVar(&cfg.EventLayout, "event-layout", "map", "event encoding: map (array batch of map events, shape E3) or array (array events, shape E1)")
+	fs.StringVar(&cfg.EventLayout, "event-layout", "E3", "KV-event batch shape: E1 (array batch, array events; vLLM to about v0.22), "+
+		"E2 (map batch, map events; newest upstream kv_events.py), E3 (array batch, map events; live v0.26.0); aliases array = E1, map = E3")
+	replayTopic := fs.Bool("replay-topic-frame", true, "send the topic frame in replay replies (vLLM PR #45177, June 2026); false = the older [seq, payload] replies")
 	fs.IntVar(&cfg.BufferSteps, "kv-buffer-steps", 10000, "replay ring length in batches")
 	fs.IntVar(&cfg.HWM, "kv-hwm", 100000, "PUB send high-water mark")
 	fs.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", 20000, "prefill throughput for uncached tokens")
@@ -71,6 +73,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 			cfg.LoRAAdapters = append(cfg.LoRAAdapters, name)
 		}
 	}
+	cfg.ReplayNoTopicFrame = !*replayTopic
 	cfg.HashSeed = os.Getenv("PYTHONHASHSEED")
 	return cfg, nil
 }

@@ -1,6 +1,6 @@
 // Package vllmsim is a vLLM-compatible engine simulator: vLLM's OpenAI HTTP surface, a
 // block-based prefix cache with vLLM's allocation and eviction order, vLLM-exact block hashes,
-// ZMQ KV events (map or array layout) with a replay ring, a step-based timing model and fault
+// ZMQ KV events (batch shapes E1, E2, E3) with a replay ring, a step-based timing model and fault
 // switches. It runs in-process (New, Start, Addr, Close) or as the vllm-sim binary.
 package vllmsim
 
@@ -38,9 +38,16 @@ type Config struct {
 	// "kv@<host>:<http port>@<model>" (see DefaultTopic); a pointer to "" sends vLLM's default
 	// empty topic.
 	KVEventsTopic *string
-	EventLayout   string // "map" (array batch of map events, kvwire.ShapeE3; default) or "array" (kvwire.ShapeE1)
-	BufferSteps   int    // replay ring length in batches (default 10000)
-	HWM           int    // PUB send high-water mark (default 100000)
+	// EventLayout is the KV-event batch shape (spec §4.4 erratum): "E1" array batch of array
+	// events (vLLM up to about v0.22/v0.23), "E2" map batch of map events (newest upstream
+	// kv_events.py), "E3" array batch of map events (a live v0.26.0 capture; the default). The
+	// older values "array" and "map" are accepted as E1 and E3.
+	EventLayout string
+	// ReplayNoTopicFrame sends replay replies without the topic frame, as vLLM did before PR
+	// #45177 (merged June 2026): [seq, payload] and the end marker [ff*8, ""].
+	ReplayNoTopicFrame bool
+	BufferSteps        int // replay ring length in batches (default 10000)
+	HWM                int // PUB send high-water mark (default 100000)
 
 	PrefillTokensPerS float64 // prefill throughput for uncached tokens (default 20000)
 	DecodeMsPerToken  float64 // time of one decode step, i.e. per generated token (default 20)
@@ -88,7 +95,7 @@ func (cfg Config) Defaults() Config {
 		cfg.DataParallelSize = 1
 	}
 	if cfg.EventLayout == "" {
-		cfg.EventLayout = "map"
+		cfg.EventLayout = "E3"
 	}
 	if cfg.BufferSteps == 0 {
 		cfg.BufferSteps = 10000
@@ -130,8 +137,6 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("max-model-len must be positive, got %d", cfg.MaxModelLen)
 	case cfg.DataParallelSize < 1 || cfg.DataParallelSize > 1024:
 		return fmt.Errorf("data-parallel-size must be 1..1024, got %d", cfg.DataParallelSize)
-	case cfg.EventLayout != "map" && cfg.EventLayout != "array":
-		return fmt.Errorf("event layout must be map or array, got %q", cfg.EventLayout)
 	case cfg.KVEventsPort < -1 || cfg.KVEventsPort+cfg.DataParallelSize-1 > 65535:
 		return fmt.Errorf("kv-events-port %d out of range for %d ranks", cfg.KVEventsPort, cfg.DataParallelSize)
 	case cfg.KVReplayPort < -1 || cfg.KVReplayPort+cfg.DataParallelSize-1 > 65535:
@@ -148,6 +153,9 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("drop-event-every and stall-events-after must be non-negative")
 	case cfg.FailRate < 0 || cfg.FailRate > 1:
 		return fmt.Errorf("fail-rate must be within 0..1, got %v", cfg.FailRate)
+	}
+	if _, err := parseEventShape(cfg.EventLayout); err != nil {
+		return err
 	}
 	if _, err := strconv.ParseUint(cfg.HashSeed, 10, 32); err != nil && cfg.HashSeed != "random" {
 		// What CPython accepts at start-up; vLLM then hashes the string literally.

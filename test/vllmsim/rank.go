@@ -16,7 +16,7 @@ var errRestarted = errors.New("engine restarted")
 type rank struct {
 	idx    int
 	cfg    *Config
-	hasher *engineHasher
+	hasher *blockHasher
 	pub    *publisher // nil when events are off
 	obs    *rankMetrics
 
@@ -38,7 +38,7 @@ type rankStats struct {
 	finished                  uint64
 }
 
-func newRank(idx int, cfg *Config, h *engineHasher, obs *rankMetrics) *rank {
+func newRank(idx int, cfg *Config, h *blockHasher, obs *rankMetrics) *rank {
 	return &rank{idx: idx, cfg: cfg, hasher: h, obs: obs,
 		pool: newBlockPool(cfg.NumGPUBlocks, cfg.BlockSize), wake: make(chan struct{}, 1)}
 }

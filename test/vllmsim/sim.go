@@ -19,7 +19,7 @@ import (
 // Sim is one simulated vLLM server (all its DP ranks behind one HTTP port).
 type Sim struct {
 	cfg     Config
-	hasher  *engineHasher
+	hasher  *blockHasher
 	reg     *prometheus.Registry
 	metrics *simMetrics
 	ranks   []*rank
@@ -44,7 +44,7 @@ func New(cfg Config) (*Sim, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	h, err := newEngineHasher(cfg.HashAlgo, cfg.HashSeed)
+	h, err := newBlockHasher(cfg.HashAlgo, cfg.HashSeed)
 	if err != nil {
 		return nil, err
 	}
