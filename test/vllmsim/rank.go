@@ -27,6 +27,7 @@ type rank struct {
 	aborts  []*engineRequest
 	stats   rankStats
 	gen     uint64 // process generation, bumped by restart
+	paused  pauseState
 	wake    chan struct{}
 }
 
@@ -96,7 +97,7 @@ func (rk *rank) run(ctx context.Context) {
 	for {
 		rk.mu.Lock()
 		rk.applyAborts()
-		if len(rk.waiting) == 0 && len(rk.running) == 0 {
+		if (len(rk.waiting) == 0 || rk.paused != unpaused) && (len(rk.running) == 0 || rk.paused == pausedAll) {
 			rk.setGauges()
 			evs, gen := rk.pool.takeEvents(), rk.gen
 			rk.mu.Unlock()
@@ -200,7 +201,7 @@ func (rk *rank) schedule() []scheduled {
 		step = append(step, scheduled{r: r, tokens: n, decode: decode})
 		i++
 	}
-	if preempted {
+	if preempted || rk.paused != unpaused {
 		return step
 	}
 	for len(rk.waiting) > 0 && len(rk.running) < rk.cfg.MaxNumSeqs && budget > 0 {

@@ -35,6 +35,7 @@ type Sim struct {
 	failMu  sync.Mutex
 	failRNG *rand.Rand
 	nextID  atomic.Uint64
+	sleep   sleepState
 	created int64
 }
 
@@ -186,6 +187,9 @@ func (s *Sim) Handler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/cache", s.handleDebugCache)
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleReset)
+	mux.HandleFunc("POST /sleep", s.handleSleep)
+	mux.HandleFunc("POST /wake_up", s.handleWakeUp)
+	mux.HandleFunc("GET /is_sleeping", s.handleIsSleeping)
 	mux.HandleFunc("POST /debug/restart", s.handleRestart)
 	mux.HandleFunc("POST /debug/events", s.handleDebugEvents)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
