@@ -18,12 +18,16 @@ func TestParseFlags(t *testing.T) {
 	}
 	if cfg.HashSeed != "123" || cfg.DataParallelSize != 2 || cfg.HashAlgo != "xxhash" ||
 		cfg.KVEventsTopic == nil || *cfg.KVEventsTopic != "" || strings.Join(cfg.LoRAAdapters, ",") != "a,b" ||
-		cfg.EventLayout != "E2" || !cfg.ReplayNoTopicFrame {
+		cfg.EventLayout != "E2" || !cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
 		t.Errorf("parsed %+v", cfg)
 	}
 	cfg, err = parseFlags(nil, io.Discard)
 	if err != nil || cfg.KVEventsTopic != nil || cfg.MaxModelLen != 131072 || cfg.Host != "127.0.0.1" ||
-		cfg.EventLayout != "E3" || cfg.ReplayNoTopicFrame {
+		cfg.EventLayout != "E3" || cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
+		t.Errorf("defaults %+v (%v)", cfg, err)
+	}
+	cfg, err = parseFlags([]string{"--decode-ms-per-token", "2"}, io.Discard)
+	if d := cfg.Defaults(); err != nil || d.StepModel != "flat" || d.DecodeMsPerToken != 2 || d.PrefillTokensPerS != 20000 {
 		t.Errorf("defaults %+v (%v)", cfg, err)
 	}
 }

@@ -49,8 +49,14 @@ type Config struct {
 	BufferSteps        int // replay ring length in batches (default 10000)
 	HWM                int // PUB send high-water mark (default 100000)
 
-	PrefillTokensPerS float64 // prefill throughput for uncached tokens (default 20000)
-	DecodeMsPerToken  float64 // time of one decode step, i.e. per generated token (default 20)
+	// StepModel is the step-time model: "calibrated" (the default: stepmodel.go, fitted to
+	// published measurements) or "flat", the older model where a step takes uncached prefill
+	// tokens / PrefillTokensPerS plus DecodeMsPerToken when it decodes. Empty means "flat" when
+	// PrefillTokensPerS or DecodeMsPerToken is set (callers that tuned those rates keep them),
+	// "calibrated" otherwise.
+	StepModel         string
+	PrefillTokensPerS float64 // flat model: prefill throughput for uncached tokens (default 20000)
+	DecodeMsPerToken  float64 // flat model: time of one decode step, i.e. per generated token (default 20)
 	MaxNumSeqs        int     // running requests per rank (default 256, vLLM's)
 	MaxBatchedTokens  int     // token budget per scheduler step, prefill and decode (default 8192)
 	// TimeScale divides every simulated duration (2 = twice as fast). Ordering and ratios are
@@ -103,6 +109,12 @@ func (cfg Config) Defaults() Config {
 	if cfg.HWM == 0 {
 		cfg.HWM = 100000
 	}
+	if cfg.StepModel == "" {
+		cfg.StepModel = "calibrated"
+		if cfg.PrefillTokensPerS != 0 || cfg.DecodeMsPerToken != 0 {
+			cfg.StepModel = "flat"
+		}
+	}
 	if cfg.PrefillTokensPerS == 0 {
 		cfg.PrefillTokensPerS = 20000
 	}
@@ -147,6 +159,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("buffer steps must be positive and hwm non-negative")
 	case cfg.PrefillTokensPerS <= 0 || cfg.DecodeMsPerToken < 0 || cfg.TimeScale <= 0:
 		return fmt.Errorf("prefill-tokens-per-s and time-scale must be positive, decode-ms-per-token non-negative")
+	case cfg.StepModel != "calibrated" && cfg.StepModel != "flat":
+		return fmt.Errorf("step model must be calibrated or flat, got %q", cfg.StepModel)
 	case cfg.MaxNumSeqs < 1 || cfg.MaxBatchedTokens < 1 || cfg.DefaultMaxTokens < 1:
 		return fmt.Errorf("max-num-seqs, max-batched-tokens and default max tokens must be positive")
 	case cfg.DropEventEvery < 0 || cfg.StallEventsAfter < 0:

@@ -153,9 +153,13 @@ func (rk *rank) publish(ctx context.Context, evs []simEvent, gen uint64) {
 	}
 }
 
-// stepTime is the model time of one step: uncached prefill tokens at the prefill rate, plus one
+// stepTime is the model time of one step under the time scale: the calibrated model
+// (stepmodel.go) or the flat one, uncached prefill tokens at the prefill rate plus one
 // decode-token time when the batch decodes (all running sequences decode together).
 func (rk *rank) stepTime(step []scheduled) time.Duration {
+	if rk.cfg.StepModel != "flat" {
+		return rk.cfg.scaled(calibratedStep.ms(shapeOf(step)) / 1000)
+	}
 	prefill, decode := 0, false
 	for _, s := range step {
 		if s.decode {
