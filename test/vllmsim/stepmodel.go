@@ -76,3 +76,15 @@ func shapeOf(step []scheduled) stepShape {
 	}
 	return sh
 }
+
+// CalibratedStepMs is the calibrated model's time in milliseconds of one step holding one fresh
+// prompt chunk of prefill tokens (0 for none) and decodes sequences of decodeContext tokens each,
+// before any time scale (hack/stepplot draws it).
+func CalibratedStepMs(prefill, decodes, decodeContext int) float64 {
+	sh := stepShape{seqs: decodes, decodes: decodes, prefill: prefill, decodeCtx: decodes * decodeContext,
+		attn: float64(prefill) * float64(prefill)}
+	if prefill > 0 {
+		sh.seqs++
+	}
+	return calibratedStep.ms(sh)
+}
