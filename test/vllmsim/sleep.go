@@ -11,9 +11,11 @@ import (
 )
 
 // Sleep mode as vLLM's EngineCore has it (vllm/v1/engine/core.py sleep / pause_scheduler /
-// wake_up; HTTP routes in vllm/entrypoints/openai/api_server.py, served by vLLM only with
-// VLLM_SERVER_DEV_MODE=1 and, for levels 1 and 2, --enable-sleep-mode; the sim always serves
-// them, like /reset_prefix_cache):
+// wake_up; HTTP routes in vllm/entrypoints/serve/sleep/api_router.py, earlier in
+// vllm/entrypoints/openai/api_server.py, served by vLLM only with VLLM_SERVER_DEV_MODE=1 and, for
+// levels 1 and 2, --enable-sleep-mode; the sim always serves them, like /reset_prefix_cache.
+// Older v1 releases reset the prefix cache in AsyncLLM.sleep at every level; the sim follows the
+// current level >= 1 rule):
 //   - sleep(level, mode) first pauses the scheduler: mode "abort" (default) aborts every request,
 //     waiting or running; "wait" lets the running ones finish and schedules no new one; "keep"
 //     freezes everything. Requests that arrive while paused are accepted and queued.
