@@ -136,6 +136,11 @@ func TestSleepLevelZeroAndAbort(t *testing.T) {
 	if isSleeping(t, s) {
 		t.Error("still sleeping after waking scheduling from level 0")
 	}
+	post(t, s, "/sleep?level=1&mode=keep", "")
+	if r := post(t, s, "/debug/restart", ""); r.status != http.StatusOK || isSleeping(t, s) {
+		t.Errorf("restart: %d, sleeping %v; a restarted engine is awake", r.status, isSleeping(t, s))
+	}
+	complete(t, s, map[string]any{"prompt": seqTokens(0, 20)}) // and schedules again
 	for _, q := range []string{"level=3", "level=x", "mode=later"} {
 		if r := post(t, s, "/sleep?"+q, ""); r.status != http.StatusBadRequest {
 			t.Errorf("/sleep?%s: %d, want 400", q, r.status)
