@@ -48,11 +48,15 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.StringVar(&cfg.KVEventsConnect, "kv-events-connect", "", "dial this tcp://HOST:PORT instead of binding (rank r: port+r)")
 	fs.IntVar(&cfg.KVReplayPort, "kv-replay-port", 0, "ROUTER replay bind port of rank 0 (rank r: port+r); 0 = off")
 	topic := fs.String("kv-events-topic", "", "event topic (default kv@HOST:PORT@MODEL; pass an empty value for vLLM's empty topic)")
-	fs.StringVar(&cfg.EventLayout, "event-layout", "map", "event encoding: map (array batch of map events, shape E3) or array (array events, shape E1)")
+	fs.StringVar(&cfg.EventLayout, "event-layout", "E3", "KV-event batch shape: E1 (array batch, array events; vLLM to about v0.22), "+
+		"E2 (map batch, map events; newest upstream kv_events.py), E3 (array batch, map events; live v0.26.0); aliases array = E1, map = E3")
+	replayTopic := fs.Bool("replay-topic-frame", true, "send the topic frame in replay replies (vLLM PR #45177, June 2026); false = the older [seq, payload] replies")
 	fs.IntVar(&cfg.BufferSteps, "kv-buffer-steps", 10000, "replay ring length in batches")
 	fs.IntVar(&cfg.HWM, "kv-hwm", 100000, "PUB send high-water mark")
-	fs.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", 20000, "prefill throughput for uncached tokens")
-	fs.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", 20, "decode step time, i.e. per generated token")
+	fs.StringVar(&cfg.StepModel, "step-model", "", "step-time model: calibrated (fitted to published measurements; README) or flat "+
+		"(the two rates below); default calibrated, or flat when either rate is given")
+	fs.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", 20000, "flat step model: prefill throughput for uncached tokens")
+	fs.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", 20, "flat step model: decode step time, i.e. per generated token")
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 256, "running requests per rank")
 	fs.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", 8192, "token budget per scheduler step")
 	fs.IntVar(&cfg.MaxBatchedTokens, "max-num-batched-tokens", 8192, "alias of --max-batched-tokens (vLLM's name)")
@@ -69,17 +73,25 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	rates := false
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "kv-events-topic" {
+		switch f.Name {
+		case "kv-events-topic":
 			cfg.KVEventsTopic = topic
+		case "prefill-tokens-per-s", "decode-ms-per-token":
+			rates = true
 		}
 	})
+	if !rates && cfg.StepModel == "" {
+		cfg.PrefillTokensPerS, cfg.DecodeMsPerToken = 0, 0 // the calibrated model (Config.Defaults)
+	}
 	if *lora != "" {
 		for _, m := range strings.Split(*lora, ",") {
 			name, _, _ := strings.Cut(m, "=")
 			cfg.LoRAAdapters = append(cfg.LoRAAdapters, name)
 		}
 	}
+	cfg.ReplayNoTopicFrame = !*replayTopic
 	cfg.HashSeed = os.Getenv("PYTHONHASHSEED")
 	// vLLM: tokens = args.api_key or [VLLM_API_KEY], empty ones dropped.
 	cfg.APIKeys = keys

@@ -11,16 +11,23 @@ import (
 func TestParseFlags(t *testing.T) {
 	t.Setenv("PYTHONHASHSEED", "123")
 	cfg, err := parseFlags([]string{"--port", "0", "--data-parallel-size", "2", "--kv-events-topic", "",
-		"--lora-modules", "a=/path/a,b", "--prefix-caching-hash-algo", "xxhash"}, io.Discard)
+		"--lora-modules", "a=/path/a,b", "--prefix-caching-hash-algo", "xxhash", "--event-layout", "E2",
+		"--replay-topic-frame=false"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.HashSeed != "123" || cfg.DataParallelSize != 2 || cfg.HashAlgo != "xxhash" ||
-		cfg.KVEventsTopic == nil || *cfg.KVEventsTopic != "" || strings.Join(cfg.LoRAAdapters, ",") != "a,b" {
+		cfg.KVEventsTopic == nil || *cfg.KVEventsTopic != "" || strings.Join(cfg.LoRAAdapters, ",") != "a,b" ||
+		cfg.EventLayout != "E2" || !cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
 		t.Errorf("parsed %+v", cfg)
 	}
 	cfg, err = parseFlags(nil, io.Discard)
-	if err != nil || cfg.KVEventsTopic != nil || cfg.MaxModelLen != 131072 || cfg.Host != "127.0.0.1" {
+	if err != nil || cfg.KVEventsTopic != nil || cfg.MaxModelLen != 131072 || cfg.Host != "127.0.0.1" ||
+		cfg.EventLayout != "E3" || cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
+		t.Errorf("defaults %+v (%v)", cfg, err)
+	}
+	cfg, err = parseFlags([]string{"--decode-ms-per-token", "2"}, io.Discard)
+	if d := cfg.Defaults(); err != nil || d.StepModel != "flat" || d.DecodeMsPerToken != 2 || d.PrefillTokensPerS != 20000 {
 		t.Errorf("defaults %+v (%v)", cfg, err)
 	}
 }

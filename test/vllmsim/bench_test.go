@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/kvroute/kvroute/router/blockkey"
 )
 
 // benchConfig is the "fast timing model": steps take no simulated time, so the figure is the
@@ -38,14 +36,14 @@ func benchPrompt(i, n int) []uint32 {
 // sha256 hashing included), 16 output tokens each, 64 in flight.
 func BenchmarkSchedulerRequests(b *testing.B) {
 	cfg := benchConfig().Defaults()
-	h, _ := newEngineHasher(cfg.HashAlgo, cfg.HashSeed)
+	h, _ := newBlockHasher(cfg.HashAlgo, cfg.HashSeed)
 	rk := newRank(0, &cfg, h, nil)
 	b.ReportAllocs()
 	b.ResetTimer()
 	done := 0
 	for i := 0; i < b.N; {
 		for ; i < b.N && len(rk.waiting)+len(rk.running) < 64; i++ {
-			r := newEngineRequest("r", benchPrompt(i, 1024), 16, uint64(i), blockkey.Identity{})
+			r := newEngineRequest("r", benchPrompt(i, 1024), 16, uint64(i), simIdentity{})
 			_ = r.extendHashes(h, cfg.BlockSize)
 			rk.submit(r)
 		}

@@ -1,6 +1,6 @@
 // Package vllmsim is a vLLM-compatible engine simulator: vLLM's OpenAI HTTP surface, a
 // block-based prefix cache with vLLM's allocation and eviction order, vLLM-exact block hashes,
-// ZMQ KV events (map or array layout) with a replay ring, a step-based timing model and fault
+// ZMQ KV events (batch shapes E1, E2, E3) with a replay ring, a step-based timing model and fault
 // switches. It runs in-process (New, Start, Addr, Close) or as the vllm-sim binary.
 package vllmsim
 
@@ -42,12 +42,25 @@ type Config struct {
 	// "kv@<host>:<http port>@<model>" (see DefaultTopic); a pointer to "" sends vLLM's default
 	// empty topic.
 	KVEventsTopic *string
-	EventLayout   string // "map" (array batch of map events, kvwire.ShapeE3; default) or "array" (kvwire.ShapeE1)
-	BufferSteps   int    // replay ring length in batches (default 10000)
-	HWM           int    // PUB send high-water mark (default 100000)
+	// EventLayout is the KV-event batch shape (spec §4.4 erratum): "E1" array batch of array
+	// events (vLLM up to about v0.22/v0.23), "E2" map batch of map events (newest upstream
+	// kv_events.py), "E3" array batch of map events (a live v0.26.0 capture; the default). The
+	// older values "array" and "map" are accepted as E1 and E3.
+	EventLayout string
+	// ReplayNoTopicFrame sends replay replies without the topic frame, as vLLM did before PR
+	// #45177 (merged June 2026): [seq, payload] and the end marker [ff*8, ""].
+	ReplayNoTopicFrame bool
+	BufferSteps        int // replay ring length in batches (default 10000)
+	HWM                int // PUB send high-water mark (default 100000)
 
-	PrefillTokensPerS float64 // prefill throughput for uncached tokens (default 20000)
-	DecodeMsPerToken  float64 // time of one decode step, i.e. per generated token (default 20)
+	// StepModel is the step-time model: "calibrated" (the default: stepmodel.go, fitted to
+	// published measurements) or "flat", the older model where a step takes uncached prefill
+	// tokens / PrefillTokensPerS plus DecodeMsPerToken when it decodes. Empty means "flat" when
+	// PrefillTokensPerS or DecodeMsPerToken is set (callers that tuned those rates keep them),
+	// "calibrated" otherwise.
+	StepModel         string
+	PrefillTokensPerS float64 // flat model: prefill throughput for uncached tokens (default 20000)
+	DecodeMsPerToken  float64 // flat model: time of one decode step, i.e. per generated token (default 20)
 	MaxNumSeqs        int     // running requests per rank (default 256, vLLM's)
 	MaxBatchedTokens  int     // token budget per scheduler step, prefill and decode (default 8192)
 	// TimeScale divides every simulated duration (2 = twice as fast). Ordering and ratios are
@@ -92,13 +105,19 @@ func (cfg Config) Defaults() Config {
 		cfg.DataParallelSize = 1
 	}
 	if cfg.EventLayout == "" {
-		cfg.EventLayout = "map"
+		cfg.EventLayout = "E3"
 	}
 	if cfg.BufferSteps == 0 {
 		cfg.BufferSteps = 10000
 	}
 	if cfg.HWM == 0 {
 		cfg.HWM = 100000
+	}
+	if cfg.StepModel == "" {
+		cfg.StepModel = "calibrated"
+		if cfg.PrefillTokensPerS != 0 || cfg.DecodeMsPerToken != 0 {
+			cfg.StepModel = "flat"
+		}
 	}
 	if cfg.PrefillTokensPerS == 0 {
 		cfg.PrefillTokensPerS = 20000
@@ -134,8 +153,6 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("max-model-len must be positive, got %d", cfg.MaxModelLen)
 	case cfg.DataParallelSize < 1 || cfg.DataParallelSize > 1024:
 		return fmt.Errorf("data-parallel-size must be 1..1024, got %d", cfg.DataParallelSize)
-	case cfg.EventLayout != "map" && cfg.EventLayout != "array":
-		return fmt.Errorf("event layout must be map or array, got %q", cfg.EventLayout)
 	case cfg.KVEventsPort < -1 || cfg.KVEventsPort+cfg.DataParallelSize-1 > 65535:
 		return fmt.Errorf("kv-events-port %d out of range for %d ranks", cfg.KVEventsPort, cfg.DataParallelSize)
 	case cfg.KVReplayPort < -1 || cfg.KVReplayPort+cfg.DataParallelSize-1 > 65535:
@@ -146,12 +163,17 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("buffer steps must be positive and hwm non-negative")
 	case cfg.PrefillTokensPerS <= 0 || cfg.DecodeMsPerToken < 0 || cfg.TimeScale <= 0:
 		return fmt.Errorf("prefill-tokens-per-s and time-scale must be positive, decode-ms-per-token non-negative")
+	case cfg.StepModel != "calibrated" && cfg.StepModel != "flat":
+		return fmt.Errorf("step model must be calibrated or flat, got %q", cfg.StepModel)
 	case cfg.MaxNumSeqs < 1 || cfg.MaxBatchedTokens < 1 || cfg.DefaultMaxTokens < 1:
 		return fmt.Errorf("max-num-seqs, max-batched-tokens and default max tokens must be positive")
 	case cfg.DropEventEvery < 0 || cfg.StallEventsAfter < 0:
 		return fmt.Errorf("drop-event-every and stall-events-after must be non-negative")
 	case cfg.FailRate < 0 || cfg.FailRate > 1:
 		return fmt.Errorf("fail-rate must be within 0..1, got %v", cfg.FailRate)
+	}
+	if _, err := parseEventShape(cfg.EventLayout); err != nil {
+		return err
 	}
 	if _, err := strconv.ParseUint(cfg.HashSeed, 10, 32); err != nil && cfg.HashSeed != "random" {
 		// What CPython accepts at start-up; vLLM then hashes the string literally.

@@ -218,11 +218,13 @@ func (s *Sim) ResetPrefixCache(ctx context.Context) bool {
 	return ok
 }
 
-// Restart simulates a process restart on every rank (see rank.restart).
+// Restart simulates a process restart on every rank (see rank.restart); a restarted engine is
+// awake.
 func (s *Sim) Restart() {
 	for _, rk := range s.ranks {
 		rk.restart()
 	}
+	s.WakeUp(nil)
 }
 
 func (s *Sim) handleRestart(w http.ResponseWriter, _ *http.Request) {

@@ -2,6 +2,7 @@ package vllmsim
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,20 +13,21 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-
-	"github.com/kvroute/kvroute/router/kvwire"
 )
 
 // publisher is one rank's ZmqEventPublisher: it numbers batches from 0, encodes them, sends
 // [topic, seq8, payload] on PUB and keeps the last BufferSteps batches for replay. One goroutine
 // owns the PUB socket and another the ROUTER replay socket; they share the ring under mu.
 type publisher struct {
-	rank   int
-	topic  string
-	layout kvwire.Layout
-	enc    *kvwire.Encoder // used by the send loop only
-	drop   int             // drop every Nth batch on PUB (fault switch)
-	clock  func() float64
+	rank  int
+	topic string
+	shape eventShape
+	enc   *eventEncoder // used by the send loop only
+	// replayTopic sends the topic frame in replay replies (vLLM PR #45177, merged June 2026);
+	// false gives the older [seq, payload] replies and [ff*8, ""] end marker.
+	replayTopic bool
+	drop        int // drop every Nth batch on PUB (fault switch)
+	clock       func() float64
 
 	in      chan pubItem
 	pub     *zmq.Socket
@@ -94,10 +96,13 @@ func bindAddr(host string, port, rank int) string {
 }
 
 func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
-	p := &publisher{rank: rank, topic: topic, layout: wireLayout(cfg.EventLayout), enc: kvwire.NewEncoder(), drop: cfg.DropEventEvery,
+	shape, err := parseEventShape(cfg.EventLayout)
+	if err != nil {
+		return nil, err
+	}
+	p := &publisher{rank: rank, topic: topic, shape: shape, enc: newEventEncoder(), replayTopic: !cfg.ReplayNoTopicFrame, drop: cfg.DropEventEvery,
 		stallAfter: cfg.StallEventsAfter, clock: cfg.eventClock, in: make(chan pubItem, 4096), quit: make(chan struct{}),
 		ring: make([]ringEntry, cfg.BufferSteps)}
-	var err error
 	if p.pub, err = zmq.NewSocket(zmq.PUB); err != nil {
 		return nil, err
 	}
@@ -124,6 +129,8 @@ func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
 		p.pubAddr, _ = p.pub.GetLastEndpoint()
 	}
 	if cfg.KVReplayPort != 0 {
+		// vLLM sets no HWM on the replay ROUTER (kv_events.py ZmqEventPublisher._socket_setup), so
+		// libzmq's default send HWM of 1000 applies; a replayer must read as it goes.
 		if p.replay, err = zmq.NewSocket(zmq.ROUTER); err == nil {
 			_ = p.replay.SetLinger(0)
 			err = p.replay.Bind(bindAddr(cfg.Host, cfg.KVReplayPort, rank))
@@ -238,7 +245,7 @@ func (p *publisher) handle(it pubItem) {
 }
 
 func (p *publisher) send(it pubItem) {
-	payload, err := p.enc.AppendBatch(nil, toWireBatch(it.ts, it.evs, p.rank), p.layout)
+	payload, err := p.enc.encode(toWireBatch(it.ts, it.evs, p.rank), p.shape)
 	if err != nil {
 		slog.Error("vllm-sim: encoding a KV event batch", "rank", p.rank, "err", err)
 		return
@@ -262,8 +269,7 @@ func (p *publisher) send(it pubItem) {
 	if drop {
 		return
 	}
-	msg := kvwire.Message{Topic: []byte(p.topic), Seq: seq, Payload: payload}
-	if _, err := p.pub.SendMessageDontwait(msg.Frames()); err != nil && !errors.Is(err, zmq.ETERM) && !errors.Is(err, zmq.Errno(syscall.EAGAIN)) {
+	if _, err := p.pub.SendMessageDontwait([]byte(p.topic), seqFrame(seq), payload); err != nil && !errors.Is(err, zmq.ETERM) && !errors.Is(err, zmq.Errno(syscall.EAGAIN)) {
 		slog.Warn("vllm-sim: PUB send", "rank", p.rank, "err", err)
 	}
 }
@@ -282,8 +288,9 @@ func (p *publisher) replayFrom(start uint64) []ringEntry {
 	return out
 }
 
-// replayLoop serves vLLM's replay protocol (v0.25+): [id, "", start_seq8] in; one
-// [id, "", topic, seq8, payload] per buffered batch, then [id, "", "", ff*8, ""].
+// replayLoop serves vLLM's replay protocol: [id, "", start_seq8] in; one
+// [id, "", topic, seq8, payload] per buffered batch, then [id, "", "", ff*8, ""] (PR #45177);
+// with ReplayNoTopicFrame the older [id, "", seq8, payload] and [id, "", ff*8, ""].
 func (p *publisher) replayLoop() {
 	defer p.wg.Done()
 	poller := zmq.NewPoller()
@@ -302,15 +309,29 @@ func (p *publisher) replayLoop() {
 		if err != nil {
 			continue
 		}
-		id, start, err := kvwire.ParseReplayRequest(msg)
-		if err != nil {
-			slog.Warn("vllm-sim: ignoring malformed replay request", "rank", p.rank, "err", err)
+		if len(msg) != 3 || len(msg[1]) != 0 || len(msg[2]) != 8 {
+			slog.Warn("vllm-sim: ignoring malformed replay request", "rank", p.rank, "frames", len(msg))
 			continue
 		}
+		id, start := msg[0], binary.BigEndian.Uint64(msg[2])
 		for _, e := range p.replayFrom(start) {
-			m := kvwire.Message{Topic: []byte(p.topic), Seq: e.seq, Payload: e.payload}
-			_, _ = p.replay.SendMessage(kvwire.ReplayReplyFrames(id, m))
+			_, _ = p.replay.SendMessage(p.replayFrames(id, []byte(p.topic), seqFrame(e.seq), e.payload)...)
 		}
-		_, _ = p.replay.SendMessage(kvwire.ReplayEndFrames(id))
+		_, _ = p.replay.SendMessage(p.replayFrames(id, []byte{}, seqFrame(replayEndSeq), []byte{})...)
 	}
+}
+
+// replayEndSeq is the end marker's sequence number (vLLM's END_SEQ, -1 as 8 bytes).
+const replayEndSeq = ^uint64(0)
+
+func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(make([]byte, 0, 8), seq) }
+
+// replayFrames is one ROUTER reply: identity, the empty delimiter, then topic (unless the
+// topic frame is off), seq and payload.
+func (p *publisher) replayFrames(id, topic, seq, payload []byte) []any {
+	out := []any{id, []byte{}}
+	if p.replayTopic {
+		out = append(out, topic)
+	}
+	return append(out, seq, payload)
 }

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/kvroute/kvroute/router/blockkey"
 )
 
 // genJob is one validated generation request: its prompts and how to run them.
@@ -22,7 +20,7 @@ type genJob struct {
 	n            int
 	stream       bool
 	includeUsage bool
-	ident        blockkey.Identity
+	ident        simIdentity
 	loraID       *int
 	fullMode     bool
 	seed         uint64

@@ -16,6 +16,11 @@ var (
 		"Number of requests in model execution batches.", []string{"model_name", "engine"}, nil)
 	descWaiting = prometheus.NewDesc("vllm:num_requests_waiting",
 		"Number of requests waiting to be processed.", []string{"model_name", "engine"}, nil)
+	// vllm/v1/metrics/loggers.py: "capacity" counts the waiting queue (requests waiting for KV
+	// blocks or a seat), "deferred" the skipped-waiting queue (LoRA budget, KV transfer, blocked
+	// status); the sim defers nothing, so "deferred" stays 0.
+	descWaitingByReason = prometheus.NewDesc("vllm:num_requests_waiting_by_reason",
+		"Number of requests waiting to be processed, by reason.", []string{"model_name", "engine", "reason"}, nil)
 	descUsage = prometheus.NewDesc("vllm:kv_cache_usage_perc",
 		"KV-cache usage. 1 means 100 percent usage.", []string{"model_name", "engine"}, nil)
 	descQueries = prometheus.NewDesc("vllm:prefix_cache_queries_total",
@@ -85,7 +90,7 @@ func newSimMetrics(cfg *Config, reg *prometheus.Registry) *simMetrics {
 }
 
 func (m *simMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descUsage, descQueries, descHits,
+	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descWaitingByReason, descUsage, descQueries, descHits,
 		descPrompt, descGen, descPreempt, descSuccess, descCacheConfig} {
 		ch <- d
 	}
@@ -98,6 +103,8 @@ func (m *simMetrics) Collect(ch chan<- prometheus.Metric) {
 		l := []string{rm.model, rm.engine}
 		ch <- prometheus.MustNewConstMetric(descRunning, g, float64(rm.running), l...)
 		ch <- prometheus.MustNewConstMetric(descWaiting, g, float64(rm.waiting), l...)
+		ch <- prometheus.MustNewConstMetric(descWaitingByReason, g, float64(rm.waiting), rm.model, rm.engine, "capacity")
+		ch <- prometheus.MustNewConstMetric(descWaitingByReason, g, 0, rm.model, rm.engine, "deferred")
 		ch <- prometheus.MustNewConstMetric(descUsage, g, rm.usage, l...)
 		ch <- prometheus.MustNewConstMetric(descQueries, c, float64(rm.stats.prefixQueries), l...)
 		ch <- prometheus.MustNewConstMetric(descHits, c, float64(rm.stats.prefixHits), l...)

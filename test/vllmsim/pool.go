@@ -1,7 +1,5 @@
 package vllmsim
 
-import "github.com/kvroute/kvroute/router/blockkey"
-
 // blockPool is one rank's KV block pool with vLLM's prefix-cache bookkeeping
 // (vllm/v1/core/block_pool.py): block 0 is the reserved null block; free blocks sit in a queue
 // whose head is reused first; a freed block keeps its hash (still a cache hit) and goes to the
@@ -23,7 +21,7 @@ type kvBlock struct {
 	id         int
 	ref        int
 	hash       []byte // full digest while cached, nil otherwise
-	extra      blockkey.Extras
+	extra      []string
 	prev, next *kvBlock
 }
 
@@ -33,7 +31,7 @@ type simEvent struct {
 	hashes    [][]byte // full digests (the wire form keeps the last 8 bytes)
 	parent    []byte   // nil when the run starts at block 0
 	tokens    []uint32
-	extraKeys []blockkey.Extras // one entry per hash, empty for a block without extras (None)
+	extraKeys [][]string // one entry per hash, nil for a block without extras (None)
 	loraID    *int
 	loraName  *string
 	blockSize int

@@ -16,7 +16,7 @@ var errRestarted = errors.New("engine restarted")
 type rank struct {
 	idx    int
 	cfg    *Config
-	hasher *engineHasher
+	hasher *blockHasher
 	pub    *publisher // nil when events are off
 	obs    *rankMetrics
 
@@ -27,6 +27,7 @@ type rank struct {
 	aborts  []*engineRequest
 	stats   rankStats
 	gen     uint64 // process generation, bumped by restart
+	paused  pauseState
 	wake    chan struct{}
 }
 
@@ -38,7 +39,7 @@ type rankStats struct {
 	finished                  uint64
 }
 
-func newRank(idx int, cfg *Config, h *engineHasher, obs *rankMetrics) *rank {
+func newRank(idx int, cfg *Config, h *blockHasher, obs *rankMetrics) *rank {
 	return &rank{idx: idx, cfg: cfg, hasher: h, obs: obs,
 		pool: newBlockPool(cfg.NumGPUBlocks, cfg.BlockSize), wake: make(chan struct{}, 1)}
 }
@@ -96,7 +97,7 @@ func (rk *rank) run(ctx context.Context) {
 	for {
 		rk.mu.Lock()
 		rk.applyAborts()
-		if len(rk.waiting) == 0 && len(rk.running) == 0 {
+		if (len(rk.waiting) == 0 || rk.paused != unpaused) && (len(rk.running) == 0 || rk.paused == pausedAll) {
 			rk.setGauges()
 			evs, gen := rk.pool.takeEvents(), rk.gen
 			rk.mu.Unlock()
@@ -152,9 +153,13 @@ func (rk *rank) publish(ctx context.Context, evs []simEvent, gen uint64) {
 	}
 }
 
-// stepTime is the model time of one step: uncached prefill tokens at the prefill rate, plus one
+// stepTime is the model time of one step under the time scale: the calibrated model
+// (stepmodel.go) or the flat one, uncached prefill tokens at the prefill rate plus one
 // decode-token time when the batch decodes (all running sequences decode together).
 func (rk *rank) stepTime(step []scheduled) time.Duration {
+	if rk.cfg.StepModel != "flat" {
+		return rk.cfg.scaled(calibratedStep.ms(shapeOf(step)) / 1000)
+	}
 	prefill, decode := 0, false
 	for _, s := range step {
 		if s.decode {
@@ -200,7 +205,7 @@ func (rk *rank) schedule() []scheduled {
 		step = append(step, scheduled{r: r, tokens: n, decode: decode})
 		i++
 	}
-	if preempted {
+	if preempted || rk.paused != unpaused {
 		return step
 	}
 	for len(rk.waiting) > 0 && len(rk.running) < rk.cfg.MaxNumSeqs && budget > 0 {

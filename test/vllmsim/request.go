@@ -3,8 +3,6 @@ package vllmsim
 import (
 	"sync"
 	"time"
-
-	"github.com/kvroute/kvroute/router/blockkey"
 )
 
 type reqState int
@@ -23,7 +21,7 @@ type engineRequest struct {
 	output    []uint32
 	maxTokens int
 	seed      uint64 // drives the generated tokens
-	identity  blockkey.Identity
+	identity  simIdentity
 	loraID    *int
 	loraName  *string
 	fullMode  bool // vllm_xargs kv_cache_report_mode "full"
@@ -47,7 +45,7 @@ type engineRequest struct {
 	dnotify chan struct{}
 }
 
-func newEngineRequest(id string, prompt []uint32, maxTokens int, seed uint64, ident blockkey.Identity) *engineRequest {
+func newEngineRequest(id string, prompt []uint32, maxTokens int, seed uint64, ident simIdentity) *engineRequest {
 	r := &engineRequest{id: id, prompt: prompt, maxTokens: maxTokens, seed: seed, identity: ident,
 		cachedTokens: -1, dnotify: make(chan struct{}, 1)}
 	if ident.LoRAName != "" {
@@ -73,12 +71,12 @@ func (r *engineRequest) tokenRange(from, to int) []uint32 {
 }
 
 // extraKeys is block i's extra_keys tuple (LoRA name, cache salt on block 0).
-func (r *engineRequest) extraKeys(i int, blockSize int) blockkey.Extras {
-	return r.identity.BlockExtras(nil, i, blockSize)
+func (r *engineRequest) extraKeys(i int, _ int) []string {
+	return r.identity.blockExtras(i)
 }
 
 // extendHashes hashes every full block not yet hashed (prompt and generated tokens alike).
-func (r *engineRequest) extendHashes(h *engineHasher, blockSize int) error {
+func (r *engineRequest) extendHashes(h *blockHasher, blockSize int) error {
 	for (len(r.blockHashes)+1)*blockSize <= r.numTokens() {
 		i := len(r.blockHashes)
 		var parent []byte

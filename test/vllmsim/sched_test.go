@@ -2,8 +2,6 @@ package vllmsim
 
 import (
 	"testing"
-
-	"github.com/kvroute/kvroute/router/blockkey"
 )
 
 // newTestRank builds a rank to be stepped by hand (no goroutine, no clock).
@@ -15,7 +13,7 @@ func newTestRank(t *testing.T, mut func(*Config)) *rank {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h, err := newEngineHasher(cfg.HashAlgo, cfg.HashSeed)
+	h, err := newBlockHasher(cfg.HashAlgo, cfg.HashSeed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +22,7 @@ func newTestRank(t *testing.T, mut func(*Config)) *rank {
 
 func testRequest(t *testing.T, rk *rank, id string, prompt []uint32, maxTokens int) *engineRequest {
 	t.Helper()
-	r := newEngineRequest(id, prompt, maxTokens, 1, blockkey.Identity{})
+	r := newEngineRequest(id, prompt, maxTokens, 1, simIdentity{})
 	if err := r.extendHashes(rk.hasher, rk.cfg.BlockSize); err != nil {
 		t.Fatal(err)
 	}

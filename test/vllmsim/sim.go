@@ -19,7 +19,7 @@ import (
 // Sim is one simulated vLLM server (all its DP ranks behind one HTTP port).
 type Sim struct {
 	cfg     Config
-	hasher  *engineHasher
+	hasher  *blockHasher
 	reg     *prometheus.Registry
 	metrics *simMetrics
 	ranks   []*rank
@@ -35,6 +35,7 @@ type Sim struct {
 	failMu  sync.Mutex
 	failRNG *rand.Rand
 	nextID  atomic.Uint64
+	sleep   sleepState
 	created int64
 }
 
@@ -44,7 +45,7 @@ func New(cfg Config) (*Sim, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	h, err := newEngineHasher(cfg.HashAlgo, cfg.HashSeed)
+	h, err := newBlockHasher(cfg.HashAlgo, cfg.HashSeed)
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +187,9 @@ func (s *Sim) Handler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/cache", s.handleDebugCache)
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleReset)
+	mux.HandleFunc("POST /sleep", s.handleSleep)
+	mux.HandleFunc("POST /wake_up", s.handleWakeUp)
+	mux.HandleFunc("GET /is_sleeping", s.handleIsSleeping)
 	mux.HandleFunc("POST /debug/restart", s.handleRestart)
 	mux.HandleFunc("POST /debug/events", s.handleDebugEvents)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,90 @@
+package vllmsim
+
+import "fmt"
+
+// The step-time model: how long one scheduler step (one forward pass of vLLM v1's
+// continuous batching, prefill chunks and decodes together) takes, as a function of the batch's
+// shape. Calibrated against published profiling data (testdata/vllmsim/step-time.json: the
+// Splitwise paper's DGX-H100 Llama2-70B measurements, ISCA 2024); TestStepModelMatchesSource
+// reproduces every point within 15 %. README.md ("Timing model") has the formula and a plot.
+//
+//	ms = Base + PerSeq·S + PerKCtx·C/1000
+//	   + [P > 0]·Prefill + PerToken·max(0, P + D − Knee) + PerMAttn·A/10⁶
+//
+// S: sequences in the step; D: decoding sequences; C: their total context (tokens whose KV the
+// decodes read); P: prefill tokens (uncached prompt tokens, chunked under the token budget);
+// A: Σ over prefill chunks [s, e) of e² − s² (attention of each new token over its context).
+// Base and PerSeq/PerKCtx are the memory-bound cost (weights and KV read each step); Knee is
+// where the linear layers turn compute-bound; PerMAttn is prefill attention's quadratic cost.
+
+// stepCoeffs are the model's coefficients, in milliseconds.
+type stepCoeffs struct {
+	Base, PerSeq, PerKCtx, Prefill, PerToken, Knee, PerMAttn float64
+}
+
+// calibratedStep is the least-squares fit (relative error) to the 24 points of
+// testdata/vllmsim/step-time.json; largest error 4.7 %.
+var calibratedStep = stepCoeffs{
+	Base:     36.874,  // ms per step: a decode step of one short sequence
+	PerSeq:   0.404,   // ms per sequence in the step
+	PerKCtx:  0.0634,  // ms per 1000 tokens of decode context
+	Prefill:  13.542,  // ms once when the step carries prefill
+	PerToken: 0.14356, // ms per token above the knee (about 6,970 tokens/s)
+	Knee:     304,     // tokens a step processes at no extra cost (memory-bound)
+	PerMAttn: 2.4143,  // ms per 10⁶ (token × context) of prefill attention
+}
+
+// stepShape is what the model reads from one step.
+type stepShape struct {
+	seqs, decodes int
+	prefill       int     // P
+	decodeCtx     int     // C
+	attn          float64 // A
+}
+
+func (s stepShape) String() string {
+	return fmt.Sprintf("S=%d D=%d P=%d C=%d A=%.0f", s.seqs, s.decodes, s.prefill, s.decodeCtx, s.attn)
+}
+
+// ms is the modelled step time; an empty step costs nothing.
+func (c stepCoeffs) ms(s stepShape) float64 {
+	if s.seqs == 0 {
+		return 0
+	}
+	t := c.Base + c.PerSeq*float64(s.seqs) + c.PerKCtx*float64(s.decodeCtx)/1000 + c.PerMAttn*s.attn/1e6
+	if s.prefill > 0 {
+		t += c.Prefill
+	}
+	return t + c.PerToken*max(0, float64(s.prefill+s.decodes)-c.Knee)
+}
+
+// shapeOf reads a scheduled step: schedule() has already advanced numComputed, so a chunk of n
+// tokens covers [numComputed−n, numComputed) and a decode reads numComputed−1 earlier tokens.
+func shapeOf(step []scheduled) stepShape {
+	var sh stepShape
+	for _, s := range step {
+		sh.seqs++
+		end := s.r.numComputed
+		if s.decode {
+			sh.decodes++
+			sh.decodeCtx += end - 1
+			continue
+		}
+		start := end - s.tokens
+		sh.prefill += s.tokens
+		sh.attn += float64(end)*float64(end) - float64(start)*float64(start)
+	}
+	return sh
+}
+
+// CalibratedStepMs is the calibrated model's time in milliseconds of one step holding one fresh
+// prompt chunk of prefill tokens (0 for none) and decodes sequences of decodeContext tokens each,
+// before any time scale (hack/stepplot draws it).
+func CalibratedStepMs(prefill, decodes, decodeContext int) float64 {
+	sh := stepShape{seqs: decodes, decodes: decodes, prefill: prefill, decodeCtx: decodes * decodeContext,
+		attn: float64(prefill) * float64(prefill)}
+	if prefill > 0 {
+		sh.seqs++
+	}
+	return calibratedStep.ms(sh)
+}
