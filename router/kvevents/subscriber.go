@@ -3,6 +3,7 @@ package kvevents
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"sort"
 	"sync"
@@ -26,8 +27,20 @@ type Options struct {
 	RcvHWM int
 	// ReconnectIvl and ReconnectIvlMax are libzmq's reconnect backoff (100ms doubling to 5s).
 	ReconnectIvl, ReconnectIvlMax time.Duration
-	// ReplayTimeout is the longest wait for each replay reply (2s).
-	ReplayTimeout time.Duration
+	// ReplayTimeout is the longest wait for a replay's first reply (2s); ReplayIdle the longest
+	// pause inside a burst before the rest is taken as dropped and asked for again (500ms).
+	ReplayTimeout, ReplayIdle time.Duration
+	// Ring is how many batches an engine's replay ring holds (10000, vLLM's buffer_steps); the
+	// replay DEALER's receive HWM is sized to it.
+	Ring int
+	// MaxMsgSize is the largest frame the SUB and replay sockets accept (ZMQ_MAXMSGSIZE; 16 MiB).
+	// libzmq drops a connection that brings a bigger one; such a batch is counted (TooLarge)
+	// and skipped.
+	MaxMsgSize int64
+	// QueueBytes bounds each stream's live messages accepted and not applied yet, in bytes
+	// (64 MiB): its queue plus what is held while a replay runs. Past it a message is dropped as
+	// an overflow (a gap, repaired by replay).
+	QueueBytes int64
 	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
 	Ingest IngestOptions
 	// Logger receives what the streams cannot say through counters alone: the first drop of each
@@ -38,15 +51,23 @@ type Options struct {
 	wrapApplier func(*Ingester) batchApplier
 }
 
+// Defaults of Options.
+const (
+	DefaultRing       = 10000    // vLLM's buffer_steps
+	DefaultMaxMsgSize = 16 << 20 // far above a real batch (a few KiB to a few hundred KiB)
+	DefaultQueueBytes = 64 << 20
+)
+
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("kvevents: subscriber closed")
 
 // Subscriber receives the event streams of many engines, from one polling goroutine, and feeds
 // the index. Safe for concurrent use.
 type Subscriber struct {
-	opts Options
-	ctx  *zmq.Context
-	log  *slog.Logger
+	opts    Options
+	ctx     *zmq.Context
+	log     *slog.Logger
+	sumSeed maphash.Seed
 
 	mu      sync.Mutex
 	streams map[StreamKey]*stream
@@ -104,6 +125,18 @@ func New(opts Options) (*Subscriber, error) {
 	if opts.ReplayTimeout <= 0 {
 		opts.ReplayTimeout = 2 * time.Second
 	}
+	if opts.ReplayIdle <= 0 {
+		opts.ReplayIdle = 500 * time.Millisecond
+	}
+	if opts.Ring <= 0 {
+		opts.Ring = DefaultRing
+	}
+	if opts.MaxMsgSize <= 0 {
+		opts.MaxMsgSize = DefaultMaxMsgSize
+	}
+	if opts.QueueBytes <= 0 {
+		opts.QueueBytes = DefaultQueueBytes
+	}
 	ctx, err := zmq.NewContext()
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: zmq context: %w", err)
@@ -112,7 +145,7 @@ func New(opts Options) (*Subscriber, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Subscriber{opts: opts, ctx: ctx, log: log, streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
+	s := &Subscriber{opts: opts, ctx: ctx, log: log, sumSeed: maphash.MakeSeed(), streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
 	addr := fmt.Sprintf("inproc://kvevents-wake-%d", wakeSeq.Add(1))
 	rx, err := ctx.NewSocket(zmq.PAIR)
 	if err == nil {
@@ -220,6 +253,31 @@ func (s *Subscriber) Remove(engine string, rank int) error {
 // count or start time change): the replica's entries are dropped at once and the stream is
 // inexact until the new process's stream is taken from its seq 0 (see the package doc).
 func (s *Subscriber) Restarted(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) {
+		st.c.restarts.Add(1)
+		st.restart()
+		st.havePrev = false
+		st.drainPending()
+	})
+}
+
+// Down tells the stream that its engine's health probe fails: the stream stops counting as
+// exact at once (its blocks stay, scored approximately) and the engine is suspected of
+// restarting until Up proves otherwise.
+func (s *Subscriber) Down(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) { st.setDown() })
+}
+
+// Up tells the stream that its engine answers its health probe again. If batches were applied
+// before the outage, the engine's ring is asked for the last of them: the same bytes mean the
+// same process; anything else is a new process, whose blocks replace the old ones (see the
+// package doc).
+func (s *Subscriber) Up(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) { st.setUp() })
+}
+
+// do runs f on the stream's worker and waits for it.
+func (s *Subscriber) do(engine string, rank int, f func(*stream)) error {
 	s.mu.Lock()
 	st, ok := s.streams[StreamKey{engine, rank}]
 	s.mu.Unlock()
@@ -227,14 +285,12 @@ func (s *Subscriber) Restarted(engine string, rank int) error {
 		return fmt.Errorf("kvevents: no stream %v", StreamKey{engine, rank})
 	}
 	done := make(chan struct{})
-	f := func() {
-		st.c.restarts.Add(1)
-		st.restart()
-		st.havePrev = false
+	g := func() {
+		f(st)
 		close(done)
 	}
 	select {
-	case st.ctl <- f:
+	case st.ctl <- g:
 		<-done
 		return nil
 	case <-st.done:
@@ -250,15 +306,15 @@ func (s *Subscriber) Stats(engine string, rank int) (Stats, bool) {
 	if !ok {
 		return Stats{}, false
 	}
-	return st.c.snapshot(engine, rank), true
+	return st.snapshot(), true
 }
 
 // AllStats returns every stream's snapshot, ordered by engine and rank.
 func (s *Subscriber) AllStats() []Stats {
 	s.mu.Lock()
 	out := make([]Stats, 0, len(s.streams))
-	for k, st := range s.streams {
-		out = append(out, st.c.snapshot(k.Engine, k.Rank))
+	for _, st := range s.streams {
+		out = append(out, st.snapshot())
 	}
 	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
@@ -448,6 +504,7 @@ func (s *Subscriber) newSub() (*zmq.Socket, error) {
 	}
 	_ = soc.SetLinger(0)
 	_ = soc.SetRcvhwm(s.opts.RcvHWM)
+	_ = soc.SetMaxmsgsize(s.opts.MaxMsgSize)
 	_ = soc.SetReconnectIvl(s.opts.ReconnectIvl)
 	_ = soc.SetReconnectIvlMax(s.opts.ReconnectIvlMax)
 	// Everything is subscribed and the topic checked here, so a wrong topic is counted rather

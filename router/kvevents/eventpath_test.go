@@ -1,0 +1,163 @@
+package kvevents
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/router/kvevents/kvtest"
+	"github.com/kvroute/kvroute/router/kvwire"
+)
+
+// engineSim drives one kvtest publisher the way a busy vLLM engine does: every batch stores
+// four new prompts of two 16-token blocks (four BlockStored) and evicts the oldest blocks once
+// more than resident are cached.
+type engineSim struct {
+	t        *testing.T
+	pub      *kvtest.Publisher
+	cache    *kvtest.Cache
+	resident int
+	seed     uint32
+	order    []uint64 // cached hashes, oldest first
+}
+
+func newEngineSim(t *testing.T, pub *kvtest.Publisher, seed uint32, resident int) *engineSim {
+	return &engineSim{t: t, pub: pub, cache: newCache(t), resident: resident, seed: seed << 20}
+}
+
+// batch builds the events of one batch.
+func (e *engineSim) batch() []kvwire.Event {
+	var evs []kvwire.Event
+	for range 4 {
+		e.seed++
+		tk := toks(e.seed, 2*testBS)
+		ev, err := e.cache.Store(tk, 0)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		evs = append(evs, ev)
+		e.order = append(e.order, e.cache.Hashes(tk)...)
+	}
+	for len(e.order) > e.resident {
+		ev, err := e.cache.Evict(e.order[0])
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.order = e.order[1:]
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+func (e *engineSim) publish(n int) {
+	for range n {
+		if _, err := e.pub.Publish(e.batch()...); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// A router started in front of several engines whose rings hold vLLM's default 10,000 batches,
+// served by ROUTER sockets at libzmq's default send HWM of 1,000 (as vLLM leaves it), all
+// replaying at once while live batches keep coming: every replica ends equal to its engine.
+func TestStartUpReplayOfFullRingsAtVLLMDefaults(t *testing.T) {
+	// 9,700 batches before the router, 300 while it replays: the rings end full, not wrapped.
+	replayFullRings(t, 9700, 300, Exact)
+}
+
+// A ring that wrapped before the router asked: approximate (partial), every ring block indexed
+// (the engine's resident blocks were all stored within the ring).
+func TestStartUpReplayOfWrappedRings(t *testing.T) {
+	replayFullRings(t, 10500, 300, Approximate)
+}
+
+func replayFullRings(t *testing.T, before, during int, want StreamState) {
+	const engines, ring = 3, 10000
+	r := newRig(t, Options{})
+	sims := make([]*engineSim, engines)
+	for i := range sims {
+		p := newPub(t, kvtest.Options{Topic: fmt.Sprintf("kv@e%d@m", i), Ring: ring})
+		sims[i] = newEngineSim(t, p, uint32(i+1), 4096)
+		sims[i].publish(before) // before the router: the batches live only in the rings
+	}
+	start := time.Now()
+	for i, e := range sims {
+		cfg := StreamConfig{Engine: fmt.Sprintf("e%d", i), Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint(), Topic: e.pub.Topic()}
+		if err := r.sub.Add(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Live traffic while the rings replay, ~1 ms apart.
+	var wg sync.WaitGroup
+	for _, e := range sims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range during {
+				e.publish(1)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, e := range sims {
+		s := r.waitMirror(fmt.Sprintf("e%d", i), 0, e.cache, want)
+		t.Logf("e%d: %d blocks mirrored %v after start; replays %d, replayed batches %d, gaps %d, overflows %d, uncoverable %d",
+			i, len(e.cache.Resident()), time.Since(start).Round(time.Millisecond), s.Replays, s.ReplayedBatches, s.Gaps, s.Overflows, s.Uncoverable)
+		if s.Gaps != 0 || s.Overflows != 0 {
+			t.Errorf("e%d: %d gaps, %d overflows while replaying; want none (live messages wait for the replay)", i, s.Gaps, s.Overflows)
+		}
+		if s.Resets != 0 || s.Partial != (want == Approximate) {
+			t.Errorf("e%d: %d resets, partial %v; want none, partial %v", i, s.Resets, s.Partial, want == Approximate)
+		}
+	}
+}
+
+// Live messages keep being taken while a replay runs, past the 4,096-message queue, and are
+// applied in order after it: no overflow, no second repair.
+func TestLiveMessagesWaitForASlowReplay(t *testing.T) {
+	r := newRig(t, Options{ReplayTimeout: 5 * time.Second})
+	p := newPub(t, kvtest.Options{Topic: "kv@slow@m", ReplayDelay: 1500 * time.Millisecond})
+	e := newEngineSim(t, p, 9, 4096)
+	e.publish(100)
+	if err := r.sub.Add(StreamConfig{Engine: "e", Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Topic: p.Topic()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitSubscribers(1, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	const live = 6000
+	e.publish(live) // while the engine sits on the replay request
+	if s := r.stats("e", 0); s.State != Replaying || s.Pending == 0 {
+		t.Fatalf("state %v with %d held; want the start-up replay still running, live messages held", s.State, s.Pending)
+	}
+	s := r.waitMirror("e", 0, e.cache, Exact)
+	// Replays past the first are the same repair asking again after a short burst.
+	if s.Overflows != 0 || s.Gaps != 0 {
+		t.Fatalf("%d overflows, %d gaps; want none", s.Overflows, s.Gaps)
+	}
+	if s.QueuedBytes != 0 || s.Pending != 0 {
+		t.Fatalf("%d bytes, %d messages still held", s.QueuedBytes, s.Pending)
+	}
+}
+
+// The byte budget: past QueueBytes a live message is dropped as an overflow, and the gap is
+// repaired from the ring like any other.
+func TestQueueByteBudget(t *testing.T) {
+	r := newRig(t, Options{QueueBytes: 64 << 10, ReplayTimeout: 5 * time.Second})
+	p := newPub(t, kvtest.Options{Topic: "kv@budget@m", ReplayDelay: 500 * time.Millisecond})
+	e := newEngineSim(t, p, 10, 4096)
+	if err := r.sub.Add(StreamConfig{Engine: "e", Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Topic: p.Topic()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitSubscribers(1, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(2000) // ~1.5 KiB each: far past 64 KiB while the start-up replay waits
+	s := r.waitMirror("e", 0, e.cache, Exact)
+	if s.ByteOverflows == 0 || s.Uncoverable != 0 {
+		t.Fatalf("%d byte overflows, %d uncoverable; want some, none", s.ByteOverflows, s.Uncoverable)
+	}
+	t.Logf("byte overflows %d, replays %d", s.ByteOverflows, s.Replays)
+}
