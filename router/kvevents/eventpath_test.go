@@ -161,3 +161,68 @@ func TestQueueByteBudget(t *testing.T) {
 	}
 	t.Logf("byte overflows %d, replays %d", s.ByteOverflows, s.Replays)
 }
+
+// A frame over MaxMsgSize, in the ring and live: libzmq drops the connection on it (SUB and
+// replay DEALER alike); the batch is counted once as too large and skipped, the batches around
+// it are applied, and the stream stays exact.
+func TestOversizeFrameSkippedInRingAndLive(t *testing.T) {
+	r := newRig(t, Options{MaxMsgSize: 1 << 20})
+	p := newPub(t, kvtest.Options{Topic: "kv@big@m"})
+	e := newEngineSim(t, p, 11, 4096)
+	big := make([]byte, 2<<20)
+	e.publish(3)
+	if _, err := p.PublishPayload(big); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(3)
+	r.add("e", p, 0)
+	s := r.waitMirror("e", 0, e.cache, Exact)
+	if s.TooLarge != 1 {
+		t.Fatalf("%d too large after the start-up replay, want 1 (stats %+v)", s.TooLarge, s)
+	}
+	// Live: the SUB's connection drops on the frame and reconnects; the next batch shows the gap.
+	if _, err := p.PublishPayload(big); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitSubscribers(2, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(2)
+	s = r.waitMirror("e", 0, e.cache, Exact)
+	if s.TooLarge != 2 || s.Resets != 0 {
+		t.Fatalf("%d too large, %d resets; want 2, 0 (stats %+v)", s.TooLarge, s.Resets, s)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if s2 := r.stats("e", 0); s2.Replays != s.Replays || s2.TooLarge != 2 {
+		t.Fatalf("replays went on after the skip: %d -> %d", s.Replays, s2.Replays)
+	}
+}
+
+// A replica past its block limit is cleared and the stream made inexact, instead of growing
+// with whatever the publisher sends; an AllBlocksCleared in order heals it as usual.
+func TestBlockLimit(t *testing.T) {
+	r := newRig(t, Options{})
+	p := newPub(t, kvtest.Options{Topic: "kv@cap@m"})
+	cfg := StreamConfig{Engine: "e", Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Topic: p.Topic(), MaxBlocks: 100}
+	if err := r.sub.Add(cfg); err != nil {
+		t.Fatal(err)
+	}
+	r.waitStats("e", 0, "start-up replay", func(s Stats) bool { return s.State != Replaying })
+	if err := p.WaitSubscribers(1, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e := newEngineSim(t, p, 12, 1<<20) // never evicts: a publisher claiming more than the engine holds
+	e.publish(20)                      // 160 blocks
+	s := r.waitStats("e", 0, "over the limit", func(s Stats) bool { return s.OverCap > 0 && s.LastSeq == 19 })
+	if s.State != Inexact {
+		t.Fatalf("state %v, want inexact", s.State)
+	}
+	st, _ := r.ix.Stats(r.id("e", 0))
+	if st.Blocks[0] > 100 {
+		t.Fatalf("%d blocks held past the limit of 100", st.Blocks[0])
+	}
+	publish(t, p, e.cache.Clear())
+	e.order = nil
+	e.publish(2)
+	r.waitMirror("e", 0, e.cache, Exact)
+}

@@ -41,7 +41,7 @@ type counters struct {
 	overflows, gaps, replays, replayFailures, replayedBatches, uncoverable atomic.Uint64
 	duplicates, backwards, restarts, resets                                atomic.Uint64
 	panics, byteOverflows, replayShort, tooLarge, downs, silentRestarts    atomic.Uint64
-	overCap                                                                atomic.Uint64
+	overCap, subReconnects                                                 atomic.Uint64
 	pending                                                                atomic.Int64
 	lastApplied                                                            atomic.Int64 // unix ns
 
@@ -52,7 +52,7 @@ type counters struct {
 type ingestCounters struct {
 	events, blocksStored, blocksRemoved, clears, unknownEvents   atomic.Uint64
 	unknownParent, rekeyErrors, skippedGroups, skippedMedia      atomic.Uint64
-	unknownRemoves, indexErrors, blockSizeMismatches             atomic.Uint64
+	unknownRemoves, indexErrors, blockSizeMismatches, overLimit  atomic.Uint64
 	parityChecked, parityMismatches, paritySkipped, blockSizeSet atomic.Uint64
 }
 
@@ -81,6 +81,7 @@ type Stats struct {
 	QueuedBytes     int64  // bytes of live messages accepted and not yet applied (queue and held during a replay)
 	Pending         int64  // live messages held while a replay runs
 	TooLarge        uint64 // batches over Options.MaxMsgSize (libzmq drops the connection on them; skipped)
+	SubReconnects   uint64 // times the SUB lost its connection and was opened again
 
 	// Sequence.
 	Gaps            uint64    // seq jumps or overflows found
@@ -135,7 +136,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		DecodeErrors: c.decodeErrors.Load(), Overflows: c.overflows.Load(), Panics: c.panics.Load(),
 		ByteOverflows: c.byteOverflows.Load(), Pending: c.pending.Load(), TooLarge: c.tooLarge.Load(),
 		ReplayShort: c.replayShort.Load(), Downs: c.downs.Load(), SilentRestarts: c.silentRestarts.Load(),
-		OverCap: c.overCap.Load(),
+		OverCap: c.overCap.Load(), SubReconnects: c.subReconnects.Load(),
 
 		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(),
 		ReplayedBatches: c.replayedBatches.Load(), Uncoverable: c.uncoverable.Load(),

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"net"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -35,9 +37,17 @@ type StreamConfig struct {
 	// Topic is the topic the engine publishes with (<prefix>@<host>@<model>); messages with any
 	// other topic are counted (TopicMismatches) and dropped.
 	Topic string
+	// MaxBlocks bounds the replica's distinct GPU blocks (0: Options.MaxBlocks): the engine's
+	// num_gpu_blocks with slack (MaxBlocksFor).
+	MaxBlocks int
 	// Ingest overrides Options.Ingest for this stream.
 	Ingest *IngestOptions
 }
+
+// MaxBlocksFor is the replica block limit for an engine with numGPUBlocks blocks: an engine
+// holds at most that many distinct blocks; the slack covers a batch that stores before it
+// removes.
+func MaxBlocksFor(numGPUBlocks int) int { return numGPUBlocks + numGPUBlocks/8 + 256 }
 
 // batchApplier applies decoded batches to the index: the stream's *Ingester, or in tests one
 // that misbehaves.
@@ -340,7 +350,17 @@ func (st *stream) apply(m kvwire.Message) {
 	st.lastSum, st.haveSum = maphash.Bytes(st.sub.sumSeed, m.Payload), true
 	fresh := st.fresh
 	st.fresh = false
+	over := st.c.ingest.overLimit.Load()
 	cleared, ok := st.decodeAndApply(m)
+	if st.c.ingest.overLimit.Load() != over {
+		// More distinct blocks than the engine can hold: the stream does not describe the
+		// engine's cache. Drop the replica's entries rather than grow with the publisher.
+		st.c.overCap.Add(1)
+		st.clearReplica()
+		st.base = Inexact
+		st.logDrop(dropOverLimit, m, errors.New("the replica went past its block limit"))
+		return
+	}
 	if !ok {
 		return
 	}
@@ -566,12 +586,14 @@ type dropKind uint8
 const (
 	dropUndecodable dropKind = iota
 	dropTooLarge
+	dropOverLimit
 	numDropKinds
 )
 
 var dropWhy = [numDropKinds]string{
 	dropUndecodable: "event batch skipped: it does not decode (counted in decode errors; further ones are not logged)",
 	dropTooLarge:    "event batch skipped: it is over the message size limit (counted in too-large; further ones are not logged)",
+	dropOverLimit:   "replica cleared, stream inexact: more blocks than the engine holds (counted in over-cap; further ones are not logged)",
 }
 
 // logDrop logs the first drop of each kind on the stream, with its reason; the counters carry
@@ -626,7 +648,7 @@ func (st *stream) fetch(r *replayRun) {
 	// the reader; the monitor is how this side learns why the burst stopped.
 	monAddr := fmt.Sprintf("inproc://kvevents-replay-mon-%d", monitorSeq.Add(1))
 	var mon *zmq.Socket
-	if err = soc.Monitor(monAddr, zmq.EVENT_DISCONNECTED|zmq.EVENT_CONNECTED); err == nil {
+	if err = soc.Monitor(monAddr, zmq.EVENT_DISCONNECTED); err == nil {
 		if mon, err = st.sub.ctx.NewSocket(zmq.PAIR); err == nil {
 			defer mon.Close()
 			_ = mon.SetLinger(0)
@@ -649,7 +671,6 @@ func (st *stream) fetch(r *replayRun) {
 	poller.Add(soc, zmq.POLLIN)
 	poller.Add(mon, zmq.POLLIN)
 	var buf []kvwire.Message
-	var lostAt time.Time // when the connection dropped mid-exchange
 	wait := o.ReplayTimeout
 	for {
 		// Take what is there, then hand it over before waiting for more.
@@ -691,34 +712,44 @@ func (st *stream) fetch(r *replayRun) {
 			if err != nil {
 				break
 			}
-			switch {
-			case e == zmq.EVENT_DISCONNECTED:
-				lostAt = time.Now()
-			case e == zmq.EVENT_CONNECTED && !lostAt.IsZero():
-				// Reachable again right away: the connection was dropped for a frame, not because
-				// the engine went away.
-				send(replayChunk{last: true, refused: true, err: errors.New("replay connection dropped on an oversize frame")})
-				return
+			if e != zmq.EVENT_DISCONNECTED {
+				continue
 			}
+			// Mid-exchange the DEALER only loses its connection when the engine goes away or
+			// libzmq refuses what came in (a frame over MaxMsgSize). An engine still accepting
+			// connections is the second case.
+			if reachable(st.cfg.ReplayEndpoint) {
+				send(replayChunk{last: true, refused: true, err: errors.New("replay connection dropped on an oversize frame")})
+			} else {
+				fail(errors.New("replay connection lost"))
+			}
+			return
 		}
 		deadline := time.Now().Add(wait)
-		if !lostAt.IsZero() {
-			deadline = lostAt.Add(o.ReconnectIvl + time.Second)
-		}
 		polled, err := pollUntil(poller, deadline, st.stop, r.stop)
 		if err != nil {
 			fail(err)
 			return
 		}
 		if len(polled) == 0 {
-			if !lostAt.IsZero() {
-				fail(errors.New("replay connection lost"))
-			} else {
-				fail(errReplayTimeout)
-			}
+			fail(errReplayTimeout)
 			return
 		}
 	}
+}
+
+// reachable reports whether a tcp:// endpoint accepts a connection now.
+func reachable(endpoint string) bool {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return false
+	}
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 // replayChunkLen is how many replayed batches are handed to the worker at once.

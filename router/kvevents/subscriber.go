@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -41,6 +42,10 @@ type Options struct {
 	// (64 MiB): its queue plus what is held while a replay runs. Past it a message is dropped as
 	// an overflow (a gap, repaired by replay).
 	QueueBytes int64
+	// MaxBlocks bounds each replica's distinct GPU blocks when its StreamConfig gives none
+	// (1<<20); MaxOffloadBlocks its CPU and disk blocks, per tier (1<<21). Past them the replica is
+	// cleared and the stream inexact (OverCap).
+	MaxBlocks, MaxOffloadBlocks int
 	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
 	Ingest IngestOptions
 	// Logger receives what the streams cannot say through counters alone: the first drop of each
@@ -77,6 +82,8 @@ type Subscriber struct {
 	wakeMu sync.Mutex
 	wakeTx *zmq.Socket // callers' end of the inproc PAIR; used under wakeMu
 	done   chan struct{}
+
+	monitors map[*zmq.Socket]*source // the poller's: monitor socket -> its source
 
 	// unroutable counts messages on bound sockets whose topic names no stream.
 	unroutable atomic.Uint64
@@ -136,6 +143,12 @@ func New(opts Options) (*Subscriber, error) {
 	}
 	if opts.QueueBytes <= 0 {
 		opts.QueueBytes = DefaultQueueBytes
+	}
+	if opts.MaxBlocks <= 0 {
+		opts.MaxBlocks = 1 << 20
+	}
+	if opts.MaxOffloadBlocks <= 0 {
+		opts.MaxOffloadBlocks = 1 << 21
 	}
 	ctx, err := zmq.NewContext()
 	if err != nil {
@@ -214,6 +227,15 @@ func (s *Subscriber) Add(cfg StreamConfig) error {
 			st.ing = s.opts.wrapApplier(g)
 		}
 		err = ix.Clear(id)
+	}
+	for t := range index.Tier(index.NumTiers) {
+		lim := s.opts.MaxOffloadBlocks
+		if t == index.GPU {
+			lim = cmp.Or(cfg.MaxBlocks, s.opts.MaxBlocks)
+		}
+		if err == nil {
+			err = ix.SetLimit(id, t, lim)
+		}
 	}
 	if err == nil {
 		st.c.state.Store(int32(Approximate))
@@ -375,7 +397,8 @@ func (s *Subscriber) Close() error {
 // streams named by topic.
 type source struct {
 	soc   *zmq.Socket
-	st    *stream // nil for a bound socket
+	mon   *zmq.Socket // a connected SUB's monitor: its disconnections
+	st    *stream     // nil for a bound socket
 	bound bool
 }
 
@@ -390,11 +413,16 @@ func (s *Subscriber) poll(wake *zmq.Socket) {
 	sources := map[*zmq.Socket]*source{}
 	byStream := map[*stream]*source{}
 	byTopic := map[string]*stream{}
+	monitors := map[*zmq.Socket]*source{}
+	s.monitors = monitors
 	poller := zmq.NewPoller()
 	poller.Add(wake, zmq.POLLIN)
 	closeAll := func() {
-		for soc := range sources {
+		for soc, src := range sources {
 			soc.Close()
+			if src.mon != nil {
+				src.mon.Close()
+			}
 		}
 	}
 	for {
@@ -428,6 +456,10 @@ func (s *Subscriber) poll(wake *zmq.Socket) {
 				}
 				continue
 			}
+			if src := monitors[p.Socket]; src != nil {
+				s.disconnected(src, poller, sources, byStream)
+				continue
+			}
 			src := sources[p.Socket]
 			if src == nil {
 				continue // removed in this round
@@ -454,28 +486,15 @@ func (s *Subscriber) exec(c command, poller *zmq.Poller, sources map[*zmq.Socket
 			byTopic[st.cfg.Topic] = st
 			return cmdReply{}
 		}
-		soc, err := s.newSub()
-		if err == nil {
-			err = soc.Connect(st.cfg.Endpoint)
-			if err != nil {
-				soc.Close()
-			}
+		if err := s.connect(st, poller, sources, byStream); err != nil {
+			return cmdReply{err: err}
 		}
-		if err != nil {
-			return cmdReply{err: fmt.Errorf("connect %s: %w", st.cfg.Endpoint, err)}
-		}
-		src := &source{soc: soc, st: st}
-		sources[soc], byStream[st] = src, src
-		poller.Add(soc, zmq.POLLIN)
 	case cmdRemove:
 		if byTopic[c.st.cfg.Topic] == c.st {
 			delete(byTopic, c.st.cfg.Topic)
 		}
 		if src, ok := byStream[c.st]; ok {
-			_ = poller.RemoveBySocket(src.soc)
-			delete(sources, src.soc)
-			delete(byStream, c.st)
-			src.soc.Close()
+			s.disconnect(src, poller, sources, byStream)
 		}
 	case cmdBind:
 		soc, err := s.newSub()
@@ -495,6 +514,72 @@ func (s *Subscriber) exec(c command, poller *zmq.Poller, sources map[*zmq.Socket
 		return cmdReply{addr: addr}
 	}
 	return cmdReply{}
+}
+
+// connect opens the stream's SUB, with a monitor: libzmq reconnects a SUB by itself after a
+// network error, but not after a protocol error, and a frame over MaxMsgSize is one: the
+// connection is closed for good without a word to the reader.
+func (s *Subscriber) connect(st *stream, poller *zmq.Poller, sources map[*zmq.Socket]*source, byStream map[*stream]*source) error {
+	soc, err := s.newSub()
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", st.cfg.Endpoint, err)
+	}
+	src := &source{soc: soc, st: st}
+	addr := fmt.Sprintf("inproc://kvevents-sub-mon-%d", monitorSeq.Add(1))
+	if err = soc.Monitor(addr, zmq.EVENT_DISCONNECTED); err == nil {
+		if src.mon, err = s.ctx.NewSocket(zmq.PAIR); err == nil {
+			_ = src.mon.SetLinger(0)
+			err = src.mon.Connect(addr)
+		}
+	}
+	if err == nil {
+		err = soc.Connect(st.cfg.Endpoint)
+	}
+	if err != nil {
+		soc.Close()
+		if src.mon != nil {
+			src.mon.Close()
+		}
+		return fmt.Errorf("connect %s: %w", st.cfg.Endpoint, err)
+	}
+	sources[soc], byStream[st] = src, src
+	s.monitors[src.mon] = src
+	poller.Add(soc, zmq.POLLIN)
+	poller.Add(src.mon, zmq.POLLIN)
+	return nil
+}
+
+func (s *Subscriber) disconnect(src *source, poller *zmq.Poller, sources map[*zmq.Socket]*source, byStream map[*stream]*source) {
+	_ = poller.RemoveBySocket(src.soc)
+	_ = poller.RemoveBySocket(src.mon)
+	delete(sources, src.soc)
+	delete(s.monitors, src.mon)
+	delete(byStream, src.st)
+	src.soc.Close()
+	src.mon.Close()
+}
+
+// disconnected handles a SUB that lost its connection: a new SUB replaces it, since after a
+// protocol error libzmq would not reconnect. Whatever was published meanwhile is a gap, found
+// with the next message and repaired by replay.
+func (s *Subscriber) disconnected(src *source, poller *zmq.Poller, sources map[*zmq.Socket]*source, byStream map[*stream]*source) {
+	lost := false
+	for {
+		e, _, _, err := src.mon.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			break
+		}
+		lost = lost || e == zmq.EVENT_DISCONNECTED
+	}
+	if !lost {
+		return
+	}
+	st := src.st
+	st.c.subReconnects.Add(1)
+	s.disconnect(src, poller, sources, byStream)
+	if err := s.connect(st, poller, sources, byStream); err != nil {
+		s.log.Error("event stream lost: its SUB could not be opened again", "engine", st.key.Engine, "rank", st.key.Rank, "err", err)
+	}
 }
 
 func (s *Subscriber) newSub() (*zmq.Socket, error) {
