@@ -226,3 +226,95 @@ func TestBlockLimit(t *testing.T) {
 	e.publish(2)
 	r.waitMirror("e", 0, e.cache, Exact)
 }
+
+// restartRig: an engine that published 30 batches, mirrored exactly, then seen down.
+func restartRig(t *testing.T) (*rig, *kvtest.Publisher, *engineSim) {
+	r := newRig(t, Options{})
+	p := newPub(t, kvtest.Options{Topic: "kv@restart@m"})
+	r.add("e", p, 0)
+	old := newEngineSim(t, p, 20, 4096)
+	old.publish(30)
+	r.waitMirror("e", 0, old.cache, Exact)
+	if err := r.sub.Down("e", 0); err != nil {
+		t.Fatal(err)
+	}
+	// Seen down: not exact at once, the blocks kept (scored approximately meanwhile).
+	if s := r.stats("e", 0); s.State == Exact {
+		t.Fatalf("state %v after Down, want not exact", s.State)
+	}
+	if d := kvtest.Diff(r.ix, r.id("e", 0), old.cache.Resident()); d != "" {
+		t.Fatalf("Down changed the index: %s", d)
+	}
+	return r, p, old
+}
+
+// A new process that published past the old one's last seq while the SUB was away (the
+// "jump" case): its next live batch shows the jump after the outage, which is a restart.
+func TestRestartSeenAsSeqJumpAfterOutage(t *testing.T) {
+	r, p, _ := restartRig(t)
+	p.Restart()
+	neu := newEngineSim(t, p, 21, 4096)
+	for range 50 { // lost while the SUB reconnected
+		if _, err := p.PublishLost(neu.batch()...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now()
+	neu.publish(1) // seq 50 > the old process's next (30)
+	// Still seen down: the index already holds the new process's blocks, not counted exact.
+	s := r.waitMirror("e", 0, neu.cache, Inexact)
+	t.Logf("jump: new process mirrored %v after its first live batch", time.Since(t0).Round(time.Millisecond))
+	if s.SilentRestarts != 1 {
+		t.Fatalf("%d silent restarts, want 1", s.SilentRestarts)
+	}
+	if err := r.sub.Up("e", 0); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.waitMirror("e", 0, neu.cache, Exact); s.SilentRestarts != 1 {
+		t.Fatalf("%d silent restarts after Up, want still 1", s.SilentRestarts)
+	}
+}
+
+// A new process that publishes nothing live after its return: Up asks the ring for the last
+// applied batch, finds other bytes (or none), and takes the new ring from seq 0.
+func TestRestartFoundByIdentityCheckOnReturn(t *testing.T) {
+	for _, n := range []int{10, 400} { // fewer batches than the old process (seq would go back), more (it would jump)
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			r, p, _ := restartRig(t)
+			p.Restart()
+			neu := newEngineSim(t, p, 22, 4096)
+			for range n {
+				if _, err := p.PublishLost(neu.batch()...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t0 := time.Now()
+			if err := r.sub.Up("e", 0); err != nil {
+				t.Fatal(err)
+			}
+			s := r.waitMirror("e", 0, neu.cache, Exact)
+			t.Logf("identity check: new process mirrored %v after Up", time.Since(t0).Round(time.Millisecond))
+			if s.SilentRestarts != 1 {
+				t.Fatalf("%d silent restarts, want 1", s.SilentRestarts)
+			}
+		})
+	}
+}
+
+// The same process after an outage: the identity check passes, what it published meanwhile is
+// replayed, and nothing is cleared.
+func TestSameProcessAfterOutageKeepsItsBlocks(t *testing.T) {
+	r, p, old := restartRig(t)
+	for range 5 {
+		if _, err := p.PublishLost(old.batch()...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.sub.Up("e", 0); err != nil {
+		t.Fatal(err)
+	}
+	s := r.waitMirror("e", 0, old.cache, Exact)
+	if s.SilentRestarts != 0 || s.Resets != 0 {
+		t.Fatalf("%d silent restarts, %d resets; want none", s.SilentRestarts, s.Resets)
+	}
+}
