@@ -41,7 +41,7 @@ type counters struct {
 	overflows, gaps, replays, replayFailures, replayedBatches, uncoverable atomic.Uint64
 	duplicates, backwards, restarts, resets                                atomic.Uint64
 	panics, byteOverflows, replayShort, tooLarge, downs, silentRestarts    atomic.Uint64
-	overCap, subReconnects                                                 atomic.Uint64
+	overCap, subReconnects, staleMarks                                     atomic.Uint64
 	pending                                                                atomic.Int64
 	lastApplied                                                            atomic.Int64 // unix ns
 
@@ -95,7 +95,8 @@ type Stats struct {
 	Restarts        uint64    // Restarted calls
 	Downs           uint64    // times the engine's health probe was seen failing (Subscriber.Down)
 	SilentRestarts  uint64    // new engine processes found without a backwards seq: a seq jump after an outage, or the last applied batch missing from the ring
-	OverCap         uint64    // times the replica went past its block cap (cleared, stream inexact)
+	OverCap         uint64    // times the replica went past its block limit (cleared, stream inexact)
+	StaleMarks      uint64    // times the engine served requests with no events coming (Subscriber.Stale)
 	LastApplied     time.Time // when the last batch was applied (zero: none)
 	Resets          uint64    // times the replica's entries were cleared because the stream became inexact
 
@@ -136,7 +137,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		DecodeErrors: c.decodeErrors.Load(), Overflows: c.overflows.Load(), Panics: c.panics.Load(),
 		ByteOverflows: c.byteOverflows.Load(), Pending: c.pending.Load(), TooLarge: c.tooLarge.Load(),
 		ReplayShort: c.replayShort.Load(), Downs: c.downs.Load(), SilentRestarts: c.silentRestarts.Load(),
-		OverCap: c.overCap.Load(), SubReconnects: c.subReconnects.Load(),
+		OverCap: c.overCap.Load(), SubReconnects: c.subReconnects.Load(), StaleMarks: c.staleMarks.Load(),
 
 		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(),
 		ReplayedBatches: c.replayedBatches.Load(), Uncoverable: c.uncoverable.Load(),

@@ -94,6 +94,7 @@ type stream struct {
 	fails       int
 
 	down    bool   // the engine's health probe fails: not exact meanwhile
+	stale   bool   // the engine serves requests but publishes nothing (Subscriber.Stale)
 	suspect bool   // the engine was unreachable since the last batch known to be its process's
 	lastSum uint64 // maphash of the last applied batch's payload, to recognise the process
 	haveSum bool
@@ -146,7 +147,7 @@ func (st *stream) snapshot() Stats {
 func (st *stream) setState() {
 	s := st.base
 	switch {
-	case st.down:
+	case st.down || st.stale:
 		s = Inexact
 	case st.rep != nil:
 		s = Replaying
@@ -343,7 +344,7 @@ func (st *stream) uncoverable() {
 // apply decodes and applies the batch with seq st.next.
 func (st *stream) apply(m kvwire.Message) {
 	st.next = m.Seq + 1
-	st.fails = 0
+	st.fails, st.stale = 0, false
 	st.c.lastSeq.Store(m.Seq)
 	st.c.haveSeq.Store(true)
 	st.c.lastApplied.Store(time.Now().UnixNano())

@@ -272,14 +272,20 @@ func (s *Subscriber) Remove(engine string, rank int) error {
 }
 
 // Restarted tells the stream that its engine process restarted (discovery saw the pod's restart
-// count or start time change): the replica's entries are dropped at once and the stream is
-// inexact until the new process's stream is taken from its seq 0 (see the package doc).
+// count or start time change): the replica's entries are dropped at once, and the new process's
+// ring is replayed from seq 0 (see the package doc).
 func (s *Subscriber) Restarted(engine string, rank int) error {
 	return s.do(engine, rank, func(st *stream) {
 		st.c.restarts.Add(1)
 		st.restart()
 		st.havePrev = false
-		st.drainPending()
+		// The new process may have published already (its first batches even applied, seen as
+		// a seq going back): take its ring from seq 0 now rather than wait for a next batch.
+		if st.cfg.ReplayEndpoint != "" {
+			st.startReplay(0, false)
+		} else {
+			st.drainPending()
+		}
 	})
 }
 
@@ -296,6 +302,19 @@ func (s *Subscriber) Down(engine string, rank int) error {
 // package doc).
 func (s *Subscriber) Up(engine string, rank int) error {
 	return s.do(engine, rank, func(st *stream) { st.setUp() })
+}
+
+// Stale tells the stream that its engine keeps serving requests that should have produced
+// events, and none came: the publisher stalled or died. The stream is not exact until its next
+// batch is applied in order (its blocks stay, scored approximately: a stalled publisher that
+// resumes brings the index back without a repair).
+func (s *Subscriber) Stale(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) {
+		if !st.stale {
+			st.c.staleMarks.Add(1)
+		}
+		st.stale = true
+	})
 }
 
 // do runs f on the stream's worker and waits for it.

@@ -47,6 +47,8 @@ type replica struct {
 	responses, withUsage, noUsage      atomic.Uint64
 	promptTok, predictedTok, actualTok atomic.Uint64
 	absErrTok                          atomic.Uint64
+
+	quiet atomic.Int64 // requests served in a row with no event applied for staleAfter
 }
 
 // engineTable is the router's view of the fleet, swapped under mu.
