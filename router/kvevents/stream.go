@@ -66,6 +66,7 @@ type stream struct {
 	c     counters
 	queue chan kvwire.Message
 	kick  chan struct{} // poller -> worker: a message was dropped on overflow
+	lost  chan struct{} // poller -> worker: the SUB lost its connection and was opened again
 	ctl   chan func()
 	stop  chan struct{}
 	done  chan struct{}
@@ -108,6 +109,7 @@ type stream struct {
 type replayRun struct {
 	from   uint64
 	verify bool // an identity check after an outage: the first batch must be the last applied one
+	resync bool // asked after the SUB reconnected, not for a known gap
 	out    chan replayChunk
 	stop   chan struct{} // worker -> goroutine: the rest is not wanted
 	done   chan struct{}
@@ -212,6 +214,8 @@ func (st *stream) run() {
 			st.take(m)
 		case <-st.kick:
 			st.kicked()
+		case <-st.lost:
+			st.resync()
 		case c := <-out:
 			st.onChunk(c)
 		}
@@ -294,6 +298,17 @@ func (st *stream) kicked() {
 	if st.rep == nil {
 		st.reach()
 	}
+}
+
+// resync asks the ring for what followed the last applied batch after the SUB lost its
+// connection: messages published meanwhile are gone, and if the engine publishes nothing more,
+// no later seq would show the gap. A replay already running covers it.
+func (st *stream) resync() {
+	if st.rep != nil || st.cfg.ReplayEndpoint == "" || !st.haveSum {
+		return
+	}
+	st.startReplay(st.next, false)
+	st.rep.resync = true
 }
 
 // reach makes sure every seq below mustReach was seen: repaired by replay, else uncoverable.
@@ -492,7 +507,7 @@ func (st *stream) finish(r *replayRun, c replayChunk) {
 	if c.err != nil {
 		st.c.replayFailures.Add(1)
 	}
-	if !r.progress {
+	if !r.progress && !r.resync {
 		if st.failFrom == r.from && st.fails > 0 {
 			st.fails++
 		} else {

@@ -217,7 +217,7 @@ func (s *Subscriber) Add(cfg StreamConfig) error {
 	st := &stream{
 		key: key, cfg: cfg, id: id, ix: ix, sub: s,
 		queue: make(chan kvwire.Message, s.opts.QueueLen),
-		kick:  make(chan struct{}, 1), ctl: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
+		kick:  make(chan struct{}, 1), lost: make(chan struct{}, 1), ctl: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
 		dec: kvwire.NewDecoder(),
 	}
 	var g *Ingester
@@ -598,6 +598,10 @@ func (s *Subscriber) disconnected(src *source, poller *zmq.Poller, sources map[*
 	s.disconnect(src, poller, sources, byStream)
 	if err := s.connect(st, poller, sources, byStream); err != nil {
 		s.log.Error("event stream lost: its SUB could not be opened again", "engine", st.key.Engine, "rank", st.key.Rank, "err", err)
+	}
+	select {
+	case st.lost <- struct{}{}:
+	default:
 	}
 }
 

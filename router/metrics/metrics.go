@@ -103,6 +103,8 @@ type Stream struct {
 	WarmupCredit                                  float64
 	ParityMismatches, BlockSizeMismatch, Overflow float64
 	DecodeErrors, Panics                          float64
+	TooLarge, OverCap, SilentRestarts             float64
+	QueuedBytes                                   float64
 }
 
 // StateCollector reads stream, index and engine state at scrape time.
@@ -140,6 +142,10 @@ func NewStateCollector(streams func() []Stream, keys func() float64, side func()
 			"overflows":            d("stream_overflows_total", "Messages dropped on the router's queue (healed by replay)."),
 			"decode_errors":        d("stream_decode_errors_total", "Event batches that did not decode or failed the wire checks (skipped)."),
 			"panics":               d("stream_panics_total", "Event batches whose decoding or applying panicked (recovered, skipped)."),
+			"too_large":            d("stream_too_large_total", "Event batches over the message size limit (skipped)."),
+			"over_cap":             d("stream_over_limit_total", "Times the replica went past its block limit (cleared, stream inexact)."),
+			"silent_restarts":      d("stream_silent_restarts_total", "Engine restarts found by a seq jump after an outage or the identity check on return."),
+			"queued_bytes":         d("stream_queued_bytes", "Bytes of live messages accepted and not yet applied."),
 		},
 		states: prometheus.NewDesc(ns+"_stream_state", "1 for the stream's current state.", []string{"engine", "rank", "state"}, nil),
 		keys:   prometheus.NewDesc(ns+"_index_entries", "Distinct router keys in the exact index.", nil, nil),
@@ -180,6 +186,10 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		emit("overflows", ctr, s.Overflow)
 		emit("decode_errors", ctr, s.DecodeErrors)
 		emit("panics", ctr, s.Panics)
+		emit("too_large", ctr, s.TooLarge)
+		emit("over_cap", ctr, s.OverCap)
+		emit("silent_restarts", ctr, s.SilentRestarts)
+		emit("queued_bytes", g, s.QueuedBytes)
 		for _, st := range streamStates {
 			ch <- prometheus.MustNewConstMetric(c.states, g, b2f(st == s.State), s.Engine, s.Rank, st)
 		}

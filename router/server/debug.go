@@ -218,6 +218,8 @@ func (s *Server) streamMetrics() []metrics.Stream {
 				m.Events, m.Received = float64(st.Events), float64(st.Received)
 				m.ParityMismatches, m.BlockSizeMismatch, m.Overflow = float64(st.ParityMismatches), float64(st.BlockSizeMismatches), float64(st.Overflows)
 				m.DecodeErrors, m.Panics = float64(st.DecodeErrors), float64(st.Panics)
+				m.TooLarge, m.OverCap, m.SilentRestarts = float64(st.TooLarge), float64(st.OverCap), float64(st.SilentRestarts)
+				m.QueuedBytes = float64(st.QueuedBytes)
 			}
 		}
 		out = append(out, m)
