@@ -28,7 +28,9 @@ type Options struct {
 	RcvHWM int
 	// ReconnectIvl and ReconnectIvlMax are libzmq's reconnect backoff (100ms doubling to 5s).
 	ReconnectIvl, ReconnectIvlMax time.Duration
-	// ReplayTimeout is the longest wait for a replay's first reply (2s); ReplayIdle the longest
+	// ReplayTimeout is the longest wait for a replay's first reply (5s: an engine's publisher
+	// thread answers between its sends, and a loaded one, or one still pushing a previous burst
+	// of large frames, takes seconds); ReplayIdle the longest
 	// pause inside a burst before the rest is taken as dropped and asked for again (500ms).
 	ReplayTimeout, ReplayIdle time.Duration
 	// Ring is how many batches an engine's replay ring holds (10000, vLLM's buffer_steps); the
@@ -130,7 +132,7 @@ func New(opts Options) (*Subscriber, error) {
 		opts.ReconnectIvlMax = 5 * time.Second
 	}
 	if opts.ReplayTimeout <= 0 {
-		opts.ReplayTimeout = 2 * time.Second
+		opts.ReplayTimeout = 5 * time.Second
 	}
 	if opts.ReplayIdle <= 0 {
 		opts.ReplayIdle = 500 * time.Millisecond
