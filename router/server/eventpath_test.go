@@ -1,10 +1,12 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,5 +159,29 @@ func TestKubernetesEngineRestart(t *testing.T) {
 			eventually(t, "the new process mirrored", func() bool { return mirrors(rt, "pod", sim) && streamState(rt, "pod") == "exact" })
 			t.Logf("new process mirrored %v after discovery reported it", time.Since(t0).Round(time.Millisecond))
 		})
+	}
+}
+
+func TestParseGPUBlocks(t *testing.T) {
+	body := `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="27391",prefix_caching_hash_algo="sha256"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+`
+	if n := parseGPUBlocks(strings.NewReader(body)); n != 27391 {
+		t.Fatalf("got %d, want 27391", n)
+	}
+	if n := parseGPUBlocks(strings.NewReader(`vllm:cache_config_info{num_gpu_blocks="None"} 1.0`)); n != 0 {
+		t.Fatalf("got %d for None, want 0", n)
+	}
+}
+
+// The limit from the engine's num_gpu_blocks reaches the stream: vllm-sim's 4,096 blocks.
+func TestReplicaLimitFromEngineMetrics(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e", sim)}), nil)
+	rt.waitStreams(t, "exact")
+	if n := rt.s.gpuBlocks(context.Background(), sim.URL()); n != sim.Config().NumGPUBlocks {
+		t.Fatalf("num_gpu_blocks %d, want %d", n, sim.Config().NumGPUBlocks)
 	}
 }
