@@ -384,3 +384,27 @@ func TestPoisonOversizeAndMemory(t *testing.T) {
 	}
 	r.alive()
 }
+
+// Oversize and poison frames into an exact stream, live: each is counted and skipped, the
+// batches around them applied, the stream stays exact (nothing is cleared).
+func TestOversizeAndPoisonLive(t *testing.T) {
+	e := newEngine(t, "e", 12, 10000)
+	e.publish(20, false)
+	r := startFor(t, e)
+	r.converged(e, "exact", time.Now(), 10*time.Second)
+	t0 := time.Now()
+	if _, err := e.pub.PublishPayload(make([]byte, 64<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pub.PublishPayload(kvtest.OversizedBlockSizeBatch()); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(3, false)
+	r.waitMetric(20*time.Second, "oversize frame counted", func(v float64) bool { return v == 1 },
+		"kvroute_router_stream_too_large_total", e.labels()...)
+	took := r.converged(e, "exact", t0, 20*time.Second)
+	if v, _ := r.metric("kvroute_router_stream_resets_total", e.labels()...); v != 0 {
+		t.Fatalf("%v resets, want none", v)
+	}
+	t.Logf("MEASURE 64 MiB frame and poison batch live: skipped, exact and equal %v after the frame", took.Round(time.Millisecond))
+}
