@@ -320,3 +320,27 @@ func TestSameProcessAfterOutageKeepsItsBlocks(t *testing.T) {
 		t.Fatalf("%d silent restarts, %d resets; want none", s.SilentRestarts, s.Resets)
 	}
 }
+
+// Stale (the engine serves but publishes nothing): not exact, blocks kept; the publisher's next
+// batch in order makes it exact again without a repair.
+func TestStaleUntilTheNextBatch(t *testing.T) {
+	r := newRig(t, Options{})
+	p := newPub(t, kvtest.Options{Topic: "kv@stale@m"})
+	r.add("e", p, 0)
+	e := newEngineSim(t, p, 30, 4096)
+	e.publish(5)
+	r.waitMirror("e", 0, e.cache, Exact)
+	if err := r.sub.Stale("e", 0); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.stats("e", 0); s.State != Inexact || s.StaleMarks != 1 {
+		t.Fatalf("state %v, %d stale marks; want inexact, 1", s.State, s.StaleMarks)
+	}
+	if d := kvtest.Diff(r.ix, r.id("e", 0), e.cache.Resident()); d != "" {
+		t.Fatalf("Stale changed the index: %s", d)
+	}
+	e.publish(1)
+	if s := r.waitMirror("e", 0, e.cache, Exact); s.Replays != 1 || s.Resets != 0 {
+		t.Fatalf("%d replays, %d resets; want the start-up replay only, none", s.Replays, s.Resets)
+	}
+}
