@@ -690,7 +690,7 @@ func (st *stream) fetch(r *replayRun) {
 	wait := o.ReplayTimeout
 	for {
 		// Take what is there, then hand it over before waiting for more.
-		for len(buf) < replayChunkLen {
+		for bufBytes := 0; len(buf) < replayChunkLen && bufBytes < replayChunkBytes; {
 			frames, err := soc.RecvMessageBytes(zmq.DONTWAIT)
 			if err != nil {
 				break
@@ -712,6 +712,7 @@ func (st *stream) fetch(r *replayRun) {
 				continue
 			}
 			buf = append(buf, m)
+			bufBytes += len(m.Payload)
 			// Within a burst the next batch follows at once; a pause this long means the rest
 			// (or the end marker) was dropped.
 			wait = min(o.ReplayTimeout, o.ReplayIdle)
@@ -768,8 +769,12 @@ func reachable(endpoint string) bool {
 	return true
 }
 
-// replayChunkLen is how many replayed batches are handed to the worker at once.
-const replayChunkLen = 256
+// replayChunkLen and replayChunkBytes bound what is handed to the worker at once, so the replayed
+// batches waiting in Go memory stay a few chunks whatever the engine's batch sizes.
+const (
+	replayChunkLen   = 256
+	replayChunkBytes = 1 << 20
+)
 
 // pollUntil polls in short slices so a stream being stopped does not wait out a replay timeout.
 func pollUntil(p *zmq.Poller, deadline time.Time, stops ...<-chan struct{}) ([]zmq.Polled, error) {
