@@ -51,7 +51,7 @@ test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief 
 
 .PHONY: chaos
 chaos: ## The fault suite (test/chaos): real kvrouter processes against real ZMQ publishers and rings, faults injected.
-	$(GO) test -count=1 -timeout 30m -v ./test/chaos/
+	KVROUTE_CHAOS_FULL=1 $(GO) test -count=1 -timeout 30m -v ./test/chaos/
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default here 5s; e.g. make fuzz FUZZTIME=5m).

@@ -29,6 +29,8 @@ var (
 	ErrLengthMismatch = errors.New("index: engine hashes and keys differ in length")
 	// ErrTooManyReplicas is returned by AddReplica when MaxReplicas are registered.
 	ErrTooManyReplicas = errors.New("index: too many replicas")
+	// ErrFull is returned when a store goes past the replica's SetLimit.
+	ErrFull = errors.New("index: replica over its block limit")
 )
 
 // Options configure an Index.
@@ -71,6 +73,8 @@ type replica struct {
 	extra   [NumTiers]map[uint64]uint32
 	gen     uint64
 	updated time.Time
+	// limit: per tier, the most distinct blocks held (0: no limit); see SetLimit.
+	limit [NumTiers]int
 }
 
 // New returns an empty Index.
@@ -204,10 +208,13 @@ func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tie
 		m = make(map[uint64]blockkey.Key, len(hashes))
 		r.hashes[t] = m
 	}
+	refused := 0
 	for i, h := range hashes {
 		k := keys[i]
 		old, ok := m[h]
 		switch {
+		case !ok && r.limit[t] > 0 && len(m) >= r.limit[t]:
+			refused++
 		case !ok:
 			m[h] = k
 			g.set(k, bit, t)
@@ -229,6 +236,28 @@ func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tie
 	}
 	r.gen += uint64(len(hashes))
 	r.updated = now
+	if refused > 0 {
+		return fmt.Errorf("%w: %d of %d blocks refused on %s", ErrFull, refused, len(hashes), t)
+	}
+	return nil
+}
+
+// SetLimit bounds how many distinct blocks the replica may hold on tier t (0: no bound). A
+// Store or StoreNew past it records what fits and returns ErrFull: the index then no longer
+// mirrors the engine, which the caller handles (the event stream clears the replica). An engine
+// cannot hold more distinct blocks than it has, so the bound is its block count with slack;
+// what it stops is a publisher sending more than that.
+func (ix *Index) SetLimit(id ReplicaID, t Tier, n int) error {
+	if !t.valid() {
+		return fmt.Errorf("%w: %d", ErrBadTier, t)
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	r, err := ix.rep(id)
+	if err != nil {
+		return err
+	}
+	r.limit[t] = max(n, 0)
 	return nil
 }
 

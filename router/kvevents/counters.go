@@ -8,6 +8,8 @@ type Counter struct {
 	Key    string
 	Help   string
 	Value  uint64
+	// Gauge: a level that goes up and down (bytes held, messages pending), not a count.
+	Gauge bool
 }
 
 // counterSpec is one row of the table every exporter reads. TestEveryStatsCounterIsExported
@@ -16,6 +18,9 @@ type counterSpec struct {
 	field, metric, key, help string
 	get                      func(*Stats) uint64
 }
+
+// gaugeFields are the rows that are levels, not counts.
+var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true}
 
 // counterTable lists every counter of Stats. Metric names that dashboards and alerts already
 // use are kept as they were (stream_gaps_total, parity_mismatches_total, ...); the rest are
@@ -28,6 +33,11 @@ var counterTable = []counterSpec{
 	{"DecodeErrors", "stream_decode_errors_total", "decode_errors", "Event batches that did not decode or failed the wire checks (skipped).", func(s *Stats) uint64 { return s.DecodeErrors }},
 	{"Panics", "stream_panics_total", "panics", "Event batches whose decoding or applying panicked (recovered, skipped).", func(s *Stats) uint64 { return s.Panics }},
 	{"Overflows", "stream_overflows_total", "overflows", "Messages dropped on the router's queue (healed by replay).", func(s *Stats) uint64 { return s.Overflows }},
+	{"ByteOverflows", "stream_byte_overflows_total", "byte_overflows", "Of the overflows, messages dropped because the queue held its byte budget.", func(s *Stats) uint64 { return s.ByteOverflows }},
+	{"QueuedBytes", "stream_queued_bytes", "queued_bytes", "Bytes of live messages accepted and not yet applied (queue and held during a replay).", func(s *Stats) uint64 { return uint64(max(s.QueuedBytes, 0)) }},
+	{"Pending", "stream_pending_messages", "pending", "Live messages held while a replay runs.", func(s *Stats) uint64 { return uint64(max(s.Pending, 0)) }},
+	{"TooLarge", "stream_too_large_total", "too_large", "Event batches over the message size limit (skipped).", func(s *Stats) uint64 { return s.TooLarge }},
+	{"SubReconnects", "stream_sub_reconnects_total", "sub_reconnects", "Times the SUB socket lost its connection (e.g. on an oversize frame) and was opened again.", func(s *Stats) uint64 { return s.SubReconnects }},
 	{"Gaps", "stream_gaps_total", "gaps", "Sequence gaps (and queue overflows) seen.", func(s *Stats) uint64 { return s.Gaps }},
 	{"Replays", "stream_replays_total", "replays", "Replays requested.", func(s *Stats) uint64 { return s.Replays }},
 	{"ReplayFailures", "stream_replay_failures_total", "replay_failures", "Replays that failed (no replay socket, timeout, bad reply).", func(s *Stats) uint64 { return s.ReplayFailures }},
@@ -35,6 +45,11 @@ var counterTable = []counterSpec{
 	{"Uncoverable", "stream_uncoverable_gaps_total", "uncoverable", "Gaps the engine's replay ring no longer covered.", func(s *Stats) uint64 { return s.Uncoverable }},
 	{"Duplicates", "stream_duplicates_total", "duplicates", "Batches seen again (replay overlap) and skipped.", func(s *Stats) uint64 { return s.Duplicates }},
 	{"Backwards", "stream_backwards_total", "backwards", "Sequence decreases (engine restarts seen on the wire).", func(s *Stats) uint64 { return s.Backwards }},
+	{"ReplayShort", "stream_replay_short_total", "replay_short", "Replay bursts that came back with a hole (the engine's ROUTER dropped at its HWM) and were asked for again.", func(s *Stats) uint64 { return s.ReplayShort }},
+	{"Downs", "stream_downs_total", "downs", "Times the engine's health probe was seen failing (stream taken out of exact).", func(s *Stats) uint64 { return s.Downs }},
+	{"SilentRestarts", "stream_silent_restarts_total", "silent_restarts", "Engine restarts found by a seq jump after an outage or the identity check on return.", func(s *Stats) uint64 { return s.SilentRestarts }},
+	{"OverCap", "stream_over_limit_total", "over_limit", "Times the replica went past its block limit (cleared, stream inexact).", func(s *Stats) uint64 { return s.OverCap }},
+	{"StaleMarks", "stream_stale_marks_total", "stale_marks", "Times the engine served requests with no events coming (stream taken out of exact).", func(s *Stats) uint64 { return s.StaleMarks }},
 	{"Restarts", "stream_restarts_total", "restarts", "Engine restarts reported by discovery.", func(s *Stats) uint64 { return s.Restarts }},
 	{"Resets", "stream_resets_total", "resets", "Times the replica's entries were dropped (stream inexact).", func(s *Stats) uint64 { return s.Resets }},
 	{"Events", "stream_events_total", "events", "Events applied.", func(s *Stats) uint64 { return s.Events }},
@@ -58,7 +73,7 @@ var counterTable = []counterSpec{
 func CounterSpecs() []Counter {
 	out := make([]Counter, len(counterTable))
 	for i, c := range counterTable {
-		out[i] = Counter{Field: c.field, Metric: c.metric, Key: c.key, Help: c.help}
+		out[i] = Counter{Field: c.field, Metric: c.metric, Key: c.key, Help: c.help, Gauge: gaugeFields[c.field]}
 	}
 	return out
 }

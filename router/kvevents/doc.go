@@ -10,8 +10,50 @@
 // timeout to notice them. The poller only parses the frames (topic, seq), checks the topic and
 // hands the message to the stream's bounded queue; a worker goroutine per stream decodes, keeps the
 // sequence and applies to the index, so a slow stream never delays the others' receive path.
-// Replays run on the stream's worker, on a DEALER that lives only for the replay.
-// libzmq reconnects a SUB by itself (ReconnectIvl, doubling up to ReconnectIvlMax).
+//
+// A replay runs on a goroutine of its own, on a DEALER that lives only for the exchange, and
+// hands what arrives to the worker in chunks; meanwhile the worker keeps taking live messages and
+// holds them, in order, to apply after the replay (Replaying). vLLM answers a replay request with
+// its whole ring from the asked seq in one burst through a ROUTER at libzmq's default send HWM of
+// 1,000 (vllm/distributed/kv_events.py), and a ROUTER drops what does not fit: the DEALER's
+// receive HWM is sized to the ring (Options.Ring), and a burst that comes back with a hole is
+// asked for again from the first missing seq, until the ring is read or an exchange brings
+// nothing new.
+//
+// libzmq reconnects a SUB by itself (ReconnectIvl, doubling up to ReconnectIvlMax) after a
+// network error, but not after a protocol error; a monitor on each SUB sees the disconnection and
+// a new SUB replaces it, followed by a replay from the last applied seq.
+//
+// # Bounds
+//
+//   - Message size: ZMQ_MAXMSGSIZE (Options.MaxMsgSize, 16 MiB) on the SUB and the replay DEALER.
+//     libzmq closes a connection that brings a bigger frame, without a word to the reader: the SUB
+//     is reopened (above) and the gap replayed; the replay DEALER's connection drops at the same
+//     batch while the engine still accepts connections, so that batch is counted (TooLarge) and
+//     skipped like one that does not decode, and the replay goes on after it.
+//   - Queue: each stream's live messages accepted and not yet applied, queued or held during a
+//     replay, are bounded in messages (QueueLen) and bytes (QueueBytes, 64 MiB); past either a
+//     message is dropped as an overflow, a gap repaired by replay.
+//   - Index: each replica holds at most MaxBlocks distinct GPU blocks (StreamConfig.MaxBlocks:
+//     the engine's num_gpu_blocks with slack, MaxBlocksFor; else Options.MaxBlocks) and
+//     MaxOffloadBlocks per offload tier. An engine cannot hold more; past it the replica is
+//     cleared and the stream inexact (OverCap), instead of growing with the publisher.
+//
+// # Engine lifecycle
+//
+//   - Restarted (discovery saw a new incarnation): the replica is cleared and the new process's
+//     ring replayed from seq 0.
+//   - Down (the health probe fails): the stream stops counting as exact at once; its blocks stay.
+//     A live seq that jumps ahead while the engine was unreachable is a new process that published
+//     past the old one's last seq: the replica is cleared and the new ring replayed from seq 0.
+//   - Up (the probe passes again): the ring is asked for the last applied batch; the same bytes
+//     (a hash of the payload) mean the same process, and what it published meanwhile is replayed;
+//     other bytes or none mean a new process, handled as above (SilentRestarts). Without a replay
+//     socket nothing can tell the two apart, and the replica is cleared.
+//   - Stale (the engine serves requests that should have produced events, and none came): not
+//     exact until the next batch is applied in order; the blocks stay, so a publisher that
+//     resumes brings the index back without a repair.
+//   - AllBlocksCleared (a prefix-cache reset, sleep mode) clears the replica and heals the stream.
 //
 // # Sequence states (StreamState)
 //
@@ -20,13 +62,13 @@
 //     index).
 //   - Replaying: a gap was seen (a seq jump, or a message dropped because the stream's queue was
 //     full: an overflow is a gap, never a silent drop) and the batches from the last applied seq
-//     on are being fetched from the engine's replay socket; live messages wait in the queue.
+//     on are being fetched from the engine's replay socket; live messages are held meanwhile.
 //   - Approximate: the stream has no known beginning: the router joined after the engine's ring
 //     had dropped its first batches (Partial is set), or there is no replay socket and the first
 //     message was not seq 0. Every event seen is applied, so the index holds a subset of the
 //     engine's blocks: missed hits, never phantom ones.
 //   - Inexact: continuity was lost mid-stream: a gap older than the engine's ring, a failed
-//     replay, a sequence going backwards, or Restarted. A missed BlockRemoved could leave a
+//     replay, a sequence going backwards, Restarted, or the replica past its block limit. A missed BlockRemoved could leave a
 //     phantom block, so the replica's entries are cleared at that moment; events from then on
 //     are applied (again a subset of the truth).
 //
@@ -39,7 +81,8 @@
 // so they do not heal a stream by themselves.
 //
 // On router start every stream replays its ring from seq 0: an empty ring or one starting at 0
-// gives Exact, one starting later gives Approximate with Partial set.
+// gives Exact, one starting later gives Approximate with Partial set. While the engine is seen
+// down or stale the stream shows Inexact whatever its sequence says.
 //
 // # Ingestion rules
 //

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"fmt"
 
 	"github.com/kvroute/kvroute/router/blockkey"
@@ -186,6 +187,10 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 			g.parity(s)
 		}
 		err = g.ix.Store(g.id, g.hashes, g.keys, tier)
+	}
+	if errors.Is(err, index.ErrFull) {
+		g.c.overLimit.Add(1) // what fit was stored; the stream clears the replica
+		return
 	}
 	if err != nil {
 		g.c.indexErrors.Add(1)

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"sync/atomic"
+	"time"
 )
 
 // StreamState is how far the index can be trusted for one stream (see the package doc).
@@ -39,7 +40,10 @@ type counters struct {
 	received, applied, topicMismatches, malformedFrames, decodeErrors      atomic.Uint64
 	overflows, gaps, replays, replayFailures, replayedBatches, uncoverable atomic.Uint64
 	duplicates, backwards, restarts, resets                                atomic.Uint64
-	panics                                                                 atomic.Uint64
+	panics, byteOverflows, replayShort, tooLarge, downs, silentRestarts    atomic.Uint64
+	overCap, subReconnects, staleMarks                                     atomic.Uint64
+	pending                                                                atomic.Int64
+	lastApplied                                                            atomic.Int64 // unix ns
 
 	ingest ingestCounters
 }
@@ -48,7 +52,7 @@ type counters struct {
 type ingestCounters struct {
 	events, blocksStored, blocksRemoved, clears, unknownEvents   atomic.Uint64
 	unknownParent, rekeyErrors, skippedGroups, skippedMedia      atomic.Uint64
-	unknownRemoves, indexErrors, blockSizeMismatches             atomic.Uint64
+	unknownRemoves, indexErrors, blockSizeMismatches, overLimit  atomic.Uint64
 	parityChecked, parityMismatches, paritySkipped, blockSizeSet atomic.Uint64
 }
 
@@ -72,18 +76,29 @@ type Stats struct {
 	MalformedFrames uint64 // messages that were not [topic, seq8, payload] (dropped)
 	DecodeErrors    uint64 // payloads that did not decode (their seq is consumed, nothing applied)
 	Panics          uint64 // batches whose decoding or applying panicked (recovered; batch skipped)
-	Overflows       uint64 // messages dropped because the stream's queue was full (each heals by replay)
+	Overflows       uint64 // messages dropped because the stream's queue was full, in messages or bytes (each heals by replay)
+	ByteOverflows   uint64 // of those, dropped because the queue held Options.QueueBytes
+	QueuedBytes     int64  // bytes of live messages accepted and not yet applied (queue and held during a replay)
+	Pending         int64  // live messages held while a replay runs
+	TooLarge        uint64 // batches over Options.MaxMsgSize (libzmq drops the connection on them; skipped)
+	SubReconnects   uint64 // times the SUB lost its connection and was opened again
 
 	// Sequence.
-	Gaps            uint64 // seq jumps or overflows found
-	Replays         uint64 // replays requested
-	ReplayFailures  uint64 // replays that failed (no replay socket, timeout, bad reply)
-	ReplayedBatches uint64 // batches applied from replays
-	Uncoverable     uint64 // gaps the ring no longer covered
-	Duplicates      uint64 // batches seen again (replay overlap) and skipped
-	Backwards       uint64 // sequence decreases (engine restarts seen on the wire)
-	Restarts        uint64 // Restarted calls
-	Resets          uint64 // times the replica's entries were cleared because the stream became inexact
+	Gaps            uint64    // seq jumps or overflows found
+	Replays         uint64    // replays requested
+	ReplayFailures  uint64    // replays that failed (no replay socket, timeout, bad reply)
+	ReplayedBatches uint64    // batches applied from replays
+	Uncoverable     uint64    // gaps the ring no longer covered
+	Duplicates      uint64    // batches seen again (replay overlap) and skipped
+	Backwards       uint64    // sequence decreases (engine restarts seen on the wire)
+	ReplayShort     uint64    // replay bursts that came back with a hole (the engine's ROUTER dropped at its HWM) and were asked for again
+	Restarts        uint64    // Restarted calls
+	Downs           uint64    // times the engine's health probe was seen failing (Subscriber.Down)
+	SilentRestarts  uint64    // new engine processes found without a backwards seq: a seq jump after an outage, or the last applied batch missing from the ring
+	OverCap         uint64    // times the replica went past its block limit (cleared, stream inexact)
+	StaleMarks      uint64    // times the engine served requests with no events coming (Subscriber.Stale)
+	LastApplied     time.Time // when the last batch was applied (zero: none)
+	Resets          uint64    // times the replica's entries were cleared because the stream became inexact
 
 	// Ingestion.
 	Events              uint64 // events applied
@@ -105,8 +120,13 @@ type Stats struct {
 
 func (c *counters) snapshot(engine string, rank int) Stats {
 	in := &c.ingest
+	var last time.Time
+	if ns := c.lastApplied.Load(); ns != 0 {
+		last = time.Unix(0, ns)
+	}
 	return Stats{
-		Engine: engine, Rank: rank,
+		LastApplied: last,
+		Engine:      engine, Rank: rank,
 		State:   StreamState(c.state.Load()),
 		Partial: c.partial.Load(),
 		LastSeq: c.lastSeq.Load(), HaveSeq: c.haveSeq.Load(),
@@ -115,6 +135,9 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		Received: c.received.Load(), Applied: c.applied.Load(),
 		TopicMismatches: c.topicMismatches.Load(), MalformedFrames: c.malformedFrames.Load(),
 		DecodeErrors: c.decodeErrors.Load(), Overflows: c.overflows.Load(), Panics: c.panics.Load(),
+		ByteOverflows: c.byteOverflows.Load(), Pending: c.pending.Load(), TooLarge: c.tooLarge.Load(),
+		ReplayShort: c.replayShort.Load(), Downs: c.downs.Load(), SilentRestarts: c.silentRestarts.Load(),
+		OverCap: c.overCap.Load(), SubReconnects: c.subReconnects.Load(), StaleMarks: c.staleMarks.Load(),
 
 		Gaps: c.gaps.Load(), Replays: c.replays.Load(), ReplayFailures: c.replayFailures.Load(),
 		ReplayedBatches: c.replayedBatches.Load(), Uncoverable: c.uncoverable.Load(),

@@ -4,7 +4,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"net"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,9 +37,17 @@ type StreamConfig struct {
 	// Topic is the topic the engine publishes with (<prefix>@<host>@<model>); messages with any
 	// other topic are counted (TopicMismatches) and dropped.
 	Topic string
+	// MaxBlocks bounds the replica's distinct GPU blocks (0: Options.MaxBlocks): the engine's
+	// num_gpu_blocks with slack (MaxBlocksFor).
+	MaxBlocks int
 	// Ingest overrides Options.Ingest for this stream.
 	Ingest *IngestOptions
 }
+
+// MaxBlocksFor is the replica block limit for an engine with numGPUBlocks blocks: an engine
+// holds at most that many distinct blocks; the slack covers a batch that stores before it
+// removes.
+func MaxBlocksFor(numGPUBlocks int) int { return numGPUBlocks + numGPUBlocks/8 + 256 }
 
 // batchApplier applies decoded batches to the index: the stream's *Ingester, or in tests one
 // that misbehaves.
@@ -45,7 +56,7 @@ type batchApplier interface {
 }
 
 // stream is one stream's state. The sequence fields are owned by its worker goroutine; the
-// poller touches only queue, kick, the drop marks and the counters.
+// poller touches only queue, kick, queued, the drop marks and the counters.
 type stream struct {
 	key   StreamKey
 	cfg   StreamConfig
@@ -55,141 +66,273 @@ type stream struct {
 	c     counters
 	queue chan kvwire.Message
 	kick  chan struct{} // poller -> worker: a message was dropped on overflow
+	lost  chan struct{} // poller -> worker: the SUB lost its connection and was opened again
 	ctl   chan func()
 	stop  chan struct{}
 	done  chan struct{}
 
+	// queued is the bytes (msgCost) of live messages accepted and not handled yet: in queue or
+	// held in pending. The poller refuses a message that would take it past Options.QueueBytes.
+	queued      atomic.Int64
 	dropPending atomic.Bool
 	dropSeq     atomic.Uint64 // highest seq dropped on overflow
 
 	// worker-owned
-	dec       *kvwire.Decoder
-	ing       batchApplier
-	next      uint64      // next expected seq
-	base      StreamState // Exact, Approximate or Inexact; Replaying is shown while replaying
-	fresh     bool        // nothing applied since the engine's (or router's) start: seq 0 heals
-	prevLive  uint64
-	havePrev  bool
-	replaying bool
+	dec      *kvwire.Decoder
+	ing      batchApplier
+	next     uint64      // next expected seq
+	base     StreamState // Exact, Approximate or Inexact; Replaying is shown while replaying
+	fresh    bool        // nothing applied since the engine's (or router's) start: seq 0 heals
+	prevLive uint64
+	havePrev bool
+
+	rep     *replayRun       // the replay in flight; nil when none
+	pending []kvwire.Message // live messages taken while a replay is in flight, in arrival order
+	// headChecked: pending[0] passed handle's arrival checks and started the replay in flight
+	headChecked bool
+	mustReach   uint64 // seqs below it were published (some dropped on overflow)
+	failFrom    uint64 // a replay from failFrom made no progress fails times
+	fails       int
+
+	down    bool   // the engine's health probe fails: not exact meanwhile
+	stale   bool   // the engine serves requests but publishes nothing (Subscriber.Stale)
+	suspect bool   // the engine was unreachable since the last batch known to be its process's
+	lastSum uint64 // maphash of the last applied batch's payload, to recognise the process
+	haveSum bool
 
 	lastPanicLog time.Time
 	logged       [numDropKinds]bool
 }
 
+// replayRun is one replay exchange: a goroutine owns its DEALER and sends what it receives to
+// the worker in chunks, so the worker keeps taking live messages while the engine answers.
+type replayRun struct {
+	from   uint64
+	verify bool // an identity check after an outage: the first batch must be the last applied one
+	resync bool // asked after the SUB reconnected, not for a known gap
+	out    chan replayChunk
+	stop   chan struct{} // worker -> goroutine: the rest is not wanted
+	done   chan struct{}
+
+	got      bool // a batch of this exchange was seen
+	progress bool // a batch of this exchange was applied
+	short    bool // a batch was missing mid-burst: the rest is fetched by a new exchange
+	halted   bool
+}
+
+// halt tells the goroutine the rest of the exchange is not wanted.
+func (r *replayRun) halt() {
+	if !r.halted {
+		r.halted = true
+		close(r.stop)
+	}
+}
+
+type replayChunk struct {
+	msgs    []kvwire.Message
+	last    bool  // the exchange is over
+	end     bool  // the engine's end marker arrived
+	refused bool  // libzmq dropped the connection on a frame over Options.MaxMsgSize
+	err     error // no end marker: timeout, connection lost, malformed reply
+}
+
+// msgCost is what a held message counts against the byte budget: its frames plus the
+// bookkeeping around them.
+func msgCost(m kvwire.Message) int64 { return int64(len(m.Payload)+len(m.Topic)) + 96 }
+
+func (st *stream) snapshot() Stats {
+	s := st.c.snapshot(st.key.Engine, st.key.Rank)
+	s.QueuedBytes = st.queued.Load()
+	return s
+}
+
 func (st *stream) setState() {
 	s := st.base
-	if st.replaying {
+	switch {
+	case st.down || st.stale:
+		s = Inexact
+	case st.rep != nil:
 		s = Replaying
 	}
 	st.c.state.Store(int32(s))
+	st.c.pending.Store(int64(len(st.pending)))
 }
 
-// enqueue is called by the poller; a full queue drops the message and marks the gap.
+// enqueue is called by the poller; a full queue (in messages or bytes) drops the message and
+// marks the gap.
 func (st *stream) enqueue(m kvwire.Message) {
+	cost := msgCost(m)
+	if st.queued.Add(cost) > st.sub.opts.QueueBytes {
+		st.queued.Add(-cost)
+		st.c.byteOverflows.Add(1)
+		st.dropped(m.Seq)
+		return
+	}
 	select {
 	case st.queue <- m:
 	default:
-		st.c.overflows.Add(1)
-		for {
-			old := st.dropSeq.Load()
-			if m.Seq <= old && st.dropPending.Load() || st.dropSeq.CompareAndSwap(old, m.Seq) {
-				break
-			}
+		st.queued.Add(-cost)
+		st.dropped(m.Seq)
+	}
+}
+
+func (st *stream) dropped(seq uint64) {
+	st.c.overflows.Add(1)
+	for {
+		old := st.dropSeq.Load()
+		if seq <= old && st.dropPending.Load() || st.dropSeq.CompareAndSwap(old, seq) {
+			break
 		}
-		st.dropPending.Store(true)
-		select {
-		case st.kick <- struct{}{}:
-		default:
-		}
+	}
+	st.dropPending.Store(true)
+	select {
+	case st.kick <- struct{}{}:
+	default:
 	}
 }
 
 func (st *stream) run() {
 	defer close(st.done)
+	defer st.cancelReplay()
 	st.fresh = true
 	st.base = Approximate // unknown until the first message or the start-up replay decides
 	if st.cfg.ReplayEndpoint != "" {
-		st.replay(0)
+		st.startReplay(0, false)
 	}
 	st.setState()
 	for {
+		var out <-chan replayChunk
+		if st.rep != nil {
+			out = st.rep.out
+		}
 		select {
 		case <-st.stop:
 			return
 		case f := <-st.ctl:
 			f()
 		case m := <-st.queue:
-			st.live(m)
+			st.take(m)
 		case <-st.kick:
-			st.dropPending.Store(false)
-			dropped := st.dropSeq.Load()
-			for drained := false; !drained; {
-				select {
-				case m := <-st.queue:
-					st.live(m)
-				default:
-					drained = true
-				}
-			}
-			st.overflowed(dropped)
+			st.kicked()
+		case <-st.lost:
+			st.resync()
+		case c := <-out:
+			st.onChunk(c)
 		}
+		st.setState()
 	}
 }
 
-// live handles one message from the SUB socket.
-func (st *stream) live(m kvwire.Message) {
-	backwards := st.havePrev && m.Seq <= st.prevLive
-	st.prevLive, st.havePrev = m.Seq, true
+// take handles a live message, or holds it while a replay runs: it is applied in order after.
+func (st *stream) take(m kvwire.Message) {
+	if st.rep != nil {
+		st.pending = append(st.pending, m)
+		return
+	}
+	st.handle(m, false)
+}
+
+func (st *stream) release(m kvwire.Message) { st.queued.Add(-msgCost(m)) }
+
+// handle applies one live message in sequence, or starts a repair and holds it. checked: the
+// message was held after passing the arrival checks (it started the repair).
+func (st *stream) handle(m kvwire.Message, checked bool) {
+	backwards := !checked && st.havePrev && m.Seq <= st.prevLive
+	if !checked {
+		st.prevLive, st.havePrev = m.Seq, true
+	}
 	switch {
+	case checked:
 	case backwards:
 		// A PUB connection keeps order, so a live seq not above the previous one is a new engine
 		// process: forget the old one and take the new one from its seq 0.
 		st.c.backwards.Add(1)
 		st.restart()
-		if m.Seq > 0 {
-			st.c.gaps.Add(1)
-			st.repair()
-		}
-	case m.Seq < st.next:
+	case st.suspect && m.Seq > st.next:
+		// The engine was unreachable and its seq jumped: a new process that published past the
+		// old one's last seq while the SUB reconnected. A replay from st.next would return the new
+		// process's batches as if they followed the old ones.
+		st.c.silentRestarts.Add(1)
+		st.restart()
+	}
+	if m.Seq < st.next {
 		st.c.duplicates.Add(1) // already applied from a replay
+		st.release(m)
 		return
-	case m.Seq > st.next:
+	}
+	if m.Seq > st.next {
+		if st.canReplay() {
+			st.c.gaps.Add(1)
+			st.startReplay(st.next, false)
+			st.pending = append([]kvwire.Message{m}, st.pending...) // older than anything held
+			st.headChecked = true
+			return
+		}
 		st.c.gaps.Add(1)
-		st.repair()
-	}
-	switch {
-	case m.Seq == st.next:
-		st.apply(m)
-	case m.Seq > st.next: // the repair could not reach it: resume from this batch
-		st.uncoverable()
+		st.uncoverable() // the ring does not hold it: resume from this batch
 		st.next = m.Seq
-		st.apply(m)
-	default:
-		st.c.duplicates.Add(1) // the replay went past it
 	}
-	st.setState()
+	st.release(m)
+	st.apply(m)
 }
 
-// overflowed repairs messages the poller dropped, once the queue has been drained.
-func (st *stream) overflowed(dropped uint64) {
-	if dropped < st.next {
-		return // a later seq already triggered the repair
+// canReplay: there is a replay socket, and a replay from st.next has not already come back
+// without it.
+func (st *stream) canReplay() bool {
+	return st.cfg.ReplayEndpoint != "" && !(st.fails >= 2 && st.failFrom == st.next)
+}
+
+// kicked handles the poller's overflow mark once the messages queued before the drop are taken.
+func (st *stream) kicked() {
+	st.dropPending.Store(false)
+	dropped := st.dropSeq.Load()
+	for drained := false; !drained; {
+		select {
+		case m := <-st.queue:
+			st.take(m)
+		default:
+			drained = true
+		}
 	}
-	st.c.gaps.Add(1)
-	st.repair()
-	if dropped >= st.next {
-		st.uncoverable()
-		st.next = dropped + 1
+	st.mustReach = max(st.mustReach, dropped+1)
+	if st.rep == nil {
+		st.reach()
 	}
-	st.setState()
+}
+
+// resync asks the ring for what followed the last applied batch after the SUB lost its
+// connection: messages published meanwhile are gone, and if the engine publishes nothing more,
+// no later seq would show the gap. A replay already running covers it.
+func (st *stream) resync() {
+	if st.rep != nil || st.cfg.ReplayEndpoint == "" || !st.haveSum {
+		return
+	}
+	st.startReplay(st.next, false)
+	st.rep.resync = true
+}
+
+// reach makes sure every seq below mustReach was seen: repaired by replay, else uncoverable.
+func (st *stream) reach() {
+	if st.next >= st.mustReach {
+		return
+	}
+	if st.canReplay() {
+		st.c.gaps.Add(1)
+		st.startReplay(st.next, false)
+		return
+	}
+	st.uncoverable()
+	st.next = st.mustReach
 }
 
 // restart forgets everything known from the engine's previous process.
 func (st *stream) restart() {
+	st.cancelReplay()
 	st.clearReplica()
 	st.base = Inexact
 	st.fresh = true
-	st.next = 0
+	st.next, st.mustReach, st.fails = 0, 0, 0
+	st.suspect, st.haveSum = false, false
 	st.setState()
 }
 
@@ -198,14 +341,6 @@ func (st *stream) clearReplica() {
 		st.c.ingest.indexErrors.Add(1)
 	}
 	st.c.resets.Add(1)
-}
-
-// repair fetches the batches from st.next on from the replay socket. The caller checks how far
-// st.next got and declares the rest uncoverable.
-func (st *stream) repair() {
-	if st.cfg.ReplayEndpoint != "" {
-		st.replay(st.next)
-	}
 }
 
 // uncoverable records a gap no replay can fill (see the package doc for the states).
@@ -224,17 +359,185 @@ func (st *stream) uncoverable() {
 // apply decodes and applies the batch with seq st.next.
 func (st *stream) apply(m kvwire.Message) {
 	st.next = m.Seq + 1
+	st.fails, st.stale = 0, false
 	st.c.lastSeq.Store(m.Seq)
 	st.c.haveSeq.Store(true)
+	st.c.lastApplied.Store(time.Now().UnixNano())
+	st.lastSum, st.haveSum = maphash.Bytes(st.sub.sumSeed, m.Payload), true
 	fresh := st.fresh
 	st.fresh = false
+	over := st.c.ingest.overLimit.Load()
 	cleared, ok := st.decodeAndApply(m)
+	if st.c.ingest.overLimit.Load() != over {
+		// More distinct blocks than the engine can hold: the stream does not describe the
+		// engine's cache. Drop the replica's entries rather than grow with the publisher.
+		st.c.overCap.Add(1)
+		st.clearReplica()
+		st.base = Inexact
+		st.logDrop(dropOverLimit, m, errors.New("the replica went past its block limit"))
+		return
+	}
 	if !ok {
 		return
 	}
 	if cleared || (fresh && m.Seq == 0) {
 		st.base = Exact
 		st.c.partial.Store(false)
+	}
+}
+
+// setDown and setUp are the health probe's view of the engine (Subscriber.Down, Subscriber.Up).
+func (st *stream) setDown() {
+	if !st.down {
+		st.c.downs.Add(1)
+	}
+	st.down = true
+	st.suspect = st.suspect || st.haveSum
+}
+
+func (st *stream) setUp() {
+	if !st.down {
+		return
+	}
+	st.down = false
+	if !st.suspect {
+		return
+	}
+	if st.cfg.ReplayEndpoint == "" {
+		// Nothing can tell the old process from a new one that has not published yet: forget it.
+		st.c.silentRestarts.Add(1)
+		st.restart()
+		return
+	}
+	// Ask for the last applied batch again: the same process answers with the same bytes.
+	st.cancelReplay()
+	st.startReplay(st.next-1, true)
+}
+
+func (st *stream) startReplay(from uint64, verify bool) {
+	st.c.replays.Add(1)
+	r := &replayRun{from: from, verify: verify, out: make(chan replayChunk, 4), stop: make(chan struct{}), done: make(chan struct{})}
+	st.rep = r
+	go st.fetch(r)
+}
+
+// cancelReplay stops the exchange in flight, if any, and waits for its goroutine (its socket
+// must be closed before the ZMQ context terminates).
+func (st *stream) cancelReplay() {
+	if r := st.rep; r != nil {
+		r.halt()
+		<-r.done
+		st.rep = nil
+	}
+}
+
+// onChunk applies what a replay exchange received.
+func (st *stream) onChunk(c replayChunk) {
+	r := st.rep
+msgs:
+	for _, m := range c.msgs {
+		if r.verify {
+			r.verify = false
+			if m.Seq != r.from || !st.haveSum || maphash.Bytes(st.sub.sumSeed, m.Payload) != st.lastSum {
+				st.identityLost()
+				return
+			}
+			st.suspect = false
+		}
+		switch {
+		case m.Seq < st.next:
+			st.c.duplicates.Add(1)
+			r.got = true
+			continue
+		case m.Seq > st.next:
+			if r.got {
+				// A hole mid-burst: the engine's ROUTER dropped batches at its send HWM (vLLM
+				// answers with the whole ring at once). Ask again from the first missing one.
+				r.short = true
+				st.c.replayShort.Add(1)
+				r.halt()
+				break msgs
+			}
+			// The ring's first batch is after st.next: the ring no longer holds the gap.
+			st.uncoverable()
+			st.next = m.Seq
+		}
+		r.got, r.progress = true, true
+		st.apply(m)
+		st.c.replayedBatches.Add(1)
+	}
+	if c.last || r.short {
+		st.finish(r, c)
+	}
+}
+
+// identityLost: after an outage the engine's ring no longer holds the last applied batch as it
+// was: a new process. Its ring is taken from seq 0.
+func (st *stream) identityLost() {
+	st.c.silentRestarts.Add(1)
+	st.restart()
+	if st.cfg.ReplayEndpoint != "" {
+		st.startReplay(0, false)
+	}
+}
+
+// finish ends an exchange and decides what follows: another exchange from the first missing
+// seq, or the held live messages.
+func (st *stream) finish(r *replayRun, c replayChunk) {
+	<-r.done
+	st.rep = nil
+	if r.verify { // nothing came back for the last applied seq
+		st.identityLost()
+		return
+	}
+	switch {
+	case c.refused && !r.progress:
+		// libzmq dropped the connection on the batch at st.next: it is over MaxMsgSize. Skip it
+		// like a batch that does not decode (fetching it again would fail the same way).
+		st.c.tooLarge.Add(1)
+		st.logDrop(dropTooLarge, kvwire.Message{Seq: st.next}, fmt.Errorf("a frame is over the %d-byte limit", st.sub.opts.MaxMsgSize))
+		st.next++
+		st.startReplay(st.next, false)
+		return
+	case r.short || c.refused || (c.err != nil && r.progress):
+		// Cut short after some progress: the rest of the ring is asked for again.
+		st.startReplay(st.next, false)
+		return
+	}
+	if c.err != nil {
+		st.c.replayFailures.Add(1)
+	}
+	if !r.progress && !r.resync {
+		if st.failFrom == r.from && st.fails > 0 {
+			st.fails++
+		} else {
+			st.failFrom, st.fails = r.from, 1
+		}
+		if c.err != nil {
+			st.fails++ // an unreachable replay socket is not asked twice for the same gap
+		}
+	}
+	if c.err == nil && !r.got && st.fresh && r.from == 0 {
+		st.base = Exact // an empty ring after a start: the engine has published nothing yet
+		st.c.partial.Store(false)
+	}
+	st.drainPending()
+	if st.rep == nil {
+		st.reach()
+	}
+}
+
+// drainPending handles the live messages held during a replay, in order, until one starts
+// another replay.
+func (st *stream) drainPending() {
+	for len(st.pending) > 0 && st.rep == nil {
+		m, checked := st.pending[0], st.headChecked
+		st.pending[0], st.headChecked = kvwire.Message{}, false
+		st.pending = st.pending[1:]
+		st.handle(m, checked)
+	}
+	if len(st.pending) == 0 {
+		st.pending = nil // let the backing array go
 	}
 }
 
@@ -298,8 +601,16 @@ type dropKind uint8
 
 const (
 	dropUndecodable dropKind = iota
+	dropTooLarge
+	dropOverLimit
 	numDropKinds
 )
+
+var dropWhy = [numDropKinds]string{
+	dropUndecodable: "event batch skipped: it does not decode (counted in decode errors; further ones are not logged)",
+	dropTooLarge:    "event batch skipped: it is over the message size limit (counted in too-large; further ones are not logged)",
+	dropOverLimit:   "replica cleared, stream inexact: more blocks than the engine holds (counted in over-cap; further ones are not logged)",
+}
 
 // logDrop logs the first drop of each kind on the stream, with its reason; the counters carry
 // the rest.
@@ -308,98 +619,172 @@ func (st *stream) logDrop(k dropKind, m kvwire.Message, err error) {
 		return
 	}
 	st.logged[k] = true
-	st.sub.log.Warn("event batch skipped: it does not decode (counted in decode errors; further ones are not logged)",
+	st.sub.log.Warn(dropWhy[k],
 		"engine", st.key.Engine, "rank", st.key.Rank, "seq", m.Seq, "payload_bytes", len(m.Payload),
 		"payload_head", hexHead(m.Payload), "err", err)
 }
 
 var errReplayTimeout = errors.New("replay timed out")
 
-// replay asks the engine's ring for every batch from `from` on and applies them in order; a ring
-// that starts after st.next is an uncoverable gap.
-func (st *stream) replay(from uint64) {
-	st.replaying = true
-	st.setState()
-	defer func() { st.replaying = false; st.setState() }()
-	st.c.replays.Add(1)
-	got, err := st.fetch(from)
-	if err != nil {
-		st.c.replayFailures.Add(1)
-	}
-	if err == nil && len(got) == 0 && st.fresh && from == 0 {
-		st.base = Exact // an empty ring after a start: the engine has published nothing yet
-		st.c.partial.Store(false)
-		return
-	}
-	for _, m := range got {
-		switch {
-		case m.Seq < st.next:
-			st.c.duplicates.Add(1)
-			continue
-		case m.Seq > st.next:
-			st.uncoverable()
-			st.next = m.Seq
-		}
-		st.apply(m)
-		st.c.replayedBatches.Add(1)
-	}
-}
+var monitorSeq atomic.Uint64
 
 // fetch runs one replay exchange on a DEALER that lives only for it (replays are rare; a socket
-// kept per stream would hold a connection per engine for nothing). It returns the batches
-// received before any error.
-func (st *stream) fetch(from uint64) ([]kvwire.Message, error) {
+// kept per stream would hold a connection per engine for nothing) and sends what arrives to the
+// worker in chunks.
+//
+// vLLM's publisher (vllm/distributed/kv_events.py, ZmqEventPublisher) answers a request with
+// every buffered batch from the asked seq on, in one burst, then the end marker, through a
+// ROUTER left at libzmq's default send HWM of 1,000 messages; a ROUTER drops what does not fit
+// its pipe to a peer. The DEALER's receive HWM is therefore sized to the whole ring (so this
+// side takes a burst as fast as TCP brings it), and the worker asks again from the first
+// missing seq when a burst comes back with a hole (replayRun.short).
+func (st *stream) fetch(r *replayRun) {
+	defer close(r.done)
+	o := &st.sub.opts
+	send := func(c replayChunk) bool {
+		select {
+		case r.out <- c:
+			return true
+		case <-r.stop:
+		case <-st.stop:
+		}
+		return false
+	}
+	fail := func(err error) { send(replayChunk{last: true, err: err}) }
 	soc, err := st.sub.ctx.NewSocket(zmq.DEALER)
 	if err != nil {
-		return nil, err
+		fail(err)
+		return
 	}
 	defer soc.Close()
 	_ = soc.SetLinger(0)
-	if err := soc.Connect(st.cfg.ReplayEndpoint); err != nil {
-		return nil, fmt.Errorf("replay connect %s: %w", st.cfg.ReplayEndpoint, err)
+	_ = soc.SetRcvhwm(o.Ring + 16)
+	_ = soc.SetMaxmsgsize(o.MaxMsgSize)
+	// A frame over MaxMsgSize makes libzmq drop the connection (and reconnect) without a word to
+	// the reader; the monitor is how this side learns why the burst stopped.
+	monAddr := fmt.Sprintf("inproc://kvevents-replay-mon-%d", monitorSeq.Add(1))
+	var mon *zmq.Socket
+	if err = soc.Monitor(monAddr, zmq.EVENT_DISCONNECTED); err == nil {
+		if mon, err = st.sub.ctx.NewSocket(zmq.PAIR); err == nil {
+			defer mon.Close()
+			_ = mon.SetLinger(0)
+			err = mon.Connect(monAddr)
+		}
 	}
-	if _, err := soc.SendMessage(kvwire.ReplayRequest(from)); err != nil {
-		return nil, err
+	if err != nil {
+		fail(fmt.Errorf("replay monitor: %w", err))
+		return
+	}
+	if err := soc.Connect(st.cfg.ReplayEndpoint); err != nil {
+		fail(fmt.Errorf("replay connect %s: %w", st.cfg.ReplayEndpoint, err))
+		return
+	}
+	if _, err := soc.SendMessage(kvwire.ReplayRequest(r.from)); err != nil {
+		fail(err)
+		return
 	}
 	poller := zmq.NewPoller()
 	poller.Add(soc, zmq.POLLIN)
-	var out []kvwire.Message
+	poller.Add(mon, zmq.POLLIN)
+	var buf []kvwire.Message
+	wait := o.ReplayTimeout
 	for {
-		deadline := time.Now().Add(st.sub.opts.ReplayTimeout)
-		polled, err := pollUntil(poller, deadline, st.stop)
-		if err != nil {
-			return out, err
+		// Take what is there, then hand it over before waiting for more.
+		for bufBytes := 0; len(buf) < replayChunkLen && bufBytes < replayChunkBytes; {
+			frames, err := soc.RecvMessageBytes(zmq.DONTWAIT)
+			if err != nil {
+				break
+			}
+			m, end, err := kvwire.ParseReplayReply(frames)
+			if err != nil {
+				st.c.malformedFrames.Add(1)
+				if send(replayChunk{msgs: buf}) {
+					fail(err)
+				}
+				return
+			}
+			if end {
+				send(replayChunk{msgs: buf, last: true, end: true})
+				return
+			}
+			if string(m.Topic) != st.cfg.Topic && len(m.Topic) > 0 {
+				st.c.topicMismatches.Add(1)
+				continue
+			}
+			buf = append(buf, m)
+			bufBytes += len(m.Payload)
+			// Within a burst the next batch follows at once; a pause this long means the rest
+			// (or the end marker) was dropped.
+			wait = min(o.ReplayTimeout, o.ReplayIdle)
 		}
-		if len(polled) == 0 {
-			return out, errReplayTimeout
-		}
-		frames, err := soc.RecvMessageBytes(0)
-		if err != nil {
-			return out, err
-		}
-		m, end, err := kvwire.ParseReplayReply(frames)
-		if err != nil {
-			st.c.malformedFrames.Add(1)
-			return out, err
-		}
-		if end {
-			return out, nil
-		}
-		if string(m.Topic) != st.cfg.Topic && len(m.Topic) > 0 {
-			st.c.topicMismatches.Add(1)
+		if len(buf) > 0 {
+			if !send(replayChunk{msgs: buf}) {
+				return
+			}
+			buf = nil
 			continue
 		}
-		out = append(out, m)
+		for {
+			e, _, _, err := mon.RecvEvent(zmq.DONTWAIT)
+			if err != nil {
+				break
+			}
+			if e != zmq.EVENT_DISCONNECTED {
+				continue
+			}
+			// Mid-exchange the DEALER only loses its connection when the engine goes away or
+			// libzmq refuses what came in (a frame over MaxMsgSize). An engine still accepting
+			// connections is the second case.
+			if reachable(st.cfg.ReplayEndpoint) {
+				send(replayChunk{last: true, refused: true, err: errors.New("replay connection dropped on an oversize frame")})
+			} else {
+				fail(errors.New("replay connection lost"))
+			}
+			return
+		}
+		deadline := time.Now().Add(wait)
+		polled, err := pollUntil(poller, deadline, st.stop, r.stop)
+		if err != nil {
+			fail(err)
+			return
+		}
+		if len(polled) == 0 {
+			fail(errReplayTimeout)
+			return
+		}
 	}
 }
 
+// reachable reports whether a tcp:// endpoint accepts a connection now.
+func reachable(endpoint string) bool {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return false
+	}
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// replayChunkLen and replayChunkBytes bound what is handed to the worker at once, so the replayed
+// batches waiting in Go memory stay a few chunks whatever the engine's batch sizes.
+const (
+	replayChunkLen   = 256
+	replayChunkBytes = 1 << 20
+)
+
 // pollUntil polls in short slices so a stream being stopped does not wait out a replay timeout.
-func pollUntil(p *zmq.Poller, deadline time.Time, stop <-chan struct{}) ([]zmq.Polled, error) {
+func pollUntil(p *zmq.Poller, deadline time.Time, stops ...<-chan struct{}) ([]zmq.Polled, error) {
 	for {
-		select {
-		case <-stop:
-			return nil, errors.New("stream stopped")
-		default:
+		for _, stop := range stops {
+			select {
+			case <-stop:
+				return nil, errors.New("stream stopped")
+			default:
+			}
 		}
 		left := time.Until(deadline)
 		if left <= 0 {

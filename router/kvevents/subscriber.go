@@ -1,8 +1,10 @@
 package kvevents
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"sort"
 	"sync"
@@ -26,8 +28,26 @@ type Options struct {
 	RcvHWM int
 	// ReconnectIvl and ReconnectIvlMax are libzmq's reconnect backoff (100ms doubling to 5s).
 	ReconnectIvl, ReconnectIvlMax time.Duration
-	// ReplayTimeout is the longest wait for each replay reply (2s).
-	ReplayTimeout time.Duration
+	// ReplayTimeout is the longest wait for a replay's first reply (5s: an engine's publisher
+	// thread answers between its sends, and a loaded one, or one still pushing a previous burst
+	// of large frames, takes seconds); ReplayIdle the longest
+	// pause inside a burst before the rest is taken as dropped and asked for again (500ms).
+	ReplayTimeout, ReplayIdle time.Duration
+	// Ring is how many batches an engine's replay ring holds (10000, vLLM's buffer_steps); the
+	// replay DEALER's receive HWM is sized to it.
+	Ring int
+	// MaxMsgSize is the largest frame the SUB and replay sockets accept (ZMQ_MAXMSGSIZE; 16 MiB).
+	// libzmq drops a connection that brings a bigger one; such a batch is counted (TooLarge)
+	// and skipped.
+	MaxMsgSize int64
+	// QueueBytes bounds each stream's live messages accepted and not applied yet, in bytes
+	// (64 MiB): its queue plus what is held while a replay runs. Past it a message is dropped as
+	// an overflow (a gap, repaired by replay).
+	QueueBytes int64
+	// MaxBlocks bounds each replica's distinct GPU blocks when its StreamConfig gives none
+	// (1<<20); MaxOffloadBlocks its CPU and disk blocks, per tier (1<<21). Past them the replica is
+	// cleared and the stream inexact (OverCap).
+	MaxBlocks, MaxOffloadBlocks int
 	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
 	Ingest IngestOptions
 	// Logger receives what the streams cannot say through counters alone: the first drop of each
@@ -38,15 +58,23 @@ type Options struct {
 	wrapApplier func(*Ingester) batchApplier
 }
 
+// Defaults of Options.
+const (
+	DefaultRing       = 10000    // vLLM's buffer_steps
+	DefaultMaxMsgSize = 16 << 20 // far above a real batch (a few KiB to a few hundred KiB)
+	DefaultQueueBytes = 64 << 20
+)
+
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("kvevents: subscriber closed")
 
 // Subscriber receives the event streams of many engines, from one polling goroutine, and feeds
 // the index. Safe for concurrent use.
 type Subscriber struct {
-	opts Options
-	ctx  *zmq.Context
-	log  *slog.Logger
+	opts    Options
+	ctx     *zmq.Context
+	log     *slog.Logger
+	sumSeed maphash.Seed
 
 	mu      sync.Mutex
 	streams map[StreamKey]*stream
@@ -56,6 +84,8 @@ type Subscriber struct {
 	wakeMu sync.Mutex
 	wakeTx *zmq.Socket // callers' end of the inproc PAIR; used under wakeMu
 	done   chan struct{}
+
+	monitors map[*zmq.Socket]*source // the poller's: monitor socket -> its source
 
 	// unroutable counts messages on bound sockets whose topic names no stream.
 	unroutable atomic.Uint64
@@ -102,7 +132,25 @@ func New(opts Options) (*Subscriber, error) {
 		opts.ReconnectIvlMax = 5 * time.Second
 	}
 	if opts.ReplayTimeout <= 0 {
-		opts.ReplayTimeout = 2 * time.Second
+		opts.ReplayTimeout = 5 * time.Second
+	}
+	if opts.ReplayIdle <= 0 {
+		opts.ReplayIdle = 500 * time.Millisecond
+	}
+	if opts.Ring <= 0 {
+		opts.Ring = DefaultRing
+	}
+	if opts.MaxMsgSize <= 0 {
+		opts.MaxMsgSize = DefaultMaxMsgSize
+	}
+	if opts.QueueBytes <= 0 {
+		opts.QueueBytes = DefaultQueueBytes
+	}
+	if opts.MaxBlocks <= 0 {
+		opts.MaxBlocks = 1 << 20
+	}
+	if opts.MaxOffloadBlocks <= 0 {
+		opts.MaxOffloadBlocks = 1 << 21
 	}
 	ctx, err := zmq.NewContext()
 	if err != nil {
@@ -112,7 +160,7 @@ func New(opts Options) (*Subscriber, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Subscriber{opts: opts, ctx: ctx, log: log, streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
+	s := &Subscriber{opts: opts, ctx: ctx, log: log, sumSeed: maphash.MakeSeed(), streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
 	addr := fmt.Sprintf("inproc://kvevents-wake-%d", wakeSeq.Add(1))
 	rx, err := ctx.NewSocket(zmq.PAIR)
 	if err == nil {
@@ -171,7 +219,7 @@ func (s *Subscriber) Add(cfg StreamConfig) error {
 	st := &stream{
 		key: key, cfg: cfg, id: id, ix: ix, sub: s,
 		queue: make(chan kvwire.Message, s.opts.QueueLen),
-		kick:  make(chan struct{}, 1), ctl: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
+		kick:  make(chan struct{}, 1), lost: make(chan struct{}, 1), ctl: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
 		dec: kvwire.NewDecoder(),
 	}
 	var g *Ingester
@@ -181,6 +229,15 @@ func (s *Subscriber) Add(cfg StreamConfig) error {
 			st.ing = s.opts.wrapApplier(g)
 		}
 		err = ix.Clear(id)
+	}
+	for t := range index.Tier(index.NumTiers) {
+		lim := s.opts.MaxOffloadBlocks
+		if t == index.GPU {
+			lim = cmp.Or(cfg.MaxBlocks, s.opts.MaxBlocks)
+		}
+		if err == nil {
+			err = ix.SetLimit(id, t, lim)
+		}
 	}
 	if err == nil {
 		st.c.state.Store(int32(Approximate))
@@ -217,9 +274,53 @@ func (s *Subscriber) Remove(engine string, rank int) error {
 }
 
 // Restarted tells the stream that its engine process restarted (discovery saw the pod's restart
-// count or start time change): the replica's entries are dropped at once and the stream is
-// inexact until the new process's stream is taken from its seq 0 (see the package doc).
+// count or start time change): the replica's entries are dropped at once, and the new process's
+// ring is replayed from seq 0 (see the package doc).
 func (s *Subscriber) Restarted(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) {
+		st.c.restarts.Add(1)
+		st.restart()
+		st.havePrev = false
+		// The new process may have published already (its first batches even applied, seen as
+		// a seq going back): take its ring from seq 0 now rather than wait for a next batch.
+		if st.cfg.ReplayEndpoint != "" {
+			st.startReplay(0, false)
+		} else {
+			st.drainPending()
+		}
+	})
+}
+
+// Down tells the stream that its engine's health probe fails: the stream stops counting as
+// exact at once (its blocks stay, scored approximately) and the engine is suspected of
+// restarting until Up proves otherwise.
+func (s *Subscriber) Down(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) { st.setDown() })
+}
+
+// Up tells the stream that its engine answers its health probe again. If batches were applied
+// before the outage, the engine's ring is asked for the last of them: the same bytes mean the
+// same process; anything else is a new process, whose blocks replace the old ones (see the
+// package doc).
+func (s *Subscriber) Up(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) { st.setUp() })
+}
+
+// Stale tells the stream that its engine keeps serving requests that should have produced
+// events, and none came: the publisher stalled or died. The stream is not exact until its next
+// batch is applied in order (its blocks stay, scored approximately: a stalled publisher that
+// resumes brings the index back without a repair).
+func (s *Subscriber) Stale(engine string, rank int) error {
+	return s.do(engine, rank, func(st *stream) {
+		if !st.stale {
+			st.c.staleMarks.Add(1)
+		}
+		st.stale = true
+	})
+}
+
+// do runs f on the stream's worker and waits for it.
+func (s *Subscriber) do(engine string, rank int, f func(*stream)) error {
 	s.mu.Lock()
 	st, ok := s.streams[StreamKey{engine, rank}]
 	s.mu.Unlock()
@@ -227,14 +328,12 @@ func (s *Subscriber) Restarted(engine string, rank int) error {
 		return fmt.Errorf("kvevents: no stream %v", StreamKey{engine, rank})
 	}
 	done := make(chan struct{})
-	f := func() {
-		st.c.restarts.Add(1)
-		st.restart()
-		st.havePrev = false
+	g := func() {
+		f(st)
 		close(done)
 	}
 	select {
-	case st.ctl <- f:
+	case st.ctl <- g:
 		<-done
 		return nil
 	case <-st.done:
@@ -250,15 +349,15 @@ func (s *Subscriber) Stats(engine string, rank int) (Stats, bool) {
 	if !ok {
 		return Stats{}, false
 	}
-	return st.c.snapshot(engine, rank), true
+	return st.snapshot(), true
 }
 
 // AllStats returns every stream's snapshot, ordered by engine and rank.
 func (s *Subscriber) AllStats() []Stats {
 	s.mu.Lock()
 	out := make([]Stats, 0, len(s.streams))
-	for k, st := range s.streams {
-		out = append(out, st.c.snapshot(k.Engine, k.Rank))
+	for _, st := range s.streams {
+		out = append(out, st.snapshot())
 	}
 	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
@@ -319,7 +418,8 @@ func (s *Subscriber) Close() error {
 // streams named by topic.
 type source struct {
 	soc   *zmq.Socket
-	st    *stream // nil for a bound socket
+	mon   *zmq.Socket // a connected SUB's monitor: its disconnections
+	st    *stream     // nil for a bound socket
 	bound bool
 }
 
@@ -334,11 +434,16 @@ func (s *Subscriber) poll(wake *zmq.Socket) {
 	sources := map[*zmq.Socket]*source{}
 	byStream := map[*stream]*source{}
 	byTopic := map[string]*stream{}
+	monitors := map[*zmq.Socket]*source{}
+	s.monitors = monitors
 	poller := zmq.NewPoller()
 	poller.Add(wake, zmq.POLLIN)
 	closeAll := func() {
-		for soc := range sources {
+		for soc, src := range sources {
 			soc.Close()
+			if src.mon != nil {
+				src.mon.Close()
+			}
 		}
 	}
 	for {
@@ -372,6 +477,10 @@ func (s *Subscriber) poll(wake *zmq.Socket) {
 				}
 				continue
 			}
+			if src := monitors[p.Socket]; src != nil {
+				s.disconnected(src, poller, sources, byStream)
+				continue
+			}
 			src := sources[p.Socket]
 			if src == nil {
 				continue // removed in this round
@@ -398,28 +507,15 @@ func (s *Subscriber) exec(c command, poller *zmq.Poller, sources map[*zmq.Socket
 			byTopic[st.cfg.Topic] = st
 			return cmdReply{}
 		}
-		soc, err := s.newSub()
-		if err == nil {
-			err = soc.Connect(st.cfg.Endpoint)
-			if err != nil {
-				soc.Close()
-			}
+		if err := s.connect(st, poller, sources, byStream); err != nil {
+			return cmdReply{err: err}
 		}
-		if err != nil {
-			return cmdReply{err: fmt.Errorf("connect %s: %w", st.cfg.Endpoint, err)}
-		}
-		src := &source{soc: soc, st: st}
-		sources[soc], byStream[st] = src, src
-		poller.Add(soc, zmq.POLLIN)
 	case cmdRemove:
 		if byTopic[c.st.cfg.Topic] == c.st {
 			delete(byTopic, c.st.cfg.Topic)
 		}
 		if src, ok := byStream[c.st]; ok {
-			_ = poller.RemoveBySocket(src.soc)
-			delete(sources, src.soc)
-			delete(byStream, c.st)
-			src.soc.Close()
+			s.disconnect(src, poller, sources, byStream)
 		}
 	case cmdBind:
 		soc, err := s.newSub()
@@ -441,6 +537,76 @@ func (s *Subscriber) exec(c command, poller *zmq.Poller, sources map[*zmq.Socket
 	return cmdReply{}
 }
 
+// connect opens the stream's SUB, with a monitor: libzmq reconnects a SUB by itself after a
+// network error, but not after a protocol error, and a frame over MaxMsgSize is one: the
+// connection is closed for good without a word to the reader.
+func (s *Subscriber) connect(st *stream, poller *zmq.Poller, sources map[*zmq.Socket]*source, byStream map[*stream]*source) error {
+	soc, err := s.newSub()
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", st.cfg.Endpoint, err)
+	}
+	src := &source{soc: soc, st: st}
+	addr := fmt.Sprintf("inproc://kvevents-sub-mon-%d", monitorSeq.Add(1))
+	if err = soc.Monitor(addr, zmq.EVENT_DISCONNECTED); err == nil {
+		if src.mon, err = s.ctx.NewSocket(zmq.PAIR); err == nil {
+			_ = src.mon.SetLinger(0)
+			err = src.mon.Connect(addr)
+		}
+	}
+	if err == nil {
+		err = soc.Connect(st.cfg.Endpoint)
+	}
+	if err != nil {
+		soc.Close()
+		if src.mon != nil {
+			src.mon.Close()
+		}
+		return fmt.Errorf("connect %s: %w", st.cfg.Endpoint, err)
+	}
+	sources[soc], byStream[st] = src, src
+	s.monitors[src.mon] = src
+	poller.Add(soc, zmq.POLLIN)
+	poller.Add(src.mon, zmq.POLLIN)
+	return nil
+}
+
+func (s *Subscriber) disconnect(src *source, poller *zmq.Poller, sources map[*zmq.Socket]*source, byStream map[*stream]*source) {
+	_ = poller.RemoveBySocket(src.soc)
+	_ = poller.RemoveBySocket(src.mon)
+	delete(sources, src.soc)
+	delete(s.monitors, src.mon)
+	delete(byStream, src.st)
+	src.soc.Close()
+	src.mon.Close()
+}
+
+// disconnected handles a SUB that lost its connection: a new SUB replaces it, since after a
+// protocol error libzmq would not reconnect. Whatever was published meanwhile is a gap, found
+// with the next message and repaired by replay.
+func (s *Subscriber) disconnected(src *source, poller *zmq.Poller, sources map[*zmq.Socket]*source, byStream map[*stream]*source) {
+	lost := false
+	for {
+		e, _, _, err := src.mon.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			break
+		}
+		lost = lost || e == zmq.EVENT_DISCONNECTED
+	}
+	if !lost {
+		return
+	}
+	st := src.st
+	st.c.subReconnects.Add(1)
+	s.disconnect(src, poller, sources, byStream)
+	if err := s.connect(st, poller, sources, byStream); err != nil {
+		s.log.Error("event stream lost: its SUB could not be opened again", "engine", st.key.Engine, "rank", st.key.Rank, "err", err)
+	}
+	select {
+	case st.lost <- struct{}{}:
+	default:
+	}
+}
+
 func (s *Subscriber) newSub() (*zmq.Socket, error) {
 	soc, err := s.ctx.NewSocket(zmq.SUB)
 	if err != nil {
@@ -448,6 +614,7 @@ func (s *Subscriber) newSub() (*zmq.Socket, error) {
 	}
 	_ = soc.SetLinger(0)
 	_ = soc.SetRcvhwm(s.opts.RcvHWM)
+	_ = soc.SetMaxmsgsize(s.opts.MaxMsgSize)
 	_ = soc.SetReconnectIvl(s.opts.ReconnectIvl)
 	_ = soc.SetReconnectIvlMax(s.opts.ReconnectIvlMax)
 	// Everything is subscribed and the topic checked here, so a wrong topic is counted rather

@@ -116,6 +116,7 @@ type Stream struct {
 // is exported without this package naming each one.
 type CounterSpec struct {
 	Metric, Help string
+	Gauge        bool // a level, not a count
 }
 
 // StateCollector reads stream, index and engine state at scrape time.
@@ -126,6 +127,7 @@ type StateCollector struct {
 	Unroutable   func() float64
 	streamDesc   map[string]*prometheus.Desc
 	counterDescs []*prometheus.Desc
+	counterTypes []prometheus.ValueType
 	states       *prometheus.Desc
 	keys, side   *prometheus.Desc
 	unroutable   *prometheus.Desc
@@ -158,6 +160,11 @@ func NewStateCollector(streams func() []Stream, keys func() float64, side func()
 	}
 	for _, cs := range counters {
 		c.counterDescs = append(c.counterDescs, d(cs.Metric, cs.Help))
+		t := prometheus.CounterValue
+		if cs.Gauge {
+			t = prometheus.GaugeValue
+		}
+		c.counterTypes = append(c.counterTypes, t)
 	}
 	return c
 }
@@ -193,7 +200,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		// A replica without an event stream has no counters: its series are absent, not 0.
 		for i, v := range s.Counters {
 			if i < len(c.counterDescs) {
-				ch <- prometheus.MustNewConstMetric(c.counterDescs[i], ctr, v, s.Engine, s.Rank)
+				ch <- prometheus.MustNewConstMetric(c.counterDescs[i], c.counterTypes[i], v, s.Engine, s.Rank)
 			}
 		}
 		for _, st := range streamStates {

@@ -8,7 +8,7 @@ import (
 )
 
 func TestStateCollector(t *testing.T) {
-	specs := []CounterSpec{{"stream_resets_total", "Resets."}, {"stream_panics_total", "Panics."}}
+	specs := []CounterSpec{{"stream_resets_total", "Resets.", false}, {"stream_panics_total", "Panics.", false}}
 	sc := NewStateCollector(func() []Stream {
 		return []Stream{{Engine: "e0", Rank: "1", State: "inexact", Counters: []float64{2, 0}, BlocksGPU: 7, Healthy: true},
 			{Engine: "e1", Rank: "0", State: "none"}} // no stream: no counter series

@@ -1,12 +1,16 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +35,8 @@ type engine struct {
 	modelsRead bool
 	health     *proxy.Health
 	reps       []*replica
+	// probeDown: the last /health probe failed; the streams were told (Subscriber.Down).
+	probeDown atomic.Bool
 }
 
 // replica is one (engine, DP rank): one index replica, maybe one event stream, and the load
@@ -47,6 +53,8 @@ type replica struct {
 	responses, withUsage, noUsage      atomic.Uint64
 	promptTok, predictedTok, actualTok atomic.Uint64
 	absErrTok                          atomic.Uint64
+
+	quiet atomic.Int64 // requests served in a row with no event applied for staleAfter
 }
 
 // engineTable is the router's view of the fleet, swapped under mu.
@@ -133,11 +141,13 @@ func sameWiring(a, b discovery.Engine) bool {
 		a.Ranks() == b.Ranks()
 }
 
-// modelInfo is what an engine's /v1/models said.
+// modelInfo is what an engine's /v1/models said, and its num_gpu_blocks from /metrics (0:
+// not known).
 type modelInfo struct {
-	base     string
-	adapters []string
-	err      error
+	base      string
+	adapters  []string
+	err       error
+	gpuBlocks int
 }
 
 // prefetchModels reads /v1/models of every engine that will be added, concurrently, so a burst
@@ -154,8 +164,9 @@ func (s *Server) prefetchModels(ctx context.Context, snap []discovery.Engine, ol
 		go func() {
 			defer wg.Done()
 			base, adapters, err := s.models(ctx, d.URL)
+			blocks := s.gpuBlocks(ctx, d.URL)
 			mu.Lock()
-			out[d.Name] = modelInfo{base, adapters, err}
+			out[d.Name] = modelInfo{base, adapters, err, blocks}
 			mu.Unlock()
 		}()
 	}
@@ -194,6 +205,9 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 		}
 		if s.o.Config.Events.Enabled && s.sub != nil && (ep != "" || s.bound) {
 			sc := kvevents.StreamConfig{Engine: d.Name, Rank: r, Endpoint: ep, Topic: s.topic(d, e.model)}
+			if mi.gpuBlocks > 0 {
+				sc.MaxBlocks = kvevents.MaxBlocksFor(mi.gpuBlocks)
+			}
 			if s.o.Config.Events.Replay && r < len(d.Replay) {
 				sc.ReplayEndpoint = d.Replay[r]
 			}
@@ -304,6 +318,9 @@ func (s *Server) probe(ctx context.Context, e *engine) bool {
 	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
 	was := e.health.Healthy(s.now())
 	e.health.Probed(err)
+	if ctx.Err() == nil && e.probeDown.CompareAndSwap(err == nil, err != nil) {
+		s.tellStreams(e, err != nil)
+	}
 	if err == nil {
 		if !was {
 			e.health.Success()
@@ -377,6 +394,68 @@ func (s *Server) relearn(ctx context.Context, e *engine) {
 	s.table.mu.Lock()
 	s.table.engines, s.table.reps = next, nreps
 	s.table.mu.Unlock()
+}
+
+// tellStreams passes a probe's change of mind to the engine's streams: down, the old process's
+// blocks stop counting as exact at once; up, the stream checks whether the engine is still the
+// process it was (see kvevents.Subscriber.Up).
+func (s *Server) tellStreams(e *engine, down bool) {
+	for _, r := range e.reps {
+		if !r.stream {
+			continue
+		}
+		var err error
+		if down {
+			err = s.sub.Down(e.name, r.rank)
+		} else {
+			err = s.sub.Up(e.name, r.rank)
+		}
+		if err != nil {
+			s.log.Debug("stream not told of the engine's health", "engine", e.name, "rank", r.rank, "down", down, "err", err)
+		}
+	}
+}
+
+// gpuBlocks reads num_gpu_blocks from the engine's vllm:cache_config_info (GET /metrics); 0
+// when it cannot. It bounds the replica's index entries (kvevents.MaxBlocksFor).
+func (s *Server) gpuBlocks(ctx context.Context, base string) int {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := s.px.Client().Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0
+	}
+	return parseGPUBlocks(io.LimitReader(resp.Body, 8<<20))
+}
+
+// parseGPUBlocks finds num_gpu_blocks="N" on a vllm:cache_config_info line of a Prometheus text
+// exposition (vLLM sets every CacheConfig field as a label of that gauge).
+func parseGPUBlocks(r io.Reader) int {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "vllm:cache_config_info{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, `num_gpu_blocks="`)
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, `"`)
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 0
 }
 
 // probeLoop polls every engine's /health.

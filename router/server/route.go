@@ -431,9 +431,42 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	return out
 }
 
+// staleAfter and staleHits: a replica whose engine answers staleHits requests in a row, each of
+// at least one full block and each staleAfter or more after the stream's last applied batch,
+// has a publisher that stopped (a prefill stores blocks, and vLLM publishes them within
+// milliseconds). Several in a row, because a request served wholly from the prefix cache
+// publishes nothing in incremental mode.
+const (
+	staleAfter = 2 * time.Second
+	staleHits  = 3
+)
+
+// checkPublishing marks the stream stale when the engine serves without publishing.
+func (s *Server) checkPublishing(rep *replica, promptTokens int) {
+	bs := max(s.o.Config.BlockSize, 1)
+	if !rep.stream || s.sub == nil || promptTokens < bs {
+		return
+	}
+	st, ok := s.sub.Stats(rep.eng.name, rep.rank)
+	if !ok {
+		return
+	}
+	if !st.LastApplied.IsZero() && time.Since(st.LastApplied) < staleAfter {
+		rep.quiet.Store(0)
+		return
+	}
+	if rep.quiet.Add(1) >= staleHits && st.State == kvevents.Exact {
+		if err := s.sub.Stale(rep.eng.name, rep.rank); err == nil {
+			s.log.Warn("engine serves but publishes no KV events; replica scored approximately until they resume",
+				"engine", rep.eng.name, "rank", rep.rank, "last_event", st.LastApplied)
+		}
+	}
+}
+
 // account compares the prediction with the engine's reported cached tokens.
 func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usage) {
 	rep.responses.Add(1)
+	s.checkPublishing(rep, promptTokens)
 	name := rep.eng.name
 	if u == nil || !u.HasCached {
 		rep.noUsage.Add(1)

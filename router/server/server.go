@@ -266,7 +266,7 @@ func (s *Server) Metrics() *metrics.Metrics { return s.met }
 func streamCounterSpecs() []metrics.CounterSpec {
 	var out []metrics.CounterSpec
 	for _, c := range kvevents.CounterSpecs() {
-		out = append(out, metrics.CounterSpec{Metric: c.Metric, Help: c.Help})
+		out = append(out, metrics.CounterSpec{Metric: c.Metric, Help: c.Help, Gauge: c.Gauge})
 	}
 	return out
 }

@@ -24,9 +24,13 @@ var (
 	buildErr  error
 )
 
-// kvrouterBin builds cmd/kvrouter once per test binary.
+// kvrouterBin builds cmd/kvrouter once per test binary, or returns $KVROUTER_BIN when set (to
+// run the suite against another build, say the previous release's).
 func kvrouterBin(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("KVROUTER_BIN"); bin != "" {
+		return bin
+	}
 	buildOnce.Do(func() {
 		binDir, buildErr = os.MkdirTemp("", "kvroute-chaos-")
 		if buildErr != nil {

@@ -33,7 +33,7 @@ func routerMetrics(t *testing.T) map[string]string {
 	m := metrics.New(nil)
 	var counters []metrics.CounterSpec
 	for _, c := range kvevents.CounterSpecs() {
-		counters = append(counters, metrics.CounterSpec{Metric: c.Metric, Help: c.Help})
+		counters = append(counters, metrics.CounterSpec{Metric: c.Metric, Help: c.Help, Gauge: c.Gauge})
 	}
 	collectors := []prometheus.Collector{metrics.NewStateCollector(nil, nil, nil, nil, counters)}
 	v := reflect.ValueOf(m).Elem()

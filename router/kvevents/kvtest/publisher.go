@@ -28,6 +28,8 @@ type Options struct {
 	// Connect, when set, makes the PUB dial this address instead of binding (vLLM with a concrete
 	// host in its endpoint, for a router in bound mode).
 	Connect string
+	// ReplayDelay delays every replay answer (a busy engine's publisher thread).
+	ReplayDelay time.Duration
 }
 
 // Publisher publishes batches on a PUB socket and serves replays from its ring. Safe for
@@ -95,6 +97,8 @@ func (p *Publisher) open() error {
 		return nil
 	}
 	if p.router, err = p.ctx.NewSocket(zmq.ROUTER); err == nil {
+		// The send HWM stays at libzmq's default (1,000), as vLLM leaves it: a replay burst longer
+		// than the pipe loses batches, which the router must repair by asking again.
 		_ = p.router.SetLinger(0)
 		if err = p.router.Bind("tcp://127.0.0.1:*"); err == nil {
 			p.replayEndpoint, err = p.router.GetLastEndpoint()
@@ -244,6 +248,9 @@ func (p *Publisher) serve() {
 			continue // vLLM logs and ignores a malformed request
 		}
 		p.ReplayRequests.Add(1)
+		if p.opts.ReplayDelay > 0 {
+			time.Sleep(p.opts.ReplayDelay)
+		}
 		p.mu.Lock()
 		var out []kvwire.Message
 		for _, m := range p.ring[max(0, len(p.ring)-p.opts.Ring):] {
