@@ -85,8 +85,25 @@ func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 		want := fmt.Sprintf("e%d", on)
 		// The engine's BlockStored reaches the router within milliseconds; the route is asked
 		// again (read-only) until the router sees the warm-up, then the request is sent.
+		// Chosen alone is not enough: before the events arrive every candidate scores alike and
+		// the tie may fall on the wanted engine by chance, so its exact blocks must show too.
 		waitFor(t, what+" warm-up indexed", 10*time.Second, func() bool {
-			return bytes.Contains(call(t, http.MethodPost, adm+"/debug/route", body, "").body, []byte(`"chosen":"`+want+`/0"`))
+			var rt struct {
+				Chosen     string `json:"chosen"`
+				Candidates []struct {
+					Replica     string `json:"replica"`
+					ExactBlocks int    `json:"exact_blocks"`
+				} `json:"candidates"`
+			}
+			if json.Unmarshal(call(t, http.MethodPost, adm+"/debug/route", body, "").body, &rt) != nil || rt.Chosen != want+"/0" {
+				return false
+			}
+			for _, c := range rt.Candidates {
+				if c.Replica == want+"/0" {
+					return c.ExactBlocks > 0
+				}
+			}
+			return false
 		})
 		a = call(t, http.MethodPost, base+path, body, clientAuth[n%len(clientAuth)])
 		n++
@@ -105,7 +122,8 @@ func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 		}
 		got, pred := a.header.Get("x-kvroute-engine"), a.header.Get("x-kvroute-predicted-cached-tokens")
 		if got != want || u.Usage.Details.Cached == 0 || pred != strconv.Itoa(u.Usage.Details.Cached) {
-			t.Fatalf("%s: routed to %s (want %s), predicted %s cached tokens, the engine reports %d", what, got, want, pred, u.Usage.Details.Cached)
+			t.Fatalf("%s: routed to %s (want %s), predicted %s cached tokens, the engine reports %d; /debug/route now: %s; /debug/engines: %s", what, got, want, pred,
+				u.Usage.Details.Cached, call(t, http.MethodPost, adm+"/debug/route", body, "").body, call(t, http.MethodGet, adm+"/debug/engines", "", "").body)
 		}
 	}
 	for p := range 3 {
