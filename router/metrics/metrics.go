@@ -30,6 +30,8 @@ type Metrics struct {
 	UsageMissing      *prometheus.CounterVec // engine: responses without cached_tokens
 	ApproxDecisions   *prometheus.CounterVec // engine: decisions scored from the approximate index
 	TTFBSeconds       *prometheus.HistogramVec
+	FirstTokenSeconds *prometheus.HistogramVec // engine: streams only
+	EngineErrors      *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
 	InflightRequests  *prometheus.GaugeVec // engine, rank
 	PredictedHitRatio prometheus.Gauge
 	ActualHitRatio    prometheus.Gauge
@@ -66,7 +68,11 @@ func New(state prometheus.Collector) *Metrics {
 		ApproxDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "approximate_decisions_total",
 			Help: "Decisions where the chosen replica was scored from the approximate index (no healthy event stream)."}, []string{"engine"}),
 		TTFBSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_byte_seconds",
-			Help: "Time from forwarding to the engine's response headers.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
+			Help: "Time from forwarding to the engine's response headers (for a vLLM stream: its acceptance, not its first token; for a non-streamed answer: the whole answer).", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
+		FirstTokenSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_token_seconds",
+			Help: "Streams: time from forwarding to the first SSE data event carrying a choice.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
+		EngineErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_stream_errors_total",
+			Help: "In-stream error events (data: {\"error\": ...} under status 200) the engines sent, before or after the first token."}, []string{"engine", "when"}),
 		InflightRequests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_requests",
 			Help: "Requests this router has in flight, by engine and rank."}, []string{"engine", "rank"}),
 		PredictedHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "predicted_hit_ratio",
@@ -76,7 +82,7 @@ func New(state prometheus.Collector) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
 		m.TokenizeSource, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions,
-		m.TTFBSeconds, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
+		m.TTFBSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {
 		r.MustRegister(state)

@@ -275,6 +275,12 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {
 	s.requestsTotal.Add(1)
+	ctx := r.Context()
+	if d := s.o.Config.Limits.RequestTimeout.Duration; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, d, proxy.ErrRequestTimeout)
+		defer cancel()
+	}
 	reps, _ := s.table.snapshot()
 	p, ok := s.prepare(w, r, kind, reps)
 	if !ok {
@@ -299,8 +305,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
 			} else {
-				s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
-				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, fmt.Sprintf("every engine tried failed: %v", last.Err))
+				s.allFailed(w, last)
 			}
 			return
 		}
@@ -315,27 +320,54 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 				healthyLeft++
 			}
 		}
-		out := s.forward(w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
+		out := s.forward(ctx, w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
 		if out.Retryable && !out.Started {
-			why := fmt.Sprintf("status %d", out.Status)
+			why := out.Kind
 			if out.Err != nil {
-				why = out.Err.Error()
+				why += ": " + out.Err.Error()
 			}
 			rep.eng.health.Failure(s.now(), why)
 			s.met.Retries.WithLabelValues(rep.eng.name).Inc()
-			s.log.Warn("engine attempt failed before the first byte; retrying elsewhere", "engine", rep.name, "why", why)
+			s.log.Warn("engine attempt failed before the first token; retrying elsewhere", "engine", rep.name, "why", why)
 			excluded[rep] = true
 			last = out
 			continue
 		}
+		if !out.Started && out.Err != nil {
+			switch {
+			case out.ClientGone:
+			case out.Kind == proxy.KindRequestTimeout:
+				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.TypeServer, out.Err.Error())
+			default:
+				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.name+": "+out.Err.Error())
+			}
+		}
+		if out.Cut {
+			// The client already has the status and some tokens: the proxy wrote an SSE error
+			// event; aborting the connection keeps the chunked terminator (or the rest of a
+			// Content-Length) from reaching it, so no client can take the answer as complete.
+			panic(http.ErrAbortHandler)
+		}
 		return
 	}
-	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
-	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, fmt.Sprintf("every engine tried failed: %v", last.Err))
+	s.allFailed(w, last)
 }
 
-// forward sends one attempt to the decision's replica and accounts for it.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
+// allFailed answers a request whose every attempt failed before its first token.
+func (s *Server) allFailed(w http.ResponseWriter, last proxy.Outcome) {
+	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
+	msg := "every engine tried failed"
+	if last.Err != nil {
+		msg += ": " + last.Err.Error()
+	}
+	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, msg)
+}
+
+// forward sends one attempt to the decision's replica and accounts for it. The replica's
+// uncached prompt tokens count as prefill until the first token (proxy.Request.OnFirstToken:
+// for a stream the first data event with a choice, for a non-streamed answer the answer
+// itself), then its prompt tokens count as decode until the end.
+func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
 	rep := d.reps[d.chosen]
 	dp := rep.eng.dp.Load()
 	cached := d.cached[d.chosen]
@@ -345,7 +377,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	rep.running.Add(1)
 	rankLabel := strconv.Itoa(rep.rank)
 	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
-	firstByte := false
+	firstToken := false
 	engineHdr := rep.eng.name
 	if dp.Ranks() > 1 {
 		engineHdr += "/" + rankLabel
@@ -354,34 +386,49 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	if dp.Ranks() == 1 {
 		rank = -1 // a single-rank engine needs no pin
 	}
-	out := s.px.Do(r.Context(), w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
+	out := s.px.Do(ctx, w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
 		Path: path, Body: body, Header: r.Header, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
 		MayRetry: mayRetry,
 		SetHeaders: func(h http.Header) {
 			h.Set("x-kvroute-engine", engineHdr)
 			h.Set("x-kvroute-predicted-cached-tokens", strconv.Itoa(cached))
 		},
-		OnFirstByte: func() {
-			firstByte = true
+		OnFirstToken: func() {
+			firstToken = true
 			rep.prefill.Add(-uncached)
 			rep.decode.Add(tokensIn)
 		},
 	})
-	if firstByte {
+	if firstToken {
 		rep.decode.Add(-tokensIn)
 	} else {
 		rep.prefill.Add(-uncached)
 	}
 	rep.running.Add(-1)
 	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Dec()
+	if out.Status > 0 {
+		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())
+	}
+	if out.EngineError != "" {
+		when := "before_first_token"
+		if firstToken {
+			when = "after_first_token"
+		}
+		s.met.EngineErrors.WithLabelValues(rep.eng.name, when).Inc()
+		s.log.Warn("engine sent an in-stream error", "engine", rep.name, "when", when, "message", out.EngineError)
+	}
 	if out.Retryable && !out.Started {
 		return out
 	}
-	if out.Status > 0 {
-		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())
-		if out.Status < 500 {
-			rep.eng.health.Success()
-		}
+	if p.tr.Stream && out.TTFT > 0 {
+		s.met.FirstTokenSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFT.Seconds())
+	}
+	switch {
+	case out.ClientGone, out.Kind == proxy.KindRequestTimeout:
+	case out.Cut:
+		rep.eng.health.Failure(s.now(), out.Kind+": "+out.Err.Error())
+	case out.Status > 0 && out.Status < 500:
+		rep.eng.health.Success()
 	}
 	code := strconv.Itoa(out.Status)
 	if out.Err != nil && !out.Started {
@@ -389,16 +436,17 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	}
 	s.met.Requests.WithLabelValues(rep.eng.name, s.policy, code).Inc()
 	if out.Err != nil {
-		reason := "upstream"
-		if out.ClientGone {
-			reason = "client_gone"
+		reason := out.Kind
+		if reason == "" {
+			reason = "upstream"
 		}
 		s.met.Errors.WithLabelValues(rep.eng.name, s.policy, reason).Inc()
-		if !out.Started {
-			proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.name+": "+out.Err.Error())
+		if out.Cut {
+			s.log.Warn("answer cut after its first token; the client gets an error event and an aborted connection",
+				"engine", rep.name, "kind", out.Kind, "err", out.Err)
 		}
 	}
-	if out.Status == http.StatusOK {
+	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
 		s.account(rep, d.req.Tokens, cached, out.Usage)
 	}
 	return out

@@ -125,7 +125,7 @@ func New(o Options) (*Server, error) {
 	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
 	s.approx = index.NewApproximate(index.SideOptions{})
 	lim := o.Config.Limits
-	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstByteTimeout: lim.FirstByteTimeout.Duration,
+	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstByteTimeout.Duration,
 		IdleTimeout: o.IdleTimeout})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {

@@ -70,7 +70,7 @@ type Config struct {
 	// SSEKeepAliveInterval > 0 writes an SSE comment line `: keep-alive` on a stream that sent
 	// nothing for that long (wall time, not scaled). A comment commits the headers.
 	SSEKeepAliveInterval time.Duration
-	Seed             int64   // seeds the fail-rate draw
+	Seed                 int64 // seeds the fail-rate draw
 
 	eventClock func() float64 // batch timestamps (tests pin it); nil = time.Now
 }
