@@ -32,7 +32,7 @@ type Metrics struct {
 	TTFBSeconds       *prometheus.HistogramVec
 	FirstTokenSeconds *prometheus.HistogramVec // engine: streams only
 	EngineErrors      *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
-	InflightRequests  *prometheus.GaugeVec // engine, rank
+	InflightRequests  *prometheus.GaugeVec     // engine, rank
 	PredictedHitRatio prometheus.Gauge
 	ActualHitRatio    prometheus.Gauge
 }

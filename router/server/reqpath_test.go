@@ -29,7 +29,9 @@ type streamResult struct {
 
 // clean: the whole answer. cut: tokens, then an error event and a broken connection. Anything
 // else (an error without tokens, a truncated stream that ends cleanly, a non-200) is a failure.
-func (r streamResult) clean() bool { return r.status == 200 && r.done && !r.errEvent && r.readErr == nil && r.tokens > 0 }
+func (r streamResult) clean() bool {
+	return r.status == 200 && r.done && !r.errEvent && r.readErr == nil && r.tokens > 0
+}
 func (r streamResult) cut() bool {
 	return r.status == 200 && r.tokens > 0 && r.errEvent && !r.done && r.readErr != nil
 }
