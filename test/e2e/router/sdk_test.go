@@ -34,7 +34,7 @@ func sdkModules(t *testing.T) string {
 		skipUnlessCI(t, "npm not installed and no node_modules in test/e2e/openai-sdk")
 	}
 	dir := t.TempDir()
-	for _, f := range []string{"package.json", "package-lock.json", "check.mjs"} {
+	for _, f := range []string{"package.json", "package-lock.json", "check.mjs", "faults.mjs"} {
 		b, err := os.ReadFile(filepath.Join(sdkDir, f))
 		if err != nil {
 			t.Fatal(err)
