@@ -197,11 +197,13 @@ func TestHealthPassiveBackoff(t *testing.T) {
 		t.Fatal("one failure is below the threshold")
 	}
 	h.Failure(now, "x")
+	h.ProbedAt(now, nil)
 	if h.Healthy(now) || !h.Healthy(now.Add(time.Second)) {
 		t.Fatal("two failures: down for 1s")
 	}
 	h.Failure(now, "x")
 	h.Failure(now, "x")
+	h.ProbedAt(now, nil)
 	if h.Healthy(now.Add(time.Second)) || !h.Healthy(now.Add(2*time.Second)) {
 		t.Fatal("second trip: backoff doubles to 2s")
 	}
@@ -243,5 +245,35 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	if out := <-done; !out.ClientGone || out.Retryable {
 		t.Fatalf("outcome %+v", out)
+	}
+}
+
+// Passive health takes an engine out and keeps it out until a probe that started after the
+// failure succeeded, not merely until the backoff ends; a refused connection trips it at once.
+func TestHealthWaitsForTheProbe(t *testing.T) {
+	h := &Health{Threshold: 3, Backoff: time.Second}
+	now := time.Unix(1000, 0)
+	h.ProbedAt(now, nil)
+	h.Unreachable(now, "refused")
+	if h.Healthy(now) {
+		t.Fatal("a refused connection must take the engine out at once")
+	}
+	if h.Healthy(now.Add(time.Hour)) {
+		t.Fatal("the backoff ended but no probe has seen the engine since")
+	}
+	h.ProbedAt(now.Add(-time.Millisecond), nil) // a probe that started before the failure
+	if h.Healthy(now.Add(time.Hour)) {
+		t.Fatal("a probe older than the failure put the engine back")
+	}
+	h.ProbedAt(now.Add(500*time.Millisecond), nil)
+	if h.Healthy(now.Add(700*time.Millisecond)) || !h.Healthy(now.Add(time.Second)) {
+		t.Fatal("after a fresh probe the engine is back once the backoff ended")
+	}
+	h.Success()
+	for range 3 {
+		h.Failure(now, "5xx")
+	}
+	if h.Healthy(now.Add(time.Hour)) {
+		t.Fatal("threshold failures: out until probed")
 	}
 }

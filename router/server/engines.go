@@ -285,14 +285,11 @@ func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
 }
 
 func (s *Server) probe(ctx context.Context, e *engine) {
+	start := s.now()
 	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
 	was := e.health.Healthy(s.now())
-	e.health.Probed(err)
-	if err == nil {
-		if !was {
-			e.health.Success()
-		}
-	} else if was {
+	e.health.ProbedAt(start, err)
+	if err != nil && was {
 		s.log.Warn("engine unhealthy", "engine", e.name, "err", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -165,5 +166,68 @@ func TestInStreamErrorAfterFirstToken(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(rt.s.met.EngineErrors.WithLabelValues("e0", "after_first_token")); n != 1 {
 		t.Fatalf("engine errors counted %v", n)
+	}
+}
+
+// failingFront serves a sim's render, models and health, but answers every generation 503.
+func failingFront(t *testing.T, sim *vllmsim.Sim) string {
+	h := sim.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/chat/completions" {
+			http.Error(w, `{"error":{"message":"overloaded","type":"ServiceUnavailable","param":null,"code":503}}`, 503)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A failed attempt takes back its prediction: after a retry only the replica that served the
+// request holds the prompt in the predicted side index.
+func TestFailedAttemptRollsBack(t *testing.T) {
+	bad, good := startSim(t, vllmsim.Config{KVEventsPort: 0}), startSim(t, vllmsim.Config{KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "bad", URL: failingFront(t, bad), Ready: true},
+		{Name: "good", URL: good.URL(), Ready: true}}), func(o *Options) { o.Config.Policy = "round-robin" })
+	for i := range 4 {
+		a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(90_000+i, 512, i, 1, 2))
+		if a.status != 200 || a.header.Get("x-kvroute-engine") != "good" {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+	}
+	// 4 prompts of 513 tokens: 32 blocks each, predicted on "good" only.
+	if n := rt.s.predicted.Len(); n != 4*32 {
+		t.Fatalf("predicted side index holds %d entries, want %d (the failed attempts' taken back)", n, 4*32)
+	}
+	if testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("bad")) == 0 {
+		t.Fatal("no attempt went to the failing engine: the test proved nothing")
+	}
+}
+
+// A pod that stops answering is excluded whole: with 4 DP ranks on the dead pod and 2
+// attempts per request, every request still lands on the live engine, and after the first
+// refused connection the dead pod stays out until an active probe has seen it again.
+func TestDeadPodExcludedWhole(t *testing.T) {
+	dead := startSim(t, vllmsim.Config{DataParallelSize: 4, KVEventsPort: -1})
+	good := startSim(t, vllmsim.Config{KVEventsPort: 0})
+	deadEng := simEngine("dead", dead)
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{deadEng, {Name: "good", URL: good.URL(), Ready: true}}), func(o *Options) {
+		o.MaxAttempts = 2
+		o.ProbeInterval = time.Hour
+		o.Config.Events.Enabled = false
+		o.Config.Policy = "round-robin"
+	})
+	_ = dead.Close()
+	for i := range 10 {
+		a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(95_000+i, 64, i, 1, 2))
+		if a.status != 200 {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+	}
+	if n := testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("dead")); n != 1 {
+		t.Fatalf("%v attempts went to the dead pod, want 1 (then it is out)", n)
+	}
+	if rt.s.Engines()[0].Health.Healthy {
+		t.Fatal("the dead pod is back without a probe")
 	}
 }

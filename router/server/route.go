@@ -29,6 +29,8 @@ type decision struct {
 	cached []int
 	chosen int
 	took   time.Duration
+	// recorded is when record entered the decision into the side indexes (zero: not recorded).
+	recorded time.Time
 }
 
 // blockSize is the fleet's block size: configured, else announced by discovery, else learned
@@ -181,12 +183,32 @@ func (s *Server) record(d *decision) {
 		return
 	}
 	now := s.now()
+	d.recorded = now
 	id := d.reps[d.chosen].id
 	s.predicted.Predict(id, d.req.Keys, now)
 	// The approximate index stands in for a missing stream; a replica with a whole stream
 	// never reads it, so its decisions are not written there.
 	if d.cands[d.chosen].Approximate {
 		s.approx.Predict(id, d.req.Keys, now)
+	}
+}
+
+// rollback takes back what a decision told the policy and the side indexes, for an attempt that
+// failed before the engine took the request: the replica that just failed must not attract the
+// next request with the same prefix through a prediction of blocks it never computed.
+func (s *Server) rollback(d *decision) {
+	s.polMu.Lock()
+	if rt, ok := s.pol.(score.Retractor); ok {
+		rt.Retract(&d.req, d.cands, d.chosen)
+	}
+	s.polMu.Unlock()
+	if d.recorded.IsZero() {
+		return
+	}
+	id := d.reps[d.chosen].id
+	s.predicted.Unpredict(id, d.req.Keys, d.recorded)
+	if d.cands[d.chosen].Approximate {
+		s.approx.Unpredict(id, d.req.Keys, d.recorded)
 	}
 }
 
@@ -326,12 +348,24 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			if out.Err != nil {
 				why += ": " + out.Err.Error()
 			}
-			rep.eng.health.Failure(s.now(), why)
+			s.rollback(d)
+			if out.PodDown {
+				// The pod is unreachable, not one rank: no retry may land on its other ranks.
+				rep.eng.health.Unreachable(s.now(), why)
+				for _, r := range rep.eng.reps {
+					excluded[r] = true
+				}
+			} else {
+				rep.eng.health.Failure(s.now(), why)
+				excluded[rep] = true
+			}
 			s.met.Retries.WithLabelValues(rep.eng.name).Inc()
 			s.log.Warn("engine attempt failed before the first token; retrying elsewhere", "engine", rep.name, "why", why)
-			excluded[rep] = true
 			last = out
 			continue
+		}
+		if !out.Started && out.Err != nil && !out.ClientGone {
+			s.rollback(d)
 		}
 		if !out.Started && out.Err != nil {
 			switch {
