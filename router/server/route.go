@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -249,8 +250,15 @@ type prepared struct {
 // prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
 // load-only routing instead of failing it.
 func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, reps []*replica) (*prepared, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
+	body, err := s.readBody(w, r)
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.met.Errors.WithLabelValues("", s.policy, "body_timeout").Inc()
+			w.Header().Set("Connection", "close")
+			proxy.WriteError(w, http.StatusRequestTimeout, proxy.TypeInvalidRequest,
+				fmt.Sprintf("the request body did not arrive within %v", s.o.Config.Limits.BodyReadTimeout.Duration))
+			return nil, false
+		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			s.met.Errors.WithLabelValues("", s.policy, "too_large").Inc()
@@ -293,6 +301,22 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	s.met.TokenizeSource.WithLabelValues(src.String()).Inc()
 	p.toks = toks
 	return p, true
+}
+
+// readBody reads a request body within limits.bodyReadTimeout and limits.maxBodyBytes.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	deadline := false
+	if d := s.o.Config.Limits.BodyReadTimeout.Duration; d > 0 {
+		deadline = rc.SetReadDeadline(time.Now().Add(d)) == nil
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
+	if deadline && err == nil {
+		// Lifted once the body is in: a stream may last long after. On an error it stays, so
+		// net/http does not wait for the rest of a slow body before closing the connection.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return body, err
 }
 
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {

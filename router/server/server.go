@@ -45,7 +45,7 @@ type Options struct {
 	Now func() time.Time
 	// ProbeInterval between active /health probes (2s); ProbeTimeout per probe (1s).
 	ProbeInterval, ProbeTimeout time.Duration
-	// IdleTimeout cuts an engine answer silent for this long (5m).
+	// IdleTimeout, when set, replaces Config.Limits.IdleTimeout.
 	IdleTimeout time.Duration
 	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL).
 	PredictedTTL time.Duration
@@ -125,8 +125,12 @@ func New(o Options) (*Server, error) {
 	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
 	s.approx = index.NewApproximate(index.SideOptions{})
 	lim := o.Config.Limits
-	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstByteTimeout.Duration,
-		IdleTimeout: o.IdleTimeout})
+	idle := lim.IdleTimeout.Duration
+	if o.IdleTimeout > 0 {
+		idle = o.IdleTimeout
+	}
+	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstTokenTimeout.Duration,
+		IdleTimeout: idle})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize}
@@ -240,6 +244,15 @@ func (s *Server) APIHandler() http.Handler {
 		proxy.WriteError(w, http.StatusNotFound, proxy.TypeInvalidRequest, "no route "+r.Method+" "+r.URL.Path)
 	})
 	return mux
+}
+
+// ConfigureHTTP sets the API server's connection limits from the configuration:
+// limits.headerReadTimeout for a request's line and headers, and an idle keep-alive limit. There
+// is no write timeout (it would cut long streams); bodies are bounded by limits.bodyReadTimeout
+// in the handlers and by limits.maxBodyBytes.
+func (s *Server) ConfigureHTTP(hs *http.Server) {
+	hs.ReadHeaderTimeout = s.o.Config.Limits.HeaderReadTimeout.Duration
+	hs.IdleTimeout = 120 * time.Second
 }
 
 // AdminHandler serves /metrics, /debug/engines and /debug/route.
