@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
@@ -291,6 +292,16 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	}
 	toks, src, err := s.tok.Tokens(r.Context(), url, tr, body)
 	s.met.TokenizeSeconds.Observe(time.Since(t0).Seconds())
+	var ce *tokens.ClientError
+	if errors.As(err, &ce) {
+		// The engine refused the request itself (bad max_tokens, unknown model, a prompt over
+		// the context length): every engine would, so the client gets the engine's answer.
+		s.met.Errors.WithLabelValues("", s.policy, "engine_refused").Inc()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(ce.Status)
+		_, _ = w.Write(ce.Body)
+		return nil, false
+	}
 	if err != nil {
 		s.met.TokenizeFailures.Inc()
 		s.tokenizeDegraded.Add(1)
@@ -302,6 +313,37 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	p.toks = toks
 	return p, true
 }
+
+// jsonMediaType reports whether a Content-Type is application/json (any parameters, any case).
+func jsonMediaType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
+}
+
+// awaitDiscovery holds a request that arrived before the first engine snapshot (the first
+// milliseconds after start) until it is applied, rather than refusing it; false (after a 503
+// "no engine discovered yet") when it does not come within the wait.
+func (s *Server) awaitDiscovery(w http.ResponseWriter, r *http.Request) bool {
+	select {
+	case <-s.readyOnce:
+		return true
+	default:
+	}
+	t := time.NewTimer(s.o.DiscoveryWait)
+	defer t.Stop()
+	select {
+	case <-s.readyOnce:
+		return true
+	case <-r.Context().Done():
+		return false
+	case <-t.C:
+		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
+		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, errNotDiscovered)
+		return false
+	}
+}
+
+const errNotDiscovered = "no engine discovered yet"
 
 // readBody reads a request body within limits.bodyReadTimeout and limits.maxBodyBytes.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
@@ -321,6 +363,20 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {
 	s.requestsTotal.Add(1)
+	if !s.awaitDiscovery(w, r) {
+		return
+	}
+	if !jsonMediaType(r.Header.Get("Content-Type")) {
+		// vLLM's generation routes depend on validate_json_request
+		// (vllm/entrypoints/openai/api_server.py): the media type, lower-cased and without
+		// parameters, must be application/json, or the request is a 400 validation error. A
+		// `curl -d` body (application/x-www-form-urlencoded) or none at all is refused here
+		// the same way, before a render call and a routing decision are spent on it.
+		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
+		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest,
+			"Unsupported Media Type: Only 'application/json' is allowed")
+		return
+	}
 	ctx := r.Context()
 	if d := s.o.Config.Limits.RequestTimeout.Duration; d > 0 {
 		var cancel context.CancelFunc
@@ -544,6 +600,9 @@ func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usa
 
 // serveModels forwards GET /v1/models to a healthy engine.
 func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	if !s.awaitDiscovery(w, r) {
+		return
+	}
 	reps, _ := s.table.snapshot()
 	e := s.tokenizerEngine(reps)
 	if e == nil {
