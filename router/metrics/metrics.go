@@ -90,6 +90,17 @@ func New(state prometheus.Collector) *Metrics {
 	return m
 }
 
+// ForgetEngine deletes every series labelled with the engine (it left the fleet), so a
+// router that sees pods come and go does not export their series forever.
+func (m *Metrics) ForgetEngine(name string) {
+	l := prometheus.Labels{"engine": name}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.Requests, m.Errors, m.Retries,
+		m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.TTFBSeconds,
+		m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests} {
+		v.DeletePartialMatch(l)
+	}
+}
+
 // Handler serves the registry.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})

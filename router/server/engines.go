@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/score"
 )
 
 // engine is one discovered engine and its replicas (one per DP rank).
@@ -25,6 +26,9 @@ type engine struct {
 	adapts map[string]bool // served LoRA adapter names
 	health *proxy.Health
 	reps   []*replica
+	// gone is set when the engine left the table: requests still in flight on it stop
+	// touching its (deleted) metric series.
+	gone atomic.Bool
 }
 
 // replica is one (engine, DP rank): one index replica, maybe one event stream, and the load
@@ -208,7 +212,13 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 	return e, nil
 }
 
+// dropEngine removes an engine's replicas: their streams or index entries, side-index
+// predictions, the policy's per-replica state (balance windows, learned keys) and the engine's
+// metric series.
 func (s *Server) dropEngine(e *engine) {
+	e.gone.Store(true)
+	s.polMu.Lock()
+	f, _ := s.pol.(score.Forgetter)
 	for _, r := range e.reps {
 		if r.stream {
 			_ = s.sub.Remove(e.name, r.rank)
@@ -217,7 +227,12 @@ func (s *Server) dropEngine(e *engine) {
 		}
 		s.predicted.Forget(r.id)
 		s.approx.Forget(r.id)
+		if f != nil {
+			f.Forget(r.name)
+		}
 	}
+	s.polMu.Unlock()
+	s.met.ForgetEngine(e.name)
 }
 
 // topic is the engine's KV-event topic: <prefix>@<host>@<model>. Pods publish with their IP

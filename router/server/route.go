@@ -439,7 +439,9 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 				rep.eng.health.Failure(s.now(), why)
 				excluded[rep] = true
 			}
-			s.met.Retries.WithLabelValues(rep.eng.name).Inc()
+			if !rep.eng.gone.Load() {
+				s.met.Retries.WithLabelValues(rep.eng.name).Inc()
+			}
 			s.log.Warn("engine attempt failed before the first token; retrying elsewhere", "engine", rep.name, "why", why)
 			last = out
 			continue
@@ -490,7 +492,9 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	rep.prefill.Add(uncached)
 	rep.running.Add(1)
 	rankLabel := strconv.Itoa(rep.rank)
-	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
+	if !rep.eng.gone.Load() {
+		s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
+	}
 	firstToken := false
 	engineHdr := rep.eng.name
 	if dp.Ranks() > 1 {
@@ -519,6 +523,9 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		rep.prefill.Add(-uncached)
 	}
 	rep.running.Add(-1)
+	if rep.eng.gone.Load() {
+		return out // removed meanwhile: its series are deleted and stay so
+	}
 	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Dec()
 	if out.Status > 0 {
 		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())

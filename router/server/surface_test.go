@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/test/vllmsim"
 )
 
@@ -199,5 +200,43 @@ func TestMethodsMediaTypesAndErrorShape(t *testing.T) {
 		if want == 400 {
 			shape("content type "+ct, b, 400)
 		}
+	}
+}
+
+// A pod that leaves takes its predictions, its policy windows and its metric series with it.
+func TestRemovedPodLeavesNoState(t *testing.T) {
+	a, b := startSim(t, vllmsim.Config{KVEventsPort: 0}), startSim(t, vllmsim.Config{KVEventsPort: 0})
+	src := newPushSource([]discovery.Engine{simEngine("e0", a), simEngine("e1", b)})
+	rt := startRouter(t, src, func(o *Options) { o.Config.Policy = "round-robin"; o.PredictedTTL = time.Hour })
+	for i := range 4 {
+		if r := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(110_000+i, 64, i, 1, 1)); r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+	}
+	scrape := func() string {
+		resp, err := http.Get(rt.admin.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if !strings.Contains(scrape(), `engine="e1"`) || rt.s.predicted.Len() != 4*4 {
+		t.Fatalf("before removal: predicted %d", rt.s.predicted.Len())
+	}
+	src.ch <- []discovery.Engine{simEngine("e0", a)}
+	eventually(t, "e1 removed", func() bool { return len(rt.s.Engines()) == 1 })
+	if m := scrape(); strings.Contains(m, `engine="e1"`) {
+		t.Errorf("series of the removed engine still exported")
+	}
+	if n := rt.s.predicted.Len(); n != 2*4 {
+		t.Errorf("predicted side index holds %d entries, want e0's 8", n)
+	}
+	rt.s.polMu.Lock()
+	_, ok := rt.s.pol.(score.Forgetter)
+	rt.s.polMu.Unlock()
+	if rt.s.policy == "kv" && !ok {
+		t.Error("the kv policy cannot forget a replica")
 	}
 }
