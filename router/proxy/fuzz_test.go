@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -32,6 +33,31 @@ func FuzzStream(f *testing.F) {
 			if !drop && out.Started && !out.Cut && wellFormed && !bytes.Equal(rec.Body.Bytes(), in) {
 				t.Fatalf("copy changed the stream:\n%q\n%q", in, rec.Body.Bytes())
 			}
+		}
+	})
+}
+
+// A rewrite of any JSON object is valid JSON that decodes to the object with the keys set.
+func FuzzRewrite(f *testing.F) {
+	f.Add([]byte(`{"a":1,"stream_options":{"x":null}}`))
+	f.Add([]byte(`{"stream_options":null}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var m map[string]any
+		if json.Unmarshal(in, &m) != nil {
+			return
+		}
+		out, err := Rewrite{IncludeUsage: true, FullReport: true}.Apply(in)
+		if err != nil {
+			return // a non-object stream_options or vllm_xargs
+		}
+		var got map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%q -> invalid %q", in, out)
+		}
+		so, _ := got["stream_options"].(map[string]any)
+		xa, _ := got["vllm_xargs"].(map[string]any)
+		if so["include_usage"] != true || xa["kv_cache_report_mode"] != "full" || len(got) < len(m) {
+			t.Fatalf("%q -> %q", in, out)
 		}
 	})
 }

@@ -189,6 +189,30 @@ func TestRewriteMerges(t *testing.T) {
 	}
 }
 
+// The rewrite splices: the client's bytes, key order and spacing are kept, only the keys it
+// sets change.
+func TestRewriteKeepsTheClientsBytes(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"z": 1, "model":"m",  "n": 1.50}`:                                 `{"z": 1, "model":"m",  "n": 1.50,"stream_options":{"include_usage":true},"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+		`{"stream_options": {"z":true, "include_usage":false}, "a":[1, 2]}`: `{"stream_options": {"z":true, "include_usage":true}, "a":[1, 2],"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+		`{"stream_options":null,"vllm_xargs":{ }}`:                          `{"stream_options":{"include_usage":true},"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+		`{}`: `{"stream_options":{"include_usage":true},"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+	} {
+		got, err := Rewrite{IncludeUsage: true, FullReport: true}.Apply([]byte(in))
+		if err != nil || string(got) != want {
+			t.Errorf("%s:\n got %s %v\nwant %s", in, got, err, want)
+		}
+		if !json.Valid(got) {
+			t.Errorf("%s: invalid JSON %s", in, got)
+		}
+	}
+	for _, bad := range []string{`[1]`, `{"a":1} x`, `{"a":`} {
+		if _, err := (Rewrite{IncludeUsage: true}).Apply([]byte(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
 func TestHealthPassiveBackoff(t *testing.T) {
 	h := &Health{Threshold: 2, Backoff: time.Second, MaxBackoff: 4 * time.Second}
 	now := time.Unix(1000, 0)
