@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,9 @@ import (
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	t.Helper()
 	cfg.TimeScale = 50
+	if os.Getenv(headersAtAcceptanceEnv) == "1" {
+		cfg.HeadersAtAcceptance = true // vLLM's behaviour; make test runs the suite both ways
+	}
 	sim, err := vllmsim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -301,3 +305,6 @@ func TestHealthWaitsForTheProbe(t *testing.T) {
 		t.Fatal("threshold failures: out until probed")
 	}
 }
+
+// headersAtAcceptanceEnv=1 runs every vllm-sim here with HeadersAtAcceptance (see make test).
+const headersAtAcceptanceEnv = "VLLMSIM_HEADERS_AT_ACCEPTANCE"

@@ -31,6 +31,9 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 20
 	}
+	if os.Getenv(headersAtAcceptanceEnv) == "1" {
+		cfg.HeadersAtAcceptance = true // vLLM's behaviour; make test runs the suite both ways
+	}
 	sim, err := vllmsim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -277,3 +280,6 @@ func TestKill9UnderLoad(t *testing.T) {
 	}
 	t.Logf("kill -9 under load: %v", count)
 }
+
+// headersAtAcceptanceEnv=1 runs every in-process vllm-sim with HeadersAtAcceptance (see make test).
+const headersAtAcceptanceEnv = "VLLMSIM_HEADERS_AT_ACCEPTANCE"

@@ -63,7 +63,8 @@ func TestOpenAISDK(t *testing.T) {
 	dir := sdkModules(t)
 	var es []discovery.Engine
 	for i := range 2 {
-		sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
+		sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20,
+			HeadersAtAcceptance: os.Getenv(headersAtAcceptanceEnv) == "1"})
 		if err != nil {
 			t.Fatal(err)
 		}
