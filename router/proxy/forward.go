@@ -381,6 +381,9 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 	idle.arm()
 	for {
 		ev, err := er.next()
+		if err != nil && !complete(ev) {
+			ev = nil // a torn event is not forwarded: the error event below must parse on its own
+		}
 		if len(ev) > 0 {
 			c := classify(ev)
 			if c.usage != nil {
@@ -492,6 +495,11 @@ func (e *eventReader) next() ([]byte, error) {
 			return e.ev, err
 		}
 	}
+}
+
+// complete reports whether an event ends with its blank line.
+func complete(ev []byte) bool {
+	return bytes.HasSuffix(ev, []byte("\n\n")) || bytes.HasSuffix(ev, []byte("\r\n\r\n"))
 }
 
 type evKind int

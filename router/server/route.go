@@ -548,7 +548,7 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	case out.ClientGone, out.Kind == proxy.KindRequestTimeout:
 	case out.Cut:
 		rep.eng.health.Failure(s.now(), out.Kind+": "+out.Err.Error())
-	case out.Status > 0 && out.Status < 500:
+	case out.Status > 0 && out.Status < 500 && out.EngineError == "" && out.Err == nil:
 		rep.eng.health.Success()
 	}
 	code := strconv.Itoa(out.Status)
