@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/server"
@@ -48,6 +50,11 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 
 // startRouter runs a kvrouter over the engines and returns its API URL.
 func startRouter(t *testing.T, es []discovery.Engine, mod func(*config.Config)) string {
+	url, _ := startRouterServer(t, es, mod)
+	return url
+}
+
+func startRouterServer(t *testing.T, es []discovery.Engine, mod func(*config.Config)) (string, *server.Server) {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Events.Enabled = false
@@ -65,7 +72,7 @@ func startRouter(t *testing.T, es []discovery.Engine, mod func(*config.Config)) 
 	<-s.Synced()
 	api := httptest.NewServer(s.APIHandler())
 	t.Cleanup(func() { api.Close(); cancel(); <-done })
-	return api.URL
+	return api.URL, s
 }
 
 // cuttingEngine is a vLLM stand-in that accepts a stream, sends two tokens and dies (the
@@ -247,7 +254,7 @@ func TestKill9UnderLoad(t *testing.T) {
 		}
 		es = append(es, discovery.Engine{Name: fmt.Sprintf("e%d", i), URL: url, Ready: true})
 	}
-	api := startRouter(t, es, nil)
+	api, srv := startRouterServer(t, es, nil)
 	const n = 90
 	results := make([]string, n)
 	var wg sync.WaitGroup
@@ -264,7 +271,7 @@ func TestKill9UnderLoad(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			body := fmt.Sprintf(`{"model":"vllm-sim","stream":true,"max_tokens":40,"prompt":"%s %d"}`, strings.Repeat("lorem ipsum ", 200), i)
+			body := fmt.Sprintf(`{"model":"vllm-sim","stream":true,"max_tokens":40,"prompt":"%d %s"}`, i, strings.Repeat("lorem ipsum ", 200))
 			results[i] = streamOutcome(api+"/v1/completions", body)
 		}()
 	}
@@ -278,7 +285,11 @@ func TestKill9UnderLoad(t *testing.T) {
 		}
 		count[r]++
 	}
-	t.Logf("kill -9 under load: %v", count)
+	retried := testutil.ToFloat64(srv.Metrics().Retries.WithLabelValues("e1"))
+	t.Logf("kill -9 under load: %v, attempts retried off the killed engine %v", count, retried)
+	if retried+float64(count["cut"]) == 0 {
+		t.Fatal("nothing was in flight on the killed engine: the test proved nothing")
+	}
 }
 
 // headersAtAcceptanceEnv=1 runs every in-process vllm-sim with HeadersAtAcceptance (see make test).
