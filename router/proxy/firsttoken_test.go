@@ -85,7 +85,7 @@ func TestFailuresBeforeFirstTokenRetryable(t *testing.T) {
 		if !out.Retryable || out.Started || out.Kind != c.kind || rec.Body.Len() != 0 || len(rec.Header()) != 0 {
 			t.Errorf("%s: outcome %+v, client saw %d %q", name, out, rec.Code, rec.Body.String())
 		}
-		if (c.kind == KindConnect) != out.PodDown {
+		if (c.kind == KindConnect || c.kind == KindEOF) != out.PodDown {
 			t.Errorf("%s: PodDown %v", name, out.PodDown)
 		}
 	}

@@ -138,7 +138,8 @@ type Outcome struct {
 	// error event; the caller must abort the connection (panic(http.ErrAbortHandler)) so that
 	// no clean end reaches the client.
 	Cut bool
-	// PodDown: the failure says the whole engine is unreachable (dial error), not one rank.
+	// PodDown: the failure is the engine's HTTP server, shared by all its DP ranks (a refused
+	// dial, a broken connection, a stream ended before its first token), not one rank.
 	PodDown bool
 	// Kind is the failure kind (Kind*), "" on success.
 	Kind string
@@ -211,8 +212,11 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 	resp, err := p.client.Do(req)
 	if err != nil {
 		out := failed(parent, ctx, KindReset, err)
-		if out.Kind == KindReset && isDialError(err) {
-			out.Kind, out.PodDown = KindConnect, true
+		if out.Kind == KindReset {
+			out.PodDown = true
+			if isDialError(err) {
+				out.Kind = KindConnect
+			}
 		}
 		return out
 	}
@@ -276,6 +280,7 @@ func (p *Proxy) whole(parent, ctx context.Context, w http.ResponseWriter, r *Req
 	if err != nil {
 		f := failed(parent, ctx, KindReset, err)
 		f.Status, f.TTFB = out.Status, out.TTFB
+		f.PodDown = f.Kind == KindReset
 		f.Retryable = f.Retryable && (r.MayRetry || resp.StatusCode < 500)
 		return f
 	}
@@ -364,14 +369,13 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 			}
 		}
 		if err != nil && !out.Started {
+			kind := KindReset
 			if errors.Is(err, io.EOF) {
-				err = errors.New("the engine closed the stream before its first token")
-				f := failed(parent, ctx, KindEOF, err)
-				f.Status, f.TTFB = out.Status, out.TTFB
-				return f
+				kind, err = KindEOF, errors.New("the engine closed the stream before its first token")
 			}
-			f := failed(parent, ctx, KindReset, err)
+			f := failed(parent, ctx, kind, err)
 			f.Status, f.TTFB = out.Status, out.TTFB
+			f.PodDown = f.Kind == kind
 			return f
 		}
 		if err != nil {

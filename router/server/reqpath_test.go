@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -229,5 +230,37 @@ func TestDeadPodExcludedWhole(t *testing.T) {
 	}
 	if rt.s.Engines()[0].Health.Healthy {
 		t.Fatal("the dead pod is back without a probe")
+	}
+}
+
+// A connection broken before the first token is the engine's HTTP server failing, shared by its
+// DP ranks: the retry goes to another pod, not another rank of the same one.
+func TestBrokenConnectionExcludesThePod(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{DataParallelSize: 4, KVEventsPort: -1})
+	h := sim.Handler()
+	var hits atomic.Int32
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" {
+			hits.Add(1)
+			panic(http.ErrAbortHandler) // the connection breaks before any answer
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	good := startSim(t, vllmsim.Config{KVEventsPort: 0})
+	broken := simEngine("broken", sim)
+	broken.URL = front.URL
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{broken, {Name: "good", URL: good.URL(), Ready: true}}), func(o *Options) {
+		o.MaxAttempts = 2
+		o.Config.Events.Enabled = false
+		o.Config.Policy = "round-robin"
+	})
+	for i := range 8 {
+		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(120_000+i, 64, i, 1, 2)); a.status != 200 {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+	}
+	if hits.Load() == 0 {
+		t.Fatal("no attempt reached the broken pod: the test proved nothing")
 	}
 }

@@ -430,8 +430,13 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			}
 			s.rollback(d)
 			if out.PodDown {
-				// The pod is unreachable, not one rank: no retry may land on its other ranks.
-				rep.eng.health.Unreachable(s.now(), why)
+				// The engine's HTTP server failed, which all its DP ranks share: no retry may land
+				// on its other ranks. A refused connection takes it out of routing at once.
+				if out.Kind == proxy.KindConnect {
+					rep.eng.health.Unreachable(s.now(), why)
+				} else {
+					rep.eng.health.Failure(s.now(), why)
+				}
 				for _, r := range rep.eng.reps {
 					excluded[r] = true
 				}
