@@ -383,6 +383,40 @@ type RouterSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Warmup WarmupSpec `json:"warmup,omitempty"`
+
+	// Timeouts of the router's request path; an unset one keeps kvrouter's default.
+	// +optional
+	Timeouts *RouterTimeouts `json:"timeouts,omitempty"`
+}
+
+// RouterTimeouts bound the request path (the limits.*Timeout keys of the router's config).
+type RouterTimeouts struct {
+	// Connect bounds dialling an engine. kvrouter's default: 5s.
+	// +kubebuilder:validation:XValidation:rule=`duration(self) > duration('0s')`,message="spec.router.timeouts.connect must be positive"
+	// +optional
+	Connect *metav1.Duration `json:"connect,omitempty"`
+	// HeaderRead bounds reading a client's request headers. kvrouter's default: 10s.
+	// +kubebuilder:validation:XValidation:rule=`duration(self) > duration('0s')`,message="spec.router.timeouts.headerRead must be positive"
+	// +optional
+	HeaderRead *metav1.Duration `json:"headerRead,omitempty"`
+	// BodyRead bounds reading a client's request body (408 past it). kvrouter's default: 30s.
+	// +kubebuilder:validation:XValidation:rule=`duration(self) > duration('0s')`,message="spec.router.timeouts.bodyRead must be positive"
+	// +optional
+	BodyRead *metav1.Duration `json:"bodyRead,omitempty"`
+	// FirstToken bounds one attempt's wait for a stream's first token; past it the request is
+	// retried on another engine. Keep it generous: long prefills behind a queue are legitimate.
+	// kvrouter's default: 10m.
+	// +kubebuilder:validation:XValidation:rule=`duration(self) > duration('0s')`,message="spec.router.timeouts.firstToken must be positive"
+	// +optional
+	FirstToken *metav1.Duration `json:"firstToken,omitempty"`
+	// Idle cuts a started stream silent for this long. kvrouter's default: 5m.
+	// +kubebuilder:validation:XValidation:rule=`duration(self) > duration('0s')`,message="spec.router.timeouts.idle must be positive"
+	// +optional
+	Idle *metav1.Duration `json:"idle,omitempty"`
+	// Request bounds a whole request, first byte in to last byte out. kvrouter's default: 30m.
+	// +kubebuilder:validation:XValidation:rule=`duration(self) > duration('0s')`,message="spec.router.timeouts.request must be positive"
+	// +optional
+	Request *metav1.Duration `json:"request,omitempty"`
 }
 
 // RouterServiceSpec is the router's Service.

@@ -217,9 +217,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		fmt.Fprintln(stderr, "kvrouter: --admin-listen:", err)
 		return 1
 	}
-	// No WriteTimeout: it would cut long streams. ReadHeaderTimeout guards against slow
-	// clients holding connections; bodies are bounded by limits.maxBodyBytes.
-	api := &http.Server{Handler: srv.APIHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	// No WriteTimeout: it would cut long streams. limits.headerReadTimeout and
+	// limits.bodyReadTimeout guard against slow clients holding connections.
+	api := &http.Server{Handler: srv.APIHandler()}
+	srv.ConfigureHTTP(api)
 	adm := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kvroute/kvroute/test/vllmsim"
 )
@@ -67,6 +68,9 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.Float64Var(&cfg.FailRate, "fail-rate", 0, "share of completion requests answered with HTTP 500")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fail-rate draw")
 	fs.Var(&keys, "api-key", "require Authorization: Bearer KEY on /v1/... as vLLM does (repeatable; default $VLLM_API_KEY)")
+	fs.IntVar(&cfg.StreamErrorAfter, "stream-error-after", 0, "end every stream with an in-stream error event after N tokens (0 = never)")
+	fs.BoolVar(&cfg.HeadersAtAcceptance, "headers-at-acceptance", false, "send a stream's 200 and headers on acceptance, before the first token, as vLLM does (errors after that are in-stream events)")
+	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment (0 = off)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -100,6 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 			cfg.APIKeys = []string{k}
 		}
 	}
+	cfg.SSEKeepAliveInterval = time.Duration(*keepAlive * float64(time.Second))
 	return cfg, nil
 }
 

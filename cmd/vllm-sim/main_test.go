@@ -69,3 +69,13 @@ func TestRunServesUntilCancelled(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
 }
+
+func TestParseRequestPathFlags(t *testing.T) {
+	cfg, err := parseFlags([]string{"--headers-at-acceptance", "--sse-keep-alive-interval", "1.5", "--stream-error-after", "7"}, io.Discard)
+	if err != nil || !cfg.HeadersAtAcceptance || cfg.SSEKeepAliveInterval != 1500*time.Millisecond || cfg.StreamErrorAfter != 7 {
+		t.Fatalf("parsed %+v, %v", cfg, err)
+	}
+	if cfg, _ = parseFlags(nil, io.Discard); cfg.HeadersAtAcceptance || cfg.SSEKeepAliveInterval != 0 {
+		t.Fatalf("defaults %+v: headers at acceptance is off by default", cfg)
+	}
+}

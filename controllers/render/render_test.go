@@ -5,10 +5,12 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
@@ -428,3 +430,25 @@ func TestAutoscalers(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// spec.router.timeouts reach the router's config; unset ones keep kvrouter's defaults.
+func TestRouterTimeouts(t *testing.T) {
+	m := sample(t, "minimal")
+	d := func(s string) *metav1.Duration {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &metav1.Duration{Duration: v}
+	}
+	m.Spec.Router.Timeouts = &v1alpha1.RouterTimeouts{FirstToken: d("20m"), Idle: d("90s"), BodyRead: d("5s")}
+	cfg, err := render.RouterConfig(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, def := cfg.Limits, config.Default().Limits
+	if l.FirstTokenTimeout.Duration != 20*time.Minute || l.IdleTimeout.Duration != 90*time.Second || l.BodyReadTimeout.Duration != 5*time.Second ||
+		l.ConnectTimeout != def.ConnectTimeout || l.HeaderReadTimeout != def.HeaderReadTimeout || l.RequestTimeout != def.RequestTimeout {
+		t.Fatalf("limits %+v", l)
+	}
+}

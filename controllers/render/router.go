@@ -33,6 +33,17 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 	c.Hash = config.Hash{Algo: e.HashAlgo, Seed: e.HashSeed}
 	c.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(m.Namespace, EngineSelectorString(m), int(e.Port))}
 	c.Warmup = config.Warmup{Duration: *m.Spec.Router.Warmup.Duration, Credit: m.Spec.Router.Warmup.Credit.Float64()}
+	if to := m.Spec.Router.Timeouts; to != nil {
+		for _, f := range []struct {
+			from *metav1.Duration
+			to   *metav1.Duration
+		}{{to.Connect, &c.Limits.ConnectTimeout}, {to.HeaderRead, &c.Limits.HeaderReadTimeout}, {to.BodyRead, &c.Limits.BodyReadTimeout},
+			{to.FirstToken, &c.Limits.FirstTokenTimeout}, {to.Idle, &c.Limits.IdleTimeout}, {to.Request, &c.Limits.RequestTimeout}} {
+			if f.from != nil {
+				*f.to = *f.from
+			}
+		}
+	}
 	c.Events = config.Events{
 		Enabled:     *e.KVEvents.Enabled,
 		TopicPrefix: e.KVEvents.TopicPrefix,

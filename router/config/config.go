@@ -177,11 +177,23 @@ type Events struct {
 // Limits bound what one request may cost the router.
 type Limits struct {
 	MaxBodyBytes int64 `json:"maxBodyBytes"`
-	// ConnectTimeout to an engine; FirstByteTimeout until its first response byte (the
-	// failover window); RequestTimeout for the whole request.
-	ConnectTimeout   metav1.Duration `json:"connectTimeout"`
-	FirstByteTimeout metav1.Duration `json:"firstByteTimeout"`
-	RequestTimeout   metav1.Duration `json:"requestTimeout"`
+	// ConnectTimeout bounds dialling an engine (5s).
+	ConnectTimeout metav1.Duration `json:"connectTimeout"`
+	// HeaderReadTimeout bounds reading a client's request line and headers (10s).
+	HeaderReadTimeout metav1.Duration `json:"headerReadTimeout"`
+	// BodyReadTimeout bounds reading a client's request body, from its headers on (30s).
+	BodyReadTimeout metav1.Duration `json:"bodyReadTimeout"`
+	// FirstTokenTimeout bounds one attempt's wait for a stream's first token (10m: a long
+	// prefill behind a queue is legitimate); past it the attempt is retried elsewhere. This is
+	// the failover window: nothing reaches the client before the first token.
+	FirstTokenTimeout metav1.Duration `json:"firstTokenTimeout"`
+	// FirstByteTimeout is the old name of FirstTokenTimeout, still read: it sets
+	// FirstTokenTimeout when that key is left at its default.
+	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
+	// IdleTimeout cuts a stream silent for this long after its first token (5m).
+	IdleTimeout metav1.Duration `json:"idleTimeout"`
+	// RequestTimeout bounds a whole request, tokenization to the last byte (30m).
+	RequestTimeout metav1.Duration `json:"requestTimeout"`
 }
 
 // Policies are the names --policy accepts (least-loaded is an alias of load).
@@ -216,10 +228,13 @@ func Default() Config {
 		Warmup: Warmup{Duration: metav1.Duration{Duration: 2 * time.Minute}, Credit: 0.5},
 		Events: Events{Enabled: true, TopicPrefix: "kv", HWM: 100000, Replay: true},
 		Limits: Limits{
-			MaxBodyBytes:     16 << 20,
-			ConnectTimeout:   metav1.Duration{Duration: 5 * time.Second},
-			FirstByteTimeout: metav1.Duration{Duration: 10 * time.Minute},
-			RequestTimeout:   metav1.Duration{Duration: 30 * time.Minute},
+			MaxBodyBytes:      16 << 20,
+			ConnectTimeout:    metav1.Duration{Duration: 5 * time.Second},
+			HeaderReadTimeout: metav1.Duration{Duration: 10 * time.Second},
+			BodyReadTimeout:   metav1.Duration{Duration: 30 * time.Second},
+			FirstTokenTimeout: metav1.Duration{Duration: 10 * time.Minute},
+			IdleTimeout:       metav1.Duration{Duration: 5 * time.Minute},
+			RequestTimeout:    metav1.Duration{Duration: 30 * time.Minute},
 		},
 	}
 }
@@ -258,6 +273,12 @@ func Parse(data []byte) (Config, error) {
 		fill(&k.ReplayPortsAnnotation, def.ReplayPortsAnnotation)
 		fill(&k.BlockSizeAnnotation, def.BlockSizeAnnotation)
 		fill(&k.WarmupUntilAnnotation, def.WarmupUntilAnnotation)
+	}
+	if fb := c.Limits.FirstByteTimeout; fb != nil {
+		if c.Limits.FirstTokenTimeout == Default().Limits.FirstTokenTimeout {
+			c.Limits.FirstTokenTimeout = *fb
+		}
+		c.Limits.FirstByteTimeout = nil
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -395,8 +416,9 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
-	}{{"connectTimeout", c.Limits.ConnectTimeout.Duration}, {"firstByteTimeout", c.Limits.FirstByteTimeout.Duration},
-		{"requestTimeout", c.Limits.RequestTimeout.Duration}} {
+	}{{"connectTimeout", c.Limits.ConnectTimeout.Duration}, {"headerReadTimeout", c.Limits.HeaderReadTimeout.Duration},
+		{"bodyReadTimeout", c.Limits.BodyReadTimeout.Duration}, {"firstTokenTimeout", c.Limits.FirstTokenTimeout.Duration},
+		{"idleTimeout", c.Limits.IdleTimeout.Duration}, {"requestTimeout", c.Limits.RequestTimeout.Duration}} {
 		if d.v <= 0 {
 			bad("limits."+d.key, "%v must be > 0", d.v)
 		}

@@ -78,6 +78,10 @@ func TestParseRejects(t *testing.T) {
 		{"tier", "scoring: {tierWeights: {cpu: 2}}\n", "scoring.tierWeights.cpu"},
 		{"body", "limits: {maxBodyBytes: 0}\n", "limits.maxBodyBytes"},
 		{"timeout", "limits: {requestTimeout: 0s}\n", "limits.requestTimeout"},
+		{"first token timeout", "limits: {firstTokenTimeout: -1s}\n", "limits.firstTokenTimeout"},
+		{"body timeout", "limits: {bodyReadTimeout: 0s}\n", "limits.bodyReadTimeout"},
+		{"header timeout", "limits: {headerReadTimeout: 0s}\n", "limits.headerReadTimeout"},
+		{"idle timeout", "limits: {idleTimeout: 0s}\n", "limits.idleTimeout"},
 		{"bad duration", "warmup: {duration: soon}\n", "router config"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,6 +90,26 @@ func TestParseRejects(t *testing.T) {
 				t.Fatalf("Parse(%q) = %v, want an error containing %q", tc.yaml, err, tc.want)
 			}
 		})
+	}
+}
+
+// The request-path timeouts parse; firstByteTimeout, the old name, still sets the first-token
+// timeout unless firstTokenTimeout is given too.
+func TestTimeouts(t *testing.T) {
+	c, err := Parse([]byte("limits: {headerReadTimeout: 3s, bodyReadTimeout: 4s, firstTokenTimeout: 20m, idleTimeout: 1m, requestTimeout: 1h}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.Limits
+	if l.HeaderReadTimeout.Duration != 3*time.Second || l.BodyReadTimeout.Duration != 4*time.Second ||
+		l.FirstTokenTimeout.Duration != 20*time.Minute || l.IdleTimeout.Duration != time.Minute || l.RequestTimeout.Duration != time.Hour {
+		t.Fatalf("limits %+v", l)
+	}
+	if c, err = Parse([]byte("limits: {firstByteTimeout: 2m}\n")); err != nil || c.Limits.FirstTokenTimeout.Duration != 2*time.Minute || c.Limits.FirstByteTimeout != nil {
+		t.Fatalf("old name: %+v %v", c.Limits, err)
+	}
+	if c, err = Parse([]byte("limits: {firstByteTimeout: 2m, firstTokenTimeout: 3m}\n")); err != nil || c.Limits.FirstTokenTimeout.Duration != 3*time.Minute {
+		t.Fatalf("both names: %+v %v", c.Limits, err)
 	}
 }
 

@@ -156,6 +156,32 @@ func (s *SideIndex) pop() {
 	}
 }
 
+// Unpredict takes back the decision Predict recorded for id and keys at now (the attempt
+// failed): each key's holder is dropped unless a later decision refreshed it.
+func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) {
+	exp := now.UnixNano() + s.ttl
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		hs := s.keys[k]
+		for j := range hs {
+			if hs[j].id == id {
+				if hs[j].exp == exp {
+					hs[j] = hs[len(hs)-1]
+					hs = hs[:len(hs)-1]
+					if len(hs) == 0 {
+						delete(s.keys, k)
+					} else {
+						s.keys[k] = hs
+					}
+				}
+				break
+			}
+		}
+	}
+	// The ring's records of the decision find no holder with their expiry when popped.
+}
+
 // Forget drops every entry of one replica (it left, or its event stream became healthy).
 func (s *SideIndex) Forget(id ReplicaID) {
 	s.mu.Lock()

@@ -110,3 +110,26 @@ func TestSideQueueBounded(t *testing.T) {
 		t.Fatalf("Len %d, want 30", s.Len())
 	}
 }
+
+// Unpredict takes back one decision and leaves a later one of the same replica alone.
+func TestSideUnpredict(t *testing.T) {
+	s := NewPredicted(SideOptions{})
+	t0 := time.Unix(5000, 0)
+	keys, _ := chain(1, 6)
+	s.Predict(1, keys[:4], t0)
+	s.Predict(2, keys[:4], t0)
+	s.Unpredict(1, keys[:4], t0)
+	if got := s.Match(keys, t0, 3, nil); got[1] != 0 || got[2] != 4 {
+		t.Fatalf("after the take-back: %v", got)
+	}
+	s.Predict(1, keys[:4], t0)
+	s.Predict(1, keys[:4], t0.Add(time.Second)) // a later decision refreshed it
+	s.Unpredict(1, keys[:4], t0)
+	if got := s.Match(keys, t0.Add(time.Second), 3, nil); got[1] != 4 {
+		t.Fatalf("a refreshed entry was taken back: %v", got)
+	}
+	s.Expire(t0.Add(time.Hour))
+	if s.Len() != 0 {
+		t.Fatalf("Len %d after expiry", s.Len())
+	}
+}

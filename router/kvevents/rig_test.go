@@ -141,7 +141,7 @@ func (r *rig) waitMirror(engine string, rank int, c *kvtest.Cache, state StreamS
 	id := r.id(engine, rank)
 	var diff string
 	var s Stats
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // a bound, not a wait: a loaded CI machine replays 10,000-batch rings slowly
 	for {
 		s = r.stats(engine, rank)
 		diff = kvtest.Diff(r.ix, id, c.Resident())

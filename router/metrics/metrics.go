@@ -32,7 +32,9 @@ type Metrics struct {
 	ApproxDecisions   *prometheus.CounterVec // engine: decisions scored from the approximate index
 	UnkeyedRequests   *prometheus.CounterVec // reason: requests routed by load without keys
 	TTFBSeconds       *prometheus.HistogramVec
-	InflightRequests  *prometheus.GaugeVec // engine, rank
+	FirstTokenSeconds *prometheus.HistogramVec // engine: streams only
+	EngineErrors      *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
+	InflightRequests  *prometheus.GaugeVec     // engine, rank
 	PredictedHitRatio prometheus.Gauge
 	ActualHitRatio    prometheus.Gauge
 }
@@ -73,7 +75,11 @@ func New(state prometheus.Collector) *Metrics {
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
 			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet)."}, []string{"reason"}),
 		TTFBSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_byte_seconds",
-			Help: "Time from forwarding to the engine's response headers.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
+			Help: "Time from forwarding to the engine's response headers (for a vLLM stream: its acceptance, not its first token; for a non-streamed answer: the whole answer).", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
+		FirstTokenSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_token_seconds",
+			Help: "Streams: time from forwarding to the first SSE data event carrying a choice.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
+		EngineErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_stream_errors_total",
+			Help: "In-stream error events (data: {\"error\": ...} under status 200) the engines sent, before or after the first token."}, []string{"engine", "when"}),
 		InflightRequests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_requests",
 			Help: "Requests this router has in flight, by engine and rank."}, []string{"engine", "rank"}),
 		PredictedHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "predicted_hit_ratio",
@@ -83,12 +89,23 @@ func New(state prometheus.Collector) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
 		m.TokenizeSource, m.EngineAuth, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
-		m.TTFBSeconds, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
+		m.TTFBSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {
 		r.MustRegister(state)
 	}
 	return m
+}
+
+// ForgetEngine deletes every series labelled with the engine (it left the fleet), so a
+// router that sees pods come and go does not export their series forever.
+func (m *Metrics) ForgetEngine(name string) {
+	l := prometheus.Labels{"engine": name}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.Requests, m.Errors, m.Retries,
+		m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.TTFBSeconds,
+		m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests} {
+		v.DeletePartialMatch(l)
+	}
 }
 
 // Handler serves the registry.

@@ -21,11 +21,15 @@ type ErrorBody struct {
 	Error ErrorDetail `json:"error"`
 }
 
-// ErrorDetail is the inner object of ErrorBody.
+// ErrorDetail is the inner object of ErrorBody: vLLM's ErrorInfo (message, type, param, code;
+// vllm/entrypoints/openai/engine/protocol.py), whose code is the HTTP status as an integer.
+// OpenAI's own errors carry the same four keys (param and code may be null), so the official
+// SDKs read both.
 type ErrorDetail struct {
-	Message string `json:"message"`
-	Type    string `json:"type"`
-	Code    any    `json:"code"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    any     `json:"code"`
 }
 
 // Error types the router uses.
@@ -40,4 +44,13 @@ func WriteError(w http.ResponseWriter, status int, typ, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(ErrorBody{ErrorDetail{Message: msg, Type: typ, Code: status}})
+}
+
+// WriteStreamError writes an error event into a started SSE stream, in the shape vLLM's stream
+// generators use after the headers (`data: {"error": {...}}`; see create_streaming_error_response
+// in vllm/entrypoints/openai/engine/serving.py). The official SDKs raise on it. Callers then abort
+// the connection so no clean end follows.
+func WriteStreamError(w http.ResponseWriter, typ, msg string, code int) {
+	b, _ := json.Marshal(ErrorBody{ErrorDetail{Message: msg, Type: typ, Code: code}})
+	_, _ = w.Write(append(append([]byte("data: "), b...), '\n', '\n'))
 }

@@ -11,7 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -22,13 +22,16 @@ const RankHeader = "X-data-parallel-rank"
 type Options struct {
 	// ConnectTimeout bounds dialling an engine (5s).
 	ConnectTimeout time.Duration
-	// FirstByteTimeout bounds the wait for the engine's response headers (10m: a long prefill
-	// behind a queue is slow but fine).
-	FirstByteTimeout time.Duration
-	// IdleTimeout cuts an answer when no byte arrived for this long (5m). There is no total
-	// timeout: a long stream that keeps producing is never cut.
+	// FirstTokenTimeout bounds the wait for a stream's first token, the engine's response
+	// headers included (10m: a long prefill behind a queue is slow but fine). A stream that
+	// times out here is retried elsewhere. Non-streamed answers are bounded by the caller's
+	// context only: vLLM sends them whole, when generation ends.
+	FirstTokenTimeout time.Duration
+	// IdleTimeout cuts a stream when no byte arrived for this long after its first token (5m).
+	// Keep-alive comments count as bytes. The total is the caller's context.
 	IdleTimeout time.Duration
-	// MaxCaptureBytes bounds how much of a non-streamed answer is kept to read its usage (8 MiB).
+	// MaxCaptureBytes bounds how much of a non-streamed answer is held before it is written
+	// (8 MiB); within it a failed read is still retried elsewhere and the usage is read.
 	MaxCaptureBytes int
 	// EngineAPIKey, when set, is the router's credential for the engines (vLLM --api-key):
 	// every request the client makes — render, tokenize, /v1/models, /health probes and the
@@ -49,8 +52,8 @@ func New(o Options) *Proxy {
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 5 * time.Second
 	}
-	if o.FirstByteTimeout <= 0 {
-		o.FirstByteTimeout = 10 * time.Minute
+	if o.FirstTokenTimeout <= 0 {
+		o.FirstTokenTimeout = 10 * time.Minute
 	}
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = 5 * time.Minute
@@ -59,11 +62,13 @@ func New(o Options) *Proxy {
 		o.MaxCaptureBytes = 8 << 20
 	}
 	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		ResponseHeaderTimeout: o.FirstByteTimeout,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
+		DialContext: (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		// No ResponseHeaderTimeout: vLLM sends a non-streamed answer's headers only when the
+		// generation is done, so they are bounded by the request's total timeout, and a
+		// stream's by FirstTokenTimeout.
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
 		// Engines answer plain HTTP/1.1; compression would hide chunk boundaries from the stream
 		// copy and cost CPU for no gain on a cluster network.
 		DisableCompression: true,
@@ -126,12 +131,16 @@ type Request struct {
 	// DropUsageChunk drops the usage-only final chunk of a stream (the router, not the client,
 	// asked for usage).
 	DropUsageChunk bool
-	// MayRetry: a 5xx answer is not written to the client, so the caller can try another engine.
+	// MayRetry: a 5xx answer, or an engine error event before the first token, is not written
+	// to the client, so the caller can try another engine.
 	MayRetry bool
 	// SetHeaders adds the router's response headers just before the status is written.
 	SetHeaders func(h http.Header)
-	// OnFirstByte is called when the engine's answer begins (its prefill is done for a stream).
-	OnFirstByte func()
+	// OnFirstToken is called when the first token is about to reach the client: for a stream,
+	// the first SSE `data:` event that carries a choice (comments, keep-alives and the
+	// response headers are not it); for a non-streamed answer, the whole answer (vLLM sends it
+	// when generation is done, so prefill and decode cannot be told apart from outside).
+	OnFirstToken func()
 }
 
 // Usage is the engine-reported usage of one answer.
@@ -143,29 +152,65 @@ type Usage struct {
 	HasCached    bool
 }
 
+// Failure kinds (Outcome.Kind), also the reason label of the router's error metrics.
+const (
+	KindConnect           = "connect"             // the engine could not be reached
+	KindReset             = "reset"               // the connection broke
+	KindStatus            = "status"              // the engine answered 5xx
+	KindEngineError       = "engine_error"        // the engine sent an in-stream error event
+	KindEOF               = "eof"                 // the stream ended without [DONE]
+	KindFirstTokenTimeout = "first_token_timeout" // no first token within FirstTokenTimeout
+	KindIdleTimeout       = "idle_timeout"        // a started stream went silent
+	KindRequestTimeout    = "request_timeout"     // the caller's context hit its deadline
+	KindClientGone        = "client_gone"
+)
+
 // Outcome is what happened to one attempt.
 type Outcome struct {
 	// Status is the engine's status (0 when none came).
 	Status int
-	// Started: bytes (or at least the status) reached the client; no retry is possible.
+	// Started: the status reached the client; no retry is possible.
 	Started bool
-	// Retryable: nothing reached the client and another engine may succeed (connect error,
-	// 5xx with MayRetry).
+	// Retryable: nothing reached the client and another engine may succeed.
 	Retryable bool
+	// Cut: a started answer failed. For a stream the proxy has written an OpenAI-shaped SSE
+	// error event; the caller must abort the connection (panic(http.ErrAbortHandler)) so that
+	// no clean end reaches the client.
+	Cut bool
+	// PodDown: the failure is the engine's HTTP server, shared by all its DP ranks (a refused
+	// dial, a broken connection, a stream ended before its first token), not one rank.
+	PodDown bool
+	// Kind is the failure kind (Kind*), "" on success.
+	Kind string
+	// EngineError is the message of an in-stream error event the engine sent.
+	EngineError string
 	// Usage is set when the answer carried one.
 	Usage *Usage
-	// Err is a transport or copy error (the client going away included).
+	// Err is the failure ("" kinds have none).
 	Err error
-	// ClientGone: the client disconnected (its context ended).
+	// ClientGone: the client disconnected (its context was cancelled).
 	ClientGone bool
-	// TTFB is the time to the engine's first answer byte (headers).
+	// TTFB is the time to the engine's response headers: for a vLLM stream that is its
+	// acceptance, not its first token.
 	TTFB time.Duration
 	// AuthRejected: the engine answered 401/403 to the router's own engine API key. Nothing
 	// was copied to the client (a 401 would tell it its key is wrong when the router's is);
 	// Err is ErrEngineAuth and Retryable follows MayRetry, since during a key rotation another
 	// engine may still take the old key.
 	AuthRejected bool
+	// TTFT is the time to the first token (see Request.OnFirstToken); 0 when none came.
+	TTFT time.Duration
 }
+
+// ErrFirstTokenTimeout and ErrIdleTimeout are the causes of the timeouts the proxy enforces.
+var (
+	ErrFirstTokenTimeout = errors.New("proxy: no first token within the first-token timeout")
+	ErrIdleTimeout       = errors.New("proxy: the stream went silent past the idle timeout")
+)
+
+// ErrRequestTimeout is the cause callers give their context's deadline for the whole request,
+// so that the proxy can tell it from a client that went away.
+var ErrRequestTimeout = errors.New("the request took longer than the request timeout")
 
 // forwarded request headers: the client's identity and content negotiation, nothing hop-by-hop.
 var forwardHeaders = []string{"Authorization", "Accept", "Content-Type", "OpenAI-Organization",
@@ -176,11 +221,18 @@ var dropResponse = map[string]bool{"Connection": true, "Keep-Alive": true, "Prox
 	"Transfer-Encoding": true, "Upgrade": true, "Te": true, "Trailer": true}
 
 // Do makes one attempt and copies the answer to w. ctx is the client's request context: when
-// the client goes away the upstream request is cancelled.
+// it ends the upstream request is cancelled (give it the cause ErrRequestTimeout for the
+// request's total timeout).
+//
+// Nothing is written to w before the first token (Request.OnFirstToken): the engine's headers,
+// its keep-alive comments and any failure until then stay here, so the caller may retry
+// elsewhere and the client sees one clean answer. After it, a failure becomes an SSE error
+// event and Outcome.Cut.
 func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Request) Outcome {
 	start := time.Now()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	parent := ctx
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.URL+r.Path, bytes.NewReader(r.Body))
 	if err != nil {
 		return Outcome{Err: err}
@@ -196,10 +248,21 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 	if t.Rank >= 0 {
 		req.Header.Set(RankHeader, strconv.Itoa(t.Rank))
 	}
+	var ft *time.Timer
+	if r.Stream {
+		ft = time.AfterFunc(p.o.FirstTokenTimeout, func() { cancel(ErrFirstTokenTimeout) })
+		defer ft.Stop()
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		gone := ctx.Err() != nil && context.Cause(ctx) == context.Canceled
-		return Outcome{Err: err, Retryable: !gone, ClientGone: gone}
+		out := failed(parent, ctx, KindReset, err)
+		if out.Kind == KindReset {
+			out.PodDown = true
+			if isDialError(err) {
+				out.Kind = KindConnect
+			}
+		}
+		return out
 	}
 	defer resp.Body.Close()
 	out := Outcome{Status: resp.StatusCode, TTFB: time.Since(start)}
@@ -210,19 +273,46 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 	}
 	if resp.StatusCode >= 500 && r.MayRetry {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		out.Retryable = true
+		out.Retryable, out.Kind = true, KindStatus
+		out.Err = fmt.Errorf("engine answered %d", resp.StatusCode)
 		return out
 	}
-	if r.OnFirstByte != nil {
-		r.OnFirstByte()
+	if !r.Stream || resp.StatusCode != http.StatusOK {
+		return p.whole(parent, ctx, w, r, resp, start, out)
 	}
+	return p.stream(parent, ctx, cancel, ft, w, r, resp, start, out)
+}
+
+// failed classifies an error before anything reached the client.
+func failed(parent, ctx context.Context, kind string, err error) Outcome {
+	out := Outcome{Kind: kind, Err: err, Retryable: true}
+	switch {
+	case parent.Err() != nil:
+		out.Retryable = false
+		out.Err = context.Cause(parent)
+		if errors.Is(out.Err, context.Canceled) {
+			out.Kind, out.ClientGone = KindClientGone, true
+		} else {
+			out.Kind = KindRequestTimeout
+		}
+	case errors.Is(context.Cause(ctx), ErrFirstTokenTimeout):
+		out.Kind, out.Err = KindFirstTokenTimeout, ErrFirstTokenTimeout
+	}
+	return out
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+func (p *Proxy) writeHead(w http.ResponseWriter, r *Request, resp *http.Response, stream bool) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		if !dropResponse[k] {
 			h[k] = vs
 		}
 	}
-	stream := r.Stream && resp.StatusCode == http.StatusOK
 	if stream && r.DropUsageChunk {
 		h.Del("Content-Length")
 	}
@@ -230,109 +320,317 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 		r.SetHeaders(h)
 	}
 	w.WriteHeader(resp.StatusCode)
-	out.Started = true
-	rc := http.NewResponseController(w)
-	_ = rc.Flush()
+}
 
-	body := newIdleReader(resp.Body, p.o.IdleTimeout, cancel)
-	defer body.stop()
-	if stream {
-		out.Usage, out.Err = copyStream(w, rc, body, r.DropUsageChunk)
-	} else {
-		out.Usage, out.Err = copyWhole(w, body, p.o.MaxCaptureBytes)
+// whole answers a non-streamed request (or an error status): it is read before anything is
+// written, up to MaxCaptureBytes, so a broken read can still be retried.
+func (p *Proxy) whole(parent, ctx context.Context, w http.ResponseWriter, r *Request, resp *http.Response, start time.Time, out Outcome) Outcome {
+	buf, err := io.ReadAll(io.LimitReader(resp.Body, int64(p.o.MaxCaptureBytes)+1))
+	if err != nil {
+		f := failed(parent, ctx, KindReset, err)
+		f.Status, f.TTFB = out.Status, out.TTFB
+		f.PodDown = f.Kind == KindReset
+		f.Retryable = f.Retryable && (r.MayRetry || resp.StatusCode < 500)
+		return f
 	}
-	if out.Err != nil && body.timedOut.Load() {
-		out.Err = fmt.Errorf("proxy: no byte from the engine for %v: %w", p.o.IdleTimeout, out.Err)
+	if resp.StatusCode == http.StatusOK {
+		out.TTFT = time.Since(start)
+		if r.OnFirstToken != nil {
+			r.OnFirstToken()
+		}
 	}
-	if out.Err != nil && ctx.Err() != nil && !body.timedOut.Load() {
-		out.ClientGone = true
+	p.writeHead(w, r, resp, false)
+	out.Started = true
+	if _, err := w.Write(buf); err != nil {
+		out.Err, out.Kind, out.ClientGone = err, KindClientGone, true
+		return out
+	}
+	if len(buf) > p.o.MaxCaptureBytes {
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			f := failed(parent, ctx, KindReset, err)
+			out.Err, out.Kind, out.ClientGone, out.Cut = f.Err, f.Kind, f.ClientGone, !f.ClientGone
+		}
+		return out
+	}
+	var body struct {
+		Usage *usageJSON `json:"usage"`
+	}
+	if json.Unmarshal(buf, &body) == nil && body.Usage != nil {
+		out.Usage = body.Usage.usage()
 	}
 	return out
 }
 
-// idleReader cancels the request when no byte arrives for the idle timeout.
-type idleReader struct {
-	r        io.Reader
-	d        time.Duration
-	t        *time.Timer
-	timedOut atomic.Bool
+// stream answers a streamed request: events are held until the first one that carries a
+// choice, then written through one by one, unchanged (the usage-only chunk may be dropped).
+func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFunc, ft *time.Timer, w http.ResponseWriter,
+	r *Request, resp *http.Response, start time.Time, out Outcome) Outcome {
+	idle := &idleReader{r: resp.Body, d: p.o.IdleTimeout, cancel: cancel}
+	defer idle.stop()
+	er := &eventReader{br: bufio.NewReaderSize(idle, 32<<10)}
+	rc := http.NewResponseController(w)
+	var held []byte
+	for !out.Started {
+		ev, err := er.next()
+		if len(ev) > 0 {
+			switch c := classify(ev); c.kind {
+			case evComment:
+				// keep-alives before the first token stay here: the client has no headers yet
+			case evError:
+				out.Kind, out.EngineError = KindEngineError, c.message
+				out.Err = fmt.Errorf("engine error event before the first token: %s", c.message)
+				if r.MayRetry {
+					out.Retryable = true
+					return out
+				}
+				// Nothing was written: answer with the error as an HTTP error, the status
+				// the engine would have given it before the headers.
+				status := c.code
+				if status < 400 || status > 599 {
+					status = http.StatusBadGateway
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(status)
+				_, _ = w.Write(c.errorJSON)
+				out.Started = true
+				return out
+			case evData:
+				held = append(held, ev...)
+			default: // a choice, or [DONE]: the answer has begun
+				ft.Stop()
+				out.TTFT = time.Since(start)
+				if r.OnFirstToken != nil {
+					r.OnFirstToken()
+				}
+				p.writeHead(w, r, resp, true)
+				out.Started = true
+				if c.usage != nil {
+					out.Usage = c.usage
+				}
+				if c.kind == evDone {
+					er.done = true
+				}
+				if _, werr := w.Write(append(held, ev...)); werr != nil {
+					out.Err, out.Kind, out.ClientGone = werr, KindClientGone, true
+					return out
+				}
+				_ = rc.Flush()
+			}
+		}
+		if err != nil && !out.Started {
+			kind := KindReset
+			if errors.Is(err, io.EOF) {
+				kind, err = KindEOF, errors.New("the engine closed the stream before its first token")
+			}
+			f := failed(parent, ctx, kind, err)
+			f.Status, f.TTFB = out.Status, out.TTFB
+			f.PodDown = f.Kind == kind
+			return f
+		}
+		if err != nil {
+			return p.endStream(parent, ctx, w, rc, er, out, err)
+		}
+	}
+	idle.arm()
+	for {
+		ev, err := er.next()
+		if err != nil && !complete(ev) {
+			ev = nil // a torn event is not forwarded: the error event below must parse on its own
+		}
+		if len(ev) > 0 {
+			c := classify(ev)
+			if c.usage != nil {
+				out.Usage = c.usage
+			}
+			switch {
+			case c.kind == evError:
+				// The engine's own error after the first token: forwarded as it is (vLLM's
+				// OpenAI shape), then the connection is aborted like any other cut.
+				out.Kind, out.EngineError, out.Cut = KindEngineError, c.message, true
+				out.Err = fmt.Errorf("engine error event: %s", c.message)
+				_, _ = w.Write(ev)
+				_ = rc.Flush()
+				return out
+			case c.kind == evDone:
+				er.done = true
+			case r.DropUsageChunk && c.usageOnly:
+				continue
+			}
+			if _, werr := w.Write(ev); werr != nil {
+				out.Err, out.Kind, out.ClientGone = werr, KindClientGone, true
+				return out
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return p.endStream(parent, ctx, w, rc, er, out, err)
+		}
+	}
 }
 
-func newIdleReader(r io.Reader, d time.Duration, cancel context.CancelFunc) *idleReader {
-	ir := &idleReader{r: r, d: d}
-	ir.t = time.AfterFunc(d, func() { ir.timedOut.Store(true); cancel() })
-	return ir
+// endStream settles a started stream whose body ended (err is io.EOF or the read error).
+func (p *Proxy) endStream(parent, ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, er *eventReader, out Outcome, err error) Outcome {
+	if errors.Is(err, io.EOF) {
+		if er.done {
+			return out
+		}
+		out.Kind, out.Err = KindEOF, errors.New("the engine's stream ended without [DONE]")
+	} else {
+		f := failed(parent, ctx, KindReset, err)
+		out.Kind, out.Err, out.ClientGone = f.Kind, f.Err, f.ClientGone
+		if errors.Is(context.Cause(ctx), ErrIdleTimeout) && parent.Err() == nil {
+			out.Kind, out.Err = KindIdleTimeout, fmt.Errorf("no byte from the engine for %v", p.o.IdleTimeout)
+		}
+	}
+	if out.ClientGone {
+		return out
+	}
+	out.Cut = true
+	WriteStreamError(w, TypeServer, "the engine's answer broke off: "+out.Err.Error(), http.StatusBadGateway)
+	_ = rc.Flush()
+	return out
+}
+
+// idleReader cancels the request when no byte arrives for the idle timeout once armed.
+type idleReader struct {
+	r      io.Reader
+	d      time.Duration
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	t      *time.Timer
+}
+
+func (ir *idleReader) arm() {
+	ir.mu.Lock()
+	defer ir.mu.Unlock()
+	ir.t = time.AfterFunc(ir.d, func() { ir.cancel(ErrIdleTimeout) })
 }
 
 func (ir *idleReader) Read(b []byte) (int, error) {
 	n, err := ir.r.Read(b)
 	if n > 0 {
-		ir.t.Reset(ir.d)
+		ir.mu.Lock()
+		if ir.t != nil {
+			ir.t.Reset(ir.d)
+		}
+		ir.mu.Unlock()
 	}
 	return n, err
 }
 
-func (ir *idleReader) stop() { ir.t.Stop() }
+func (ir *idleReader) stop() {
+	ir.mu.Lock()
+	defer ir.mu.Unlock()
+	if ir.t != nil {
+		ir.t.Stop()
+	}
+}
 
-// copyStream copies SSE events one by one, flushing after each, and reads usage from the
-// events that carry it. Bytes are written exactly as read, so the client's stream is
-// byte-identical to the engine's except for a dropped usage-only chunk.
-func copyStream(w io.Writer, rc *http.ResponseController, body io.Reader, dropUsage bool) (*Usage, error) {
-	br := bufio.NewReaderSize(body, 32<<10)
-	var ev []byte
-	var usage *Usage
+// eventReader splits an SSE body into events (the lines up to and including a blank line).
+type eventReader struct {
+	br   *bufio.Reader
+	ev   []byte
+	done bool // [DONE] was seen
+}
+
+// next returns the next event (possibly a partial last one with the error) and the read error.
+// The returned bytes are valid until the next call.
+func (e *eventReader) next() ([]byte, error) {
+	e.ev = e.ev[:0]
 	for {
-		line, err := br.ReadSlice('\n')
+		line, err := e.br.ReadSlice('\n')
+		e.ev = append(e.ev, line...)
 		if errors.Is(err, bufio.ErrBufferFull) {
-			ev = append(ev, line...)
 			continue
 		}
-		ev = append(ev, line...)
-		end := err != nil || len(line) == 1 || (len(line) == 2 && line[0] == '\r')
-		if end && len(ev) > 0 {
-			u, usageOnly := inspectEvent(ev)
-			if u != nil {
-				usage = u
-			}
-			if !(dropUsage && usageOnly) {
-				if _, werr := w.Write(ev); werr != nil {
-					return usage, werr
-				}
-				_ = rc.Flush()
-			}
-			ev = ev[:0]
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return usage, nil
-			}
-			return usage, err
+		end := len(line) == 1 || (len(line) == 2 && line[0] == '\r')
+		if err != nil || (end && len(e.ev) > 0) {
+			return e.ev, err
 		}
 	}
 }
 
-var usageMarker = []byte(`"usage"`)
+// complete reports whether an event ends with its blank line.
+func complete(ev []byte) bool {
+	return bytes.HasSuffix(ev, []byte("\n\n")) || bytes.HasSuffix(ev, []byte("\r\n\r\n"))
+}
 
-// inspectEvent reads the usage of an SSE event and whether it is the usage-only final chunk
-// (choices empty, usage set) that include_usage adds.
-func inspectEvent(ev []byte) (u *Usage, usageOnly bool) {
-	if !bytes.Contains(ev, usageMarker) {
-		return nil, false
-	}
+type evKind int
+
+const (
+	evChoice  evKind = iota // a data event carrying at least one choice: a token
+	evComment               // only comment (or empty) lines: keep-alives
+	evError                 // data: {"error": ...}
+	evDone                  // data: [DONE]
+	evData                  // other data (no choices): held until the first token
+)
+
+type eventInfo struct {
+	kind      evKind
+	usage     *Usage
+	usageOnly bool
+	// for evError
+	message   string
+	code      int
+	errorJSON []byte
+}
+
+var (
+	dataPrefix = []byte("data:")
+	doneData   = []byte("[DONE]")
+)
+
+// classify reads one SSE event: its data lines joined (SSE joins them with newlines; JSON
+// does not care).
+func classify(ev []byte) eventInfo {
 	var data []byte
+	hasData := false
 	for line := range bytes.Lines(ev) {
-		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+		if d, ok := bytes.CutPrefix(line, dataPrefix); ok {
+			hasData = true
 			data = append(data, bytes.TrimSpace(d)...)
 		}
+	}
+	if !hasData {
+		return eventInfo{kind: evComment}
+	}
+	if bytes.Equal(data, doneData) {
+		return eventInfo{kind: evDone}
 	}
 	var chunk struct {
 		Choices []json.RawMessage `json:"choices"`
 		Usage   *usageJSON        `json:"usage"`
+		Error   json.RawMessage   `json:"error"`
 	}
-	if json.Unmarshal(data, &chunk) != nil || chunk.Usage == nil {
-		return nil, false
+	if json.Unmarshal(data, &chunk) != nil {
+		return eventInfo{kind: evData}
 	}
-	return chunk.Usage.usage(), len(chunk.Choices) == 0
+	if len(chunk.Error) > 0 && string(chunk.Error) != "null" {
+		info := eventInfo{kind: evError, errorJSON: data}
+		var e struct {
+			Message string `json:"message"`
+			Code    any    `json:"code"`
+		}
+		if json.Unmarshal(chunk.Error, &e) == nil {
+			info.message = e.Message
+			if f, ok := e.Code.(float64); ok {
+				info.code = int(f)
+			}
+		}
+		if info.message == "" {
+			info.message = string(chunk.Error)
+		}
+		return info
+	}
+	info := eventInfo{kind: evData}
+	if len(chunk.Choices) > 0 {
+		info.kind = evChoice
+	}
+	if chunk.Usage != nil {
+		info.usage = chunk.Usage.usage()
+		info.usageOnly = len(chunk.Choices) == 0
+	}
+	return info
 }
 
 type usageJSON struct {
@@ -348,37 +646,4 @@ func (u *usageJSON) usage() *Usage {
 		out.CachedTokens, out.HasCached = *d.CachedTokens, true
 	}
 	return out
-}
-
-// copyWhole copies a non-streamed answer, keeping up to limit bytes to read its usage.
-func copyWhole(w io.Writer, body io.Reader, limit int) (*Usage, error) {
-	capt := &capture{limit: limit}
-	_, err := io.Copy(io.MultiWriter(w, capt), body)
-	if err != nil || capt.over {
-		return nil, err
-	}
-	var resp struct {
-		Usage *usageJSON `json:"usage"`
-	}
-	if json.Unmarshal(capt.buf, &resp) != nil || resp.Usage == nil {
-		return nil, nil
-	}
-	return resp.Usage.usage(), nil
-}
-
-type capture struct {
-	buf   []byte
-	limit int
-	over  bool
-}
-
-func (c *capture) Write(b []byte) (int, error) {
-	if !c.over {
-		if len(c.buf)+len(b) > c.limit {
-			c.over, c.buf = true, nil
-		} else {
-			c.buf = append(c.buf, b...)
-		}
-	}
-	return len(b), nil
 }

@@ -1,30 +1,63 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 )
 
-// Without dropping, the SSE copy is the identity on any byte stream; with dropping, the output
-// is the input minus whole events. Neither may panic on malformed events.
-func FuzzCopyStream(f *testing.F) {
-	f.Add([]byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n"))
+// The stream path never panics on malformed events, and a well-formed stream (a choice first,
+// [DONE] last, no comments) comes out byte-identical.
+func FuzzStream(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n"))
 	f.Add([]byte("data: {\"choices\":[{}]}\r\n\r\n: comment\n\nnot sse at all"))
 	f.Add([]byte("data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":\"x\"}}}\n\n"))
+	f.Add([]byte("data: {\"error\":{\"message\":\"x\",\"code\":\"y\"}}\n\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		rec := httptest.NewRecorder()
-		if _, err := copyStream(rec, http.NewResponseController(rec), bytes.NewReader(in), false); err != nil {
-			t.Fatal(err)
+		first, _ := (&eventReader{br: bufio.NewReader(bytes.NewReader(in))}).next()
+		wellFormed := classify(first).kind == evChoice
+		for _, drop := range []bool{false, true} {
+			rec := httptest.NewRecorder()
+			ctx, cancel := context.WithCancelCause(context.Background())
+			resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(bytes.NewReader(in))}
+			p := New(Options{})
+			out := p.stream(context.Background(), ctx, cancel, time.NewTimer(time.Hour), rec,
+				&Request{Stream: true, DropUsageChunk: drop}, resp, time.Now(), Outcome{Status: 200})
+			cancel(nil)
+			if !drop && out.Started && !out.Cut && wellFormed && !bytes.Equal(rec.Body.Bytes(), in) {
+				t.Fatalf("copy changed the stream:\n%q\n%q", in, rec.Body.Bytes())
+			}
 		}
-		if !bytes.Equal(rec.Body.Bytes(), in) {
-			t.Fatalf("copy changed the stream:\n%q\n%q", in, rec.Body.Bytes())
+	})
+}
+
+// A rewrite of any JSON object is valid JSON that decodes to the object with the keys set.
+func FuzzRewrite(f *testing.F) {
+	f.Add([]byte(`{"a":1,"stream_options":{"x":null}}`))
+	f.Add([]byte(`{"stream_options":null}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var m map[string]any
+		if json.Unmarshal(in, &m) != nil {
+			return
 		}
-		rec = httptest.NewRecorder()
-		_, _ = copyStream(rec, http.NewResponseController(rec), bytes.NewReader(in), true)
-		if rec.Body.Len() > len(in) {
-			t.Fatal("dropping grew the stream")
+		out, err := Rewrite{IncludeUsage: true, FullReport: true}.Apply(in)
+		if err != nil {
+			return // a non-object stream_options or vllm_xargs
+		}
+		var got map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%q -> invalid %q", in, out)
+		}
+		so, _ := got["stream_options"].(map[string]any)
+		xa, _ := got["vllm_xargs"].(map[string]any)
+		if so["include_usage"] != true || xa["kv_cache_report_mode"] != "full" || len(got) < len(m) {
+			t.Fatalf("%q -> %q", in, out)
 		}
 	})
 }

@@ -9,9 +9,10 @@ import (
 	"time"
 )
 
-// Health is one engine's health: passive (consecutive forward failures take it out for a
-// backoff that doubles up to a cap) and active (the result of the last /health probe). Safe for
-// concurrent use.
+// Health is one engine's health: passive (consecutive forward failures, or one refused
+// connection, take it out for a backoff that doubles up to a cap, and then until an active probe
+// started after the failure has succeeded, so passive health never puts an engine back ahead of
+// the probe) and active (the result of the last /health probe). Safe for concurrent use.
 type Health struct {
 	// Threshold consecutive failures make the engine unhealthy (3); Backoff is the first pause
 	// (1s), doubling to MaxBackoff (30s).
@@ -26,6 +27,9 @@ type Health struct {
 	probeOK   bool
 	probed    bool
 	lastErr   string
+	// downAt is when passive health last took the engine out; zero once a probe that started
+	// after it succeeded (or a forward succeeded).
+	downAt time.Time
 }
 
 // HealthState is a snapshot for debug output.
@@ -54,7 +58,28 @@ func (h *Health) defaults() {
 func (h *Health) Success() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.fails, h.backoff, h.downUntil = 0, 0, time.Time{}
+	h.fails, h.backoff, h.downUntil, h.downAt = 0, 0, time.Time{}, time.Time{}
+}
+
+// Unreachable records a forward whose connection was refused or could not be made: the whole
+// engine is taken out at once, as if the threshold had been reached.
+func (h *Health) Unreachable(now time.Time, why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.defaults()
+	h.lastErr = why
+	h.trip(now)
+}
+
+func (h *Health) trip(now time.Time) {
+	if h.backoff == 0 {
+		h.backoff = h.Backoff
+	} else {
+		h.backoff = min(2*h.backoff, h.MaxBackoff)
+	}
+	h.downUntil = now.Add(h.backoff)
+	h.downAt = now
+	h.fails = 0
 }
 
 // Failure records a forward that failed before any answer (connect error, 5xx).
@@ -65,25 +90,25 @@ func (h *Health) Failure(now time.Time, why string) {
 	h.fails++
 	h.lastErr = why
 	if h.fails >= h.Threshold {
-		if h.backoff == 0 {
-			h.backoff = h.Backoff
-		} else {
-			h.backoff = min(2*h.backoff, h.MaxBackoff)
-		}
-		h.downUntil = now.Add(h.backoff)
-		h.fails = 0
+		h.trip(now)
 	}
 }
 
-// Probed records an active probe's result. A failed probe takes the engine out until a probe
-// succeeds; the first success clears passive backoff too.
-func (h *Health) Probed(err error) {
+// Probed records an active probe's result (see ProbedAt); the probe counts as started now.
+func (h *Health) Probed(err error) { h.ProbedAt(time.Now(), err) }
+
+// ProbedAt records the result of an active probe that started at start. A failed probe takes
+// the engine out until a probe succeeds; a success lets a passively failed engine back once its
+// backoff is over, if the probe started after the failure (an older probe says nothing about it).
+func (h *Health) ProbedAt(start time.Time, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.probed = true
 	h.probeOK = err == nil
 	if err != nil {
 		h.lastErr = err.Error()
+	} else if !h.downAt.IsZero() && !start.Before(h.downAt) {
+		h.downAt = time.Time{}
 	}
 }
 
@@ -92,7 +117,7 @@ func (h *Health) Probed(err error) {
 func (h *Health) Healthy(now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return (!h.probed || h.probeOK) && !now.Before(h.downUntil)
+	return (!h.probed || h.probeOK) && !now.Before(h.downUntil) && h.downAt.IsZero()
 }
 
 // State is a snapshot.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,9 @@ import (
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	t.Helper()
 	cfg.TimeScale = 50
+	if os.Getenv(headersAtAcceptanceEnv) == "1" {
+		cfg.HeadersAtAcceptance = true // vLLM's behaviour; make test runs the suite both ways
+	}
 	sim, err := vllmsim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +226,7 @@ func TestRetryableBeforeFirstByte(t *testing.T) {
 
 func TestIdleTimeoutCutsSilentStream(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write([]byte("data: {}\n\n"))
+		_, _ = w.Write([]byte("data: {\"choices\":[{}]}\n\n"))
 		w.(http.Flusher).Flush()
 		select {
 		case <-r.Context().Done():
@@ -234,7 +238,8 @@ func TestIdleTimeoutCutsSilentStream(t *testing.T) {
 	t0 := time.Now()
 	out := New(Options{IdleTimeout: 100 * time.Millisecond}).Do(context.Background(), rec, Target{URL: srv.URL, Rank: -1},
 		&Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, Stream: true})
-	if out.Err == nil || time.Since(t0) > 3*time.Second || rec.Body.String() != "data: {}\n\n" {
+	if out.Err == nil || !out.Cut || out.Kind != KindIdleTimeout || time.Since(t0) > 3*time.Second ||
+		!strings.HasPrefix(rec.Body.String(), "data: {\"choices\":[{}]}\n\ndata: {\"error\":{") {
 		t.Fatalf("outcome %+v after %v, body %q", out, time.Since(t0), rec.Body.String())
 	}
 }
@@ -258,6 +263,30 @@ func TestRewriteMerges(t *testing.T) {
 	}
 }
 
+// The rewrite splices: the client's bytes, key order and spacing are kept, only the keys it
+// sets change.
+func TestRewriteKeepsTheClientsBytes(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"z": 1, "model":"m",  "n": 1.50}`:                                 `{"z": 1, "model":"m",  "n": 1.50,"stream_options":{"include_usage":true},"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+		`{"stream_options": {"z":true, "include_usage":false}, "a":[1, 2]}`: `{"stream_options": {"z":true, "include_usage":true}, "a":[1, 2],"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+		`{"stream_options":null,"vllm_xargs":{ }}`:                          `{"stream_options":{"include_usage":true},"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+		`{}`: `{"stream_options":{"include_usage":true},"vllm_xargs":{"kv_cache_report_mode":"full"}}`,
+	} {
+		got, err := Rewrite{IncludeUsage: true, FullReport: true}.Apply([]byte(in))
+		if err != nil || string(got) != want {
+			t.Errorf("%s:\n got %s %v\nwant %s", in, got, err, want)
+		}
+		if !json.Valid(got) {
+			t.Errorf("%s: invalid JSON %s", in, got)
+		}
+	}
+	for _, bad := range []string{`[1]`, `{"a":1} x`, `{"a":`} {
+		if _, err := (Rewrite{IncludeUsage: true}).Apply([]byte(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
 func TestHealthPassiveBackoff(t *testing.T) {
 	h := &Health{Threshold: 2, Backoff: time.Second, MaxBackoff: 4 * time.Second}
 	now := time.Unix(1000, 0)
@@ -266,11 +295,13 @@ func TestHealthPassiveBackoff(t *testing.T) {
 		t.Fatal("one failure is below the threshold")
 	}
 	h.Failure(now, "x")
+	h.ProbedAt(now, nil)
 	if h.Healthy(now) || !h.Healthy(now.Add(time.Second)) {
 		t.Fatal("two failures: down for 1s")
 	}
 	h.Failure(now, "x")
 	h.Failure(now, "x")
+	h.ProbedAt(now, nil)
 	if h.Healthy(now.Add(time.Second)) || !h.Healthy(now.Add(2*time.Second)) {
 		t.Fatal("second trip: backoff doubles to 2s")
 	}
@@ -314,3 +345,36 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 		t.Fatalf("outcome %+v", out)
 	}
 }
+
+// Passive health takes an engine out and keeps it out until a probe that started after the
+// failure succeeded, not merely until the backoff ends; a refused connection trips it at once.
+func TestHealthWaitsForTheProbe(t *testing.T) {
+	h := &Health{Threshold: 3, Backoff: time.Second}
+	now := time.Unix(1000, 0)
+	h.ProbedAt(now, nil)
+	h.Unreachable(now, "refused")
+	if h.Healthy(now) {
+		t.Fatal("a refused connection must take the engine out at once")
+	}
+	if h.Healthy(now.Add(time.Hour)) {
+		t.Fatal("the backoff ended but no probe has seen the engine since")
+	}
+	h.ProbedAt(now.Add(-time.Millisecond), nil) // a probe that started before the failure
+	if h.Healthy(now.Add(time.Hour)) {
+		t.Fatal("a probe older than the failure put the engine back")
+	}
+	h.ProbedAt(now.Add(500*time.Millisecond), nil)
+	if h.Healthy(now.Add(700*time.Millisecond)) || !h.Healthy(now.Add(time.Second)) {
+		t.Fatal("after a fresh probe the engine is back once the backoff ended")
+	}
+	h.Success()
+	for range 3 {
+		h.Failure(now, "5xx")
+	}
+	if h.Healthy(now.Add(time.Hour)) {
+		t.Fatal("threshold failures: out until probed")
+	}
+}
+
+// headersAtAcceptanceEnv=1 runs every vllm-sim here with HeadersAtAcceptance (see make test).
+const headersAtAcceptanceEnv = "VLLMSIM_HEADERS_AT_ACCEPTANCE"

@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 )
 
 // Rewrite is what the router changes in a body before forwarding.
@@ -18,41 +21,97 @@ type Rewrite struct {
 // Empty reports whether the rewrite changes nothing.
 func (r Rewrite) Empty() bool { return !r.IncludeUsage && !r.FullReport }
 
-// Apply returns body with the rewrite merged in; other fields keep their bytes (top-level key
-// order may change, which JSON readers ignore). An empty rewrite returns body itself.
+// Apply returns body with the rewrite spliced in: the keys it sets are replaced or appended in
+// place and every other byte (key order, spacing, numbers as written) is the client's; the body
+// is never re-encoded. An empty rewrite returns body itself.
 func (r Rewrite) Apply(body []byte) ([]byte, error) {
 	if r.Empty() {
 		return body, nil
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, fmt.Errorf("proxy: rewrite: %w", err)
-	}
+	var err error
 	if r.IncludeUsage {
-		v, err := merge(top["stream_options"], "include_usage", true)
-		if err != nil {
+		if body, err = setNested(body, "stream_options", "include_usage", []byte("true")); err != nil {
 			return nil, fmt.Errorf("proxy: stream_options: %w", err)
 		}
-		top["stream_options"] = v
 	}
 	if r.FullReport {
-		v, err := merge(top["vllm_xargs"], "kv_cache_report_mode", "full")
-		if err != nil {
+		if body, err = setNested(body, "vllm_xargs", "kv_cache_report_mode", []byte(`"full"`)); err != nil {
 			return nil, fmt.Errorf("proxy: vllm_xargs: %w", err)
 		}
-		top["vllm_xargs"] = v
 	}
-	return json.Marshal(top)
+	return body, nil
 }
 
-func merge(raw json.RawMessage, key string, val any) (json.RawMessage, error) {
-	obj := map[string]json.RawMessage{}
-	if len(raw) > 0 && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			return nil, err
+// setNested sets obj[outer][inner] = val, creating obj[outer] when it is absent or null.
+func setNested(obj []byte, outer, inner string, val []byte) ([]byte, error) {
+	start, end, err := findKey(obj, outer)
+	if err != nil {
+		return nil, err
+	}
+	nested := []byte("{}")
+	if start >= 0 && string(bytes.TrimSpace(obj[start:end])) != "null" {
+		nested = obj[start:end]
+	}
+	nested, err = setKey(nested, inner, val)
+	if err != nil {
+		return nil, err
+	}
+	return setKey(obj, outer, nested)
+}
+
+// setKey returns the JSON object obj with key's value replaced by val (its last occurrence,
+// the one a JSON reader keeps), or key appended when absent; every other byte is kept.
+func setKey(obj []byte, key string, val []byte) ([]byte, error) {
+	start, end, err := findKey(obj, key)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(obj)+len(key)+len(val)+4)
+	if start >= 0 {
+		out = append(append(append(out, obj[:start]...), val...), obj[end:]...)
+		return out, nil
+	}
+	k, _ := json.Marshal(key)
+	closing := bytes.LastIndexByte(obj, '}')
+	head := bytes.TrimRight(obj[:closing], " \t\r\n")
+	out = append(out, head...)
+	if head[len(head)-1] != '{' {
+		out = append(out, ',')
+	}
+	out = append(append(append(append(out, k...), ':'), val...), obj[closing:]...)
+	return out, nil
+}
+
+var errNotObject = errors.New("not a JSON object")
+
+// findKey returns the byte range of the value of the last top-level key named key in the JSON
+// object obj, or -1, -1 when absent.
+func findKey(obj []byte, key string) (int, int, error) {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return 0, 0, errNotObject
+	}
+	start, end := -1, -1
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return 0, 0, err
+		}
+		k, _ := t.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return 0, 0, err
+		}
+		if k == key {
+			end = int(dec.InputOffset())
+			start = end - len(raw)
 		}
 	}
-	b, _ := json.Marshal(val)
-	obj[key] = b
-	return json.Marshal(obj)
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return 0, 0, errNotObject
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return 0, 0, errors.New("trailing data after the JSON object")
+	}
+	return start, end, nil
 }

@@ -67,6 +67,15 @@ func (x *approxIndex) insert(id string, keys []uint64) {
 	}
 }
 
+// forget drops a replica's keys (it left the fleet).
+func (x *approxIndex) forget(id string) {
+	if x == nil {
+		return
+	}
+	delete(x.lrus, id)
+	delete(x.sets, id)
+}
+
 // size is the number of keys held for the replica.
 func (x *approxIndex) size(id string) int {
 	if x.capacity <= 0 {

@@ -297,6 +297,16 @@ func (k *kvPolicy) OnRouted(req *Request, cands []Candidate, i int) {
 	w.add(req.NowNs, k.uncached(req, &cands[i]))
 }
 
+// Retract takes back the window entry OnRouted added for the same request (a failed attempt).
+func (k *kvPolicy) Retract(req *Request, cands []Candidate, i int) {
+	if w := k.window[cands[i].ID]; w != nil {
+		w.remove(req.NowNs, k.uncached(req, &cands[i]))
+	}
+}
+
+// Forget drops a replica's window (it left the fleet).
+func (k *kvPolicy) Forget(id string) { delete(k.window, id) }
+
 // tokenWindow is an exact sliding-window sum: a ring of (time, tokens) entries, oldest first.
 // Written by hand: it is a few lines, and the generic ring buffers would box every entry.
 type tokenWindow struct {
@@ -319,6 +329,21 @@ func (w *tokenWindow) sum(now, span int64) float64 {
 		w.total = 0 // no float drift survives an empty window
 	}
 	return w.total
+}
+
+// remove zeroes the newest live entry (t, tok), if the window still holds it.
+func (w *tokenWindow) remove(t int64, tok float64) {
+	for j := w.n - 1; j >= 0; j-- {
+		x := (w.head + j) % len(w.at)
+		if w.at[x] < t {
+			return
+		}
+		if w.at[x] == t && w.tok[x] == tok {
+			w.total -= tok
+			w.tok[x] = 0
+			return
+		}
+	}
 }
 
 // add appends an entry at time t (callers add in non-decreasing time).

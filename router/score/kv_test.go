@@ -282,3 +282,26 @@ func TestKVDoesNotFloodANewReplica(t *testing.T) {
 		t.Errorf("the new replica took %d of the next 20 requests; want some, not a flood (in flight: %v)", got, running)
 	}
 }
+
+// A retracted routing leaves no trace in the replica's window.
+func TestKVRetractAndForget(t *testing.T) {
+	p := newKV(Options{Seed: 1})
+	c := fleetOf(2)
+	req := &Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16, NowNs: 5 * sec}
+	p.OnRouted(req, c, 0)
+	other := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: 5 * sec}
+	p.OnRouted(other, c, 0)
+	if w := p.windowed(c[0].ID, 6*sec); w != 1760 {
+		t.Fatalf("window %v before", w)
+	}
+	p.Retract(req, c, 0)
+	if w := p.windowed(c[0].ID, 6*sec); w != 160 {
+		t.Fatalf("window %v after the retraction, want the other request's 160", w)
+	}
+	p.Forget(c[0].ID)
+	if _, ok := p.window[c[0].ID]; ok {
+		t.Fatal("forgotten replica keeps its window")
+	}
+	var _ Retractor = p
+	var _ Forgetter = p
+}

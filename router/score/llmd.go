@@ -90,3 +90,6 @@ func clamp01(x float64) float64 {
 	}
 	return x
 }
+
+// Forget drops a replica's learned keys (it left the fleet).
+func (p *llmdDefault) Forget(id string) { p.idx.forget(id) }

@@ -62,3 +62,6 @@ func (p *prefixChar) OnRouted(req *Request, cands []Candidate, i int) {
 	keys, _ := chunkKeys(req)
 	p.idx.insert(cands[i].ID, keys)
 }
+
+// Forget drops a replica's learned keys (it left the fleet).
+func (p *prefixChar) Forget(id string) { p.idx.forget(id) }

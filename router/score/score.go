@@ -107,6 +107,19 @@ type Policy interface {
 	OnRouted(req *Request, cands []Candidate, i int)
 }
 
+// Retractor is implemented by policies whose OnRouted state should not count a request whose
+// attempt failed before the engine took it (the router retries it elsewhere): Retract takes
+// back the OnRouted call with the same arguments.
+type Retractor interface {
+	Retract(req *Request, cands []Candidate, i int)
+}
+
+// Forgetter is implemented by policies that keep per-replica state: Forget drops the state of a
+// replica that left the fleet.
+type Forgetter interface {
+	Forget(id string)
+}
+
 // ErrNoCandidate is returned when there is no healthy replica to choose.
 var ErrNoCandidate = errors.New("score: no healthy candidate")
 

@@ -82,3 +82,6 @@ func (p *sglangCacheAware) OnRouted(req *Request, cands []Candidate, i int) {
 	keys, per := chunkKeys(req)
 	p.index(per).insert(cands[i].ID, keys)
 }
+
+// Forget drops a replica's learned keys (it left the fleet).
+func (p *sglangCacheAware) Forget(id string) { p.idx.forget(id) }

@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/score"
 )
 
 // engine is one discovered engine and its replicas (one per DP rank).
@@ -37,6 +38,9 @@ type engine struct {
 	reps       []*replica
 	// probeDown: the last /health probe failed; the streams were told (Subscriber.Down).
 	probeDown atomic.Bool
+	// gone is set when the engine left the table: requests still in flight on it stop
+	// touching its (deleted) metric series.
+	gone atomic.Bool
 }
 
 // replica is one (engine, DP rank): one index replica, maybe one event stream, and the load
@@ -237,7 +241,13 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 	return e, nil
 }
 
+// dropEngine removes an engine's replicas: their streams or index entries, side-index
+// predictions, the policy's per-replica state (balance windows, learned keys) and the engine's
+// metric series.
 func (s *Server) dropEngine(e *engine) {
+	e.gone.Store(true)
+	s.polMu.Lock()
+	f, _ := s.pol.(score.Forgetter)
 	for _, r := range e.reps {
 		if r.stream {
 			_ = s.sub.Remove(e.name, r.rank)
@@ -246,7 +256,12 @@ func (s *Server) dropEngine(e *engine) {
 		}
 		s.predicted.Forget(r.id)
 		s.approx.Forget(r.id)
+		if f != nil {
+			f.Forget(r.name)
+		}
 	}
+	s.polMu.Unlock()
+	s.met.ForgetEngine(e.name)
 }
 
 // topic is the engine's KV-event topic: <prefix>@<host>@<model>. Pods publish with their IP
@@ -313,18 +328,18 @@ func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
 	}
 }
 
-// probe asks the engine's /health and records the answer; it reports whether it was up.
+// probe asks the engine's /health and records the answer; it reports whether it was up. A
+// success does not end a passive failure's backoff by itself: Health.ProbedAt lets the engine
+// back only for a probe that started after the failure.
 func (s *Server) probe(ctx context.Context, e *engine) bool {
+	start := s.now()
 	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
 	was := e.health.Healthy(s.now())
-	e.health.Probed(err)
+	e.health.ProbedAt(start, err)
 	if ctx.Err() == nil && e.probeDown.CompareAndSwap(err == nil, err != nil) {
 		s.tellStreams(e, err != nil)
 	}
 	if err == nil {
-		if !was {
-			e.health.Success()
-		}
 		return true
 	}
 	if isAuthErr(err) {

@@ -137,6 +137,9 @@ func TestEngineKilledMidRun(t *testing.T) {
 		for sent.Load() < 12 {
 			time.Sleep(5 * time.Millisecond)
 		}
+		// Non-streamed answers are read whole before anything reaches the client, so every
+		// attempt in flight on the killed engine must be retried: wait for some.
+		eventually(t, "attempts in flight on e1", func() bool { return rt.s.Engines()[1].Ranks[0].Inflight.Running > 0 })
 		_ = f.sims[1].Close()
 	}()
 	var fails []string
@@ -167,7 +170,7 @@ func TestEngineKilledMidRun(t *testing.T) {
 		t.Fatalf("%d requests failed: %v", len(fails), fails)
 	}
 	if n := testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("e1")); n == 0 {
-		t.Log("no attempt was in flight on the killed engine (nothing to retry)")
+		t.Fatal("attempts were in flight on the killed engine, yet none was retried")
 	}
 	eventually(t, "the dead engine marked unhealthy", func() bool { return !rt.s.Engines()[1].Health.Healthy })
 }

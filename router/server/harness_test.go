@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -35,6 +36,9 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	}
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 20
+	}
+	if os.Getenv(headersAtAcceptanceEnv) == "1" {
+		cfg.HeadersAtAcceptance = true // vLLM's behaviour; make test runs the suite both ways
 	}
 	sim, err := vllmsim.New(cfg)
 	if err != nil {
@@ -260,3 +264,7 @@ func share(routes []string) map[string]int {
 	}
 	return m
 }
+
+// headersAtAcceptanceEnv=1 runs every in-process vllm-sim with HeadersAtAcceptance (vLLM's
+// StreamingResponse behaviour); `make test` runs the request-path suites both ways.
+const headersAtAcceptanceEnv = "VLLMSIM_HEADERS_AT_ACCEPTANCE"

@@ -105,7 +105,7 @@ func TestDebugRouteIsBounded(t *testing.T) {
 	for range debugRouteConcurrency {
 		rt.s.debugRouteSlots <- struct{}{} // calls in flight
 	}
-	resp, err := http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+	resp, err := http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"vllm-sim","prompt":"hello"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestDebugRouteIsBounded(t *testing.T) {
 		t.Fatalf("status %d body %s; want 429 naming the bound", resp.StatusCode, body)
 	}
 	<-rt.s.debugRouteSlots
-	resp, err = http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+	resp, err = http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"vllm-sim","prompt":"hello"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
@@ -30,6 +32,8 @@ type decision struct {
 	cached []int
 	chosen int
 	took   time.Duration
+	// recorded is when record entered the decision into the side indexes (zero: not recorded).
+	recorded time.Time
 }
 
 // Where the fleet's block size came from (blockSize).
@@ -199,12 +203,32 @@ func (s *Server) record(d *decision) {
 		return
 	}
 	now := s.now()
+	d.recorded = now
 	id := d.reps[d.chosen].id
 	s.predicted.Predict(id, d.req.Keys, now)
 	// The approximate index stands in for a missing stream; a replica with a whole stream
 	// never reads it, so its decisions are not written there.
 	if d.cands[d.chosen].Approximate {
 		s.approx.Predict(id, d.req.Keys, now)
+	}
+}
+
+// rollback takes back what a decision told the policy and the side indexes, for an attempt that
+// failed before the engine took the request: the replica that just failed must not attract the
+// next request with the same prefix through a prediction of blocks it never computed.
+func (s *Server) rollback(d *decision) {
+	s.polMu.Lock()
+	if rt, ok := s.pol.(score.Retractor); ok {
+		rt.Retract(&d.req, d.cands, d.chosen)
+	}
+	s.polMu.Unlock()
+	if d.recorded.IsZero() {
+		return
+	}
+	id := d.reps[d.chosen].id
+	s.predicted.Unpredict(id, d.req.Keys, d.recorded)
+	if d.cands[d.chosen].Approximate {
+		s.approx.Unpredict(id, d.req.Keys, d.recorded)
 	}
 }
 
@@ -245,8 +269,15 @@ type prepared struct {
 // prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
 // load-only routing instead of failing it.
 func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, reps []*replica) (*prepared, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
+	body, err := s.readBody(w, r)
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.met.Errors.WithLabelValues("", s.policy, "body_timeout").Inc()
+			w.Header().Set("Connection", "close")
+			proxy.WriteError(w, http.StatusRequestTimeout, proxy.TypeInvalidRequest,
+				fmt.Sprintf("the request body did not arrive within %v", s.o.Config.Limits.BodyReadTimeout.Duration))
+			return nil, false
+		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			s.met.Errors.WithLabelValues("", s.policy, "too_large").Inc()
@@ -279,6 +310,16 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	}
 	toks, src, err := s.tok.Tokens(r.Context(), url, tr, body)
 	s.met.TokenizeSeconds.Observe(time.Since(t0).Seconds())
+	var ce *tokens.ClientError
+	if errors.As(err, &ce) {
+		// The engine refused the request itself (bad max_tokens, unknown model, a prompt over
+		// the context length): every engine would, so the client gets the engine's answer.
+		s.met.Errors.WithLabelValues("", s.policy, "engine_refused").Inc()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(ce.Status)
+		_, _ = w.Write(ce.Body)
+		return nil, false
+	}
 	if err != nil {
 		s.met.TokenizeFailures.Inc()
 		s.tokenizeDegraded.Add(1)
@@ -297,8 +338,75 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	return p, true
 }
 
+// jsonMediaType reports whether a Content-Type is application/json (any parameters, any case).
+func jsonMediaType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
+}
+
+// awaitDiscovery holds a request that arrived before the first engine snapshot (the first
+// milliseconds after start) until it is applied, rather than refusing it; false (after a 503
+// "no engine discovered yet") when it does not come within the wait.
+func (s *Server) awaitDiscovery(w http.ResponseWriter, r *http.Request) bool {
+	select {
+	case <-s.readyOnce:
+		return true
+	default:
+	}
+	t := time.NewTimer(s.o.DiscoveryWait)
+	defer t.Stop()
+	select {
+	case <-s.readyOnce:
+		return true
+	case <-r.Context().Done():
+		return false
+	case <-t.C:
+		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
+		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, errNotDiscovered)
+		return false
+	}
+}
+
+const errNotDiscovered = "no engine discovered yet"
+
+// readBody reads a request body within limits.bodyReadTimeout and limits.maxBodyBytes.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	deadline := false
+	if d := s.o.Config.Limits.BodyReadTimeout.Duration; d > 0 {
+		deadline = rc.SetReadDeadline(time.Now().Add(d)) == nil
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
+	if deadline && err == nil {
+		// Lifted once the body is in: a stream may last long after. On an error it stays, so
+		// net/http does not wait for the rest of a slow body before closing the connection.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return body, err
+}
+
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {
 	s.requestsTotal.Add(1)
+	if !s.awaitDiscovery(w, r) {
+		return
+	}
+	if !jsonMediaType(r.Header.Get("Content-Type")) {
+		// vLLM's generation routes depend on validate_json_request
+		// (vllm/entrypoints/openai/api_server.py): the media type, lower-cased and without
+		// parameters, must be application/json, or the request is a 400 validation error. A
+		// `curl -d` body (application/x-www-form-urlencoded) or none at all is refused here
+		// the same way, before a render call and a routing decision are spent on it.
+		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
+		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest,
+			"Unsupported Media Type: Only 'application/json' is allowed")
+		return
+	}
+	ctx := r.Context()
+	if d := s.o.Config.Limits.RequestTimeout.Duration; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, d, proxy.ErrRequestTimeout)
+		defer cancel()
+	}
 	reps, _ := s.table.snapshot()
 	p, ok := s.prepare(w, r, kind, reps)
 	if !ok {
@@ -323,8 +431,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
 			} else {
-				s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
-				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, fmt.Sprintf("every engine tried failed: %v", last.Err))
+				s.allFailed(w, last)
 			}
 			return
 		}
@@ -339,27 +446,73 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 				healthyLeft++
 			}
 		}
-		out := s.forward(w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
+		out := s.forward(ctx, w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
 		if out.Retryable && !out.Started {
-			why := fmt.Sprintf("status %d", out.Status)
+			why := out.Kind
 			if out.Err != nil {
-				why = out.Err.Error()
+				why += ": " + out.Err.Error()
 			}
-			rep.eng.health.Failure(s.now(), why)
-			s.met.Retries.WithLabelValues(rep.eng.name).Inc()
-			s.log.Warn("engine attempt failed before the first byte; retrying elsewhere", "engine", rep.name, "why", why)
-			excluded[rep] = true
+			s.rollback(d)
+			if out.PodDown {
+				// The engine's HTTP server failed, which all its DP ranks share: no retry may land
+				// on its other ranks. A refused connection takes it out of routing at once.
+				if out.Kind == proxy.KindConnect {
+					rep.eng.health.Unreachable(s.now(), why)
+				} else {
+					rep.eng.health.Failure(s.now(), why)
+				}
+				for _, r := range rep.eng.reps {
+					excluded[r] = true
+				}
+			} else {
+				rep.eng.health.Failure(s.now(), why)
+				excluded[rep] = true
+			}
+			if !rep.eng.gone.Load() {
+				s.met.Retries.WithLabelValues(rep.eng.name).Inc()
+			}
+			s.log.Warn("engine attempt failed before the first token; retrying elsewhere", "engine", rep.name, "why", why)
 			last = out
 			continue
 		}
+		if !out.Started && out.Err != nil && !out.ClientGone {
+			s.rollback(d)
+		}
+		if !out.Started && out.Err != nil {
+			switch {
+			case out.ClientGone:
+			case out.Kind == proxy.KindRequestTimeout:
+				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.TypeServer, out.Err.Error())
+			default:
+				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.name+": "+out.Err.Error())
+			}
+		}
+		if out.Cut {
+			// The client already has the status and some tokens: the proxy wrote an SSE error
+			// event; aborting the connection keeps the chunked terminator (or the rest of a
+			// Content-Length) from reaching it, so no client can take the answer as complete.
+			panic(http.ErrAbortHandler)
+		}
 		return
 	}
-	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
-	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, fmt.Sprintf("every engine tried failed: %v", last.Err))
+	s.allFailed(w, last)
 }
 
-// forward sends one attempt to the decision's replica and accounts for it.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
+// allFailed answers a request whose every attempt failed before its first token.
+func (s *Server) allFailed(w http.ResponseWriter, last proxy.Outcome) {
+	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
+	msg := "every engine tried failed"
+	if last.Err != nil {
+		msg += ": " + last.Err.Error()
+	}
+	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, msg)
+}
+
+// forward sends one attempt to the decision's replica and accounts for it. The replica's
+// uncached prompt tokens count as prefill until the first token (proxy.Request.OnFirstToken:
+// for a stream the first data event with a choice, for a non-streamed answer the answer
+// itself), then its prompt tokens count as decode until the end.
+func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
 	rep := d.reps[d.chosen]
 	dp := rep.eng.dp.Load()
 	cached := d.cached[d.chosen]
@@ -368,8 +521,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	rep.prefill.Add(uncached)
 	rep.running.Add(1)
 	rankLabel := strconv.Itoa(rep.rank)
-	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
-	firstByte := false
+	if !rep.eng.gone.Load() {
+		s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
+	}
+	firstToken := false
 	engineHdr := rep.eng.name
 	if dp.Ranks() > 1 {
 		engineHdr += "/" + rankLabel
@@ -378,37 +533,55 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	if dp.Ranks() == 1 {
 		rank = -1 // a single-rank engine needs no pin
 	}
-	out := s.px.Do(r.Context(), w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
+	out := s.px.Do(ctx, w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
 		Path: path, Body: body, Header: r.Header, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
 		MayRetry: mayRetry,
 		SetHeaders: func(h http.Header) {
 			h.Set("x-kvroute-engine", engineHdr)
 			h.Set("x-kvroute-predicted-cached-tokens", strconv.Itoa(cached))
 		},
-		OnFirstByte: func() {
-			firstByte = true
+		OnFirstToken: func() {
+			firstToken = true
 			rep.prefill.Add(-uncached)
 			rep.decode.Add(tokensIn)
 		},
 	})
-	if firstByte {
+	if firstToken {
 		rep.decode.Add(-tokensIn)
 	} else {
 		rep.prefill.Add(-uncached)
 	}
 	rep.running.Add(-1)
+	if rep.eng.gone.Load() {
+		return out // removed meanwhile: its series are deleted and stay so
+	}
 	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Dec()
 	if out.AuthRejected {
 		s.engineAuthFailure(callGenerate, rep.eng.name, out.Err)
 	}
+	if out.Status > 0 && !out.AuthRejected {
+		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())
+	}
+	if out.EngineError != "" {
+		when := "before_first_token"
+		if firstToken {
+			when = "after_first_token"
+		}
+		s.met.EngineErrors.WithLabelValues(rep.eng.name, when).Inc()
+		s.log.Warn("engine sent an in-stream error", "engine", rep.name, "when", when, "message", out.EngineError)
+	}
 	if out.Retryable && !out.Started {
 		return out
 	}
-	if out.Status > 0 && !out.AuthRejected {
-		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())
-		if out.Status < 500 {
-			rep.eng.health.Success()
-		}
+	if p.tr.Stream && out.TTFT > 0 {
+		s.met.FirstTokenSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFT.Seconds())
+	}
+	switch {
+	case out.ClientGone, out.Kind == proxy.KindRequestTimeout, out.AuthRejected:
+	case out.Cut:
+		rep.eng.health.Failure(s.now(), out.Kind+": "+out.Err.Error())
+	case out.Status > 0 && out.Status < 500 && out.EngineError == "" && out.Err == nil:
+		rep.eng.health.Success()
 	}
 	code := strconv.Itoa(out.Status)
 	if out.Err != nil && !out.Started {
@@ -416,16 +589,17 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 	}
 	s.met.Requests.WithLabelValues(rep.eng.name, s.policy, code).Inc()
 	if out.Err != nil {
-		reason := "upstream"
-		if out.ClientGone {
-			reason = "client_gone"
+		reason := out.Kind
+		if reason == "" {
+			reason = "upstream"
 		}
 		s.met.Errors.WithLabelValues(rep.eng.name, s.policy, reason).Inc()
-		if !out.Started {
-			proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.name+": "+out.Err.Error())
+		if out.Cut {
+			s.log.Warn("answer cut after its first token; the client gets an error event and an aborted connection",
+				"engine", rep.name, "kind", out.Kind, "err", out.Err)
 		}
 	}
-	if out.Status == http.StatusOK {
+	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
 		s.account(rep, d.req.Tokens, cached, out.Usage)
 	}
 	return out
@@ -498,6 +672,9 @@ func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usa
 
 // serveModels forwards GET /v1/models to a healthy engine.
 func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	if !s.awaitDiscovery(w, r) {
+		return
+	}
 	reps, _ := s.table.snapshot()
 	e := s.tokenizerEngine(reps)
 	if e == nil {

@@ -48,7 +48,7 @@ type Options struct {
 	Now func() time.Time
 	// ProbeInterval between active /health probes (2s); ProbeTimeout per probe (1s).
 	ProbeInterval, ProbeTimeout time.Duration
-	// IdleTimeout cuts an engine answer silent for this long (5m).
+	// IdleTimeout, when set, replaces Config.Limits.IdleTimeout.
 	IdleTimeout time.Duration
 	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL).
 	PredictedTTL time.Duration
@@ -56,6 +56,9 @@ type Options struct {
 	TokenizeTimeout time.Duration
 	// MaxAttempts bounds the engines tried for one request (3).
 	MaxAttempts int
+	// DiscoveryWait is how long a request that arrives before the first engine snapshot waits
+	// for it before a 503 "no engine discovered yet" (10s).
+	DiscoveryWait time.Duration
 	// Seed seeds the policy's random choices.
 	Seed   int64
 	Logger *slog.Logger
@@ -116,6 +119,9 @@ func New(o Options) (*Server, error) {
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 3
 	}
+	if o.DiscoveryWait <= 0 {
+		o.DiscoveryWait = 10 * time.Second
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -134,8 +140,12 @@ func New(o Options) (*Server, error) {
 	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
 	s.approx = index.NewApproximate(index.SideOptions{})
 	lim := o.Config.Limits
-	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstByteTimeout: lim.FirstByteTimeout.Duration,
-		IdleTimeout: o.IdleTimeout, EngineAPIKey: o.EngineAPIKey})
+	idle := lim.IdleTimeout.Duration
+	if o.IdleTimeout > 0 {
+		idle = o.IdleTimeout
+	}
+	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstTokenTimeout.Duration,
+		IdleTimeout: idle, EngineAPIKey: o.EngineAPIKey})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize}
@@ -247,8 +257,26 @@ func (s *Server) expireLoop(ctx context.Context) {
 	}
 }
 
-// Ready reports whether at least one engine is ready and healthy.
+// Ready reports whether the first engine snapshot is applied and at least one engine is ready
+// and healthy.
 func (s *Server) Ready() bool {
+	return s.notReady() == ""
+}
+
+// notReady says why the router is not ready ("" when it is).
+func (s *Server) notReady() string {
+	select {
+	case <-s.readyOnce:
+	default:
+		return errNotDiscovered
+	}
+	if !s.anyHealthy() {
+		return "no healthy engine"
+	}
+	return ""
+}
+
+func (s *Server) anyHealthy() bool {
 	reps, _ := s.table.snapshot()
 	now := s.now()
 	for _, r := range reps {
@@ -287,16 +315,32 @@ func (s *Server) APIHandler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.serveModels)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.Ready() {
-			http.Error(w, "no healthy engine", http.StatusServiceUnavailable)
+		if why := s.notReady(); why != "" {
+			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	allowed := map[string]string{"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET, HEAD",
+		"/healthz": "GET, HEAD", "/readyz": "GET, HEAD"}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow, ok := allowed[r.URL.Path]; ok {
+			w.Header().Set("Allow", allow)
+			proxy.WriteError(w, http.StatusMethodNotAllowed, proxy.TypeInvalidRequest, "method "+r.Method+" not allowed on "+r.URL.Path)
+			return
+		}
 		proxy.WriteError(w, http.StatusNotFound, proxy.TypeInvalidRequest, "no route "+r.Method+" "+r.URL.Path)
 	})
 	return mux
+}
+
+// ConfigureHTTP sets the API server's connection limits from the configuration:
+// limits.headerReadTimeout for a request's line and headers, and an idle keep-alive limit. There
+// is no write timeout (it would cut long streams); bodies are bounded by limits.bodyReadTimeout
+// in the handlers and by limits.maxBodyBytes.
+func (s *Server) ConfigureHTTP(hs *http.Server) {
+	hs.ReadHeaderTimeout = s.o.Config.Limits.HeaderReadTimeout.Duration
+	hs.IdleTimeout = 120 * time.Second
 }
 
 // AdminHandler serves /metrics, /debug/engines and /debug/route.

@@ -122,10 +122,49 @@ func (t *Tokenizer) Tokens(ctx context.Context, engineURL string, r *Request, bo
 		return toks, nil
 	})
 	if err != nil {
-		t.failures.Add(1)
+		if !IsClientError(err) {
+			t.failures.Add(1)
+		}
 		return nil, FromEngine, err
 	}
 	return v.([]uint32), FromEngine, nil
+}
+
+// ClientError is the engine refusing the request itself (bad max_tokens, unknown model, a
+// prompt over the context length): the answer the client would get from the engine, to be
+// returned as it is, not a tokenizer failure.
+type ClientError struct {
+	Status int
+	Body   []byte
+}
+
+func (e *ClientError) Error() string {
+	return fmt.Sprintf("tokens: the engine refused the request (%d): %s", e.Status, bytes.TrimSpace(e.Body))
+}
+
+// IsClientError reports whether err is a *ClientError.
+func IsClientError(err error) bool {
+	var ce *ClientError
+	return errors.As(err, &ce)
+}
+
+// clientStatus: a 4xx that is about the request, not about the router or the engine's state.
+// 401/403 are the router's credentials, 408/429 the engine's load; they fail the tokenization
+// (the request is routed by load) instead.
+func clientStatus(status int) bool {
+	return status >= 400 && status < 500 && status != http.StatusUnauthorized && status != http.StatusForbidden &&
+		status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+}
+
+// vllmError reports whether body is an error vLLM wrote (its ErrorResponse, {"error": {...}},
+// or the older flat {"object": "error", ...}), as opposed to the web framework's own 404/405
+// for a route the engine does not have ({"detail": "Not Found"}).
+func vllmError(body []byte) bool {
+	var e struct {
+		Error  json.RawMessage `json:"error"`
+		Object string          `json:"object"`
+	}
+	return json.Unmarshal(body, &e) == nil && ((len(e.Error) > 0 && e.Error[0] == '{') || e.Object == "error")
 }
 
 // errNoRender is an engine without the render endpoints (vLLM before 0.15).
@@ -250,13 +289,18 @@ func (t *Tokenizer) post(ctx context.Context, url string, body []byte, into any)
 		return fmt.Errorf("tokens: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return errNoRender
-	}
 	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return &EngineError{URL: url, Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg))}
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		switch {
+		case clientStatus(resp.StatusCode) && vllmError(msg):
+			return &ClientError{Status: resp.StatusCode, Body: msg}
+		case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
+			return errNoRender
+		case clientStatus(resp.StatusCode):
+			return &ClientError{Status: resp.StatusCode, Body: msg}
+		}
+		// 401/403 (IsEngineAuth), 408, 429 and 5xx: the engine's fault or the router's, never the client's.
+		return &EngineError{URL: url, Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg[:min(len(msg), 512)]))}
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRenderBytes)).Decode(into); err != nil {
 		return fmt.Errorf("tokens: %s: bad answer: %w", url, err)

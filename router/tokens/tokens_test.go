@@ -2,6 +2,7 @@ package tokens
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -349,5 +350,42 @@ func TestRenderRefusedWithoutKey(t *testing.T) {
 	}
 	if IsEngineAuth(&EngineError{Status: 500}) || !IsEngineAuth(&EngineError{Status: 403}) {
 		t.Fatal("IsEngineAuth misreads statuses")
+	}
+}
+
+// A 4xx with vLLM's error body is the client's request refused (returned as is, not a
+// failure); a 404 without one is a missing route (the /tokenize fallback); 401 is a failure.
+func TestClientErrorsAreNotFailures(t *testing.T) {
+	status, body := 0, ""
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}))
+	defer srv.Close()
+	cb := []byte(`{"model":"m","messages":[{"role":"user","content":"q"}]}`)
+	cr, _ := Parse(Chat, cb)
+	for _, c := range []struct {
+		status int
+		body   string
+		client bool
+		calls  int
+	}{
+		{404, `{"error":{"message":"The model ` + "`m`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}}`, true, 1},
+		{400, `{"object":"error","message":"max_tokens must be at least 1","type":"BadRequestError","param":null,"code":400}`, true, 1},
+		{404, `{"detail":"Not Found"}`, false, 2},
+		{401, `{"error":{"message":"Unauthorized","type":"Unauthorized","param":null,"code":401}}`, false, 1},
+	} {
+		status, body, calls = c.status, c.body, 0
+		tk := New(Options{})
+		_, _, err := tk.Tokens(context.Background(), srv.URL, cr, cb)
+		var ce *ClientError
+		if isCE := errors.As(err, &ce); isCE != c.client || (isCE && (ce.Status != c.status || string(ce.Body) != c.body)) {
+			t.Errorf("%d %s: err %v", c.status, c.body, err)
+		}
+		if (tk.Stats().Failures == 0) != c.client || calls != c.calls {
+			t.Errorf("%d %s: failures %d, engine calls %d", c.status, c.body, tk.Stats().Failures, calls)
+		}
 	}
 }

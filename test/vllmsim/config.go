@@ -72,8 +72,22 @@ type Config struct {
 
 	DropEventEvery   int     // drop every Nth batch on the PUB socket (kept in the replay ring)
 	StallEventsAfter int     // stop sending after this many batches until unstalled (0 = never)
-	FailRate         float64 // share of completion requests answered with HTTP 500
-	Seed             int64   // seeds the fail-rate draw
+	FailRate         float64 // share of completion requests answered with HTTP 500 (an in-stream error after acceptance with HeadersAtAcceptance)
+	// StreamErrorAfter > 0 ends every stream with an in-stream error after that many tokens
+	// (vLLM's `data: {"error": ...}` under status 200, then `data: [DONE]`).
+	StreamErrorAfter int
+
+	// HeadersAtAcceptance sends a stream's status and headers when the request is accepted,
+	// before its first token, as vLLM's OpenAI server does (its StreamingResponse starts before
+	// the engine produced anything; see vllm/entrypoints/openai/chat_completion/serving.py, "we
+	// return a success status before we actually start generating text"). Errors after that
+	// point are in-stream `data: {"error": ...}` events under 200. Off by default: the headers
+	// then wait for the first token (the simulator's historical behaviour).
+	HeadersAtAcceptance bool
+	// SSEKeepAliveInterval > 0 writes an SSE comment line `: keep-alive` on a stream that sent
+	// nothing for that long (wall time, not scaled). A comment commits the headers.
+	SSEKeepAliveInterval time.Duration
+	Seed                 int64 // seeds the fail-rate draw
 
 	eventClock func() float64 // batch timestamps (tests pin it); nil = time.Now
 }
@@ -171,6 +185,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("drop-event-every and stall-events-after must be non-negative")
 	case cfg.FailRate < 0 || cfg.FailRate > 1:
 		return fmt.Errorf("fail-rate must be within 0..1, got %v", cfg.FailRate)
+	case cfg.StreamErrorAfter < 0 || cfg.SSEKeepAliveInterval < 0:
+		return fmt.Errorf("stream-error-after and sse-keep-alive-interval must be non-negative")
 	}
 	if _, err := parseEventShape(cfg.EventLayout); err != nil {
 		return err

@@ -2,6 +2,7 @@ package vllmsim
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"net/http"
@@ -169,7 +170,7 @@ func choiceSeed(prompt []uint32, choice int, seed uint64) uint64 {
 
 // run submits a job's engine requests (every choice on one rank) and answers, streaming or not.
 func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
-	if s.shouldFail() {
+	if !(j.stream && s.cfg.HeadersAtAcceptance) && s.shouldFail() {
 		writeError(w, &apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)"})
 		return
 	}
@@ -193,13 +194,28 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 		}
 	}
 	w.Header().Set("x-vllm-sim-rank", strconv.Itoa(rk.idx))
-	rk.submit(reqs...)
 	out := &output{sim: s, j: j, reqs: reqs, w: w, sent: make([]int, len(reqs)),
 		finished: make([]bool, len(reqs))}
 	if j.stream {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-cache")
 		w.WriteHeader(http.StatusOK)
+		if s.cfg.HeadersAtAcceptance {
+			// vLLM's StreamingResponse: the status goes out on acceptance; anything that goes
+			// wrong later is an in-stream error event.
+			out.flush()
+			if s.shouldFail() {
+				out.streamError(&apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)"})
+				return
+			}
+		}
+	}
+	rk.submit(reqs...)
+	var keepAlive <-chan time.Time
+	if j.stream && s.cfg.SSEKeepAliveInterval > 0 {
+		t := time.NewTicker(s.cfg.SSEKeepAliveInterval)
+		defer t.Stop()
+		keepAlive = t.C
 	}
 	for {
 		select {
@@ -208,14 +224,21 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 				rk.abort(er)
 			}
 			return
+		case <-keepAlive:
+			if !out.wrote {
+				out.comment("keep-alive")
+			}
+			out.wrote = false
+			continue
 		case <-notify:
 		}
 		done, err := out.advance()
 		if err != nil {
 			if j.stream {
-				out.event(map[string]any{"error": map[string]any{"message": err.Error(),
-					"type": "InternalServerError", "param": nil, "code": 500}})
-				out.done()
+				for _, er := range reqs {
+					rk.abort(er)
+				}
+				out.streamError(err)
 			} else {
 				writeError(w, err)
 			}
@@ -243,10 +266,21 @@ type output struct {
 	w        http.ResponseWriter
 	sent     []int  // tokens already streamed per request
 	finished []bool // finish_reason already streamed per request
+	wrote    bool   // something was written since the last keep-alive tick
 }
 
 // advance streams new tokens (when streaming) and reports whether every request ended.
 func (o *output) advance() (bool, error) {
+	if n := o.sim.cfg.StreamErrorAfter; n > 0 && o.j.stream {
+		total := 0
+		for i := range o.reqs {
+			total += o.sent[i]
+		}
+		if total >= n {
+			return false, &apiError{http.StatusInternalServerError, "InternalServerError",
+				fmt.Sprintf("injected in-stream error after %d tokens (--stream-error-after)", total)}
+		}
+	}
 	all := true
 	for i, er := range o.reqs {
 		toks, _, done, err := er.take(o.sent[i])
@@ -305,16 +339,37 @@ func (o *output) envelope(choices []any, usage any) map[string]any {
 func (o *output) event(v any) {
 	b, _ := json.Marshal(v)
 	_, _ = o.w.Write(append(append([]byte("data: "), b...), '\n', '\n'))
+	o.flush()
+}
+
+func (o *output) done() {
+	_, _ = o.w.Write([]byte("data: [DONE]\n\n"))
+	o.flush()
+}
+
+// comment writes an SSE comment line (ignored by SSE readers).
+func (o *output) comment(text string) {
+	_, _ = o.w.Write([]byte(": " + text + "\n\n"))
+	o.flush()
+}
+
+func (o *output) flush() {
+	o.wrote = true
 	if f, ok := o.w.(http.Flusher); ok {
 		f.Flush()
 	}
 }
 
-func (o *output) done() {
-	_, _ = o.w.Write([]byte("data: [DONE]\n\n"))
-	if f, ok := o.w.(http.Flusher); ok {
-		f.Flush()
+// streamError ends a stream the way vLLM's stream generators do when something fails after the
+// headers: one `data: {"error": {...}}` event (ErrorResponse: message, type, param, code = the
+// HTTP status it would have had), then `data: [DONE]`, under the 200 already sent.
+func (o *output) streamError(err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = &apiError{http.StatusInternalServerError, "InternalServerError", err.Error()}
 	}
+	o.event(map[string]any{"error": map[string]any{"message": ae.msg, "type": ae.typ, "param": nil, "code": ae.status}})
+	o.done()
 }
 
 // usage counts each prompt once (not per choice); cached tokens come from each prompt's first

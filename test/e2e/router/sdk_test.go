@@ -34,7 +34,7 @@ func sdkModules(t *testing.T) string {
 		skipUnlessCI(t, "npm not installed and no node_modules in test/e2e/openai-sdk")
 	}
 	dir := t.TempDir()
-	for _, f := range []string{"package.json", "package-lock.json", "check.mjs"} {
+	for _, f := range []string{"package.json", "package-lock.json", "check.mjs", "faults.mjs"} {
 		b, err := os.ReadFile(filepath.Join(sdkDir, f))
 		if err != nil {
 			t.Fatal(err)
@@ -63,7 +63,8 @@ func TestOpenAISDK(t *testing.T) {
 	dir := sdkModules(t)
 	var es []discovery.Engine
 	for i := range 2 {
-		sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
+		sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20,
+			HeadersAtAcceptance: os.Getenv(headersAtAcceptanceEnv) == "1"})
 		if err != nil {
 			t.Fatal(err)
 		}

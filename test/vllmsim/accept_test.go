@@ -1,0 +1,113 @@
+package vllmsim
+
+import (
+	"bufio"
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// streamHead posts a streaming completion and returns the response once its headers arrived,
+// and how long that took.
+func streamHead(t *testing.T, s *Sim, body string) (*http.Response, time.Duration) {
+	t.Helper()
+	t0 := time.Now()
+	resp, err := http.Post(s.URL()+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp, time.Since(t0)
+}
+
+func readEvents(t *testing.T, resp *http.Response) []string {
+	t.Helper()
+	var evs []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if l := sc.Text(); l != "" {
+			evs = append(evs, l)
+		}
+	}
+	return evs
+}
+
+// With HeadersAtAcceptance the status and headers come before the first token (vLLM's
+// StreamingResponse); without it they wait for the first token.
+func TestHeadersAtAcceptance(t *testing.T) {
+	// A 4000-token prompt at 20000 tokens/s is a 200 ms prefill.
+	body := `{"model":"m","stream":true,"max_tokens":2,"prompt":"` + strings.Repeat("ab", 4000) + `"}`
+	for _, at := range []bool{false, true} {
+		cfg := fastConfig()
+		cfg.PrefillTokensPerS, cfg.HeadersAtAcceptance = 20000, at
+		s := startSim(t, cfg)
+		resp, took := streamHead(t, s, body)
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("at=%v: status %d %v", at, resp.StatusCode, resp.Header)
+		}
+		if at && took > 120*time.Millisecond {
+			t.Errorf("headers at acceptance took %v, longer than the prefill", took)
+		}
+		if !at && took < 150*time.Millisecond {
+			t.Errorf("headers without the flag came after %v, before the prefill ended", took)
+		}
+		evs := readEvents(t, resp)
+		if len(evs) < 2 || evs[len(evs)-1] != "data: [DONE]" {
+			t.Fatalf("at=%v: events %q", at, evs)
+		}
+	}
+}
+
+// Keep-alive comments fill a silent prefill; an injected failure after acceptance is an
+// in-stream error event under 200, then [DONE], as vLLM sends it.
+func TestKeepAliveAndInStreamErrors(t *testing.T) {
+	cfg := fastConfig()
+	cfg.PrefillTokensPerS, cfg.HeadersAtAcceptance, cfg.SSEKeepAliveInterval = 20000, true, 30*time.Millisecond
+	s := startSim(t, cfg)
+	resp, _ := streamHead(t, s, `{"model":"m","stream":true,"max_tokens":2,"prompt":"`+strings.Repeat("ab", 4000)+`"}`)
+	evs := readEvents(t, resp)
+	if len(evs) < 2 || evs[0] != ": keep-alive" {
+		t.Fatalf("no keep-alive before the first token: %q", evs)
+	}
+
+	cfg = fastConfig()
+	cfg.HeadersAtAcceptance, cfg.FailRate = true, 1
+	s = startSim(t, cfg)
+	resp, _ = streamHead(t, s, `{"model":"m","stream":true,"max_tokens":2,"prompt":"hi"}`)
+	evs = readEvents(t, resp)
+	if resp.StatusCode != 200 || len(evs) != 2 || !strings.HasPrefix(evs[0], `data: {"error":{`) || evs[1] != "data: [DONE]" {
+		t.Fatalf("injected failure after acceptance: %d %q", resp.StatusCode, evs)
+	}
+	for _, k := range []string{`"message"`, `"type"`, `"param":null`, `"code":500`} {
+		if !strings.Contains(evs[0], k) {
+			t.Errorf("error event %s lacks %s", evs[0], k)
+		}
+	}
+	// Without the flag the same fault is an HTTP 500 before any byte.
+	cfg.HeadersAtAcceptance = false
+	s = startSim(t, cfg)
+	resp, _ = streamHead(t, s, `{"model":"m","stream":true,"max_tokens":2,"prompt":"hi"}`)
+	if resp.StatusCode != 500 {
+		t.Fatalf("fault without the flag: %d", resp.StatusCode)
+	}
+
+	cfg = fastConfig()
+	cfg.StreamErrorAfter = 3
+	s = startSim(t, cfg)
+	resp, _ = streamHead(t, s, `{"model":"m","stream":true,"max_tokens":10,"prompt":"hi"}`)
+	evs = readEvents(t, resp)
+	var data, errs int
+	for _, e := range evs {
+		switch {
+		case strings.HasPrefix(e, `data: {"error"`):
+			errs++
+		case strings.HasPrefix(e, "data: {"):
+			data++
+		}
+	}
+	if data != 3 || errs != 1 || !bytes.Equal([]byte(evs[len(evs)-1]), []byte("data: [DONE]")) {
+		t.Fatalf("stream-error-after 3: %d tokens, %d errors: %q", data, errs, evs)
+	}
+}
