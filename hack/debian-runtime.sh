@@ -41,6 +41,12 @@ while read -r name ver; do cand[$name]=$ver; done < <(apt-cache policy "${pkgs[@
 # As root, apt drops to _apt to download, which cannot write to root's cache.
 dl_opts=(-q); [ "$(id -u)" = 0 ] && dl_opts+=(-o APT::Sandbox::User=root)
 
+# One downloader at a time per cache (make images and the tests may run together).
+if command -v flock >/dev/null 2>&1; then
+	exec 8>"$cache/.lock"
+	flock 8
+fi
+
 rm -rf "$dest"; mkdir -p "$dest/usr/share/kvroute"
 : >"$dest/usr/share/kvroute/runtime-packages"
 for p in "${pkgs[@]}"; do
