@@ -397,14 +397,20 @@ func TestRuntimeLayerUnderChroot(t *testing.T) {
 		t.Skip(skipReason)
 	}
 	dir := t.TempDir()
-	run := func(name string, args ...string) {
+	run := func(name string, args ...string) string {
 		t.Helper()
 		c := exec.Command(name, args...)
 		c.Dir = root
 		c.Env = append(os.Environ(), "CGO_ENABLED=1")
-		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		out, err := c.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, stderr)
 		}
+		return string(out)
 	}
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	run(goBin, "build", "-o", filepath.Join(dir, "zmqcheck"), "./test/images/zmqcheck")
@@ -413,12 +419,23 @@ func TestRuntimeLayerUnderChroot(t *testing.T) {
 	run("hack/debian-runtime.sh", filepath.Join(dir, "runtime"), "libzmq5")
 	const v = "v0.0.0-fast"
 	tarPath := filepath.Join(dir, "zmqcheck.tar")
-	run(filepath.Join(dir, "ociimage"), "--out", tarPath, "--tag", "kvroute.test/zmqcheck:"+v,
-		"--layer", filepath.Join(dir, "base")+"=/", "--owner", "/home/nonroot=65532:65532",
-		"--layer", filepath.Join(dir, "runtime")+"=/",
-		"--layer", filepath.Join(dir, "zmqcheck")+"=/usr/local/bin/zmqcheck",
-		"--user", "65532:65532", "--entrypoint", "/usr/local/bin/zmqcheck",
-		"--label", "org.opencontainers.image.version="+v, "--label", "org.opencontainers.image.source=https://github.com/kvroute/kvroute")
+	assemble := func(out string) string {
+		line := run(filepath.Join(dir, "ociimage"), "--out", out, "--tag", "kvroute.test/zmqcheck:"+v,
+			"--layer", filepath.Join(dir, "base")+"=/", "--owner", "/home/nonroot=65532:65532",
+			"--layer", filepath.Join(dir, "runtime")+"=/",
+			"--layer", filepath.Join(dir, "zmqcheck")+"=/usr/local/bin/zmqcheck",
+			"--user", "65532:65532", "--entrypoint", "/usr/local/bin/zmqcheck",
+			"--label", "org.opencontainers.image.version="+v, "--label", "org.opencontainers.image.source=https://github.com/kvroute/kvroute")
+		f := strings.Fields(line)
+		if len(f) != 3 || !strings.HasPrefix(f[2], "sha256:") {
+			t.Fatalf("ociimage printed %q", line)
+		}
+		return f[2]
+	}
+	// Reproducible: the same inputs give the same image digest.
+	if d1, d2 := assemble(tarPath), assemble(filepath.Join(dir, "again.tar")); d1 != d2 {
+		t.Errorf("two assemblies of the same inputs: %s and %s", d1, d2)
+	}
 	u := unpackPath(t, tarPath, v)
 	if fi, err := os.Stat(filepath.Join(u.root, "tmp")); err != nil || fi.Mode()&os.ModeSticky == 0 {
 		t.Errorf("/tmp is not 1777: %v", err)
