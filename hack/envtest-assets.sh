@@ -110,6 +110,30 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# progress LABEL CMD...: runs a `go build -v ...` command, printing every ENVTEST_PROGRESS_EVERY
+# seconds (20) how long it has run and how many packages it has compiled, so a first run that
+# builds for minutes does not look hung. The command's output is shown only if it fails.
+progress() {
+  local label=$1; shift
+  local out="$work/progress.$$" start=$SECONDS pid rc
+  "$@" >"$out" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    for ((i = 0; i < ${ENVTEST_PROGRESS_EVERY:-20} * 5; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -0 "$pid" 2>/dev/null || break
+    log "$label: $((SECONDS - start))s, $(grep -cv '^#' "$out" || true) packages compiled"
+  done
+  rc=0; wait "$pid" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    grep -v '^[a-z0-9._/-]*$' "$out" >&2 || cat "$out" >&2
+    return "$rc"
+  fi
+  log "$label: done in $((SECONDS - start))s"
+}
+
 if [ ! -x "$DEST/kube-apiserver" ]; then
   log "building kube-apiserver v${KUBE_VERSION} from the module proxy (about 7 minutes on two idle cores, longer on a busy machine; once)"
   modfile=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@v${KUBE_VERSION}" \
@@ -140,7 +164,7 @@ GO
    vpkg=k8s.io/component-base/version
    ldflags="-X $vpkg.gitVersion=v${KUBE_VERSION} -X $vpkg.gitMajor=${KUBE_VERSION%%.*}"
    minor=${KUBE_VERSION#*.}; ldflags="$ldflags -X $vpkg.gitMinor=${minor%%.*} -X $vpkg.gitTreeState=clean"
-   cd "$work/apiserver" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
+   cd "$work/apiserver" && GOFLAGS=-mod=mod CGO_ENABLED=0 progress "kube-apiserver" go build -v -trimpath -ldflags "$ldflags" \
      -o "$DEST/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
   mv "$DEST/kube-apiserver.tmp" "$DEST/kube-apiserver"
 fi
@@ -150,7 +174,7 @@ if [ ! -x "$DEST/etcd" ]; then
   mkdir -p "$work/etcd"
   (cd "$work/etcd" && go mod init kvroute.local/envtest-etcd >/dev/null 2>&1 \
     && GOFLAGS=-mod=mod go get "go.etcd.io/etcd/server/v3@v${ETCD_VERSION}" >/dev/null 2>&1 \
-    && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -o "$DEST/etcd.tmp" go.etcd.io/etcd/server/v3)
+    && GOFLAGS=-mod=mod CGO_ENABLED=0 progress "etcd" go build -v -trimpath -o "$DEST/etcd.tmp" go.etcd.io/etcd/server/v3)
   mv "$DEST/etcd.tmp" "$DEST/etcd"
 fi
 
