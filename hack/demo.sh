@@ -83,8 +83,6 @@ for p in 8000 5557 5558 5600 5601; do
 done
 
 step "1. envtest binaries (kube-apiserver, etcd, kubectl; fetched, or built once, and cached)"
-echo "   a first run without the published archive builds kube-apiserver from the module proxy:"
-echo "   7-20 minutes, progress below every 20 s"
 ASSETS=$(hack/envtest-assets.sh)
 KUBECTL="$ASSETS/kubectl"
 echo "$ASSETS"
