@@ -110,6 +110,14 @@ docker-build: ## Build the manager, kvrouter and vllm-sim images (needs a Docker
 	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/vllm-sim:v$(VERSION) --build-arg VERSION=v$(VERSION) -f Dockerfile.vllm-sim .
 	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/kvroute-bundle:v$(VERSION) -f bundle.Dockerfile .
 
+.PHONY: images
+images: ## OCI image tarballs of manager, kvrouter, vllm-sim and the bundle into bin/images, without a Docker engine.
+	VERSION=v$(VERSION) IMAGE_REPO=$(IMAGE_REPO) hack/images.sh
+
+.PHONY: test-images
+test-images: ## Build the images into a temp dir and run each under chroot (root, Debian; 10-20 min cold).
+	KVROUTE_IMAGE_TESTS=1 $(GO) test -count=1 -timeout 40m -v ./test/images/
+
 .PHONY: docs
 docs: ## Regenerate docs/configuration.md from the CRD.
 	$(GO) run ./hack/gen-config-reference.go config/crd/bases/serving.kvroute.io_kvroutedmodels.yaml > docs/configuration.md

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -77,6 +78,9 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		}
 	}()
 
+	if m.Status.ObservedGeneration != m.Generation {
+		r.warnUntestedEngine(m)
+	}
 	objs, err := render.All(m, r.Render)
 	if err != nil {
 		// A spec the schema let through but the renderers refuse: retrying will not help.
@@ -100,6 +104,28 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		next = earliest(next, r.retryInterval())
 	}
 	return ctrl.Result{RequeueAfter: next}, nil
+}
+
+// ReasonUntestedEngineImage is the reason of the Warning event for an engine image that is not
+// a vLLM release kvroute is tested with (render.TestedVLLMReleases).
+const ReasonUntestedEngineImage = "UntestedEngineImage"
+
+// warnUntestedEngine records a Warning event when the model's engine image is not a tested
+// vLLM release. It is called once per spec generation, so an unchanged model does not repeat it.
+func (r *KVRoutedModelReconciler) warnUntestedEngine(m *v1alpha1.KVRoutedModel) {
+	image := m.Spec.Engine.Image
+	if image == "" {
+		image = r.Render.DefaultEngineImage
+	}
+	if image == "" || r.Recorder == nil {
+		return
+	}
+	if ok, _ := render.EngineImageTested(image); ok {
+		return
+	}
+	r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonUntestedEngineImage, "Reconcile",
+		"engine image %s is not a vLLM release kvroute is tested with (%s:%s); its KV-event shape, replay framing, flags or metrics may differ",
+		image, render.VLLMImage, strings.Join(render.TestedVLLMTags(), ", "))
 }
 
 // applyChildren applies every rendered child, deletes those no longer wanted and reads the

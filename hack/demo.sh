@@ -47,7 +47,42 @@ waitfor() {
   return 1
 }
 
-step "1. envtest binaries (kube-apiserver, etcd, kubectl; built once and cached)"
+# in_use HOST PORT: something accepts connections there (a wildcard listener counts too).
+in_use() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+# pick_port NAME DEFAULT: the port in $NAME if the user set it (it must be free), else DEFAULT or
+# the next free one above it.
+pick_port() {
+  local name=$1 p=$2
+  if [ -n "${!name:-}" ]; then
+    if in_use 127.0.0.1 "${!name}"; then
+      echo "demo: $name=${!name} is in use on 127.0.0.1; pick another or leave $name unset" >&2
+      return 1
+    fi
+    echo "${!name}"; return 0
+  fi
+  for ((i = 0; i < 200; i++, p++)); do
+    if ! in_use 127.0.0.1 "$p"; then echo "$p"; return 0; fi
+  done
+  echo "demo: no free port from $2 up for $name" >&2
+  return 1
+}
+
+step "0. ports"
+ROUTER_PORT=$(pick_port ROUTER_PORT 18080)
+ADMIN_PORT=$(pick_port ADMIN_PORT $((ROUTER_PORT == 19090 ? 19091 : 19090)))
+[ "$ADMIN_PORT" != "$ROUTER_PORT" ] || ADMIN_PORT=$(ADMIN_PORT= pick_port ADMIN_PORT $((ROUTER_PORT + 1)))
+echo "   kvrouter API 127.0.0.1:$ROUTER_PORT, admin 127.0.0.1:$ADMIN_PORT (set ROUTER_PORT / ADMIN_PORT to choose)"
+# The engine pods listen on 127.0.0.2.. at the sample's ports (HTTP 8000, KV events 5557+r,
+# replay 5600+r): a process listening on those ports on every address would take them.
+for p in 8000 5557 5558 5600 5601; do
+  if in_use 127.0.0.2 "$p"; then
+    echo "demo: port $p is taken on every loopback address (something listens on 0.0.0.0:$p);" \
+      "the engine pods need it on 127.0.0.2 and up: stop that process first" >&2
+    exit 1
+  fi
+done
+
+step "1. envtest binaries (kube-apiserver, etcd, kubectl; fetched, or built once, and cached)"
 ASSETS=$(hack/envtest-assets.sh)
 KUBECTL="$ASSETS/kubectl"
 echo "$ASSETS"
@@ -68,7 +103,7 @@ waitfor 30 "the CRD to be Established" "$KUBECTL" wait --for condition=establish
 
 step "4. start the operator (bin/manager)"
 bin/manager --metrics-bind-address 0 --health-probe-bind-address 0 \
-  --default-engine-image vllm/vllm-openai:latest --default-router-image ghcr.io/kvroute/kvrouter:latest \
+  --default-engine-image vllm/vllm-openai:v0.26.0 --default-router-image ghcr.io/kvroute/kvrouter:v0.1.0 \
   >"$WORK/manager.log" 2>&1 &
 PIDS+=($!)
 echo "   manager pid ${PIDS[-1]}, log $WORK/manager.log"
@@ -103,8 +138,6 @@ done
 # Stage two: the engine pods made real, kvrouter discovering them, a trace, a scale-up.
 MODEL=${MODEL:-llama-70b}
 ENGINE_SEL="app.kubernetes.io/part-of=kvroute,app.kubernetes.io/component=engine,serving.kvroute.io/model=$MODEL"
-ROUTER_PORT=${ROUTER_PORT:-18080}
-ADMIN_PORT=${ADMIN_PORT:-19090}
 REPORT=${REPORT:-bench/demo-report}
 
 step "8. pod backer: pods for the Deployments, one vllm-sim per pod on 127.0.0.x (no kubelet here)"
@@ -152,10 +185,10 @@ mkdir -p "$REPORT"
 # Speeds that keep the four engines below saturation (as in docs/benchmarks.md): a faster replay
 # measures the backlog, not the routing.
 bin/kvbench replay --trace testdata/traces/synthetic/llmd_shared_prefix_150x5_6000_1200_1000.jsonl \
-  --replicas 4 --speed 2 --max-requests 120 --duration 10s --seeds 2 --policies kv,round-robin,load \
+  --replicas 4 --speed 2 --max-requests 120 --duration 10s --seeds 3 --policies kv,round-robin,load \
   --report "$REPORT/shared-prefix"
 bin/kvbench replay --trace testdata/traces/mooncake/conversation_trace.jsonl \
-  --replicas 4 --speed 1.5 --max-requests 60 --duration 15s --seeds 2 --policies kv,round-robin,load \
+  --replicas 4 --speed 1.5 --max-requests 60 --duration 15s --seeds 3 --policies kv,round-robin,load \
   --report "$REPORT/conversation"
 echo "   reports: $REPORT/shared-prefix/index.html $REPORT/conversation/index.html"
 

@@ -92,6 +92,8 @@ cat <<'NOTE'
 Not checked here (no Docker engine): that golang:1.26-bookworm, gcr.io/distroless/static-debian12
 and debian:bookworm-slim pull; that apt-get finds libzmq3-dev/libzmq5 in the image; the file
 layout of the kvrouter and vllm-sim images (they COPY the whole context, minus .dockerignore);
-that USER 65532 can run the ENTRYPOINT. Build the images with `make docker-build` where Docker runs.
+that USER 65532 can run the ENTRYPOINT. Build the images with `make docker-build` where Docker runs,
+or without Docker with `make images` (same build lines, labels, user and entrypoint, on scratch
+layers; `make test-images` runs them under chroot).
 NOTE
 exit "$fail"

@@ -201,7 +201,8 @@ func findBinaries(dir, simBin, routerBin string) (string, string, error) {
 
 func fmtF(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 
-// ci prints an interval as mean [lo, hi]; "-" when nothing was measured.
+// ci prints an interval as mean [lo,hi] (t-interval) or mean [min..max] (two seeds); "-" when
+// nothing was measured.
 func ci(iv replay.Interval, digits int) string {
 	if math.IsNaN(iv.Mean) {
 		return "-"
@@ -210,12 +211,22 @@ func ci(iv replay.Interval, digits int) string {
 	if iv.N < 2 {
 		return fmt.Sprintf(f, iv.Mean)
 	}
+	if iv.Range {
+		return fmt.Sprintf(f+" ["+f+".."+f+"]", iv.Mean, iv.Lo, iv.Hi)
+	}
 	return fmt.Sprintf(f+" ["+f+","+f+"]", iv.Mean, iv.Lo, iv.Hi)
 }
 
 func writeReplayTable(w io.Writer, out *replayOutput) error {
-	fmt.Fprintf(w, "%s: %d requests, %d replicas, %d seeds; mean [95%% t-interval over seeds]\n",
-		out.Workload, out.Requests, out.Replicas, out.Seeds)
+	spread := "mean [95% t-interval over seeds]"
+	switch {
+	case out.Seeds == 2:
+		spread = "mean [min..max of the 2 seeds; 3 or more give a t-interval]"
+	case out.Seeds < 2:
+		spread = "one seed: no spread"
+	}
+	fmt.Fprintf(w, "%s: %d requests, %d replicas, %d seeds; %s\n",
+		out.Workload, out.Requests, out.Replicas, out.Seeds, spread)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	scale := false
 	for _, r := range out.Results {

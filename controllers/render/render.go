@@ -205,9 +205,3 @@ func CheckDefaulted(m *v1alpha1.KVRoutedModel) error {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// Images `kvroutectl render` uses when neither the resource nor a flag names one.
-const (
-	DefaultEngineImage = "vllm/vllm-openai:latest"
-	DefaultRouterImage = "ghcr.io/kvroute/kvrouter:latest"
-)

@@ -228,11 +228,22 @@ func TestPercentile(t *testing.T) {
 func TestTInterval(t *testing.T) {
 	iv := TInterval([]float64{1, 2, 3})
 	// mean 2, s = 1, t(2) = 4.303: half-width 4.303/sqrt(3) = 2.4843
-	if iv.N != 3 || math.Abs(iv.Mean-2) > 1e-9 || math.Abs(iv.Hi-2-2.48434) > 1e-4 || math.Abs(2-iv.Lo-2.48434) > 1e-4 {
+	if iv.N != 3 || math.Abs(iv.Mean-2) > 1e-9 || math.Abs(iv.Hi-2-2.48434) > 1e-4 || iv.Lo != 0 { // 2-2.48 cut at 0
 		t.Fatalf("TInterval(1,2,3) = %+v", iv)
 	}
 	if one := TInterval([]float64{7}); one.Lo != 7 || one.Hi != 7 || one.N != 1 {
 		t.Fatalf("one seed: %+v", one)
+	}
+	// Two seeds: their min..max, never a negative time.
+	if two := TInterval([]float64{0.1, 0.9}); !two.Range || two.Lo != 0.1 || two.Hi != 0.9 || math.Abs(two.Mean-0.5) > 1e-9 {
+		t.Errorf("TInterval(0.1, 0.9) = %+v, want the range 0.1..0.9", two)
+	}
+	// Three widely spread non-negative values: the lower end is cut at 0.
+	if wide := TInterval([]float64{0.01, 0.02, 5}); wide.Lo != 0 || wide.Range || wide.Hi <= 5 {
+		t.Errorf("TInterval(0.01, 0.02, 5) = %+v, want lo 0", wide)
+	}
+	if neg := TInterval([]float64{-1, 0, 1}); neg.Lo >= -1 {
+		t.Errorf("TInterval(-1, 0, 1) = %+v: values below zero keep the plain t-interval", neg)
 	}
 	if nan := TInterval([]float64{math.NaN(), 4, 4}); nan.N != 2 || nan.Mean != 4 || nan.Lo != 4 {
 		t.Fatalf("NaN not skipped: %+v", nan)

@@ -33,18 +33,23 @@ func percentileSorted(s []float64, p float64) float64 {
 	return s[lo]*(1-f) + s[lo+1]*f
 }
 
-// Interval is a mean over seeds with its two-sided 95% Student-t interval. With one seed the
-// interval is the value itself (no spread can be estimated) and N says so.
+// Interval is a mean over seeds with its two-sided 95% Student-t interval, from 3 seeds on. With
+// one seed the interval is the value itself (no spread can be estimated), with two it is their
+// min..max (Range): a t-interval on one degree of freedom (t = 12.7) is too wide to say
+// anything and runs below zero. N says how many seeds it rests on.
 type Interval struct {
-	Mean float64 `json:"mean"`
-	Lo   float64 `json:"lo"`
-	Hi   float64 `json:"hi"`
-	N    int     `json:"n"`
+	Mean  float64 `json:"mean"`
+	Lo    float64 `json:"lo"`
+	Hi    float64 `json:"hi"`
+	N     int     `json:"n"`
+	Range bool    `json:"range,omitempty"`
 }
 
 // TInterval is the 95% t-interval of the mean of per-seed values. A t-interval rather than a
 // bootstrap: with 3..5 seeds a bootstrap's resamples are too few to mean anything. NaN values
-// (a seed with no successful request) are left out.
+// (a seed with no successful request) are left out. Two values give their min..max instead.
+// The quantities measured here (times, rates, shares) are never negative, so neither is the
+// interval of non-negative values: its lower end is cut at 0.
 func TInterval(vals []float64) Interval {
 	var v []float64
 	for _, x := range vals {
@@ -64,12 +69,20 @@ func TInterval(vals []float64) Interval {
 	if n == 1 {
 		return Interval{Mean: mean, Lo: mean, Hi: mean, N: 1}
 	}
-	ss := 0.0
+	if n == 2 {
+		return Interval{Mean: mean, Lo: math.Min(v[0], v[1]), Hi: math.Max(v[0], v[1]), N: 2, Range: true}
+	}
+	ss, nonNeg := 0.0, true
 	for _, x := range v {
 		ss += (x - mean) * (x - mean)
+		nonNeg = nonNeg && x >= 0
 	}
 	half := tCrit95(n-1) * math.Sqrt(ss/float64(n-1)) / math.Sqrt(float64(n))
-	return Interval{Mean: mean, Lo: mean - half, Hi: mean + half, N: n}
+	lo := mean - half
+	if nonNeg && lo < 0 {
+		lo = 0
+	}
+	return Interval{Mean: mean, Lo: lo, Hi: mean + half, N: n}
 }
 
 // t975 holds the 0.975 quantiles of Student's t for 1..30 degrees of freedom.
@@ -92,5 +105,9 @@ func (iv Interval) MarshalJSON() ([]byte, error) {
 		}
 		return strconv.FormatFloat(math.Round(x*1e4)/1e4, 'f', -1, 64)
 	}
-	return []byte(`{"mean":` + f(iv.Mean) + `,"lo":` + f(iv.Lo) + `,"hi":` + f(iv.Hi) + `,"n":` + strconv.Itoa(iv.N) + `}`), nil
+	rng := ""
+	if iv.Range {
+		rng = `,"range":true`
+	}
+	return []byte(`{"mean":` + f(iv.Mean) + `,"lo":` + f(iv.Lo) + `,"hi":` + f(iv.Hi) + `,"n":` + strconv.Itoa(iv.N) + rng + `}`), nil
 }
