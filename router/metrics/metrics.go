@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"net/http"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -105,6 +106,8 @@ type Stream struct {
 	WarmupCredit                     float64
 	// Counters holds one value per CounterSpec given to NewStateCollector, in that order.
 	Counters []float64
+	// Degraded names the degraded reasons in force on the replica.
+	Degraded []string
 }
 
 // CounterSpec names one per-stream counter: its metric name after the router's namespace and
@@ -125,6 +128,10 @@ type StateCollector struct {
 	states       *prometheus.Desc
 	keys, side   *prometheus.Desc
 	unroutable   *prometheus.Desc
+
+	// DegradedReasons are every degraded reason: replica_degraded is exported 1/0 for each.
+	DegradedReasons []string
+	degradedDesc    *prometheus.Desc
 }
 
 var streamStates = []string{"exact", "replaying", "approximate", "inexact"}
@@ -151,6 +158,8 @@ func NewStateCollector(streams func() []Stream, keys func() float64, side func()
 		side:   prometheus.NewDesc(ns+"_side_index_entries", "Records in the side indexes.", []string{"index"}, nil),
 		unroutable: prometheus.NewDesc(ns+"_events_unroutable_total",
 			"Messages on the bound events socket whose topic names no known engine (dropped).", nil, nil),
+		degradedDesc: prometheus.NewDesc(ns+"_replica_degraded",
+			"1 while the degraded reason is in force on the replica (docs/operations.md lists the triggers).", []string{"engine", "rank", "reason"}, nil),
 	}
 	for _, cs := range counters {
 		c.counterDescs = append(c.counterDescs, d(cs.Metric, cs.Help))
@@ -167,6 +176,7 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- c.unroutable
+	ch <- c.degradedDesc
 	ch <- c.states
 	ch <- c.keys
 	ch <- c.side
@@ -194,6 +204,9 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, st := range streamStates {
 			ch <- prometheus.MustNewConstMetric(c.states, g, b2f(st == s.State), s.Engine, s.Rank, st)
+		}
+		for _, r := range c.DegradedReasons {
+			ch <- prometheus.MustNewConstMetric(c.degradedDesc, g, b2f(slices.Contains(s.Degraded, r)), s.Engine, s.Rank, r)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.keys, g, c.IndexKeys())

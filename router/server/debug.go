@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/metrics"
 	"github.com/kvroute/kvroute/router/proxy"
@@ -49,6 +50,10 @@ type RankInfo struct {
 	LastEvent *time.Time        `json:"last_event,omitempty"`
 	Inflight  Inflight          `json:"inflight"`
 	Accuracy  Accuracy          `json:"accuracy"`
+	// Degraded is every reason in force on the replica (see router/degraded), [] when none.
+	Degraded []degraded.Status `json:"degraded"`
+	// Demoted: evidence says its keys are wrong, so it is scored approximately.
+	Demoted bool `json:"demoted"`
 }
 
 // Inflight is the load this router has sent to a replica and not seen finish.
@@ -130,6 +135,11 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),
 		AbsErrorTokens: r.absErrTok.Load()}
 	ri.Accuracy.NoUsageSeen = ri.Accuracy.Responses > 0 && ri.Accuracy.WithUsage == 0
+	ri.Degraded = r.degradedOf()
+	if ri.Degraded == nil {
+		ri.Degraded = []degraded.Status{}
+	}
+	ri.Demoted = r.h.demoted.Load()
 	return ri
 }
 
@@ -228,7 +238,7 @@ func (s *Server) streamMetrics() []metrics.Stream {
 		m := metrics.Stream{Engine: r.eng.name, Rank: strconv.Itoa(r.rank), State: ri.Stream,
 			BlocksGPU: float64(ri.Blocks["GPU"]), BlocksCPU: float64(ri.Blocks["CPU"]), BlocksDisk: float64(ri.Blocks["Disk"]),
 			Healthy:      r.eng.dp.Load().Ready && r.eng.health.Healthy(now),
-			WarmupCredit: s.warmupCredit(r.eng.dp.Load().WarmupUntil, now)}
+			WarmupCredit: s.warmupCredit(r.eng.dp.Load().WarmupUntil, now), Degraded: degradedNames(ri.Degraded)}
 		if ri.LastSeq != nil {
 			m.LastSeq = float64(*ri.LastSeq)
 		}

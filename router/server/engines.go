@@ -41,6 +41,8 @@ type replica struct {
 	responses, withUsage, noUsage      atomic.Uint64
 	promptTok, predictedTok, actualTok atomic.Uint64
 	absErrTok                          atomic.Uint64
+
+	h repHealth // degraded reasons (health.go)
 }
 
 // engineTable is the router's view of the fleet, swapped under mu.

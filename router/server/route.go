@@ -189,12 +189,13 @@ func (s *Server) exactStream(r *replica) bool {
 		return false
 	}
 	st, ok := s.sub.State(r.eng.name, r.rank)
-	return ok && st == kvevents.Exact
+	return ok && st == kvevents.Exact && !r.h.demoted.Load()
 }
 
 // record enters a decision into the predicted side index (and the approximate one when the
 // chosen replica is scored approximately).
 func (s *Server) record(d *decision) {
+	d.reps[d.chosen].h.routed.Add(1)
 	if len(d.req.Keys) == 0 {
 		return
 	}
@@ -282,6 +283,7 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	if err != nil {
 		s.met.TokenizeFailures.Inc()
 		s.tokenizeDegraded.Add(1)
+		s.noteTokenizeFailure(te, err)
 		s.log.Warn("tokenization failed; routing by load only", "err", err)
 		p.degraded = true
 		return p, true

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
@@ -51,6 +52,8 @@ type Options struct {
 	PredictedTTL time.Duration
 	// TokenizeTimeout bounds one tokenization (2s).
 	TokenizeTimeout time.Duration
+	// HealthInterval between samples of every replica's counters for its degraded reasons (5s).
+	HealthInterval time.Duration
 	// MaxAttempts bounds the engines tried for one request (3).
 	MaxAttempts int
 	// Seed seeds the policy's random choices.
@@ -91,6 +94,9 @@ type Server struct {
 	readyOnce chan struct{}
 	// debugRouteSlots bounds /debug/route calls in flight (debugRouteConcurrency).
 	debugRouteSlots chan struct{}
+	// tracker decides each replica's degraded reasons (health.go); healthMu serialises ticks.
+	healthMu sync.Mutex
+	tracker  *degraded.Tracker
 }
 
 // New builds a server; it connects nothing until Run.
@@ -110,6 +116,9 @@ func New(o Options) (*Server, error) {
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 3
 	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = defaultHealthInterval
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -123,7 +132,7 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, pol: pol, readyOnce: make(chan struct{}),
-		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
+		debugRouteSlots: make(chan struct{}, debugRouteConcurrency), tracker: degraded.NewTracker(o.HealthInterval)}
 	s.ix = index.New(index.Options{Now: o.Now})
 	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
 	s.approx = index.NewApproximate(index.SideOptions{})
@@ -151,9 +160,11 @@ func New(o Options) (*Server, error) {
 		}
 	}
 	s.table.engines = map[string]*engine{}
-	s.met = metrics.New(metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
+	state := metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
 		func() (float64, float64) { return float64(s.predicted.Len()), float64(s.approx.Len()) },
-		s.unroutableEvents, streamCounterSpecs()))
+		s.unroutableEvents, streamCounterSpecs())
+	state.DegradedReasons = reasonNames()
+	s.met = metrics.New(state)
 	return s, nil
 }
 
@@ -170,6 +181,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	go s.probeLoop(ctx)
 	go s.expireLoop(ctx)
+	go s.healthLoop(ctx)
 	err := src.Run(ctx, func(snap []discovery.Engine) {
 		s.apply(ctx, snap)
 		select {

@@ -235,7 +235,7 @@ func (t *Tokenizer) post(ctx context.Context, url string, body []byte, into any)
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("tokens: %s answered %d: %s", url, resp.StatusCode, bytes.TrimSpace(msg))
+		return &StatusError{URL: url, Code: resp.StatusCode, Msg: string(bytes.TrimSpace(msg))}
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRenderBytes)).Decode(into); err != nil {
 		return fmt.Errorf("tokens: %s: bad answer: %w", url, err)
