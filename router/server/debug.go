@@ -177,6 +177,7 @@ type RouteAnswer struct {
 	BlockSize  int              `json:"block_size"`
 	LoRA       string           `json:"lora,omitempty"`
 	Degraded   bool             `json:"degraded"`
+	Unkeyed    string           `json:"unkeyed,omitempty"`
 	Chosen     string           `json:"chosen"`
 	DecisionUS float64          `json:"decision_us"`
 	Candidates []RouteCandidate `json:"candidates"`
@@ -213,13 +214,13 @@ func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	d, err := s.decide(p.toks, p.id, p.session, reps, nil, false)
+	d, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
 	if err != nil {
 		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, err.Error())
 		return
 	}
 	ans := RouteAnswer{Policy: s.policy, Tokens: d.req.Tokens, Blocks: len(d.req.Keys), BlockSize: d.req.BlockSize,
-		LoRA: p.id.LoRAName, Degraded: p.degraded, Chosen: d.reps[d.chosen].name, DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
+		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.unkeyed, Chosen: d.reps[d.chosen].name, DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
 	for i, c := range d.cands {
 		ans.Candidates = append(ans.Candidates, RouteCandidate{Replica: c.ID, Healthy: c.Healthy, Approximate: c.Approximate,
 			ExactBlocks: c.ExactBlocks, TierBlocks: c.TierBlocks, PredictedBlocks: c.PredictedBlocks, CachedTokens: d.cached[i],

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
@@ -223,5 +225,41 @@ func TestDebugEnginesDegradedList(t *testing.T) {
 	}
 	if got := string(v.Engines[0].Ranks[0]["degraded"]); got != "[]" {
 		t.Fatalf("degraded %s, want []", got)
+	}
+}
+
+// A chat request with an image is routed by load without keys, with the visible reason, and the
+// replica it went to shows multimodal-unkeyed (informational).
+func TestMultimodalRoutedUnkeyed(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), noHealthLoop)
+	rt.waitStreams(t, "exact")
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	body := `{"model":"vllm-sim","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},` +
+		`{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`
+	// The simulator is text only: it refuses the image with 400, after the router has routed it.
+	postJSON(t, rt.api.URL+"/v1/chat/completions", body)
+	if n := testutil.ToFloat64(rt.s.met.UnkeyedRequests.WithLabelValues("multimodal")); n != 1 {
+		t.Fatalf("unkeyed multimodal %v, want 1", n)
+	}
+	resp, err := http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ans RouteAnswer
+	_ = json.NewDecoder(resp.Body).Decode(&ans)
+	resp.Body.Close()
+	if ans.Unkeyed != "multimodal" || ans.Blocks != 0 {
+		t.Fatalf("/debug/route %+v", ans)
+	}
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.MultimodalUnkeyed) {
+		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+	// A text-only chat is keyed as before.
+	postJSON(t, rt.api.URL+"/v1/chat/completions", `{"model":"vllm-sim","max_tokens":1,"messages":[{"role":"user","content":"hello"}]}`)
+	if n := testutil.ToFloat64(rt.s.met.UnkeyedRequests.WithLabelValues("multimodal")); n != 1 {
+		t.Fatalf("unkeyed multimodal %v after a text chat, want 1", n)
 	}
 }

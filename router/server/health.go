@@ -12,6 +12,11 @@ import (
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
+// unkeyedMultimodal is the unkeyed reason of a request carrying media (tokens.Multimodal): the
+// engine keys its image blocks with the media's identity, which the router does not compute yet,
+// so such a request is routed by load, without keys, until it does.
+const unkeyedMultimodal = "multimodal"
+
 // defaultHealthInterval is how often the router samples every replica's counters for the
 // degraded reasons (Options.HealthInterval).
 const defaultHealthInterval = 5 * time.Second

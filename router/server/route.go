@@ -30,6 +30,8 @@ type decision struct {
 	cached []int
 	chosen int
 	took   time.Duration
+	// unkeyed is why the request was routed without keys ("" when keyed).
+	unkeyed string
 }
 
 // Where the fleet's block size came from (blockSize).
@@ -78,18 +80,22 @@ func (s *Server) warmupCredit(until, now time.Time) float64 {
 
 // decide scores every replica for the prompt and picks one; excluded replicas (tried already
 // in this request) are unhealthy for it. When commit is set the policy is told (OnRouted).
-func (s *Server) decide(toks []uint32, id blockkey.Identity, session string, reps []*replica, excluded map[*replica]bool, commit bool) (*decision, error) {
+// unkeyed, when set, says why the request must not be keyed (unkeyedMultimodal).
+func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, excluded map[*replica]bool, commit bool) (*decision, error) {
 	t0 := time.Now()
 	now := s.now()
 	bs, bsFrom := s.blockSize(reps)
-	keyed := bsFrom != blockSizeUnknown
-	if !keyed {
+	if bsFrom == blockSizeUnknown {
 		bs = capBlockSize
-		if commit {
-			s.met.UnkeyedRequests.WithLabelValues("block_size_unknown").Inc()
+		if unkeyed == "" {
+			unkeyed = "block_size_unknown"
 		}
 	}
-	d := &decision{reps: reps}
+	keyed := unkeyed == ""
+	if !keyed && commit {
+		s.met.UnkeyedRequests.WithLabelValues(unkeyed).Inc()
+	}
+	d := &decision{reps: reps, unkeyed: unkeyed}
 	d.req = score.Request{Tokens: len(toks), BlockSize: bs, SessionKey: session, LoRA: id.LoRAName, NowNs: now.UnixNano()}
 	if len(toks) > 0 && keyed {
 		keys, err := blockkey.AppendPromptKeys(nil, toks, bs, id)
@@ -196,6 +202,9 @@ func (s *Server) exactStream(r *replica) bool {
 // chosen replica is scored approximately).
 func (s *Server) record(d *decision) {
 	d.reps[d.chosen].h.routed.Add(1)
+	if d.unkeyed == unkeyedMultimodal {
+		d.reps[d.chosen].h.mmRouted.Add(1)
+	}
 	if len(d.req.Keys) == 0 {
 		return
 	}
@@ -241,6 +250,8 @@ type prepared struct {
 	id       blockkey.Identity
 	session  string
 	degraded bool
+	// unkeyed is why the request is routed without keys (unkeyedMultimodal), "" to key it.
+	unkeyed string
 }
 
 // prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
@@ -265,6 +276,9 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 		return nil, false
 	}
 	p := &prepared{tr: tr, body: body, session: r.Header.Get("X-Session-Id")}
+	if tokens.Multimodal(body) {
+		p.unkeyed = unkeyedMultimodal
+	}
 	if p.session == "" {
 		p.session = tr.User
 	}
@@ -313,7 +327,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 	excluded := map[*replica]bool{}
 	var last proxy.Outcome
 	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
-		d, err := s.decide(p.toks, p.id, p.session, reps, excluded, true)
+		d, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
 		if err != nil {
 			if attempt == 0 {
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
