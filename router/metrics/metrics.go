@@ -18,23 +18,27 @@ const ns = "kvroute_router"
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Requests          *prometheus.CounterVec // engine, policy, code
-	Errors            *prometheus.CounterVec // engine, policy, reason
-	Retries           *prometheus.CounterVec // engine
-	DecisionSeconds   *prometheus.HistogramVec
-	TokenizeSeconds   prometheus.Histogram
-	TokenizeFailures  prometheus.Counter
-	TokenizeSource    *prometheus.CounterVec // source
-	PromptTokens      *prometheus.CounterVec // engine
-	PredictedCached   *prometheus.CounterVec // engine
-	ActualCached      *prometheus.CounterVec // engine (responses with usage only)
-	UsageMissing      *prometheus.CounterVec // engine: responses without cached_tokens
-	ApproxDecisions   *prometheus.CounterVec // engine: decisions scored from the approximate index
-	UnkeyedRequests   *prometheus.CounterVec // reason: requests routed by load without keys
-	TTFBSeconds       *prometheus.HistogramVec
-	InflightRequests  *prometheus.GaugeVec // engine, rank
-	PredictedHitRatio prometheus.Gauge
-	ActualHitRatio    prometheus.Gauge
+	Requests         *prometheus.CounterVec // engine, policy, code
+	Errors           *prometheus.CounterVec // engine, policy, reason
+	Retries          *prometheus.CounterVec // engine
+	DecisionSeconds  *prometheus.HistogramVec
+	TokenizeSeconds  prometheus.Histogram
+	TokenizeFailures prometheus.Counter
+	TokenizeSource   *prometheus.CounterVec // source
+	PromptTokens     *prometheus.CounterVec // engine
+	PredictedCached  *prometheus.CounterVec // engine
+	ActualCached     *prometheus.CounterVec // engine (responses with usage only)
+	UsageMissing     *prometheus.CounterVec // engine: responses without cached_tokens
+	ApproxDecisions  *prometheus.CounterVec // engine: decisions scored from the approximate index
+	UnkeyedRequests  *prometheus.CounterVec // reason: requests routed by load without keys
+	TTFBSeconds      *prometheus.HistogramVec
+	InflightRequests *prometheus.GaugeVec // engine, rank
+	// Accuracy per scoring mode (exact, predicted, approximate, unkeyed), answers with usage
+	// only: prompt, predicted cached and engine-reported cached tokens. Rates of these over any
+	// window show drift; a lifetime ratio would hide it.
+	ModePromptTokens    *prometheus.CounterVec // engine, mode
+	ModePredictedCached *prometheus.CounterVec // engine, mode
+	ModeActualCached    *prometheus.CounterVec // engine, mode
 }
 
 // New builds the collectors on a fresh registry; state (may be nil) adds scrape-time metrics.
@@ -73,14 +77,17 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Time from forwarding to the engine's response headers.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		InflightRequests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_requests",
 			Help: "Requests this router has in flight, by engine and rank."}, []string{"engine", "rank"}),
-		PredictedHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "predicted_hit_ratio",
-			Help: "Predicted cached / prompt tokens over answers that reported usage."}),
-		ActualHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "actual_hit_ratio",
-			Help: "Engine-reported cached / prompt tokens over answers that reported usage."}),
+		ModePromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "mode_prompt_tokens_total",
+			Help: "Prompt tokens of answers with usage, by engine and the chosen replica's scoring mode (exact, predicted, approximate, unkeyed)."},
+			[]string{"engine", "mode"}),
+		ModePredictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "mode_predicted_cached_tokens_total",
+			Help: "Cached tokens the router predicted, answers with usage, by engine and scoring mode."}, []string{"engine", "mode"}),
+		ModeActualCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "mode_actual_cached_tokens_total",
+			Help: "Cached tokens the engines reported, by engine and the scoring mode of the decision."}, []string{"engine", "mode"}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
 		m.TokenizeSource, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
-		m.TTFBSeconds, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
+		m.TTFBSeconds, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {
 		r.MustRegister(state)

@@ -263,3 +263,27 @@ func TestMultimodalRoutedUnkeyed(t *testing.T) {
 		t.Fatalf("unkeyed multimodal %v after a text chat, want 1", n)
 	}
 }
+
+// Accuracy is counted per scoring mode: a repeated prompt on an exact stream is an exact-mode
+// decision whose predicted and reported cached tokens both grow; the lifetime ratio gauges are gone.
+func TestAccuracyPerMode(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), noHealthLoop)
+	rt.waitStreams(t, "exact")
+	body := idsPrompt(3, 128, 0, 0, 1)
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	eventually(t, "blocks indexed", func() bool { return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] > 0 })
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	pred := testutil.ToFloat64(rt.s.met.ModePredictedCached.WithLabelValues("e0", modeExact))
+	act := testutil.ToFloat64(rt.s.met.ModeActualCached.WithLabelValues("e0", modeExact))
+	prompt := testutil.ToFloat64(rt.s.met.ModePromptTokens.WithLabelValues("e0", modeExact))
+	if pred == 0 || act == 0 || prompt != 256 {
+		t.Fatalf("exact mode: predicted %v actual %v prompt %v", pred, act, prompt)
+	}
+	if h := &rt.s.reps()[0].h; float64(h.exactPred.Load()) != pred || float64(h.exactActual.Load()) != act {
+		t.Fatalf("replica evidence %d/%d, metrics %v/%v", h.exactPred.Load(), h.exactActual.Load(), pred, act)
+	}
+	if body := scrape(t, rt); strings.Contains(body, "hit_ratio") {
+		t.Fatalf("hit ratio gauges still exported:\n%s", grepLines(body, "hit_ratio"))
+	}
+}

@@ -433,13 +433,13 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d *decision, p 
 		}
 	}
 	if out.Status == http.StatusOK {
-		s.account(rep, d.req.Tokens, cached, out.Usage)
+		s.account(rep, d.req.Tokens, cached, out.Usage, d.mode())
 	}
 	return out
 }
 
 // account compares the prediction with the engine's reported cached tokens.
-func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usage) {
+func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usage, mode string) {
 	rep.responses.Add(1)
 	name := rep.eng.name
 	if u == nil || !u.HasCached {
@@ -459,15 +459,7 @@ func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usa
 	s.met.PromptTokens.WithLabelValues(name).Add(float64(promptTokens))
 	s.met.PredictedCached.WithLabelValues(name).Add(float64(predicted))
 	s.met.ActualCached.WithLabelValues(name).Add(float64(u.CachedTokens))
-	s.accMu.Lock()
-	s.accPrompt += float64(promptTokens)
-	s.accPredicted += float64(predicted)
-	s.accActual += float64(u.CachedTokens)
-	if s.accPrompt > 0 {
-		s.met.PredictedHitRatio.Set(s.accPredicted / s.accPrompt)
-		s.met.ActualHitRatio.Set(s.accActual / s.accPrompt)
-	}
-	s.accMu.Unlock()
+	s.accountMode(rep, mode, promptTokens, predicted, u.CachedTokens)
 }
 
 // serveModels forwards GET /v1/models to a healthy engine.

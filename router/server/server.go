@@ -84,11 +84,8 @@ type Server struct {
 	table  engineTable
 	rr     atomic.Uint64 // tokenization engine rotation
 
-	// fleet-wide accuracy totals for the hit-ratio gauges
-	accMu                              sync.Mutex
-	accPrompt, accPredicted, accActual float64
-	tokenizeDegraded, requestsTotal    atomic.Uint64
-	closeOnce                          sync.Once
+	tokenizeDegraded, requestsTotal atomic.Uint64
+	closeOnce                       sync.Once
 	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
 	exactHook func(*replica) bool
 	readyOnce chan struct{}
