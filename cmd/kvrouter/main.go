@@ -116,7 +116,10 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st := &settings{cfg: cfg, eventsBind: *eventsBind, model: *model, fullReport: *fullReport, logger: logger}
+	if *model == "" {
+		*model = cfg.ServedModelName
+	}
+	st := &settings{cfg: cfg, eventsBind: *eventsBind, model: *model, fullReport: *fullReport || cfg.KVCacheReportMode == "full", logger: logger}
 
 	sources := 0
 	for _, set := range []bool{len(engines) > 0, *enginesFile != "", cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil} {
@@ -206,6 +209,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	go func() { errc <- srv.Run(ctx) }()
 	go func() { errc <- api.Serve(apiLn) }()
 	go func() { errc <- adm.Serve(adminLn) }()
+	if st.cfg.Report != nil {
+		startReporter(ctx, st, srv)
+	}
 	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy)
 	if ready != nil {
 		ready(apiLn.Addr().String(), adminLn.Addr().String())

@@ -39,6 +39,9 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 		HWM:         int(*e.KVEvents.HWM),
 		Replay:      *e.KVEvents.Enabled && *e.KVEvents.ReplayBasePort != 0,
 	}
+	c.ServedModelName = m.Spec.Model.Name
+	c.KVCacheReportMode = m.Spec.Router.KVCacheReportMode
+	c.Report = &config.Report{Namespace: m.Namespace, KVRoutedModel: m.Name}
 	if err := c.Validate(); err != nil {
 		return config.Config{}, err
 	}
@@ -186,7 +189,8 @@ func ServiceAccount(m *v1alpha1.KVRoutedModel) *corev1.ServiceAccount {
 	}
 }
 
-// Role lets the router discover engine pods in its own namespace, and nothing else.
+// Role lets the router discover engine pods in its own namespace and write its index report
+// into its own model's status (status.routerReports), and nothing else.
 func Role(m *v1alpha1.KVRoutedModel) *rbacv1.Role {
 	return &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
@@ -195,6 +199,11 @@ func Role(m *v1alpha1.KVRoutedModel) *rbacv1.Role {
 			APIGroups: []string{""},
 			Resources: []string{"pods"},
 			Verbs:     []string{"get", "list", "watch"},
+		}, {
+			APIGroups:     []string{v1alpha1.GroupVersion.Group},
+			Resources:     []string{"kvroutedmodels/status"},
+			ResourceNames: []string{m.Name},
+			Verbs:         []string{"get", "patch"},
 		}},
 	}
 }
