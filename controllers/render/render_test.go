@@ -434,3 +434,20 @@ func TestAutoscalers(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The router's config carries the served model name, the full report mode and where to report.
+func TestRouterConfigServedModelReportModeAndReport(t *testing.T) {
+	m := sample(t, "minimal")
+	c, err := render.RouterConfig(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ServedModelName != m.Spec.Model.Name || c.KVCacheReportMode != "" || c.Report == nil ||
+		c.Report.Namespace != m.Namespace || c.Report.KVRoutedModel != m.Name {
+		t.Fatalf("config %+v", c)
+	}
+	m.Spec.Router.KVCacheReportMode = "full"
+	if c, err = render.RouterConfig(m); err != nil || c.KVCacheReportMode != "full" {
+		t.Fatalf("kvCacheReportMode %q %v", c.KVCacheReportMode, err)
+	}
+}
