@@ -287,3 +287,39 @@ func TestAccuracyPerMode(t *testing.T) {
 		t.Fatalf("hit ratio gauges still exported:\n%s", grepLines(body, "hit_ratio"))
 	}
 }
+
+// Two replicas that hash the same block 0 differently are both reported hash-mismatch, each
+// naming the other, without either being demoted.
+func TestDegradedPeerMismatch(t *testing.T) {
+	a := startSim(t, vllmsim.Config{KVEventsPort: 0})
+	b := startSim(t, vllmsim.Config{KVEventsPort: 0, HashSeed: "7"})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", a), simEngine("e1", b)}), func(o *Options) {
+		noHealthLoop(o)
+		o.Config.Policy = "round-robin" // the same prompt lands on both
+	})
+	rt.waitStreams(t, "exact")
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	body := idsPrompt(9, 64, 0, 0, 1)
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	eventually(t, "a cross-replica mismatch", func() bool {
+		n, _, _ := rt.s.peers.Mismatches(rt.s.reps()[0].id)
+		return n > 0
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	for rep, peer := range map[string]string{"e0/0": "e1/0", "e1/0": "e0/0"} {
+		var detail string
+		for _, st := range rt.s.Degraded()[rep] {
+			if st.Reason == degraded.HashMismatch {
+				detail = st.Detail
+			}
+		}
+		if !strings.Contains(detail, "replica "+peer) {
+			t.Errorf("%s hash-mismatch detail %q does not name %s", rep, detail, peer)
+		}
+	}
+	if rt.s.reps()[0].h.demoted.Load() || rt.s.reps()[1].h.demoted.Load() {
+		t.Fatal("a parity mismatch demoted a replica")
+	}
+}

@@ -219,6 +219,9 @@ func (s *Server) dropEngine(e *engine) {
 		}
 		s.predicted.Forget(r.id)
 		s.approx.Forget(r.id)
+		if s.peers != nil {
+			s.peers.Forget(r.id)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router/degraded"
+	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/tokens"
 )
@@ -28,8 +29,6 @@ type repHealth struct {
 	tokErr                    atomic.Pointer[string]
 	// exactPred, exactActual: cached tokens predicted and reported for exact-mode decisions.
 	exactPred, exactActual atomic.Uint64
-	peerMismatches         atomic.Uint64
-	peer                   atomic.Pointer[string]
 
 	demoted  atomic.Bool
 	degraded atomic.Pointer[[]degraded.Status]
@@ -77,17 +76,22 @@ func (s *Server) healthTick(now time.Time) {
 	reps := s.reps()
 	samples := make(map[string]degraded.Sample, len(reps))
 	byName := make(map[string]*replica, len(reps))
+	byID := make(map[index.ReplicaID]string, len(reps))
+	for _, r := range reps {
+		byID[r.id] = r.name
+	}
 	for _, r := range reps {
 		byName[r.name] = r
 		h := &r.h
 		smp := degraded.Sample{Events: r.stream, Routed: h.routed.Load(), MultimodalRouted: h.mmRouted.Load(),
-			TokenizerFailures: h.tokFail.Load(), ExactPredicted: h.exactPred.Load(), ExactActual: h.exactActual.Load(),
-			PeerMismatches: h.peerMismatches.Load()}
+			TokenizerFailures: h.tokFail.Load(), ExactPredicted: h.exactPred.Load(), ExactActual: h.exactActual.Load()}
 		if p := h.tokErr.Load(); p != nil {
 			smp.TokenizerError = *p
 		}
-		if p := h.peer.Load(); p != nil {
-			smp.PeerMismatch = *p
+		if s.peers != nil {
+			if n, peer, ok := s.peers.Mismatches(r.id); ok {
+				smp.PeerMismatches, smp.PeerMismatch = n, byID[peer]
+			}
 		}
 		if r.stream && s.sub != nil {
 			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {

@@ -94,6 +94,8 @@ type Server struct {
 	// tracker decides each replica's degraded reasons (health.go); healthMu serialises ticks.
 	healthMu sync.Mutex
 	tracker  *degraded.Tracker
+	// peers is parity across replicas (nil without events).
+	peers *kvevents.PeerTable
 }
 
 // New builds a server; it connects nothing until Run.
@@ -138,7 +140,8 @@ func New(o Options) (*Server, error) {
 		IdleTimeout: o.IdleTimeout})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
-		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize}
+		s.peers = kvevents.NewPeerTable()
+		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize, Peers: s.peers}
 		// Parity recomputes each sampled event's block 0 at the event's own block size, so it
 		// runs whether the router's block size is configured or learned.
 		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil {
