@@ -3,18 +3,22 @@ package server
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/test/vllmsim"
 )
@@ -322,4 +326,77 @@ func TestDegradedPeerMismatch(t *testing.T) {
 	if rt.s.reps()[0].h.demoted.Load() || rt.s.reps()[1].h.demoted.Load() {
 		t.Fatal("a parity mismatch demoted a replica")
 	}
+}
+
+// A stream state change is logged once, with the counters that moved.
+func TestStreamStateChangeLoggedOnce(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	u, _ := url.Parse(sim.URL())
+	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@" + u.Host + "@m", NoReplay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	var logs syncBuffer
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()}, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
+		noHealthLoop(o)
+		o.Model = "m"
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	algo, _ := blockkey.ParseAlgo("sha256")
+	cache, err := kvtest.NewCache(algo, "0", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, 32)
+	for i := range toks {
+		toks[i] = uint32(100 + i)
+	}
+	ev, err := cache.Store(toks, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a first batch applied", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.Applied > 0
+	})
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	_, _ = pub.PublishLost(ev) // a gap the engine cannot replay (no replay socket)
+	eventually(t, "the stream leaves exact", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State != kvevents.Exact
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	out := logs.String()
+	if n := strings.Count(out, "event stream state changed"); n != 1 {
+		t.Fatalf("%d state change lines, want 1:\n%s", n, out)
+	}
+	if !strings.Contains(out, "from=exact") || !strings.Contains(out, "gaps+") {
+		t.Fatalf("state change line lacks from/why:\n%s", grepLines(out, "state changed"))
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
