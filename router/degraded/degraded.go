@@ -85,7 +85,10 @@ type Sample struct {
 	// State is the stream's state ("exact", "replaying", ...; "" without a stream).
 	State string
 
-	Received, Applied, DecodeErrors, Panics     uint64
+	Received, Applied, DecodeErrors, Panics uint64
+	// Dropped are received messages never meant to be applied: duplicates (replay overlap),
+	// wrong topics, malformed frames.
+	Dropped                                     uint64
 	BlocksStored, UnknownParent, RekeyErrors    uint64
 	SkippedGroups, SkippedMedia, ParityMismatch uint64
 
