@@ -97,6 +97,7 @@ func (s *Server) healthTick(now time.Time) {
 			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
 				smp.State = st.State.String()
 				smp.Received, smp.Applied, smp.DecodeErrors, smp.Panics = st.Received, st.Applied, st.DecodeErrors, st.Panics
+				smp.Dropped = st.Duplicates + st.TopicMismatches + st.MalformedFrames
 				smp.BlocksStored, smp.UnknownParent, smp.RekeyErrors = st.BlocksStored, st.UnknownParent, st.RekeyErrors
 				smp.SkippedGroups, smp.SkippedMedia, smp.ParityMismatch = st.SkippedGroups, st.SkippedMedia, st.ParityMismatches
 				s.logStateChange(r, st)
