@@ -154,6 +154,16 @@ func TestTrackerWindow(t *testing.T) {
 	}
 }
 
+// A fault counted before the replica's first sample is reported at that sample: counters start
+// at zero with the stream.
+func TestTrackerFaultBeforeFirstSample(t *testing.T) {
+	tr := NewTracker(5 * time.Second)
+	ch := tr.Update(t0, map[string]Sample{"e1/0": {Events: true, State: "exact", Received: 4, Applied: 4, BlocksStored: 12, ParityMismatch: 1}})
+	if len(ch) != 1 || ch[0].Reason != HashMismatch {
+		t.Fatalf("changes %+v", ch)
+	}
+}
+
 // The samples kept are bounded whatever the update rate.
 func TestTrackerBounded(t *testing.T) {
 	tr := NewTracker(5 * time.Second)

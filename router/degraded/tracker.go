@@ -63,7 +63,9 @@ func (t *Tracker) Update(now time.Time, samples map[string]Sample) []Change {
 		s.At = now
 		h := t.reps[name]
 		if h == nil {
-			h = &history{cur: map[Reason]Status{}}
+			// A replica's counters start at zero with its stream, so a zero sample is its true
+			// baseline: a fault counted before the first Update is still seen.
+			h = &history{cur: map[Reason]Status{}, samples: []Sample{{At: now, Events: s.Events, State: s.State}}}
 			t.reps[name] = h
 		}
 		h.samples = append(h.samples, s)
