@@ -118,6 +118,12 @@ func New(o Options) (*Server, error) {
 	if o.HealthInterval <= 0 {
 		o.HealthInterval = defaultHealthInterval
 	}
+	if o.Model == "" {
+		o.Model = o.Config.ServedModelName
+	}
+	if o.Config.KVCacheReportMode == "full" {
+		o.FullReport = true
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
