@@ -506,9 +506,10 @@ type KVRoutedModelStatus struct {
 	// RouterReports is each router replica's view of the index: the engine replicas it finds
 	// degraded and why. Each router pod writes its own entry (server-side apply, field manager
 	// kvrouter-<pod>); the operator reads the fresh ones into the IndexHealthy condition.
+	// Bounded so the object stays far below etcd's size limit: 16 router pods report.
 	// +listType=map
 	// +listMapKey=pod
-	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:MaxItems=16
 	// +optional
 	RouterReports []RouterReport `json:"routerReports,omitempty"`
 }
@@ -521,9 +522,10 @@ type RouterReport struct {
 	// ObservedAt is when the router last confirmed this report; the operator ignores reports
 	// older than two minutes.
 	ObservedAt metav1.Time `json:"observedAt"`
-	// Degraded lists the engine replicas with a degraded reason in force; empty when none.
+	// Degraded lists the engine replicas with a degraded reason in force; empty when none. A
+	// router lists the first 32 (by replica name).
 	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=128
+	// +kubebuilder:validation:MaxItems=32
 	// +optional
 	Degraded []DegradedReplica `json:"degraded,omitempty"`
 }
@@ -540,7 +542,7 @@ type DegradedReplica struct {
 	// Since is when the router first saw the reason.
 	Since metav1.Time `json:"since"`
 	// Detail explains the trigger.
-	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:MaxLength=256
 	// +optional
 	Detail string `json:"detail,omitempty"`
 }

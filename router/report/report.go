@@ -126,8 +126,8 @@ type degradedJSON struct {
 
 // maxDetail and maxEntries keep the entry inside the CRD's bounds.
 const (
-	maxDetail  = 512
-	maxEntries = 128
+	maxDetail  = 256
+	maxEntries = 32
 )
 
 func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded) error {
