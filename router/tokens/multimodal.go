@@ -1,6 +1,7 @@
 package tokens
 
 import (
+	"bytes"
 	"encoding/json"
 )
 
@@ -16,6 +17,12 @@ var multimodalParts = map[string]bool{
 // prompt object). The engine hashes such blocks with the media's identity as an extra key, which
 // the router does not compute yet, so these requests are routed by load without keys.
 func Multimodal(body []byte) bool {
+	// Every media part type and multi_modal_data names one of these: a text-only body (almost
+	// every one) is not parsed a second time.
+	if !bytes.Contains(body, []byte("image")) && !bytes.Contains(body, []byte("audio")) &&
+		!bytes.Contains(body, []byte("video")) && !bytes.Contains(body, []byte("multi_modal_data")) {
+		return false
+	}
 	var top map[string]json.RawMessage
 	if json.Unmarshal(body, &top) != nil {
 		return false
