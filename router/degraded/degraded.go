@@ -39,7 +39,7 @@ const (
 	// algorithm mismatch), or two replicas hashed the same block differently.
 	HashMismatch Reason = "hash-mismatch"
 	// MultimodalUnkeyed: multimodal requests were routed to it by load (image identities are
-	// not keyed), or its events carried media this version does not know.
+	// not keyed).
 	MultimodalUnkeyed Reason = "multimodal-unkeyed"
 	// HybridGroupsSkipped: events of non-attention KV groups (sliding window, Mamba) were
 	// skipped; the index holds the full-attention group only.
@@ -88,9 +88,9 @@ type Sample struct {
 	Received, Applied, DecodeErrors, Panics uint64
 	// Dropped are received messages never meant to be applied: duplicates (replay overlap),
 	// wrong topics, malformed frames.
-	Dropped                                     uint64
-	BlocksStored, UnknownParent, RekeyErrors    uint64
-	SkippedGroups, SkippedMedia, ParityMismatch uint64
+	Dropped                                  uint64
+	BlocksStored, UnknownParent, RekeyErrors uint64
+	SkippedGroups, ParityMismatch            uint64
 
 	// Routed: requests routed to the replica; MultimodalRouted: of those, multimodal ones routed
 	// unkeyed.
@@ -173,8 +173,8 @@ func Evaluate(prev, cur Sample) (out []Finding, demote bool) {
 		add(KeysWrong, "exact index predicted %d cached tokens, the engine reported %d in %s", pred, act, span)
 		demote = true
 	}
-	if n, m := d(prev.MultimodalRouted, cur.MultimodalRouted), d(prev.SkippedMedia, cur.SkippedMedia); n > 0 || m > 0 {
-		add(MultimodalUnkeyed, "%d multimodal requests routed by load, %d events with unknown media in %s", n, m, span)
+	if n := d(prev.MultimodalRouted, cur.MultimodalRouted); n > 0 {
+		add(MultimodalUnkeyed, "%d multimodal requests routed here by load, without keys, in %s", n, span)
 	}
 	if n := d(prev.SkippedGroups, cur.SkippedGroups); n > 0 {
 		add(HybridGroupsSkipped, "%d events of non-attention KV groups skipped in %s", n, span)

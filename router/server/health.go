@@ -99,7 +99,7 @@ func (s *Server) healthTick(now time.Time) {
 				smp.Received, smp.Applied, smp.DecodeErrors, smp.Panics = st.Received, st.Applied, st.DecodeErrors, st.Panics
 				smp.Dropped = st.Duplicates + st.TopicMismatches + st.MalformedFrames
 				smp.BlocksStored, smp.UnknownParent, smp.RekeyErrors = st.BlocksStored, st.UnknownParent, st.RekeyErrors
-				smp.SkippedGroups, smp.SkippedMedia, smp.ParityMismatch = st.SkippedGroups, st.SkippedMedia, st.ParityMismatches
+				smp.SkippedGroups, smp.ParityMismatch = st.SkippedGroups, st.ParityMismatches
 				s.logStateChange(r, st)
 			}
 		}
