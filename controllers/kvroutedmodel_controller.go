@@ -72,6 +72,7 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 	orig := m.DeepCopy()
 	obs := status.Observed{Model: m, Suspended: m.Spec.Suspend, Now: r.Clock.Now()}
+	obs.RouterPods = r.routerPods(ctx, m)
 	defer func() {
 		if err := r.writeStatus(ctx, orig, obs); err != nil {
 			retErr = errors.Join(retErr, err)
@@ -103,6 +104,8 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	if retry {
 		next = earliest(next, r.retryInterval())
 	}
+	// IndexHealthy changes when a router's report goes stale, which no watch sees.
+	next = earliest(next, status.NextReportExpiry(m, obs.Now))
 	return ctrl.Result{RequeueAfter: next}, nil
 }
 
@@ -126,6 +129,26 @@ func (r *KVRoutedModelReconciler) warnUntestedEngine(m *v1alpha1.KVRoutedModel) 
 	r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonUntestedEngineImage, "Reconcile",
 		"engine image %s is not a vLLM release kvroute is tested with (%s:%s); its KV-event shape, replay framing, flags or metrics may differ",
 		image, render.VLLMImage, strings.Join(render.TestedVLLMTags(), ", "))
+}
+
+// routerPods names the model's router pods, read live (the cache holds engine pods only), when
+// there are router reports to check against; nil when there are none or the list failed.
+func (r *KVRoutedModelReconciler) routerPods(ctx context.Context, m *v1alpha1.KVRoutedModel) map[string]bool {
+	if len(m.Status.RouterReports) == 0 || r.APIReader == nil {
+		return nil
+	}
+	pods := &corev1.PodList{}
+	if err := r.APIReader.List(ctx, pods, client.InNamespace(m.Namespace), client.MatchingLabels(render.RouterSelector(m))); err != nil {
+		log.FromContext(ctx).Error(err, "list router pods; router reports are not filtered by pod")
+		return nil
+	}
+	out := make(map[string]bool, len(pods.Items))
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			out[p.Name] = true
+		}
+	}
+	return out
 }
 
 // applyChildren applies every rendered child, deletes those no longer wanted and reads the

@@ -9,6 +9,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -55,11 +57,22 @@ func CacheOptions() cache.Options {
 func (r *KVRoutedModelReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		For(&v1alpha1.KVRoutedModel{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+		For(&v1alpha1.KVRoutedModel{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, routerReportsChanged())))
 	for _, o := range ownedTypes() {
 		b = b.Owns(o)
 	}
 	return b.Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToModel)).Complete(r)
+}
+
+// routerReportsChanged passes a status write that changed status.routerReports: a router's report
+// is what the IndexHealthy condition is computed from. The operator's own status writes leave
+// the reports alone (except dropping those of gone pods, once), so they do not loop.
+func routerReportsChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*v1alpha1.KVRoutedModel)
+		n, ok2 := e.ObjectNew.(*v1alpha1.KVRoutedModel)
+		return ok1 && ok2 && !equality.Semantic.DeepEqual(o.Status.RouterReports, n.Status.RouterReports)
+	}}
 }
 
 // podToModel maps an engine pod to its model through the model label (engine pods are owned

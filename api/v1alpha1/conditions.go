@@ -7,6 +7,9 @@ const (
 	ConditionAvailable   = "Available"
 	ConditionProgressing = "Progressing"
 	ConditionDegraded    = "Degraded"
+	// ConditionIndexHealthy says whether the routers trust every engine replica's index
+	// (from status.routerReports). It does not affect Ready: routing goes on by load.
+	ConditionIndexHealthy = "IndexHealthy"
 )
 
 // Condition reasons. CamelCase, as metav1.Condition requires.
@@ -25,6 +28,11 @@ const (
 	ReasonKEDANotInstalled      = "KEDANotInstalled"
 	ReasonMetricsAPIUnavailable = "MetricsAPIUnavailable"
 	ReasonAsExpected            = "AsExpected"
+	// IndexHealthy reasons. IndexUnhealthy is also Degraded's reason when a replica's keys may
+	// be wrong (undecodable, unchained, hash-mismatch, keys-wrong).
+	ReasonIndexHealthy   = "IndexHealthy"
+	ReasonIndexUnhealthy = "IndexUnhealthy"
+	ReasonNoRouterReport = "NoRouterReport"
 )
 
 // Labels and annotations shared by the operator, the router's discovery and the tests.

@@ -21,6 +21,7 @@ import (
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.replicas`
 // +kubebuilder:printcolumn:name="Warming",type=integer,JSONPath=`.status.warmingReplicas`
+// +kubebuilder:printcolumn:name="Index",type=string,JSONPath=`.status.conditions[?(@.type=="IndexHealthy")].reason`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.router.endpoint`
 // +kubebuilder:printcolumn:name="Model",type=string,JSONPath=`.spec.model.name`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
@@ -383,6 +384,12 @@ type RouterSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Warmup WarmupSpec `json:"warmup,omitempty"`
+	// KVCacheReportMode "full" makes the router ask every engine to re-announce the blocks a
+	// request hit (vllm_xargs.kv_cache_report_mode), which keeps the index's recency exact. vLLM
+	// honours it from PR #45261 on; older engines ignore it. Unset leaves requests alone.
+	// +kubebuilder:validation:Enum=full
+	// +optional
+	KVCacheReportMode string `json:"kvCacheReportMode,omitempty"`
 
 	// Timeouts of the router's request path; an unset one keeps kvrouter's default.
 	// +optional
@@ -565,6 +572,48 @@ type KVRoutedModelStatus struct {
 	// LastScaleTime is when spec.replicas last changed.
 	// +optional
 	LastScaleTime *metav1.Time `json:"lastScaleTime,omitempty"`
+	// RouterReports is each router replica's view of the index: the engine replicas it finds
+	// degraded and why. Each router pod writes its own entry (server-side apply, field manager
+	// kvrouter-<pod>); the operator reads the fresh ones into the IndexHealthy condition.
+	// Bounded so the object stays far below etcd's size limit: 16 router pods report.
+	// +listType=map
+	// +listMapKey=pod
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	RouterReports []RouterReport `json:"routerReports,omitempty"`
+}
+
+// RouterReport is one router pod's report on the index health.
+type RouterReport struct {
+	// Pod is the router pod's name.
+	// +kubebuilder:validation:MaxLength=253
+	Pod string `json:"pod"`
+	// ObservedAt is when the router last confirmed this report; the operator ignores reports
+	// older than two minutes.
+	ObservedAt metav1.Time `json:"observedAt"`
+	// Degraded lists the engine replicas with a degraded reason in force; empty when none. A
+	// router lists the first 32 (by replica name).
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Degraded []DegradedReplica `json:"degraded,omitempty"`
+}
+
+// DegradedReplica is one degraded reason in force on one engine replica (engine pod and DP rank).
+type DegradedReplica struct {
+	// Replica is "<engine pod>/<rank>".
+	// +kubebuilder:validation:MaxLength=300
+	Replica string `json:"replica"`
+	// Reason is undecodable, unchained, no-events, stalled, tokenizer-failing, hash-mismatch,
+	// keys-wrong, multimodal-unkeyed or hybrid-groups-skipped (docs/operations.md).
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason"`
+	// Since is when the router first saw the reason.
+	Since metav1.Time `json:"since"`
+	// Detail explains the trigger.
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	Detail string `json:"detail,omitempty"`
 }
 
 // EngineStatus reports the engine children.

@@ -127,7 +127,10 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport, logger: logger}
+	if *model == "" {
+		*model = cfg.ServedModelName
+	}
+	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport || cfg.KVCacheReportMode == "full", logger: logger}
 	if cfg.EngineAuth != nil {
 		key, err := cfg.EngineAuth.Key()
 		if err != nil {
@@ -228,6 +231,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	go func() { errc <- srv.Run(ctx) }()
 	go func() { errc <- api.Serve(apiLn) }()
 	go func() { errc <- adm.Serve(adminLn) }()
+	if st.cfg.Report != nil {
+		startReporter(ctx, st, srv)
+	}
 	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
 		"engine_api_key", st.engineKey != "")
 	if ready != nil {

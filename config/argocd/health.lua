@@ -9,11 +9,14 @@ if obj.status == nil or obj.status.observedGeneration == nil
   hs.message = "Waiting for the controller to observe the latest generation"
   return hs
 end
-local ready, degraded = nil, nil
+-- IndexHealthy=False alone leaves the model Healthy (routing goes on by load) and is named in
+-- the message; when a replica's keys may be wrong the operator also sets Degraded (IndexUnhealthy).
+local ready, degraded, index = nil, nil, nil
 if obj.status.conditions ~= nil then
   for _, c in ipairs(obj.status.conditions) do
     if c.type == "Ready" then ready = c end
     if c.type == "Degraded" then degraded = c end
+    if c.type == "IndexHealthy" then index = c end
   end
 end
 if degraded ~= nil and degraded.status == "True" then
@@ -29,6 +32,9 @@ end
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
   hs.message = ready.message or "Ready"
+  if index ~= nil and index.status == "False" then
+    hs.message = hs.message .. "; index unhealthy: " .. (index.message or "")
+  end
   return hs
 end
 hs.status = "Progressing"

@@ -388,11 +388,17 @@ func TestConfigChangeRollsTheRouter(t *testing.T) {
 	}
 }
 
-func TestRouterRoleIsPodsReadOnly(t *testing.T) {
-	r := render.Role(sample(t, "minimal"))
-	if len(r.Rules) != 1 || !reflect.DeepEqual(r.Rules[0].Resources, []string{"pods"}) ||
+// The router reads pods and writes its own model's status (its index report), nothing else.
+func TestRouterRoleIsPodsReadOnlyAndOwnStatus(t *testing.T) {
+	m := sample(t, "minimal")
+	r := render.Role(m)
+	if len(r.Rules) != 2 || !reflect.DeepEqual(r.Rules[0].Resources, []string{"pods"}) ||
 		!reflect.DeepEqual(r.Rules[0].Verbs, []string{"get", "list", "watch"}) || !reflect.DeepEqual(r.Rules[0].APIGroups, []string{""}) {
 		t.Errorf("role rules = %+v", r.Rules)
+	}
+	if st := r.Rules[1]; !reflect.DeepEqual(st.Resources, []string{"kvroutedmodels/status"}) || !reflect.DeepEqual(st.ResourceNames, []string{m.Name}) ||
+		!reflect.DeepEqual(st.Verbs, []string{"get", "patch"}) || !reflect.DeepEqual(st.APIGroups, []string{"serving.kvroute.io"}) {
+		t.Errorf("status rule = %+v", st)
 	}
 	rb := render.RoleBinding(sample(t, "minimal"))
 	if rb.RoleRef.Name != r.Name || rb.Subjects[0].Name != render.ServiceAccount(sample(t, "minimal")).Name {
@@ -450,5 +456,22 @@ func TestRouterTimeouts(t *testing.T) {
 	if l.FirstTokenTimeout.Duration != 20*time.Minute || l.IdleTimeout.Duration != 90*time.Second || l.BodyReadTimeout.Duration != 5*time.Second ||
 		l.ConnectTimeout != def.ConnectTimeout || l.HeaderReadTimeout != def.HeaderReadTimeout || l.RequestTimeout != def.RequestTimeout {
 		t.Fatalf("limits %+v", l)
+	}
+}
+
+// The router's config carries the served model name, the full report mode and where to report.
+func TestRouterConfigServedModelReportModeAndReport(t *testing.T) {
+	m := sample(t, "minimal")
+	c, err := render.RouterConfig(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ServedModelName != m.Spec.Model.Name || c.KVCacheReportMode != "" || c.Report == nil ||
+		c.Report.Namespace != m.Namespace || c.Report.KVRoutedModel != m.Name {
+		t.Fatalf("config %+v", c)
+	}
+	m.Spec.Router.KVCacheReportMode = "full"
+	if c, err = render.RouterConfig(m); err != nil || c.KVCacheReportMode != "full" {
+		t.Fatalf("kvCacheReportMode %q %v", c.KVCacheReportMode, err)
 	}
 }

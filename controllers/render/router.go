@@ -58,6 +58,9 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 		// than the Secret.
 		c.EngineAuth = &config.EngineAuth{APIKeyEnv: RouterAPIKeyEnv}
 	}
+	c.ServedModelName = m.Spec.Model.Name
+	c.KVCacheReportMode = m.Spec.Router.KVCacheReportMode
+	c.Report = &config.Report{Namespace: m.Namespace, KVRoutedModel: m.Name}
 	if err := c.Validate(); err != nil {
 		return config.Config{}, err
 	}
@@ -239,7 +242,8 @@ func ServiceAccount(m *v1alpha1.KVRoutedModel) *corev1.ServiceAccount {
 	}
 }
 
-// Role lets the router discover engine pods in its own namespace, and nothing else.
+// Role lets the router discover engine pods in its own namespace and write its index report
+// into its own model's status (status.routerReports), and nothing else.
 func Role(m *v1alpha1.KVRoutedModel) *rbacv1.Role {
 	return &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
@@ -248,6 +252,11 @@ func Role(m *v1alpha1.KVRoutedModel) *rbacv1.Role {
 			APIGroups: []string{""},
 			Resources: []string{"pods"},
 			Verbs:     []string{"get", "list", "watch"},
+		}, {
+			APIGroups:     []string{v1alpha1.GroupVersion.Group},
+			Resources:     []string{"kvroutedmodels/status"},
+			ResourceNames: []string{m.Name},
+			Verbs:         []string{"get", "patch"},
 		}},
 	}
 }

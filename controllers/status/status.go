@@ -50,6 +50,9 @@ type Observed struct {
 	Suspended bool
 	// Now stamps transitions and lastScaleTime.
 	Now time.Time
+	// RouterPods are the router pods that exist (nil: not known); reports of other pods are
+	// ignored and, once stale, dropped.
+	RouterPods map[string]bool
 }
 
 // Compute returns the new status. The previous conditions are copied, then each of the four
@@ -77,11 +80,19 @@ func Compute(o Observed) v1alpha1.KVRoutedModelStatus {
 		st.Router = &v1alpha1.RouterStatus{DeploymentName: o.Router.Name, ServiceName: render.RouterName(m), Endpoint: render.RouterEndpoint(m)}
 	}
 
+	st.RouterReports = keptReports(o)
+	// IndexHealthy and its Degraded problem do not affect Ready: routing works by load.
+	index, indexProblem := indexCondition(o)
 	degraded := degradedCondition(o)
 	available := availableCondition(o)
 	progressing := progressingCondition(o)
 	ready := readyCondition(o, degraded, available, progressing)
-	for _, c := range []metav1.Condition{ready, available, progressing, degraded} {
+	if indexProblem != nil {
+		withIndex := o
+		withIndex.Problems = append(append([]Problem(nil), o.Problems...), *indexProblem)
+		degraded = degradedCondition(withIndex)
+	}
+	for _, c := range []metav1.Condition{ready, available, progressing, degraded, index} {
 		c.ObservedGeneration = m.Generation
 		c.LastTransitionTime = metav1.NewTime(o.Now)
 		meta.SetStatusCondition(&st.Conditions, c)
@@ -229,6 +240,7 @@ func Transitions(prev, next []metav1.Condition) []Transition {
 			continue
 		}
 		warn := (c.Type == v1alpha1.ConditionDegraded && c.Status == metav1.ConditionTrue) ||
+			(c.Type == v1alpha1.ConditionIndexHealthy && c.Status == metav1.ConditionFalse) ||
 			((c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionAvailable) && c.Status == metav1.ConditionFalse && old != nil)
 		out = append(out, Transition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, Warning: warn})
 	}

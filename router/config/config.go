@@ -42,6 +42,17 @@ type Config struct {
 	Warmup    Warmup     `json:"warmup"`
 	Events    Events     `json:"events"`
 	Limits    Limits     `json:"limits"`
+	// ServedModelName is the engines' --served-model-name (event topics, LoRA detection); ""
+	// reads each engine's /v1/models. --model overrides it.
+	ServedModelName string `json:"servedModelName,omitempty"`
+	// KVCacheReportMode "full" injects vllm_xargs.kv_cache_report_mode = "full" into every
+	// forwarded request, so engines re-announce the blocks a request hit (recency). vLLM honours
+	// it from PR #45261 on; older engines ignore it. "" leaves requests alone.
+	// --kv-cache-report-full sets it.
+	KVCacheReportMode string `json:"kvCacheReportMode,omitempty"`
+	// Report, when set, makes the router write the replicas it finds degraded into its
+	// KVRoutedModel's status (status.routerReports, one entry per router pod).
+	Report *Report `json:"report,omitempty"`
 	// EngineAuth, when set, says where the router's engine API key is; nil: engines take no
 	// key (a client's Authorization is then forwarded to them as is).
 	EngineAuth *EngineAuth `json:"engineAuth,omitempty"`
@@ -91,6 +102,15 @@ func (a EngineAuth) Key() (string, error) {
 	}
 	return key, nil
 }
+
+// Report names the KVRoutedModel a router reports index health to.
+type Report struct {
+	Namespace     string `json:"namespace"`
+	KVRoutedModel string `json:"kvRoutedModel"`
+}
+
+// KVCacheReportModes are the values kvCacheReportMode accepts.
+var KVCacheReportModes = []string{"", "full"}
 
 // Hash mirrors vLLM's --prefix-caching-hash-algo and PYTHONHASHSEED.
 type Hash struct {
@@ -324,6 +344,12 @@ func (c Config) Validate() error {
 		}
 	}
 	checkAddr("listen", c.Listen)
+	if !slices.Contains(KVCacheReportModes, c.KVCacheReportMode) {
+		bad("kvCacheReportMode", "%q is not \"full\" or empty", c.KVCacheReportMode)
+	}
+	if r := c.Report; r != nil && (r.Namespace == "" || r.KVRoutedModel == "") {
+		bad("report", "needs both namespace and kvRoutedModel")
+	}
 	checkAddr("adminListen", c.AdminListen)
 	if !slices.Contains(Policies, c.Policy) {
 		bad("policy", "%q is not one of %v", c.Policy, Policies)

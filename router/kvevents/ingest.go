@@ -32,6 +32,8 @@ type IngestOptions struct {
 	BlockSize int
 	// Parity, when set, recomputes vLLM's hash of sampled parent-nil blocks.
 	Parity *Parity
+	// Peers, when set, compares block 0's engine hash for the same router key across replicas.
+	Peers *PeerTable
 }
 
 // Ingester applies decoded batches of one stream to its replica in the index. Not safe for
@@ -47,6 +49,7 @@ type Ingester struct {
 	hasher      *blockkey.EngineHasher
 	parityEvery uint64
 	parityN     uint64
+	peers       *PeerTable
 
 	keys    []blockkey.Key
 	hashes  []uint64
@@ -66,7 +69,7 @@ func newIngester(ix *index.Index, id index.ReplicaID, opts IngestOptions, c *ing
 	if opts.BlockSize < 0 {
 		return nil, fmt.Errorf("kvevents: negative block size %d", opts.BlockSize)
 	}
-	g := &Ingester{ix: ix, id: id, c: c, blockSize: int64(opts.BlockSize), groups: map[int64]bool{}}
+	g := &Ingester{ix: ix, id: id, c: c, blockSize: int64(opts.BlockSize), groups: map[int64]bool{}, peers: opts.Peers}
 	if p := opts.Parity; p != nil {
 		h, err := blockkey.NewEngineHasher(p.Algo, p.Seed)
 		if err != nil {
@@ -185,6 +188,9 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 	} else {
 		if g.hasher != nil && tier == index.GPU {
 			g.parity(s)
+		}
+		if g.peers != nil && tier == index.GPU {
+			g.peers.Observe(g.keys[0], g.hashes[0], g.id)
 		}
 		err = g.ix.Store(g.id, g.hashes, g.keys, tier)
 	}

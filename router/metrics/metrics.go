@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"net/http"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -35,8 +36,12 @@ type Metrics struct {
 	FirstTokenSeconds *prometheus.HistogramVec // engine: streams only
 	EngineErrors      *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
 	InflightRequests  *prometheus.GaugeVec     // engine, rank
-	PredictedHitRatio prometheus.Gauge
-	ActualHitRatio    prometheus.Gauge
+	// Accuracy per scoring mode (exact, predicted, approximate, unkeyed), answers with usage
+	// only: prompt, predicted cached and engine-reported cached tokens. Rates of these over any
+	// window show drift; a lifetime ratio would hide it.
+	ModePromptTokens    *prometheus.CounterVec // engine, mode
+	ModePredictedCached *prometheus.CounterVec // engine, mode
+	ModeActualCached    *prometheus.CounterVec // engine, mode
 }
 
 // New builds the collectors on a fresh registry; state (may be nil) adds scrape-time metrics.
@@ -73,7 +78,7 @@ func New(state prometheus.Collector) *Metrics {
 		ApproxDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "approximate_decisions_total",
 			Help: "Decisions where the chosen replica was scored from the approximate index (no healthy event stream)."}, []string{"engine"}),
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
-			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet)."}, []string{"reason"}),
+			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed)."}, []string{"reason"}),
 		TTFBSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_byte_seconds",
 			Help: "Time from forwarding to the engine's response headers (for a vLLM stream: its acceptance, not its first token; for a non-streamed answer: the whole answer).", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		FirstTokenSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_token_seconds",
@@ -82,14 +87,17 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "In-stream error events (data: {\"error\": ...} under status 200) the engines sent, before or after the first token."}, []string{"engine", "when"}),
 		InflightRequests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_requests",
 			Help: "Requests this router has in flight, by engine and rank."}, []string{"engine", "rank"}),
-		PredictedHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "predicted_hit_ratio",
-			Help: "Predicted cached / prompt tokens over answers that reported usage."}),
-		ActualHitRatio: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "actual_hit_ratio",
-			Help: "Engine-reported cached / prompt tokens over answers that reported usage."}),
+		ModePromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "mode_prompt_tokens_total",
+			Help: "Prompt tokens of answers with usage, by engine and the chosen replica's scoring mode (exact, predicted, approximate, unkeyed)."},
+			[]string{"engine", "mode"}),
+		ModePredictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "mode_predicted_cached_tokens_total",
+			Help: "Cached tokens the router predicted, answers with usage, by engine and scoring mode."}, []string{"engine", "mode"}),
+		ModeActualCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "mode_actual_cached_tokens_total",
+			Help: "Cached tokens the engines reported, by engine and the scoring mode of the decision."}, []string{"engine", "mode"}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
 		m.TokenizeSource, m.EngineAuth, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
-		m.TTFBSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.PredictedHitRatio, m.ActualHitRatio,
+		m.TTFBSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {
 		r.MustRegister(state)
@@ -126,6 +134,8 @@ type Stream struct {
 	WarmupCredit                     float64
 	// Counters holds one value per CounterSpec given to NewStateCollector, in that order.
 	Counters []float64
+	// Degraded names the degraded reasons in force on the replica.
+	Degraded []string
 }
 
 // CounterSpec names one per-stream counter: its metric name after the router's namespace and
@@ -148,6 +158,10 @@ type StateCollector struct {
 	states       *prometheus.Desc
 	keys, side   *prometheus.Desc
 	unroutable   *prometheus.Desc
+
+	// DegradedReasons are every degraded reason: replica_degraded is exported 1/0 for each.
+	DegradedReasons []string
+	degradedDesc    *prometheus.Desc
 }
 
 var streamStates = []string{"exact", "replaying", "approximate", "inexact"}
@@ -174,6 +188,8 @@ func NewStateCollector(streams func() []Stream, keys func() float64, side func()
 		side:   prometheus.NewDesc(ns+"_side_index_entries", "Records in the side indexes.", []string{"index"}, nil),
 		unroutable: prometheus.NewDesc(ns+"_events_unroutable_total",
 			"Messages on the bound events socket whose topic names no known engine (dropped).", nil, nil),
+		degradedDesc: prometheus.NewDesc(ns+"_replica_degraded",
+			"1 while the degraded reason is in force on the replica (docs/operations.md lists the triggers).", []string{"engine", "rank", "reason"}, nil),
 	}
 	for _, cs := range counters {
 		c.counterDescs = append(c.counterDescs, d(cs.Metric, cs.Help))
@@ -195,6 +211,7 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- c.unroutable
+	ch <- c.degradedDesc
 	ch <- c.states
 	ch <- c.keys
 	ch <- c.side
@@ -222,6 +239,9 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, st := range streamStates {
 			ch <- prometheus.MustNewConstMetric(c.states, g, b2f(st == s.State), s.Engine, s.Rank, st)
+		}
+		for _, r := range c.DegradedReasons {
+			ch <- prometheus.MustNewConstMetric(c.degradedDesc, g, b2f(slices.Contains(s.Degraded, r)), s.Engine, s.Rank, r)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.keys, g, c.IndexKeys())

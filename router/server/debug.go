@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/metrics"
 	"github.com/kvroute/kvroute/router/proxy"
@@ -49,6 +50,10 @@ type RankInfo struct {
 	LastEvent *time.Time        `json:"last_event,omitempty"`
 	Inflight  Inflight          `json:"inflight"`
 	Accuracy  Accuracy          `json:"accuracy"`
+	// Degraded is every reason in force on the replica (see router/degraded), [] when none.
+	Degraded []degraded.Status `json:"degraded"`
+	// Demoted: evidence says its keys are wrong, so it is scored approximately.
+	Demoted bool `json:"demoted"`
 }
 
 // Inflight is the load this router has sent to a replica and not seen finish.
@@ -130,6 +135,11 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),
 		AbsErrorTokens: r.absErrTok.Load()}
 	ri.Accuracy.NoUsageSeen = ri.Accuracy.Responses > 0 && ri.Accuracy.WithUsage == 0
+	ri.Degraded = r.degradedOf()
+	if ri.Degraded == nil {
+		ri.Degraded = []degraded.Status{}
+	}
+	ri.Demoted = r.h.demoted.Load()
 	return ri
 }
 
@@ -167,6 +177,7 @@ type RouteAnswer struct {
 	BlockSize  int              `json:"block_size"`
 	LoRA       string           `json:"lora,omitempty"`
 	Degraded   bool             `json:"degraded"`
+	Unkeyed    string           `json:"unkeyed,omitempty"`
 	Chosen     string           `json:"chosen"`
 	DecisionUS float64          `json:"decision_us"`
 	Candidates []RouteCandidate `json:"candidates"`
@@ -203,13 +214,13 @@ func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	d, err := s.decide(p.toks, p.id, p.session, reps, nil, false)
+	d, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
 	if err != nil {
 		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, err.Error())
 		return
 	}
 	ans := RouteAnswer{Policy: s.policy, Tokens: d.req.Tokens, Blocks: len(d.req.Keys), BlockSize: d.req.BlockSize,
-		LoRA: p.id.LoRAName, Degraded: p.degraded, Chosen: d.reps[d.chosen].name, DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
+		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.unkeyed, Chosen: d.reps[d.chosen].name, DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
 	for i, c := range d.cands {
 		ans.Candidates = append(ans.Candidates, RouteCandidate{Replica: c.ID, Healthy: c.Healthy, Approximate: c.Approximate,
 			ExactBlocks: c.ExactBlocks, TierBlocks: c.TierBlocks, PredictedBlocks: c.PredictedBlocks, CachedTokens: d.cached[i],
@@ -228,7 +239,7 @@ func (s *Server) streamMetrics() []metrics.Stream {
 		m := metrics.Stream{Engine: r.eng.name, Rank: strconv.Itoa(r.rank), State: ri.Stream,
 			BlocksGPU: float64(ri.Blocks["GPU"]), BlocksCPU: float64(ri.Blocks["CPU"]), BlocksDisk: float64(ri.Blocks["Disk"]),
 			Healthy:      r.eng.dp.Load().Ready && r.eng.health.Healthy(now),
-			WarmupCredit: s.warmupCredit(r.eng.dp.Load().WarmupUntil, now)}
+			WarmupCredit: s.warmupCredit(r.eng.dp.Load().WarmupUntil, now), Degraded: degradedNames(ri.Degraded)}
 		if ri.LastSeq != nil {
 			m.LastSeq = float64(*ri.LastSeq)
 		}

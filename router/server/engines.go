@@ -59,6 +59,7 @@ type replica struct {
 	absErrTok                          atomic.Uint64
 
 	quiet atomic.Int64 // requests served in a row with no event applied for staleAfter
+	h     repHealth    // degraded reasons (health.go)
 }
 
 // engineTable is the router's view of the fleet, swapped under mu.
@@ -258,6 +259,9 @@ func (s *Server) dropEngine(e *engine) {
 		s.approx.Forget(r.id)
 		if f != nil {
 			f.Forget(r.name)
+		}
+		if s.peers != nil {
+			s.peers.Forget(r.id)
 		}
 	}
 	s.polMu.Unlock()

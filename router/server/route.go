@@ -34,6 +34,8 @@ type decision struct {
 	took   time.Duration
 	// recorded is when record entered the decision into the side indexes (zero: not recorded).
 	recorded time.Time
+	// unkeyed is why the request was routed without keys ("" when keyed).
+	unkeyed string
 }
 
 // Where the fleet's block size came from (blockSize).
@@ -82,18 +84,22 @@ func (s *Server) warmupCredit(until, now time.Time) float64 {
 
 // decide scores every replica for the prompt and picks one; excluded replicas (tried already
 // in this request) are unhealthy for it. When commit is set the policy is told (OnRouted).
-func (s *Server) decide(toks []uint32, id blockkey.Identity, session string, reps []*replica, excluded map[*replica]bool, commit bool) (*decision, error) {
+// unkeyed, when set, says why the request must not be keyed (unkeyedMultimodal).
+func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, excluded map[*replica]bool, commit bool) (*decision, error) {
 	t0 := time.Now()
 	now := s.now()
 	bs, bsFrom := s.blockSize(reps)
-	keyed := bsFrom != blockSizeUnknown
-	if !keyed {
+	if bsFrom == blockSizeUnknown {
 		bs = capBlockSize
-		if commit {
-			s.met.UnkeyedRequests.WithLabelValues("block_size_unknown").Inc()
+		if unkeyed == "" {
+			unkeyed = "block_size_unknown"
 		}
 	}
-	d := &decision{reps: reps}
+	keyed := unkeyed == ""
+	if !keyed && commit {
+		s.met.UnkeyedRequests.WithLabelValues(unkeyed).Inc()
+	}
+	d := &decision{reps: reps, unkeyed: unkeyed}
 	d.req = score.Request{Tokens: len(toks), BlockSize: bs, SessionKey: session, LoRA: id.LoRAName, NowNs: now.UnixNano()}
 	if len(toks) > 0 && keyed {
 		keys, err := blockkey.AppendPromptKeys(nil, toks, bs, id)
@@ -193,12 +199,16 @@ func (s *Server) exactStream(r *replica) bool {
 		return false
 	}
 	st, ok := s.sub.State(r.eng.name, r.rank)
-	return ok && st == kvevents.Exact
+	return ok && st == kvevents.Exact && !r.h.demoted.Load()
 }
 
 // record enters a decision into the predicted side index (and the approximate one when the
 // chosen replica is scored approximately).
 func (s *Server) record(d *decision) {
+	d.reps[d.chosen].h.routed.Add(1)
+	if d.unkeyed == unkeyedMultimodal {
+		d.reps[d.chosen].h.mmRouted.Add(1)
+	}
 	if len(d.req.Keys) == 0 {
 		return
 	}
@@ -264,6 +274,8 @@ type prepared struct {
 	id       blockkey.Identity
 	session  string
 	degraded bool
+	// unkeyed is why the request is routed without keys (unkeyedMultimodal), "" to key it.
+	unkeyed string
 }
 
 // prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
@@ -295,6 +307,9 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 		return nil, false
 	}
 	p := &prepared{tr: tr, body: body, session: r.Header.Get("X-Session-Id")}
+	if tokens.Multimodal(body) {
+		p.unkeyed = unkeyedMultimodal
+	}
 	if p.session == "" {
 		p.session = tr.User
 	}
@@ -323,6 +338,7 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	if err != nil {
 		s.met.TokenizeFailures.Inc()
 		s.tokenizeDegraded.Add(1)
+		s.noteTokenizeFailure(te, err)
 		if tokens.IsEngineAuth(err) {
 			// The router's own call was refused: its configuration, not the client's request,
 			// is wrong. The request still goes out (routed by load); it is not a client error.
@@ -425,7 +441,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 	excluded := map[*replica]bool{}
 	var last proxy.Outcome
 	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
-		d, err := s.decide(p.toks, p.id, p.session, reps, excluded, true)
+		d, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
 		if err != nil {
 			if attempt == 0 {
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
@@ -600,7 +616,7 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		}
 	}
 	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
-		s.account(rep, d.req.Tokens, cached, out.Usage)
+		s.account(rep, d.req.Tokens, cached, out.Usage, d.mode())
 	}
 	return out
 }
@@ -638,7 +654,7 @@ func (s *Server) checkPublishing(rep *replica, promptTokens int) {
 }
 
 // account compares the prediction with the engine's reported cached tokens.
-func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usage) {
+func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usage, mode string) {
 	rep.responses.Add(1)
 	s.checkPublishing(rep, promptTokens)
 	name := rep.eng.name
@@ -659,15 +675,7 @@ func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usa
 	s.met.PromptTokens.WithLabelValues(name).Add(float64(promptTokens))
 	s.met.PredictedCached.WithLabelValues(name).Add(float64(predicted))
 	s.met.ActualCached.WithLabelValues(name).Add(float64(u.CachedTokens))
-	s.accMu.Lock()
-	s.accPrompt += float64(promptTokens)
-	s.accPredicted += float64(predicted)
-	s.accActual += float64(u.CachedTokens)
-	if s.accPrompt > 0 {
-		s.met.PredictedHitRatio.Set(s.accPredicted / s.accPrompt)
-		s.met.ActualHitRatio.Set(s.accActual / s.accPrompt)
-	}
-	s.accMu.Unlock()
+	s.accountMode(rep, mode, promptTokens, predicted, u.CachedTokens)
 }
 
 // serveModels forwards GET /v1/models to a healthy engine.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
@@ -54,6 +55,8 @@ type Options struct {
 	PredictedTTL time.Duration
 	// TokenizeTimeout bounds one tokenization (2s).
 	TokenizeTimeout time.Duration
+	// HealthInterval between samples of every replica's counters for its degraded reasons (5s).
+	HealthInterval time.Duration
 	// MaxAttempts bounds the engines tried for one request (3).
 	MaxAttempts int
 	// DiscoveryWait is how long a request that arrives before the first engine snapshot waits
@@ -87,11 +90,8 @@ type Server struct {
 	table  engineTable
 	rr     atomic.Uint64 // tokenization engine rotation
 
-	// fleet-wide accuracy totals for the hit-ratio gauges
-	accMu                              sync.Mutex
-	accPrompt, accPredicted, accActual float64
-	tokenizeDegraded, requestsTotal    atomic.Uint64
-	closeOnce                          sync.Once
+	tokenizeDegraded, requestsTotal atomic.Uint64
+	closeOnce                       sync.Once
 	// authLogged holds the calls whose engine 401/403 was logged: a misconfigured key
 	// fails every call, so it is logged once per call kind and counted every time.
 	authLogged sync.Map
@@ -100,6 +100,11 @@ type Server struct {
 	readyOnce chan struct{}
 	// debugRouteSlots bounds /debug/route calls in flight (debugRouteConcurrency).
 	debugRouteSlots chan struct{}
+	// tracker decides each replica's degraded reasons (health.go); healthMu serialises ticks.
+	healthMu sync.Mutex
+	tracker  *degraded.Tracker
+	// peers is parity across replicas (nil without events).
+	peers *kvevents.PeerTable
 }
 
 // New builds a server; it connects nothing until Run.
@@ -122,6 +127,15 @@ func New(o Options) (*Server, error) {
 	if o.DiscoveryWait <= 0 {
 		o.DiscoveryWait = 10 * time.Second
 	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = defaultHealthInterval
+	}
+	if o.Model == "" {
+		o.Model = o.Config.ServedModelName
+	}
+	if o.Config.KVCacheReportMode == "full" {
+		o.FullReport = true
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -135,7 +149,7 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, pol: pol, readyOnce: make(chan struct{}),
-		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
+		debugRouteSlots: make(chan struct{}, debugRouteConcurrency), tracker: degraded.NewTracker(o.HealthInterval)}
 	s.ix = index.New(index.Options{Now: o.Now})
 	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
 	s.approx = index.NewApproximate(index.SideOptions{})
@@ -148,7 +162,8 @@ func New(o Options) (*Server, error) {
 		IdleTimeout: idle, EngineAPIKey: o.EngineAPIKey})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
-		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize}
+		s.peers = kvevents.NewPeerTable()
+		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize, Peers: s.peers}
 		// Parity recomputes each sampled event's block 0 at the event's own block size, so it
 		// runs whether the router's block size is configured or learned.
 		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil {
@@ -167,9 +182,11 @@ func New(o Options) (*Server, error) {
 		}
 	}
 	s.table.engines = map[string]*engine{}
-	s.met = metrics.New(metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
+	state := metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
 		func() (float64, float64) { return float64(s.predicted.Len()), float64(s.approx.Len()) },
-		s.unroutableEvents, streamCounterSpecs()))
+		s.unroutableEvents, streamCounterSpecs())
+	state.DegradedReasons = reasonNames()
+	s.met = metrics.New(state)
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
 	}
@@ -215,6 +232,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	go s.probeLoop(ctx)
 	go s.expireLoop(ctx)
+	go s.healthLoop(ctx)
 	err := src.Run(ctx, func(snap []discovery.Engine) {
 		s.apply(ctx, snap)
 		select {

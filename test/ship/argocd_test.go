@@ -155,10 +155,12 @@ func TestArgoCDHealthOnRealStatus(t *testing.T) {
 		}
 		return u, m
 	}
+	var reports []v1alpha1.RouterReport // router reports the next writeStatus carries
 	writeStatus := func(o status.Observed) {
 		t.Helper()
 		u, m := get()
 		o.Model, o.Now = m, time.Now()
+		m.Status.RouterReports = reports
 		st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr.To(status.Compute(o)))
 		if err != nil {
 			t.Fatal(err)
@@ -210,7 +212,24 @@ func TestArgoCDHealthOnRealStatus(t *testing.T) {
 	expect("suspend not yet observed", "Progressing")
 	writeStatus(status.Observed{Engine: ready("health-engine", 2, 2), Router: ready("health-router", 1, 1), Suspended: true})
 	expect("suspended", "Suspended")
+	patchSpec(`{"spec":{"suspend":false}}`)
+	now := metav1.Now()
+	reports = []v1alpha1.RouterReport{{Pod: "health-router-a", ObservedAt: now,
+		Degraded: []v1alpha1.DegradedReplica{{Replica: "health-engine-x/0", Reason: "no-events", Since: now, Detail: "no event in 1m0s"}}}}
+	writeStatus(status.Observed{Engine: ready("health-engine", 2, 2), Router: ready("health-router", 1, 1)})
+	expect("index stale on one replica: still Healthy", "Healthy")
+	if _, msg := health(t, script, must(get())); !strings.Contains(msg, "health-engine-x/0 no-events") {
+		t.Errorf("Healthy message %q does not name the unhealthy replica", msg)
+	}
+	reports[0].Degraded[0].Reason = "hash-mismatch"
+	writeStatus(status.Observed{Engine: ready("health-engine", 2, 2), Router: ready("health-router", 1, 1)})
+	expect("a replica's keys may be wrong", "Degraded")
+	if _, msg := health(t, script, must(get())); !strings.HasPrefix(msg, v1alpha1.ReasonIndexUnhealthy+":") {
+		t.Errorf("Degraded message %q", msg)
+	}
 }
+
+func must(u *unstructured.Unstructured, _ *v1alpha1.KVRoutedModel) map[string]any { return u.Object }
 
 // installCRD applies the CRD from dist/install.yaml (idempotent; another test may have).
 func installCRD(ctx context.Context, t *testing.T) {

@@ -1,0 +1,161 @@
+// Package report writes one router pod's view of the index health into its KVRoutedModel's
+// status: the entry status.routerReports[pod=<this pod>], by server-side apply under the field
+// manager kvrouter-<pod>. Each router owns its own entry of the list-map, so several router
+// replicas never overwrite each other, and the router needs nothing but get/patch on its own
+// model's status subresource. The operator aggregates the fresh entries into IndexHealthy.
+package report
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+)
+
+// GVR is the KVRoutedModel resource.
+var GVR = schema.GroupVersionResource{Group: "serving.kvroute.io", Version: "v1alpha1", Resource: "kvroutedmodels"}
+
+// Degraded is one reason in force on one engine replica.
+type Degraded struct {
+	Replica string    `json:"replica"`
+	Reason  string    `json:"reason"`
+	Since   time.Time `json:"since"`
+	Detail  string    `json:"detail,omitempty"`
+}
+
+// Options configure a Reporter.
+type Options struct {
+	Namespace, Model, Pod string
+	// Source returns the degraded replicas now, in a stable order.
+	Source func() []Degraded
+	// Interval between looks at Source (5s); a change is written at once.
+	Interval time.Duration
+	// Heartbeat re-confirms an unchanged report (60s); the operator ignores reports older than
+	// two minutes.
+	Heartbeat time.Duration
+	Now       func() time.Time
+	Logger    *slog.Logger
+}
+
+// Reporter writes the report.
+type Reporter struct {
+	o       Options
+	client  dynamic.ResourceInterface
+	last    []Degraded
+	lastAt  time.Time
+	written bool
+	failing bool
+}
+
+// New returns a Reporter over a REST config.
+func New(rc *rest.Config, o Options) (*Reporter, error) {
+	dc, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Second
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Namespace == "" || o.Model == "" || o.Pod == "" {
+		return nil, fmt.Errorf("report: namespace, model and pod are required")
+	}
+	return &Reporter{o: o, client: dc.Resource(GVR).Namespace(o.Namespace)}, nil
+}
+
+// FieldManager is the field manager of this router's entry.
+func (r *Reporter) FieldManager() string { return "kvrouter-" + r.o.Pod }
+
+// Run writes the report at once, then on every change and heartbeat, until ctx ends.
+func (r *Reporter) Run(ctx context.Context) {
+	t := time.NewTicker(r.o.Interval)
+	defer t.Stop()
+	for {
+		_ = r.Sync(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Sync writes the report if it changed or its heartbeat is due.
+func (r *Reporter) Sync(ctx context.Context) error {
+	now := r.o.Now()
+	cur := r.o.Source()
+	if r.written && reflect.DeepEqual(cur, r.last) && now.Sub(r.lastAt) < r.o.Heartbeat {
+		return nil
+	}
+	if err := r.write(ctx, now, cur); err != nil {
+		if !r.failing {
+			r.o.Logger.Warn("router report not written to the KVRoutedModel status", "model", r.o.Model, "err", err)
+		}
+		r.failing = true
+		return err
+	}
+	if r.failing {
+		r.o.Logger.Info("router report written again", "model", r.o.Model)
+	}
+	r.failing, r.written, r.last, r.lastAt = false, true, cur, now
+	return nil
+}
+
+type degradedJSON struct {
+	Replica string      `json:"replica"`
+	Reason  string      `json:"reason"`
+	Since   metav1.Time `json:"since"`
+	Detail  string      `json:"detail,omitempty"`
+}
+
+// maxDetail and maxEntries keep the entry inside the CRD's bounds.
+const (
+	maxDetail  = 256
+	maxEntries = 32
+)
+
+func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded) error {
+	ds := make([]degradedJSON, 0, len(cur))
+	for i, d := range cur {
+		if i == maxEntries {
+			break
+		}
+		detail := d.Detail
+		if len(detail) > maxDetail {
+			detail = detail[:maxDetail-3] + "..."
+		}
+		ds = append(ds, degradedJSON{Replica: d.Replica, Reason: d.Reason, Since: metav1.NewTime(d.Since), Detail: detail})
+	}
+	patch := map[string]any{
+		"apiVersion": GVR.GroupVersion().String(),
+		"kind":       "KVRoutedModel",
+		"metadata":   map[string]any{"name": r.o.Model, "namespace": r.o.Namespace},
+		"status": map[string]any{"routerReports": []any{map[string]any{
+			"pod": r.o.Pod, "observedAt": metav1.NewTime(now), "degraded": ds,
+		}}},
+	}
+	body, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	force := true
+	_, err = r.client.Patch(ctx, r.o.Model, types.ApplyPatchType, body,
+		metav1.PatchOptions{FieldManager: r.FieldManager(), Force: &force}, "status")
+	return err
+}

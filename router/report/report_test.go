@@ -1,0 +1,71 @@
+package report
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// The reporter applies its own entry to the status subresource as kvrouter-<pod>, at once on a
+// change and otherwise only when the heartbeat is due.
+func TestSyncWritesOnChangeAndHeartbeat(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []map[string]any
+	var queries []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPatch || r.URL.Path != "/apis/serving.kvroute.io/v1alpha1/namespaces/llm/kvroutedmodels/qwen/status" ||
+			r.Header.Get("Content-Type") != "application/apply-patch+yaml" {
+			http.Error(w, r.Method+" "+r.URL.Path+" "+r.Header.Get("Content-Type"), http.StatusBadRequest)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		var v map[string]any
+		_ = json.Unmarshal(b, &v)
+		mu.Lock()
+		bodies, queries = append(bodies, v), append(queries, r.URL.RawQuery)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	}))
+	defer srv.Close()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var cur []Degraded
+	r, err := New(&rest.Config{Host: srv.URL}, Options{Namespace: "llm", Model: "qwen", Pod: "qwen-router-0",
+		Source: func() []Degraded { return cur }, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	step := func(d time.Duration, wantWrites int) {
+		t.Helper()
+		now = now.Add(d)
+		if err := r.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(bodies) != wantWrites {
+			t.Fatalf("%d writes, want %d", len(bodies), wantWrites)
+		}
+	}
+	step(0, 1)             // first: written
+	step(5*time.Second, 1) // unchanged
+	cur = []Degraded{{Replica: "e/0", Reason: "hash-mismatch", Since: now, Detail: "x"}}
+	step(5*time.Second, 2)  // changed: at once
+	step(30*time.Second, 2) // unchanged, heartbeat not due
+	step(31*time.Second, 3) // heartbeat
+	if q := queries[0]; q != "fieldManager=kvrouter-qwen-router-0&force=true" {
+		t.Fatalf("query %q", q)
+	}
+	st := bodies[1]["status"].(map[string]any)["routerReports"].([]any)[0].(map[string]any)
+	if st["pod"] != "qwen-router-0" || len(st["degraded"].([]any)) != 1 || st["observedAt"] == nil {
+		t.Fatalf("entry %v", st)
+	}
+}
