@@ -146,7 +146,9 @@ func Evaluate(prev, cur Sample) (out []Finding, demote bool) {
 			add(NoEvents, "no event in %s while %d requests were routed here", span, d(prev.Routed, cur.Routed))
 		}
 		switch {
-		case received > d(prev.Dropped, cur.Dropped) && applied == 0 && decodeErr == 0 && panics == 0:
+		// At least two messages: one received an instant before the sample is still on its way
+		// to the worker (a quiet stream's first batch after a silent window), not a stall.
+		case received > d(prev.Dropped, cur.Dropped)+1 && applied == 0 && decodeErr == 0 && panics == 0:
 			add(Stalled, "%d messages received and none applied in %s", received, span)
 		case full && prev.State == "replaying" && cur.State == "replaying" && applied == 0:
 			add(Stalled, "replaying for %s without applying a batch", span)

@@ -44,6 +44,7 @@ func TestEvaluate(t *testing.T) {
 		{"no events needs a whole window", base, at(Window/2, func(s *Sample) { s.Routed += 1 }), nil, false},
 		{"no events without a stream is nothing", Sample{At: t0}, Sample{At: t0.Add(Window), Routed: 3}, nil, false},
 		{"stalled: received, none applied", base, at(10*time.Second, func(s *Sample) { s.Received += 7 }), []Reason{Stalled}, false},
+		{"one message on its way to the worker is not a stall", base, at(10*time.Second, func(s *Sample) { s.Received++ }), nil, false},
 		{"duplicates only are not stalled", base, at(10*time.Second, func(s *Sample) { s.Received += 7; s.Dropped += 7 }), nil, false},
 		{"stalled: replaying throughout", func() Sample { s := base; s.State = "replaying"; return s }(),
 			at(Window, func(s *Sample) { s.State = "replaying" }), []Reason{Stalled}, false},

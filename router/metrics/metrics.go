@@ -111,7 +111,8 @@ func (m *Metrics) ForgetEngine(name string) {
 	l := prometheus.Labels{"engine": name}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.Requests, m.Errors, m.Retries,
 		m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.TTFBSeconds,
-		m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests} {
+		m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached,
+		m.ModeActualCached} {
 		v.DeletePartialMatch(l)
 	}
 }

@@ -235,15 +235,37 @@ func TestDebugEnginesDegradedList(t *testing.T) {
 // A chat request with an image is routed by load without keys, with the visible reason, and the
 // replica it went to shows multimodal-unkeyed (informational).
 func TestMultimodalRoutedUnkeyed(t *testing.T) {
-	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0})
-	rt := startRouter(t, discovery.NewStatic(f.engines()), noHealthLoop)
-	rt.waitStreams(t, "exact")
+	sim := startSim(t, vllmsim.Config{})
+	// The simulator is text only and its render refuses images (a client error the router
+	// returns as is, as a text-only vLLM would). In front of it, a render that answers for the
+	// image as a multimodal vLLM does (placeholder tokens), so the request is routed; the
+	// generation call then reaches the simulator, which refuses the image with 400.
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/chat/completions/render" {
+			b, _ := io.ReadAll(r.Body)
+			if strings.Contains(string(b), "image_url") {
+				ids := make([]string, 40)
+				for i := range ids {
+					ids[i] = "7"
+				}
+				_, _ = w.Write([]byte(`{"token_ids":[` + strings.Join(ids, ",") + `]}`))
+				return
+			}
+			r.Body = io.NopCloser(strings.NewReader(string(b)))
+		}
+		sim.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "e0", URL: front.URL, Ready: true}}), noHealthLoop)
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	body := `{"model":"vllm-sim","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},` +
 		`{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`
-	// The simulator is text only: it refuses the image with 400, after the router has routed it.
-	postJSON(t, rt.api.URL+"/v1/chat/completions", body)
+	resp0, err := http.Post(rt.api.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp0.Body.Close()
 	if n := testutil.ToFloat64(rt.s.met.UnkeyedRequests.WithLabelValues("multimodal")); n != 1 {
 		t.Fatalf("unkeyed multimodal %v, want 1", n)
 	}

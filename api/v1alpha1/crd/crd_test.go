@@ -78,7 +78,7 @@ func TestCRDShape(t *testing.T) {
 			cols = append(cols, col.Name)
 		}
 	}
-	if got, want := strings.Join(cols, ","), "Ready,Replicas,Warming,Endpoint,Age"; got != want {
+	if got, want := strings.Join(cols, ","), "Ready,Replicas,Warming,Index,Endpoint,Age"; got != want {
 		t.Errorf("printer columns = %s, want %s", got, want)
 	}
 }
