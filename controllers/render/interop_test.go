@@ -75,7 +75,7 @@ func TestAPIKeyFromTheSecretOnly(t *testing.T) {
 	_, pc := engine(t, plain)
 	pd, _ := render.RouterDeployment(plain, testOpts)
 	pcm, _ := render.RouterConfigMap(plain)
-	if envVar(pc, "VLLM_API_KEY") != nil || len(pd.Spec.Template.Spec.Containers[0].Env) != 0 ||
+	if envVar(pc, "VLLM_API_KEY") != nil || envVar(pd.Spec.Template.Spec.Containers[0], render.RouterAPIKeyEnv) != nil ||
 		strings.Contains(pcm.Data[render.RouterConfigKey], "engineAuth") {
 		t.Fatal("engine API key wiring rendered without spec.engine.apiKeySecretRef")
 	}

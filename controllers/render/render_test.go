@@ -475,3 +475,21 @@ func TestRouterConfigServedModelReportModeAndReport(t *testing.T) {
 		t.Fatalf("kvCacheReportMode %q %v", c.KVCacheReportMode, err)
 	}
 }
+
+// The router learns its own pod name from the downward API: it keys the router's entry in
+// status.routerReports, which the operator matches against the live router pods.
+func TestRouterPodNameFromDownwardAPI(t *testing.T) {
+	d, err := render.RouterDeployment(sample(t, "minimal"), testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "POD_NAME" {
+			if e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.name" {
+				t.Fatalf("POD_NAME %+v", e)
+			}
+			return
+		}
+	}
+	t.Fatal("no POD_NAME in the router container")
+}

@@ -128,7 +128,11 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	if EnginesConnect(m) {
 		ports = append(ports, corev1.ContainerPort{Name: eventsPortName, ContainerPort: m.Spec.Engine.KVEvents.BasePort, Protocol: corev1.ProtocolTCP})
 	}
-	var env []corev1.EnvVar
+	// POD_NAME keys this router's entry in status.routerReports: the pod's own name from the
+	// downward API, which the operator compares with the live router pods (a hostname can be
+	// set to anything in the pod spec).
+	env := []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}}}
 	if ref := m.Spec.Engine.APIKeySecretRef; ref != nil {
 		// The kubelet resolves the Secret: the operator needs no access to it, and the key
 		// is in neither the ConfigMap nor the arguments.
