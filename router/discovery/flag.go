@@ -178,6 +178,11 @@ func parseEndpoint(ep string) (string, error) {
 	if host == "" || host == "*" {
 		return "", fmt.Errorf("%q has no host to connect to", ep)
 	}
+	// A host with a colon is an IPv6 literal, and only a bracketed valid one: tcp://0::1 would
+	// split at its last colon into host "0:" and port 1, and render back as tcp://[0:]:1.
+	if strings.Contains(host, ":") && (net.ParseIP(host) == nil || !strings.HasPrefix(u.Host, "[")) {
+		return "", fmt.Errorf("%q: an IPv6 host is written in brackets, tcp://[ADDRESS]:PORT", ep)
+	}
 	if err := checkPort(port); err != nil {
 		return "", fmt.Errorf("%q: %w", ep, err)
 	}
