@@ -170,7 +170,7 @@ func choiceSeed(prompt []uint32, choice int, seed uint64) uint64 {
 
 // run submits a job's engine requests (every choice on one rank) and answers, streaming or not.
 func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
-	if !(j.stream && s.cfg.HeadersAtAcceptance) && s.shouldFail() {
+	if !(j.stream && !s.cfg.HoldHeaders) && s.shouldFail() {
 		writeError(w, &apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)"})
 		return
 	}
@@ -200,7 +200,7 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-cache")
 		w.WriteHeader(http.StatusOK)
-		if s.cfg.HeadersAtAcceptance {
+		if !s.cfg.HoldHeaders {
 			// vLLM's StreamingResponse: the status goes out on acceptance; anything that goes
 			// wrong later is an in-stream error event.
 			out.flush()
