@@ -69,7 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fail-rate draw")
 	fs.Var(&keys, "api-key", "require Authorization: Bearer KEY on /v1/... as vLLM does (repeatable; default $VLLM_API_KEY)")
 	fs.IntVar(&cfg.StreamErrorAfter, "stream-error-after", 0, "end every stream with an in-stream error event after N tokens (0 = never)")
-	fs.BoolVar(&cfg.HeadersAtAcceptance, "headers-at-acceptance", false, "send a stream's 200 and headers on acceptance, before the first token, as vLLM does (errors after that are in-stream events)")
+	atAcceptance := fs.Bool("headers-at-acceptance", true, "send a stream's 200 and headers on acceptance, before the first token, as vLLM does (errors after that are in-stream events); false holds them until the first token")
 	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment (0 = off)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -105,6 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 		}
 	}
 	cfg.SSEKeepAliveInterval = time.Duration(*keepAlive * float64(time.Second))
+	cfg.HoldHeaders = !*atAcceptance
 	return cfg, nil
 }
 

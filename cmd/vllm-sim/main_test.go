@@ -71,11 +71,14 @@ func TestRunServesUntilCancelled(t *testing.T) {
 }
 
 func TestParseRequestPathFlags(t *testing.T) {
-	cfg, err := parseFlags([]string{"--headers-at-acceptance", "--sse-keep-alive-interval", "1.5", "--stream-error-after", "7"}, io.Discard)
-	if err != nil || !cfg.HeadersAtAcceptance || cfg.SSEKeepAliveInterval != 1500*time.Millisecond || cfg.StreamErrorAfter != 7 {
+	cfg, err := parseFlags([]string{"--headers-at-acceptance=false", "--sse-keep-alive-interval", "1.5", "--stream-error-after", "7"}, io.Discard)
+	if err != nil || !cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 1500*time.Millisecond || cfg.StreamErrorAfter != 7 {
 		t.Fatalf("parsed %+v, %v", cfg, err)
 	}
-	if cfg, _ = parseFlags(nil, io.Discard); cfg.HeadersAtAcceptance || cfg.SSEKeepAliveInterval != 0 {
-		t.Fatalf("defaults %+v: headers at acceptance is off by default", cfg)
+	if cfg, _ = parseFlags([]string{"--headers-at-acceptance"}, io.Discard); cfg.HoldHeaders {
+		t.Fatalf("--headers-at-acceptance: %+v", cfg)
+	}
+	if cfg, _ = parseFlags(nil, io.Discard); cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 0 {
+		t.Fatalf("defaults %+v: headers at acceptance (vLLM's timing) is the default", cfg)
 	}
 }

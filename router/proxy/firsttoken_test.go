@@ -126,7 +126,7 @@ func TestFailureAfterFirstTokenCuts(t *testing.T) {
 // event and the client's bytes are the engine's.
 func TestSimBothHeaderModes(t *testing.T) {
 	for _, at := range []bool{false, true} {
-		sim := startSim(t, vllmsim.Config{HeadersAtAcceptance: at, SSEKeepAliveInterval: time.Millisecond, PrefillTokensPerS: 2000})
+		sim := startPinnedSim(t, vllmsim.Config{HoldHeaders: !at, SSEKeepAliveInterval: time.Millisecond, PrefillTokensPerS: 2000})
 		direct := post(t, sim.URL()+"/v1/completions", streamBody)
 		var first bool
 		rec := httptest.NewRecorder()

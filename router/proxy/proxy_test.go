@@ -16,12 +16,19 @@ import (
 	"github.com/kvroute/kvroute/test/vllmsim"
 )
 
+// startSim starts a vllm-sim whose header timing follows holdHeadersEnv.
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	t.Helper()
-	cfg.TimeScale = 50
-	if os.Getenv(headersAtAcceptanceEnv) == "1" {
-		cfg.HeadersAtAcceptance = true // vLLM's behaviour; make test runs the suite both ways
+	if os.Getenv(holdHeadersEnv) == "1" {
+		cfg.HoldHeaders = true // the simulator's old timing; make test runs the suite both ways
 	}
+	return startPinnedSim(t, cfg)
+}
+
+// startPinnedSim starts a vllm-sim with the header timing cfg gives, whatever holdHeadersEnv says.
+func startPinnedSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
+	t.Helper()
+	cfg.TimeScale = 50
 	sim, err := vllmsim.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -376,5 +383,7 @@ func TestHealthWaitsForTheProbe(t *testing.T) {
 	}
 }
 
-// headersAtAcceptanceEnv=1 runs every vllm-sim here with HeadersAtAcceptance (see make test).
-const headersAtAcceptanceEnv = "VLLMSIM_HEADERS_AT_ACCEPTANCE"
+// holdHeadersEnv=1 runs every in-process vllm-sim whose test does not pin its timing with the
+// simulator's old timing (HoldHeaders: a stream's headers wait for its first token); the default
+// is vLLM's (headers at acceptance). `make test` runs the request-path suites both ways.
+const holdHeadersEnv = "VLLMSIM_HOLD_HEADERS"

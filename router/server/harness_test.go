@@ -26,7 +26,17 @@ type fleet struct {
 	names []string
 }
 
+// startSim starts a vllm-sim whose header timing follows holdHeadersEnv.
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
+	t.Helper()
+	if os.Getenv(holdHeadersEnv) == "1" {
+		cfg.HoldHeaders = true // the simulator's old timing; make test runs the suite both ways
+	}
+	return startPinnedSim(t, cfg)
+}
+
+// startPinnedSim starts a vllm-sim with the header timing cfg gives, whatever holdHeadersEnv says.
+func startPinnedSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	t.Helper()
 	if cfg.KVEventsPort == 0 && cfg.KVEventsConnect == "" {
 		cfg.KVEventsPort = -1
@@ -36,9 +46,6 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	}
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 20
-	}
-	if os.Getenv(headersAtAcceptanceEnv) == "1" {
-		cfg.HeadersAtAcceptance = true // vLLM's behaviour; make test runs the suite both ways
 	}
 	sim, err := vllmsim.New(cfg)
 	if err != nil {
@@ -53,9 +60,17 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 }
 
 func startFleet(t *testing.T, n int, cfg vllmsim.Config) *fleet {
+	if os.Getenv(holdHeadersEnv) == "1" {
+		cfg.HoldHeaders = true
+	}
+	return startPinnedFleet(t, n, cfg)
+}
+
+// startPinnedFleet starts n vllm-sims with the header timing cfg gives, whatever holdHeadersEnv says.
+func startPinnedFleet(t *testing.T, n int, cfg vllmsim.Config) *fleet {
 	f := &fleet{}
 	for i := range n {
-		f.sims = append(f.sims, startSim(t, cfg))
+		f.sims = append(f.sims, startPinnedSim(t, cfg))
 		f.names = append(f.names, fmt.Sprintf("e%d", i))
 	}
 	return f
@@ -265,6 +280,7 @@ func share(routes []string) map[string]int {
 	return m
 }
 
-// headersAtAcceptanceEnv=1 runs every in-process vllm-sim with HeadersAtAcceptance (vLLM's
-// StreamingResponse behaviour); `make test` runs the request-path suites both ways.
-const headersAtAcceptanceEnv = "VLLMSIM_HEADERS_AT_ACCEPTANCE"
+// holdHeadersEnv=1 runs every in-process vllm-sim whose test does not pin its timing with the
+// simulator's old timing (HoldHeaders: a stream's headers wait for its first token); the default
+// is vLLM's (headers at acceptance). `make test` runs the request-path suites both ways.
+const holdHeadersEnv = "VLLMSIM_HOLD_HEADERS"

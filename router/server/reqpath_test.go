@@ -81,7 +81,7 @@ func streamPrompt(seed, n, maxTokens int) string {
 func TestKilledUnderStreamingLoad(t *testing.T) {
 	for _, at := range []bool{false, true} {
 		t.Run(fmt.Sprintf("headersAtAcceptance=%v", at), func(t *testing.T) {
-			f := startFleet(t, 3, vllmsim.Config{TimeScale: 5, HeadersAtAcceptance: at, SSEKeepAliveInterval: 20 * time.Millisecond,
+			f := startPinnedFleet(t, 3, vllmsim.Config{TimeScale: 5, HoldHeaders: !at, SSEKeepAliveInterval: 20 * time.Millisecond,
 				PrefillTokensPerS: 4000})
 			rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
 			const n = 60
@@ -133,8 +133,8 @@ func TestKilledUnderStreamingLoad(t *testing.T) {
 // client gets one HTTP error, not a 200 with an error inside; with one good engine left it gets a
 // clean answer and the failed attempt is counted as a retry.
 func TestInStreamErrorBeforeFirstTokenRetried(t *testing.T) {
-	bad := startSim(t, vllmsim.Config{HeadersAtAcceptance: true, FailRate: 1})
-	good := startSim(t, vllmsim.Config{HeadersAtAcceptance: true})
+	bad := startPinnedSim(t, vllmsim.Config{FailRate: 1})
+	good := startPinnedSim(t, vllmsim.Config{})
 	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("bad", bad), simEngine("good", good)}),
 		func(o *Options) { o.Config.Policy = "round-robin" })
 	for i := range 6 {
@@ -159,7 +159,7 @@ func TestInStreamErrorBeforeFirstTokenRetried(t *testing.T) {
 // An in-stream error after the first token (vLLM's own) is counted, logged and reaches the
 // client as an error event and an aborted connection.
 func TestInStreamErrorAfterFirstToken(t *testing.T) {
-	sim := startSim(t, vllmsim.Config{HeadersAtAcceptance: true, StreamErrorAfter: 2})
+	sim := startPinnedSim(t, vllmsim.Config{StreamErrorAfter: 2})
 	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), nil)
 	r := postStream(rt.api.URL+"/v1/completions", streamPrompt(80_000, 64, 8))
 	if !r.cut() {

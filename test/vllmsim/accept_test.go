@@ -34,14 +34,14 @@ func readEvents(t *testing.T, resp *http.Response) []string {
 	return evs
 }
 
-// With HeadersAtAcceptance the status and headers come before the first token (vLLM's
-// StreamingResponse); without it they wait for the first token.
+// By default the status and headers come before the first token (vLLM's StreamingResponse);
+// with HoldHeaders they wait for the first token.
 func TestHeadersAtAcceptance(t *testing.T) {
 	// A 4000-token prompt at 20000 tokens/s is a 200 ms prefill.
 	body := `{"model":"m","stream":true,"max_tokens":2,"prompt":"` + strings.Repeat("ab", 4000) + `"}`
 	for _, at := range []bool{false, true} {
 		cfg := fastConfig()
-		cfg.PrefillTokensPerS, cfg.HeadersAtAcceptance = 20000, at
+		cfg.PrefillTokensPerS, cfg.HoldHeaders = 20000, !at
 		s := startSim(t, cfg)
 		resp, took := streamHead(t, s, body)
 		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
@@ -51,7 +51,7 @@ func TestHeadersAtAcceptance(t *testing.T) {
 			t.Errorf("headers at acceptance took %v, longer than the prefill", took)
 		}
 		if !at && took < 150*time.Millisecond {
-			t.Errorf("headers without the flag came after %v, before the prefill ended", took)
+			t.Errorf("held headers came after %v, before the prefill ended", took)
 		}
 		evs := readEvents(t, resp)
 		if len(evs) < 2 || evs[len(evs)-1] != "data: [DONE]" {
@@ -64,7 +64,7 @@ func TestHeadersAtAcceptance(t *testing.T) {
 // in-stream error event under 200, then [DONE], as vLLM sends it.
 func TestKeepAliveAndInStreamErrors(t *testing.T) {
 	cfg := fastConfig()
-	cfg.PrefillTokensPerS, cfg.HeadersAtAcceptance, cfg.SSEKeepAliveInterval = 20000, true, 30*time.Millisecond
+	cfg.PrefillTokensPerS, cfg.SSEKeepAliveInterval = 20000, 30*time.Millisecond
 	s := startSim(t, cfg)
 	resp, _ := streamHead(t, s, `{"model":"m","stream":true,"max_tokens":2,"prompt":"`+strings.Repeat("ab", 4000)+`"}`)
 	evs := readEvents(t, resp)
@@ -73,7 +73,7 @@ func TestKeepAliveAndInStreamErrors(t *testing.T) {
 	}
 
 	cfg = fastConfig()
-	cfg.HeadersAtAcceptance, cfg.FailRate = true, 1
+	cfg.FailRate = 1
 	s = startSim(t, cfg)
 	resp, _ = streamHead(t, s, `{"model":"m","stream":true,"max_tokens":2,"prompt":"hi"}`)
 	evs = readEvents(t, resp)
@@ -85,12 +85,12 @@ func TestKeepAliveAndInStreamErrors(t *testing.T) {
 			t.Errorf("error event %s lacks %s", evs[0], k)
 		}
 	}
-	// Without the flag the same fault is an HTTP 500 before any byte.
-	cfg.HeadersAtAcceptance = false
+	// With the headers held the same fault is an HTTP 500 before any byte.
+	cfg.HoldHeaders = true
 	s = startSim(t, cfg)
 	resp, _ = streamHead(t, s, `{"model":"m","stream":true,"max_tokens":2,"prompt":"hi"}`)
 	if resp.StatusCode != 500 {
-		t.Fatalf("fault without the flag: %d", resp.StatusCode)
+		t.Fatalf("fault with held headers: %d", resp.StatusCode)
 	}
 
 	cfg = fastConfig()

@@ -6,28 +6,60 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
-// apiError is an OpenAI-shaped error as vLLM writes it: {"error":{"message","type","param","code"}}.
+// apiError is an OpenAI-shaped error as vLLM writes it: {"error":{"message","type","param","code"}}
+// (ErrorResponse/ErrorInfo in vllm/entrypoints/openai/engine/protocol.py; code is the HTTP status,
+// param the offending request field or null).
 type apiError struct {
 	status int
 	typ    string
 	msg    string
+	param  string // "" is null
 }
 
 func (e *apiError) Error() string { return e.msg }
 
 func badRequest(format string, a ...any) *apiError {
-	return &apiError{http.StatusBadRequest, "BadRequestError", fmt.Sprintf(format, a...)}
+	return &apiError{http.StatusBadRequest, "BadRequestError", fmt.Sprintf(format, a...), ""}
+}
+
+// invalidParam is vLLM's VLLMValidationError as OpenAIServing.create_error_response answers it
+// (vllm/entrypoints/openai/engine/serving.py): 400 BadRequestError with param set to the field,
+// the message suffixed "(parameter=P, value=V)" (vllm/exceptions.py), as live servers send it.
+func invalidParam(param string, value any, format string, a ...any) *apiError {
+	return &apiError{http.StatusBadRequest, "BadRequestError",
+		fmt.Sprintf(format, a...) + fmt.Sprintf(" (parameter=%s, value=%s)", param, pyRepr(value)), param}
+}
+
+// pyRepr formats a number as Python's str() does (a float always has a point: 3.0).
+func pyRepr(v any) string {
+	if f, ok := v.(float64); ok {
+		s := strconv.FormatFloat(f, 'f', -1, 64)
+		if !strings.ContainsAny(s, ".eEnN") {
+			s += ".0"
+		}
+		return s
+	}
+	return fmt.Sprint(v)
+}
+
+// body is the error object vLLM writes, as a response body or an in-stream event.
+func (e *apiError) body() map[string]any {
+	var param any
+	if e.param != "" {
+		param = e.param
+	}
+	return map[string]any{"error": map[string]any{"message": e.msg, "type": e.typ, "param": param, "code": e.status}}
 }
 
 func writeError(w http.ResponseWriter, err error) {
 	var ae *apiError
 	if !errors.As(err, &ae) {
-		ae = &apiError{http.StatusInternalServerError, "InternalServerError", err.Error()}
+		ae = &apiError{http.StatusInternalServerError, "InternalServerError", err.Error(), ""}
 	}
-	writeJSON(w, ae.status, map[string]any{"error": map[string]any{
-		"message": ae.msg, "type": ae.typ, "param": nil, "code": ae.status}})
+	writeJSON(w, ae.status, ae.body())
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -58,6 +90,8 @@ type commonParams struct {
 	StreamOptions *streamOptions  `json:"stream_options"`
 	CacheSalt     *string         `json:"cache_salt"`
 	Seed          *int64          `json:"seed"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
 	VLLMXArgs     json.RawMessage `json:"vllm_xargs"`
 	Priority      int             `json:"priority"`
 }

@@ -72,18 +72,19 @@ type Config struct {
 
 	DropEventEvery   int     // drop every Nth batch on the PUB socket (kept in the replay ring)
 	StallEventsAfter int     // stop sending after this many batches until unstalled (0 = never)
-	FailRate         float64 // share of completion requests answered with HTTP 500 (an in-stream error after acceptance with HeadersAtAcceptance)
+	FailRate         float64 // share of completion requests answered with HTTP 500 (an in-stream error after acceptance unless HoldHeaders)
 	// StreamErrorAfter > 0 ends every stream with an in-stream error after that many tokens
 	// (vLLM's `data: {"error": ...}` under status 200, then `data: [DONE]`).
 	StreamErrorAfter int
 
-	// HeadersAtAcceptance sends a stream's status and headers when the request is accepted,
-	// before its first token, as vLLM's OpenAI server does (its StreamingResponse starts before
-	// the engine produced anything; see vllm/entrypoints/openai/chat_completion/serving.py, "we
-	// return a success status before we actually start generating text"). Errors after that
-	// point are in-stream `data: {"error": ...}` events under 200. Off by default: the headers
-	// then wait for the first token (the simulator's historical behaviour).
-	HeadersAtAcceptance bool
+	// By default a stream's status and headers go out when the request is accepted, before its
+	// first token, as vLLM's OpenAI server does (its StreamingResponse starts before the engine
+	// produced anything; see vllm/entrypoints/openai/chat_completion/serving.py, "we return a
+	// success status before we actually start generating text"), and errors after that point
+	// are in-stream `data: {"error": ...}` events under 200. HoldHeaders restores the
+	// simulator's old timing: the headers wait for the first token, so a failure before it is
+	// a plain HTTP error (--headers-at-acceptance=false).
+	HoldHeaders bool
 	// SSEKeepAliveInterval > 0 writes an SSE comment line `: keep-alive` on a stream that sent
 	// nothing for that long (wall time, not scaled). A comment commits the headers.
 	SSEKeepAliveInterval time.Duration

@@ -203,7 +203,7 @@ func (s *Sim) handleDebugCache(w http.ResponseWriter, _ *http.Request) {
 // cannot reset (vLLM refuses too); then the answer is 409 and the other ranks are still reset.
 func (s *Sim) handleReset(w http.ResponseWriter, r *http.Request) {
 	if !s.ResetPrefixCache(r.Context()) {
-		writeError(w, &apiError{http.StatusConflict, "ConflictError", "prefix cache not reset on every rank: requests are running"})
+		writeError(w, &apiError{http.StatusConflict, "ConflictError", "prefix cache not reset on every rank: requests are running", ""})
 		return
 	}
 	w.WriteHeader(http.StatusOK)

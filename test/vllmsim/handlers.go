@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -27,6 +28,9 @@ type genJob struct {
 	seed         uint64
 }
 
+// newJob validates a generation request in vLLM's order: the model (OpenAIServing._check_model),
+// the context length while rendering the prompt (OpenAIServing._validate_input), then the
+// sampling parameters (SamplingParams._verify_args in vllm/sampling_params.py).
 func (s *Sim) newJob(chat bool, p commonParams, maxTokens *int, prompts [][]uint32) (*genJob, error) {
 	j := &genJob{chat: chat, model: p.Model, prompts: prompts, n: 1, stream: p.Stream}
 	if err := s.checkModel(p.Model, j); err != nil {
@@ -35,9 +39,6 @@ func (s *Sim) newJob(chat bool, p commonParams, maxTokens *int, prompts [][]uint
 	if p.N != nil {
 		j.n = *p.N
 	}
-	if j.n < 1 || j.n > 128 {
-		return nil, badRequest("n must be between 1 and 128, got %d", j.n)
-	}
 	j.maxTokens = 16 // vLLM's CompletionRequest default
 	if chat {
 		j.maxTokens = s.cfg.DefaultMaxTokens
@@ -45,8 +46,36 @@ func (s *Sim) newJob(chat bool, p commonParams, maxTokens *int, prompts [][]uint
 	if maxTokens != nil {
 		j.maxTokens = *maxTokens
 	}
-	if j.maxTokens < 1 {
-		return nil, badRequest("max_tokens must be at least 1, got %d", j.maxTokens)
+	capacity := (s.cfg.NumGPUBlocks - 1) * s.cfg.BlockSize
+	for _, pr := range prompts {
+		if len(pr) == 0 {
+			return nil, badRequest("prompt cannot be empty")
+		}
+		// vllm/entrypoints/openai/engine/serving.py _validate_input: a prompt may use at most
+		// max_model_len - 1 tokens; then prompt + max_tokens must fit. Both are
+		// VLLMValidationError, so 400 BadRequestError with param input_tokens / max_tokens.
+		if len(pr) >= s.cfg.MaxModelLen {
+			return nil, invalidParam("input_tokens", len(pr), "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
+				s.cfg.MaxModelLen, len(pr))
+		}
+		if chat && maxTokens == nil && len(pr)+j.maxTokens > s.cfg.MaxModelLen {
+			// a chat request without max_tokens gets what is left of the context (vLLM's
+			// get_max_tokens), not an error
+			j.maxTokens = s.cfg.MaxModelLen - len(pr)
+		}
+		if len(pr)+j.maxTokens > s.cfg.MaxModelLen {
+			return nil, invalidParam("max_tokens", j.maxTokens, "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+				j.maxTokens, s.cfg.MaxModelLen, len(pr), j.maxTokens, s.cfg.MaxModelLen, len(pr))
+		}
+	}
+	if err := checkSampling(j.n, j.maxTokens, p); err != nil {
+		return nil, err
+	}
+	for _, pr := range prompts {
+		if len(pr)+j.maxTokens > capacity {
+			return nil, badRequest("request needs %d tokens of KV cache but a rank holds only %d (num-gpu-blocks %d)",
+				len(pr)+j.maxTokens, capacity, s.cfg.NumGPUBlocks)
+		}
 	}
 	if p.StreamOptions != nil {
 		if !p.Stream {
@@ -68,22 +97,40 @@ func (s *Sim) newJob(chat bool, p commonParams, maxTokens *int, prompts [][]uint
 	if p.Seed != nil {
 		j.seed = uint64(*p.Seed)
 	}
-	capacity := (s.cfg.NumGPUBlocks - 1) * s.cfg.BlockSize
-	for _, pr := range prompts {
-		if len(pr) == 0 {
-			return nil, badRequest("prompt cannot be empty")
-		}
-		if len(pr)+j.maxTokens > s.cfg.MaxModelLen {
-			return nil, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-				s.cfg.MaxModelLen, len(pr)+j.maxTokens, len(pr), j.maxTokens)
-		}
-		if len(pr)+j.maxTokens > capacity {
-			return nil, badRequest("request needs %d tokens of KV cache but a rank holds only %d (num-gpu-blocks %d)",
-				len(pr)+j.maxTokens, capacity, s.cfg.NumGPUBlocks)
-		}
-	}
 	return j, nil
 }
+
+// checkSampling is SamplingParams._verify_args (vllm/sampling_params.py) for the fields the
+// simulator reads: n is a plain ValueError (400, param null); temperature, top_p and max_tokens
+// are VLLMValidationError (400, param named). Messages are vLLM's.
+func checkSampling(n, maxTokens int, p commonParams) error {
+	if n < 1 {
+		return badRequest("n must be at least 1, got %d.", n)
+	}
+	if n > maxN {
+		return badRequest("n must be at most %d, got %d. To increase this limit, set the VLLM_MAX_N_SEQUENCES environment variable.", maxN, n)
+	}
+	if t := p.Temperature; t != nil {
+		switch {
+		case math.IsNaN(*t) || math.IsInf(*t, 0):
+			return invalidParam("temperature", *t, "temperature must be a finite number, got %s.", pyRepr(*t))
+		case *t < 0:
+			return invalidParam("temperature", *t, "temperature must be non-negative, got %s.", pyRepr(*t))
+		case *t > 2:
+			return invalidParam("temperature", *t, "temperature must be in [0, 2], got %s.", pyRepr(*t))
+		}
+	}
+	if tp := p.TopP; tp != nil && !(*tp > 0 && *tp <= 1) {
+		return invalidParam("top_p", *tp, "top_p must be in (0, 1], got %s.", pyRepr(*tp))
+	}
+	if maxTokens < 1 {
+		return invalidParam("max_tokens", maxTokens, "max_tokens must be at least 1, got %d.", maxTokens)
+	}
+	return nil
+}
+
+// maxN bounds n like vLLM's VLLM_MAX_N_SEQUENCES (the simulator keeps its historical 128).
+const maxN = 128
 
 // checkModel accepts the served model (or no model, like vLLM) or one of its LoRA adapters.
 func (s *Sim) checkModel(model string, j *genJob) error {
@@ -97,7 +144,9 @@ func (s *Sim) checkModel(model string, j *genJob) error {
 		j.ident.LoRAName = model
 		return nil
 	}
-	return &apiError{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model)}
+	// OpenAIServing._check_model (vllm/entrypoints/openai/engine/serving.py): 404 NotFoundError,
+	// param "model".
+	return &apiError{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model), "model"}
 }
 
 func (s *Sim) requestID(prefix string) string {
@@ -170,8 +219,8 @@ func choiceSeed(prompt []uint32, choice int, seed uint64) uint64 {
 
 // run submits a job's engine requests (every choice on one rank) and answers, streaming or not.
 func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
-	if !(j.stream && s.cfg.HeadersAtAcceptance) && s.shouldFail() {
-		writeError(w, &apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)"})
+	if !(j.stream && !s.cfg.HoldHeaders) && s.shouldFail() {
+		writeError(w, &apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)", ""})
 		return
 	}
 	rk, err := s.pickRank(r)
@@ -200,12 +249,12 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-cache")
 		w.WriteHeader(http.StatusOK)
-		if s.cfg.HeadersAtAcceptance {
+		if !s.cfg.HoldHeaders {
 			// vLLM's StreamingResponse: the status goes out on acceptance; anything that goes
 			// wrong later is an in-stream error event.
 			out.flush()
 			if s.shouldFail() {
-				out.streamError(&apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)"})
+				out.streamError(&apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)", ""})
 				return
 			}
 		}
@@ -278,7 +327,7 @@ func (o *output) advance() (bool, error) {
 		}
 		if total >= n {
 			return false, &apiError{http.StatusInternalServerError, "InternalServerError",
-				fmt.Sprintf("injected in-stream error after %d tokens (--stream-error-after)", total)}
+				fmt.Sprintf("injected in-stream error after %d tokens (--stream-error-after)", total), ""}
 		}
 	}
 	all := true
@@ -366,9 +415,9 @@ func (o *output) flush() {
 func (o *output) streamError(err error) {
 	var ae *apiError
 	if !errors.As(err, &ae) {
-		ae = &apiError{http.StatusInternalServerError, "InternalServerError", err.Error()}
+		ae = &apiError{http.StatusInternalServerError, "InternalServerError", err.Error(), ""}
 	}
-	o.event(map[string]any{"error": map[string]any{"message": ae.msg, "type": ae.typ, "param": nil, "code": ae.status}})
+	o.event(ae.body())
 	o.done()
 }
 

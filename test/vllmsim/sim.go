@@ -193,7 +193,7 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /debug/restart", s.handleRestart)
 	mux.HandleFunc("POST /debug/events", s.handleDebugEvents)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{http.StatusNotFound, "NotFoundError", "no route " + r.Method + " " + r.URL.Path})
+		writeError(w, &apiError{http.StatusNotFound, "NotFoundError", "no route " + r.Method + " " + r.URL.Path, ""})
 	})
 	return requireAPIKey(mux, s.cfg.APIKeys)
 }

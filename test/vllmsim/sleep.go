@@ -147,7 +147,7 @@ func (s *Sim) handleSleep(w http.ResponseWriter, r *http.Request) {
 		mode = v
 	}
 	if err := s.Sleep(r.Context(), level, mode); err != nil {
-		writeError(w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", err.Error()})
+		writeError(w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", err.Error(), ""})
 		return
 	}
 	w.WriteHeader(http.StatusOK)

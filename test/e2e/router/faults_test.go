@@ -28,13 +28,20 @@ import (
 	"github.com/kvroute/kvroute/test/vllmsim"
 )
 
+// startSim starts a vllm-sim whose header timing follows holdHeadersEnv.
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
+	t.Helper()
+	if os.Getenv(holdHeadersEnv) == "1" {
+		cfg.HoldHeaders = true // the simulator's old timing; make test runs the suite both ways
+	}
+	return startPinnedSim(t, cfg)
+}
+
+// startPinnedSim starts a vllm-sim with the header timing cfg gives, whatever holdHeadersEnv says.
+func startPinnedSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	t.Helper()
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 20
-	}
-	if os.Getenv(headersAtAcceptanceEnv) == "1" {
-		cfg.HeadersAtAcceptance = true // vLLM's behaviour; make test runs the suite both ways
 	}
 	sim, err := vllmsim.New(cfg)
 	if err != nil {
@@ -110,11 +117,11 @@ func TestOpenAISDKFaults(t *testing.T) {
 		skipUnlessCI(t, "node not installed")
 	}
 	dir := sdkModules(t)
-	bad := startSim(t, vllmsim.Config{HeadersAtAcceptance: true, FailRate: 1})
-	good := startSim(t, vllmsim.Config{HeadersAtAcceptance: true, SSEKeepAliveInterval: 5 * time.Millisecond})
+	bad := startPinnedSim(t, vllmsim.Config{FailRate: 1})
+	good := startPinnedSim(t, vllmsim.Config{SSEKeepAliveInterval: 5 * time.Millisecond})
 	retryURL := startRouter(t, []discovery.Engine{{Name: "bad", URL: bad.URL(), Ready: true}, {Name: "good", URL: good.URL(), Ready: true}},
 		func(c *config.Config) { c.Policy = "round-robin" })
-	errSim := startSim(t, vllmsim.Config{HeadersAtAcceptance: true, StreamErrorAfter: 3})
+	errSim := startPinnedSim(t, vllmsim.Config{StreamErrorAfter: 3})
 	errURL := startRouter(t, []discovery.Engine{{Name: "e", URL: errSim.URL(), Ready: true}}, nil)
 	cutURL := startRouter(t, []discovery.Engine{{Name: "c", URL: cuttingEngine(t), Ready: true}}, nil)
 
@@ -232,7 +239,7 @@ func TestKill9UnderLoad(t *testing.T) {
 	var procs []*exec.Cmd
 	for i := range 3 {
 		port := freePort(t)
-		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--headers-at-acceptance", "--sse-keep-alive-interval", "0.02",
+		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--sse-keep-alive-interval", "0.02",
 			"--time-scale", "5", "--prefill-tokens-per-s", "4000")
 		cmd.Stderr = io.Discard
 		if err := cmd.Start(); err != nil {
@@ -292,5 +299,7 @@ func TestKill9UnderLoad(t *testing.T) {
 	}
 }
 
-// headersAtAcceptanceEnv=1 runs every in-process vllm-sim with HeadersAtAcceptance (see make test).
-const headersAtAcceptanceEnv = "VLLMSIM_HEADERS_AT_ACCEPTANCE"
+// holdHeadersEnv=1 runs every in-process vllm-sim whose test does not pin its timing with the
+// simulator's old timing (HoldHeaders: a stream's headers wait for its first token); the default
+// is vLLM's (headers at acceptance). `make test` runs the request-path suites both ways.
+const holdHeadersEnv = "VLLMSIM_HOLD_HEADERS"

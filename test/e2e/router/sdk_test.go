@@ -64,7 +64,7 @@ func TestOpenAISDK(t *testing.T) {
 	var es []discovery.Engine
 	for i := range 2 {
 		sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20,
-			HeadersAtAcceptance: os.Getenv(headersAtAcceptanceEnv) == "1"})
+			HoldHeaders: os.Getenv(holdHeadersEnv) == "1"})
 		if err != nil {
 			t.Fatal(err)
 		}
