@@ -10,6 +10,42 @@ import (
 	"github.com/kvroute/kvroute/api/v1alpha1"
 )
 
+// tcpPort is one TCP port of a NetworkPolicy rule.
+func tcpPort(p int32) networkingv1.NetworkPolicyPort {
+	tcp := corev1.ProtocolTCP
+	return networkingv1.NetworkPolicyPort{Protocol: ptr(tcp), Port: ptr(intstr.FromInt32(p))}
+}
+
+// podsLabelled is a peer: the pods of the policy's namespace with these labels ({} for all).
+func podsLabelled(labels map[string]string) networkingv1.NetworkPolicyPeer {
+	return networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: labels}}
+}
+
+// allowFrom is a copy of spec.networkPolicy.allowFrom, after the peers given.
+func allowFrom(m *v1alpha1.KVRoutedModel, first ...networkingv1.NetworkPolicyPeer) []networkingv1.NetworkPolicyPeer {
+	out := first
+	for i := range m.Spec.NetworkPolicy.AllowFrom {
+		var p networkingv1.NetworkPolicyPeer
+		m.Spec.NetworkPolicy.AllowFrom[i].DeepCopyInto(&p)
+		out = append(out, p)
+	}
+	return out
+}
+
+// ingressPolicy is an Ingress-only NetworkPolicy on the pods labelled selector.
+func ingressPolicy(m *v1alpha1.KVRoutedModel, name, component string, selector map[string]string,
+	rules []networkingv1.NetworkPolicyIngressRule) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: objectMeta(m, name, component),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: selector},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress:     rules,
+		},
+	}
+}
+
 // NetworkPolicy guards the engine pods: the event and replay ports (which hand out the KV
 // index and accept replay requests) from the router pods only; the HTTP/metrics port from the
 // router and spec.networkPolicy.allowFrom. Nil when spec.networkPolicy.enabled is false.
@@ -17,37 +53,20 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if !*m.Spec.NetworkPolicy.Enabled {
 		return nil
 	}
-	tcp := corev1.ProtocolTCP
-	port := func(p int32) networkingv1.NetworkPolicyPort {
-		return networkingv1.NetworkPolicyPort{Protocol: ptr(tcp), Port: ptr(intstr.FromInt32(p))}
-	}
-	http := port(m.Spec.Engine.Port)
-	routerPorts := []networkingv1.NetworkPolicyPort{http}
+	routerPorts := []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}
 	p := EnginePorts(m)
 	for _, e := range append(append([]int32{}, p.Events...), p.Replay...) {
-		routerPorts = append(routerPorts, port(e))
+		routerPorts = append(routerPorts, tcpPort(e))
 	}
 	rules := []networkingv1.NetworkPolicyIngressRule{{
-		From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: RouterSelector(m)}}},
+		From:  []networkingv1.NetworkPolicyPeer{podsLabelled(RouterSelector(m))},
 		Ports: routerPorts,
 	}}
 	// An empty `from` would admit every source, so an explicitly empty allowFrom adds no rule.
-	if peers := m.Spec.NetworkPolicy.AllowFrom; len(peers) > 0 {
-		from := make([]networkingv1.NetworkPolicyPeer, len(peers))
-		for i := range peers {
-			peers[i].DeepCopyInto(&from[i])
-		}
-		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: from, Ports: []networkingv1.NetworkPolicyPort{port(m.Spec.Engine.Port)}})
+	if peers := allowFrom(m); len(peers) > 0 {
+		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: peers, Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}})
 	}
-	return &networkingv1.NetworkPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-		ObjectMeta: objectMeta(m, EngineName(m), v1alpha1.ComponentEngine),
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: EngineSelector(m)},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			Ingress:     rules,
-		},
-	}
+	return ingressPolicy(m, EngineName(m), v1alpha1.ComponentEngine, EngineSelector(m), rules)
 }
 
 // RouterNetworkPolicy guards the router pods. The API port stays open to every source: the
@@ -61,35 +80,17 @@ func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy 
 	if !*m.Spec.NetworkPolicy.Enabled {
 		return nil
 	}
-	tcp := corev1.ProtocolTCP
-	port := func(p int32) []networkingv1.NetworkPolicyPort {
-		return []networkingv1.NetworkPolicyPort{{Protocol: ptr(tcp), Port: ptr(intstr.FromInt32(p))}}
-	}
-	admin := []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}} // the model's namespace
-	for i := range m.Spec.NetworkPolicy.AllowFrom {
-		var p networkingv1.NetworkPolicyPeer
-		m.Spec.NetworkPolicy.AllowFrom[i].DeepCopyInto(&p)
-		admin = append(admin, p)
-	}
 	rules := []networkingv1.NetworkPolicyIngressRule{
-		{Ports: port(RouterHTTPPort)}, // no `from`: every source
-		{From: admin, Ports: port(RouterAdminPort)},
+		{Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterHTTPPort)}}, // no `from`: every source
+		{From: allowFrom(m, podsLabelled(nil)), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterAdminPort)}},
 	}
 	if EnginesConnect(m) {
 		rules = append(rules, networkingv1.NetworkPolicyIngressRule{
-			From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: EngineSelector(m)}}},
-			Ports: port(m.Spec.Engine.KVEvents.BasePort),
+			From:  []networkingv1.NetworkPolicyPeer{podsLabelled(EngineSelector(m))},
+			Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.KVEvents.BasePort)},
 		})
 	}
-	return &networkingv1.NetworkPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: RouterSelector(m)},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			Ingress:     rules,
-		},
-	}
+	return ingressPolicy(m, RouterName(m), v1alpha1.ComponentRouter, RouterSelector(m), rules)
 }
 
 // PodDisruptionBudget lets voluntary disruptions (drains) take one engine pod at a time.
