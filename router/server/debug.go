@@ -43,6 +43,8 @@ type RankInfo struct {
 	TopicMismatches uint64  `json:"topic_mismatches"`
 	DecodeErrors    uint64  `json:"decode_errors"`
 	Panics          uint64  `json:"panics"`
+	// Retries are this router's attempts given up on the replica before the first token.
+	Retries uint64 `json:"retries"`
 	// Counters is every counter of the stream (kvevents.Stats), by its /debug name; absent when
 	// the replica has no event stream.
 	Counters  map[string]uint64 `json:"counters,omitempty"`
@@ -130,6 +132,7 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 			ri.LastEvent = &u
 		}
 	}
+	ri.Retries = r.retries.Load()
 	ri.Inflight = Inflight{Running: r.running.Load(), PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load()}
 	ri.Accuracy = Accuracy{Responses: r.responses.Load(), WithUsage: r.withUsage.Load(), NoUsage: r.noUsage.Load(),
 		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),

@@ -53,6 +53,7 @@ type replica struct {
 	stream bool   // an event stream feeds it
 
 	prefill, decode, running atomic.Int64
+	retries                  atomic.Uint64 // attempts given up here before the first token
 
 	responses, withUsage, noUsage      atomic.Uint64
 	promptTok, predictedTok, actualTok atomic.Uint64

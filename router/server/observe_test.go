@@ -3,9 +3,12 @@ package server
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -124,3 +127,39 @@ func TestDebugRouteIsBounded(t *testing.T) {
 		t.Fatalf("status %d with a slot free, want 200", resp.StatusCode)
 	}
 }
+
+// Per-request fallbacks are logged once per reason and then at most once a minute (every one
+// is counted on /metrics): an outage that fails every request is a line a minute, not a flood.
+func TestFallbackLogsAreLimited(t *testing.T) {
+	var buf syncBuf
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	f := startFleet(t, 1, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
+		o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+		o.Now = clock
+	})
+	for range 5 {
+		rt.s.logLimited("retry:e0/0:connect", "engine attempt failed", "why", "connect")
+		rt.s.logLimited("tokenize:e0", "tokenization failed")
+	}
+	if n, m := strings.Count(buf.String(), "engine attempt failed"), strings.Count(buf.String(), "tokenization failed"); n != 1 || m != 1 {
+		t.Fatalf("%d and %d lines for 5 fallbacks each, want 1 and 1:\n%s", n, m, buf.String())
+	}
+	mu.Lock()
+	now = now.Add(fallbackLogEvery + time.Second)
+	mu.Unlock()
+	rt.s.logLimited("retry:e0/0:connect", "engine attempt failed", "why", "connect")
+	if n := strings.Count(buf.String(), "engine attempt failed"); n != 2 {
+		t.Fatalf("%d lines after a minute, want 2", n)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

@@ -228,6 +228,17 @@ func TestDeadPodExcludedWhole(t *testing.T) {
 	if n := testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("dead")); n != 1 {
 		t.Fatalf("%v attempts went to the dead pod, want 1 (then it is out)", n)
 	}
+	var shown uint64 // /debug/engines shows the same count on the dead pod's ranks
+	for _, e := range rt.s.Engines() {
+		if e.Name == "dead" {
+			for _, r := range e.Ranks {
+				shown += r.Retries
+			}
+		}
+	}
+	if shown != 1 {
+		t.Fatalf("/debug/engines shows %d retries on the dead pod, want 1", shown)
+	}
 	if rt.s.Engines()[0].Health.Healthy {
 		t.Fatal("the dead pod is back without a probe")
 	}

@@ -98,6 +98,8 @@ func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 	keyed := unkeyed == ""
 	if !keyed && commit {
 		s.met.UnkeyedRequests.WithLabelValues(unkeyed).Inc()
+		s.logLimited("unkeyed:"+unkeyed, "request routed by load without keys; counted in kvroute_router_unkeyed_requests_total",
+			"reason", unkeyed)
 	}
 	d := &decision{reps: reps, unkeyed: unkeyed}
 	d.req = score.Request{Tokens: len(toks), BlockSize: bs, SessionKey: session, LoRA: id.LoRAName, NowNs: now.UnixNano()}
@@ -344,7 +346,8 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 			// is wrong. The request still goes out (routed by load); it is not a client error.
 			s.engineAuthFailure(callTokenize, te.name, err)
 		} else {
-			s.log.Warn("tokenization failed; routing by load only", "err", err)
+			s.logLimited("tokenize:"+te.name, "tokenization failed; routing by load only, counted in kvroute_router_tokenize_failures_total",
+				"engine", te.name, "err", err)
 		}
 		p.degraded = true
 		return p, true
@@ -487,7 +490,9 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			if !rep.eng.gone.Load() {
 				s.met.Retries.WithLabelValues(rep.eng.name).Inc()
 			}
-			s.log.Warn("engine attempt failed before the first token; retrying elsewhere", "engine", rep.name, "why", why)
+			rep.retries.Add(1)
+			s.logLimited("retry:"+rep.name+":"+out.Kind, "engine attempt failed before the first token; retrying elsewhere, counted in kvroute_router_retries_total",
+				"engine", rep.name, "why", why)
 			last = out
 			continue
 		}

@@ -95,6 +95,9 @@ type Server struct {
 	// authLogged holds the calls whose engine 401/403 was logged: a misconfigured key
 	// fails every call, so it is logged once per call kind and counted every time.
 	authLogged sync.Map
+	// quietLogs rate-limits logs of per-request fallbacks (logLimited): key -> *atomic.Int64,
+	// the unix nanoseconds of the last line.
+	quietLogs sync.Map
 	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
 	exactHook func(*replica) bool
 	readyOnce chan struct{}
@@ -202,6 +205,25 @@ const (
 )
 
 var authCalls = []string{callTokenize, callModels, callHealth, callGenerate}
+
+// fallbackLogEvery is how often a per-request fallback (tokenization failed, an attempt
+// retried elsewhere, a request routed without keys) is logged for the same reason; every one is
+// counted on /metrics in between.
+const fallbackLogEvery = time.Minute
+
+// logLimited logs msg at WARN the first time key is seen and then at most once per
+// fallbackLogEvery, so an outage that fails every request is one line a minute, not one a
+// request.
+func (s *Server) logLimited(key, msg string, args ...any) {
+	now := s.now().UnixNano()
+	v, _ := s.quietLogs.LoadOrStore(key, new(atomic.Int64))
+	last := v.(*atomic.Int64)
+	prev := last.Load()
+	if prev != 0 && now-prev < int64(fallbackLogEvery) || !last.CompareAndSwap(prev, now) {
+		return
+	}
+	s.log.Warn(msg, append(args, "logged_at_most_every", fallbackLogEvery)...)
+}
 
 // engineAuthFailure records an engine refusing one of the router's calls with 401/403. It is
 // the router's misconfiguration, never the client's: counted every time, logged once per call
