@@ -352,6 +352,19 @@ func (s *Subscriber) Stats(engine string, rank int) (Stats, bool) {
 	return st.snapshot(), true
 }
 
+// BlockSize is the block size the stream learned from its first validated GPU event (0: none
+// yet). One atomic read: the request path asks it per decision, where Stats would copy every
+// counter.
+func (s *Subscriber) BlockSize(engine string, rank int) int {
+	s.mu.Lock()
+	st, ok := s.streams[StreamKey{engine, rank}]
+	s.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	return int(st.c.ingest.blockSizeSet.Load())
+}
+
 // AllStats returns every stream's snapshot, ordered by engine and rank.
 func (s *Subscriber) AllStats() []Stats {
 	s.mu.Lock()

@@ -61,8 +61,8 @@ func (s *Server) blockSize(reps []*replica) (int, string) {
 	}
 	if s.sub != nil {
 		for _, r := range reps {
-			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok && st.BlockSize > 0 {
-				return st.BlockSize, blockSizeFromEvents
+			if bs := s.sub.BlockSize(r.eng.name, r.rank); bs > 0 {
+				return bs, blockSizeFromEvents
 			}
 		}
 	}
