@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // startSims runs n in-process vLLM simulators on 127.0.0.1 (HTTP only, no KV events), sped up

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/kvroute/kvroute/router/score"
-	"github.com/kvroute/kvroute/test/fleet"
+	"github.com/kvroute/kvroute/sim/fleet"
 )
 
 // cacheOutput is the JSON shape of `kvbench cache --json` (INTERFACES.md).

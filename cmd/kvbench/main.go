@@ -1,6 +1,6 @@
 // Command kvbench measures routing policies: `kvbench cache` runs the deterministic fleet model
-// (test/fleet) over a trace; `kvbench replay` replays one live against vllm-sim engines and
-// kvrouter (test/replay).
+// (sim/fleet) over a trace; `kvbench replay` replays one live against vllm-sim engines and
+// kvrouter (sim/replay).
 package main
 
 import (

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router/score"
-	"github.com/kvroute/kvroute/test/fleet"
-	"github.com/kvroute/kvroute/test/replay"
+	"github.com/kvroute/kvroute/sim/fleet"
+	"github.com/kvroute/kvroute/sim/replay"
 )
 
 // replayOutput is the JSON shape of `kvbench replay --json`.

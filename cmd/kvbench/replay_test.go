@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/test/replay"
+	"github.com/kvroute/kvroute/sim/replay"
 )
 
 func TestReplayFlagErrors(t *testing.T) {

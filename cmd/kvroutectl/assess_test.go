@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func TestAssessUsageErrors(t *testing.T) {

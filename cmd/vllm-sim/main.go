@@ -1,4 +1,4 @@
-// Command vllm-sim runs the vLLM-compatible engine simulator (package test/vllmsim) with
+// Command vllm-sim runs the vLLM-compatible engine simulator (package sim/vllmsim) with
 // vLLM-style flags. PYTHONHASHSEED is read from the environment ("0" when unset: unlike vLLM,
 // whose unset seed is random, the simulator stays reproducible). Like vLLM, --api-key (here
 // repeatable) takes precedence over VLLM_API_KEY, and the environment variable keeps the key
@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func main() {

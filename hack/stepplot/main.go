@@ -1,7 +1,7 @@
 // Command stepplot draws vllm-sim's calibrated step-time model against the published points it
 // was fitted to (testdata/vllmsim/step-time.json) as an SVG, using only the standard library:
 //
-//	go run ./hack/stepplot > test/vllmsim/step-time.svg
+//	go run ./hack/stepplot > sim/vllmsim/step-time.svg
 package main
 
 import (
@@ -11,7 +11,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 type point struct {
@@ -119,7 +119,7 @@ func main() {
 	legend(&b, 80, 108, "#d62728", "Splitwise H100 Llama2-70B: 1 prompt", true)
 	legend(&b, 80, 124, "#9467bd", "Splitwise: batch of 512-token prompts", true)
 	legend(&b, 560, 92, "#d62728", "Splitwise: decode, prompt 512", true)
-	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim calibrated step model (test/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time.json; log-log axes, before --time-scale</text>` + "\n")
+	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim calibrated step model (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time.json; log-log axes, before --time-scale</text>` + "\n")
 	b.WriteString("</svg>\n")
 	fmt.Print(b.String())
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // sseEngine answers with status 200 and its headers at once (as vLLM does), then writes the

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // startSim starts a vllm-sim whose header timing follows holdHeadersEnv.

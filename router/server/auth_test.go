@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // postAuth posts with an Authorization header ("" for none).

@@ -18,7 +18,7 @@ import (
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/tokens"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // benchServer is a Server over n single-rank engines that are never contacted (events off),

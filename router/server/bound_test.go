@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func freePort(t *testing.T) int {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // A prefix warmed on one engine directly (not through the router) attracts the next request

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // mirrors reports whether the router's replica holds exactly the sim rank's cached hashes.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 

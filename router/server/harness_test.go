@@ -17,7 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // fleet is N in-process engines with real HTTP and ZMQ sockets.

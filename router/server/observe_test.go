@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // Every counter the event pipeline keeps is on /metrics for each stream and in /debug/engines

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // streamResult is what a client saw of one streamed request.

@@ -6,7 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // A router in front of engines that publish each of the three batch shapes vLLM has used (E1

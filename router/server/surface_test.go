@@ -17,7 +17,7 @@ import (
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/score"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // A client's bad request, refused by the engine's render, comes back as the engine's own

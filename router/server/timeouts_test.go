@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // slowConn opens a connection and sends partial bytes; it reports when the router closed it.

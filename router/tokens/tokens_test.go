@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func startSim(t *testing.T) *vllmsim.Sim {

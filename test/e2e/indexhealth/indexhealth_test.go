@@ -41,7 +41,7 @@ import (
 	"github.com/kvroute/kvroute/router/report"
 	"github.com/kvroute/kvroute/router/server"
 	"github.com/kvroute/kvroute/test/envtestenv"
-	"github.com/kvroute/kvroute/test/vllmsim"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {

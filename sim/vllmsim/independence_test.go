@@ -22,7 +22,7 @@ func TestIndependentOfRouterCodecs(t *testing.T) {
 	}
 	for _, pkg := range strings.Fields(string(out)) {
 		if strings.HasPrefix(pkg, "github.com/kvroute/kvroute/router/") {
-			t.Errorf("test/vllmsim depends on %s; the simulator's codecs must be its own", pkg)
+			t.Errorf("sim/vllmsim depends on %s; the simulator's codecs must be its own", pkg)
 		}
 	}
 	if !strings.Contains(string(out), "github.com/vmihailenco/msgpack/v5") {

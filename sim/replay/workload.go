@@ -6,7 +6,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/kvroute/kvroute/test/fleet"
+	"github.com/kvroute/kvroute/sim/fleet"
 )
 
 // Request is one request to replay, in trace units (lengths in trace tokens, 512 per block).

@@ -4,7 +4,7 @@
 // TTFT, latency, throughput and cached tokens over seeds with 95% intervals.
 package replay
 
-import "github.com/kvroute/kvroute/test/fleet"
+import "github.com/kvroute/kvroute/sim/fleet"
 
 // Token ids are drawn from [tokenLo, tokenHi): below vllm-sim's 151,936-id vocabulary and clear
 // of its special ids (151643..), so a prompt never contains an end-of-text or chat marker.

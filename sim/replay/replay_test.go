@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/test/fleet"
+	"github.com/kvroute/kvroute/sim/fleet"
 )
 
 func TestTokenizerDeterministicAndBlockwise(t *testing.T) {
