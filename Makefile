@@ -54,6 +54,10 @@ test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief 
 chaos: ## The fault suite (test/chaos): real kvrouter processes against real ZMQ publishers and rings, faults injected.
 	KVROUTE_CHAOS_FULL=1 $(GO) test -count=1 -timeout 30m -v ./test/chaos/
 
+.PHONY: trial
+trial: ## The trial's acceptance on every regime: capture under round-robin, kvbench cache vs live runs (sim/replay).
+	KVROUTE_TRIAL_LONG=1 $(GO) test -count=1 -timeout 30m -v -run TestTrialAgreesWithLiveRuns ./sim/replay/
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default here 5s; e.g. make fuzz FUZZTIME=5m).
 	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh

@@ -69,6 +69,9 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	noEvents := fs.Bool("no-events", false, "do not subscribe to KV events (score every engine approximately)")
 	keyEnv := fs.String("engine-api-key-env", "", "environment variable holding the engines' API key (vLLM --api-key); sent on every engine call, replacing a client's Authorization")
 	keyFile := fs.String("engine-api-key-file", "", "file holding the engines' API key (alternative to --engine-api-key-env)")
+	captureDir := fs.String("capture-dir", "", "write the traffic as a Mooncake trace into this directory (enables capture; docs/should-you-route.md)")
+	captureBytes := fs.Int64("capture-max-bytes", 0, "capture: bytes per file (default 64 MiB)")
+	captureFiles := fs.Int("capture-files", 0, "capture: files kept (default 4)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -123,6 +126,21 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	}
 	if *keyEnv != "" || *keyFile != "" {
 		cfg.EngineAuth = &config.EngineAuth{APIKeyEnv: *keyEnv, APIKeyFile: *keyFile}
+	}
+	if *captureDir != "" || *captureBytes != 0 || *captureFiles != 0 {
+		if cfg.Capture == nil {
+			cfg.Capture = &config.Capture{}
+		}
+		cfg.Capture.Enabled = true
+		if *captureDir != "" {
+			cfg.Capture.Dir = *captureDir
+		}
+		if *captureBytes != 0 {
+			cfg.Capture.MaxBytes = *captureBytes
+		}
+		if *captureFiles != 0 {
+			cfg.Capture.Files = *captureFiles
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -201,9 +219,21 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 2
 	}
-	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
-		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger})
+	obs, err := newObservers(st)
 	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	defer obs.close()
+	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
+		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger,
+		Observers: obs.list})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	if err := obs.attach(srv); err != nil {
+		srv.Close()
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
 	}

@@ -56,7 +56,34 @@ type Config struct {
 	// EngineAuth, when set, says where the router's engine API key is; nil: engines take no
 	// key (a client's Authorization is then forwarded to them as is).
 	EngineAuth *EngineAuth `json:"engineAuth,omitempty"`
+	// Capture, when enabled, writes the traffic as a Mooncake-format trace (router/capture).
+	Capture *Capture `json:"capture,omitempty"`
+	// Audit, when enabled, samples prompts for spans that vary at the start of otherwise
+	// repeated prompts (router/audit).
+	Audit *Audit `json:"audit,omitempty"`
 }
+
+// Capture bounds the trace capture: files of at most MaxBytes in Dir, Files of them kept.
+type Capture struct {
+	Enabled bool   `json:"enabled"`
+	Dir     string `json:"dir"`
+	// MaxBytes per file (0: 64 MiB); Files kept, the one being written included (0: 4).
+	MaxBytes int64 `json:"maxBytes,omitempty"`
+	Files    int   `json:"files,omitempty"`
+}
+
+// Audit configures the prompt audit.
+type Audit struct {
+	Enabled bool `json:"enabled"`
+	// SampleEvery audits one request in this many (0: 8).
+	SampleEvery int `json:"sampleEvery,omitempty"`
+	// ShowText lets /debug/audit (admin port only) show the detokenized text of a varying
+	// span; off, it shows the span's shape only (e.g. <timestamp>).
+	ShowText bool `json:"showText,omitempty"`
+}
+
+// MinCaptureBytes is the smallest capture.maxBytes: a file must hold a long prompt's line.
+const MinCaptureBytes = 64 << 10
 
 // EngineAuth is where kvrouter reads its credential for engines started with vLLM's
 // --api-key (or VLLM_API_KEY). The key itself is never in the file or on the command line
@@ -346,6 +373,20 @@ func (c Config) Validate() error {
 	checkAddr("listen", c.Listen)
 	if !slices.Contains(KVCacheReportModes, c.KVCacheReportMode) {
 		bad("kvCacheReportMode", "%q is not \"full\" or empty", c.KVCacheReportMode)
+	}
+	if cp := c.Capture; cp != nil && cp.Enabled {
+		if cp.Dir == "" {
+			bad("capture.dir", "required when capture is enabled")
+		}
+		if cp.MaxBytes != 0 && cp.MaxBytes < MinCaptureBytes {
+			bad("capture.maxBytes", "%d is below %d", cp.MaxBytes, MinCaptureBytes)
+		}
+		if cp.Files < 0 || cp.Files > 1000 {
+			bad("capture.files", "%d is out of range 0..1000", cp.Files)
+		}
+	}
+	if a := c.Audit; a != nil && (a.SampleEvery < 0 || a.SampleEvery > 1<<20) {
+		bad("audit.sampleEvery", "%d is out of range 0..%d", a.SampleEvery, 1<<20)
 	}
 	if r := c.Report; r != nil && (r.Namespace == "" || r.KVRoutedModel == "") {
 		bad("report", "needs both namespace and kvRoutedModel")

@@ -233,3 +233,23 @@ engines: [{name: a, url: "http://x:1", replay: ["tcp://x:5600"]}]
 		t.Errorf("default config renders a bind address:\n%s", out)
 	}
 }
+
+func TestCaptureAndAuditValidation(t *testing.T) {
+	for _, tc := range []struct {
+		yaml, want string
+	}{
+		{"capture: {enabled: true}", "capture.dir: required"},
+		{"capture: {enabled: true, dir: /x, maxBytes: 10}", "capture.maxBytes: 10 is below"},
+		{"capture: {enabled: true, dir: /x, files: -1}", "capture.files"},
+		{"capture: {enabled: false}", ""},
+		{"capture: {enabled: true, dir: /x, maxBytes: 1048576, files: 2}", ""},
+		{"audit: {enabled: true, sampleEvery: -1}", "audit.sampleEvery"},
+		{"audit: {enabled: true, sampleEvery: 4, showText: true}", ""},
+		{"capture: {enabled: true, dir: /x, maxbytes: 1}", "unknown field"},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: err %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}

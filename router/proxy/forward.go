@@ -146,6 +146,8 @@ type Request struct {
 // Usage is the engine-reported usage of one answer.
 type Usage struct {
 	PromptTokens int
+	// CompletionTokens is usage.completion_tokens (the trace capture's output length).
+	CompletionTokens int
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens; HasCached is false when the
 	// engine does not report it (vLLM without --enable-prompt-tokens-details).
 	CachedTokens int
@@ -635,13 +637,14 @@ func classify(ev []byte) eventInfo {
 
 type usageJSON struct {
 	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
 	PromptTokensDetails *struct {
 		CachedTokens *int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
 }
 
 func (u *usageJSON) usage() *Usage {
-	out := &Usage{PromptTokens: u.PromptTokens}
+	out := &Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
 	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
 		out.CachedTokens, out.HasCached = *d.CachedTokens, true
 	}

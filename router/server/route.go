@@ -426,10 +426,16 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 		ctx, cancel = context.WithTimeoutCause(ctx, d, proxy.ErrRequestTimeout)
 		defer cancel()
 	}
+	arrival := s.now()
 	reps, _ := s.table.snapshot()
 	p, ok := s.prepare(w, r, kind, reps)
 	if !ok {
 		return
+	}
+	var final proxy.Outcome
+	finalEngine := ""
+	if len(s.o.Observers) > 0 {
+		defer func() { s.observe(p, arrival, finalEngine, &final) }()
 	}
 	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport}
 	upBody, err := rw.Apply(p.body)
@@ -466,6 +472,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			}
 		}
 		out := s.forward(ctx, w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
+		final, finalEngine = out, rep.name
 		if out.Retryable && !out.Started {
 			why := out.Kind
 			if out.Err != nil {

@@ -62,6 +62,8 @@ type Options struct {
 	// DiscoveryWait is how long a request that arrives before the first engine snapshot waits
 	// for it before a 503 "no engine discovered yet" (10s).
 	DiscoveryWait time.Duration
+	// Observers are told about every generation request when it is done (RequestObserver).
+	Observers []RequestObserver
 	// Seed seeds the policy's random choices.
 	Seed   int64
 	Logger *slog.Logger
