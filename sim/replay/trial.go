@@ -1,43 +1,17 @@
 package replay
 
 import (
-	"bytes"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/kvroute/kvroute/sim/fleet"
 )
 
-// LoadCapture reads the files kvrouter --capture-dir wrote (one capture: names sort in write
-// order) as one trace.
-func LoadCapture(dir string) (*fleet.Trace, error) {
-	names, err := filepath.Glob(filepath.Join(dir, "kvroute-capture-*.jsonl"))
-	if err != nil {
-		return nil, err
-	}
-	if len(names) == 0 {
-		return nil, fmt.Errorf("%s: no capture files", dir)
-	}
-	sort.Strings(names)
-	var all bytes.Buffer
-	for _, n := range names {
-		b, err := os.ReadFile(n)
-		if err != nil {
-			return nil, err
-		}
-		all.Write(b)
-	}
-	tr, err := fleet.ReadTrace(&all)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, err)
-	}
-	tr.Name = dir
-	return tr, nil
-}
+// LoadCapture reads the files kvrouter --capture-dir wrote as one trace (fleet.LoadTrace on
+// the directory).
+func LoadCapture(dir string) (*fleet.Trace, error) { return fleet.LoadTrace(dir) }
 
 // TrialAgreement compares the hit rates a trial predicted (kvbench cache on a captured trace)
 // with those a live run of every policy measured on the same traffic.
