@@ -72,6 +72,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	captureDir := fs.String("capture-dir", "", "write the traffic as a Mooncake trace into this directory (enables capture; docs/should-you-route.md)")
 	captureBytes := fs.Int64("capture-max-bytes", 0, "capture: bytes per file (default 64 MiB)")
 	captureFiles := fs.Int("capture-files", 0, "capture: files kept (default 4)")
+	auditOn := fs.Bool("audit", false, "audit sampled prompts for a varying span at their start (/debug/audit; docs/should-you-route.md)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -141,6 +142,12 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 		if *captureFiles != 0 {
 			cfg.Capture.Files = *captureFiles
 		}
+	}
+	if *auditOn {
+		if cfg.Audit == nil {
+			cfg.Audit = &config.Audit{}
+		}
+		cfg.Audit.Enabled = true
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -254,7 +261,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	// limits.bodyReadTimeout guard against slow clients holding connections.
 	api := &http.Server{Handler: srv.APIHandler()}
 	srv.ConfigureHTTP(api)
-	adm := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	adm := &http.Server{Handler: obs.admin(srv.AdminHandler()), ReadHeaderTimeout: 10 * time.Second}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)

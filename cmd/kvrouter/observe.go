@@ -1,6 +1,13 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/router/audit"
 	"github.com/kvroute/kvroute/router/capture"
 	"github.com/kvroute/kvroute/router/server"
 )
@@ -11,6 +18,10 @@ import (
 type observers struct {
 	list []server.RequestObserver
 	rec  *capture.Recorder
+	aud  *audit.Auditor
+	// decode is the engine access the audit's shapes need; set by attach (the server is built
+	// after the observers it is given).
+	decode func(ctx context.Context, ids []uint32) (string, error)
 }
 
 func newObservers(st *settings) (*observers, error) {
@@ -23,19 +34,48 @@ func newObservers(st *settings) (*observers, error) {
 		o.rec = rec
 		o.list = append(o.list, captureObserver{rec})
 	}
+	if a := st.cfg.Audit; a != nil && a.Enabled {
+		// Shapes come from the engine's /detokenize of the varying span and a little context:
+		// it is the text the engine saw, for chat and completion requests and for token-id
+		// prompts alike, where the request body's text would need the chat template's offsets.
+		o.aud = audit.New(audit.Options{SampleEvery: a.SampleEvery, ShowText: a.ShowText, Logger: st.logger,
+			Decode: func(ctx context.Context, ids []uint32) (string, error) { return o.decode(ctx, ids) }})
+		o.list = append(o.list, auditObserver{o.aud})
+	}
 	return o, nil
 }
 
 // attach registers the observers' metrics (and, for the audit, its engine access) on srv.
 func (o *observers) attach(srv *server.Server) error {
+	var cs []prometheus.Collector
 	if o.rec != nil {
-		for _, c := range o.rec.Collectors() {
-			if err := srv.Metrics().Registry.Register(c); err != nil {
-				return err
-			}
+		cs = append(cs, o.rec.Collectors()...)
+	}
+	if o.aud != nil {
+		o.decode = srv.Detokenize
+		cs = append(cs, o.aud.Collectors()...)
+	}
+	for _, c := range cs {
+		if err := srv.Metrics().Registry.Register(c); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// admin adds /debug/audit to the admin handler (the admin port only: its patterns may hold
+// prompt text when audit.showText is set).
+func (o *observers) admin(h http.Handler) http.Handler {
+	if o.aud == nil {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/audit", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"sampled": o.aud.Sampled(), "patterns": o.aud.Patterns()})
+	})
+	mux.Handle("/", h)
+	return mux
 }
 
 // close flushes the capture (after the servers stopped taking requests).
@@ -43,6 +83,18 @@ func (o *observers) close() {
 	if o.rec != nil {
 		_ = o.rec.Close()
 	}
+	if o.aud != nil {
+		o.aud.Close()
+	}
+}
+
+type auditObserver struct{ a *audit.Auditor }
+
+func (a auditObserver) RequestDone(d *server.RequestDone) {
+	if d.Multimodal {
+		return // media the token ids do not show: not a text lead
+	}
+	a.a.Observe(d.Tokens)
 }
 
 type captureObserver struct{ r *capture.Recorder }
