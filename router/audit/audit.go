@@ -239,18 +239,20 @@ func (a *Auditor) update(an *anchor) {
 	an.pattern = p
 	a.patterns = append(a.patterns, p)
 	spans := make([][]uint32, 0, len(an.leads))
+	ctx := max(contextUnits, a.o.BlockUnits/2)
 	for _, l := range an.leads {
 		// The span with a few units of context each side: a shape needs the whole field, and
 		// the common prefix may cut into it (two timestamps share their leading digits).
-		spans = append(spans, l.units[max(start-contextUnits, 0):min(end+contextUnits, len(l.units))])
+		spans = append(spans, l.units[max(start-ctx, 0):min(end+ctx, len(l.units))])
 	}
 	if !a.closed {
 		a.work <- &shapeJob{p: p, spans: spans} // capacity MaxPatterns: never blocks
 	}
 }
 
-// contextUnits around a varying span are decoded with it, so that the shape sees the whole
-// field even where the variants share its first characters.
+// contextUnits (or half a block, if more) around a varying span are decoded with it, so that
+// the shape sees the whole field even where the variants share its first characters (a 24-unit
+// timestamp whose seconds alone differ).
 const contextUnits = 12
 
 type shapeJob struct {
