@@ -394,6 +394,57 @@ type RouterSpec struct {
 	// Timeouts of the router's request path; an unset one keeps kvrouter's default.
 	// +optional
 	Timeouts *RouterTimeouts `json:"timeouts,omitempty"`
+
+	// Capture writes the router's traffic as a Mooncake-format trace (timestamps, lengths and
+	// salted block ids; no text, no token ids) for `kvbench cache|replay --trace`: the trial of
+	// every policy on this fleet's own traffic. Off unless enabled.
+	// +optional
+	Capture *RouterCaptureSpec `json:"capture,omitempty"`
+
+	// Audit samples prompts for a varying span at their start (a timestamp, an id) that no
+	// router can match past; /debug/audit on the metrics port. Off unless enabled.
+	// +optional
+	Audit *RouterAuditSpec `json:"audit,omitempty"`
+}
+
+// RouterCaptureSpec bounds the trace capture. Files are written to
+// /var/lib/kvroute/capture in each router pod: an emptyDir sized for them, or the claim.
+type RouterCaptureSpec struct {
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+	// MaxBytes per file; the next record opens a new file.
+	// +kubebuilder:default=67108864
+	// +kubebuilder:validation:Minimum=65536
+	// +kubebuilder:validation:Maximum=17179869184
+	// +optional
+	MaxBytes *int64 `json:"maxBytes,omitempty"`
+	// Files kept, the one being written included; older ones are deleted.
+	// +kubebuilder:default=4
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	Files *int32 `json:"files,omitempty"`
+	// ClaimName, when set, is a PersistentVolumeClaim the files go to (it outlives the pod);
+	// otherwise an emptyDir of (files + 1) x maxBytes.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ClaimName string `json:"claimName,omitempty"`
+}
+
+// RouterAuditSpec configures the prompt audit.
+type RouterAuditSpec struct {
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+	// SampleEvery audits one request in this many.
+	// +kubebuilder:default=8
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1048576
+	// +optional
+	SampleEvery *int32 `json:"sampleEvery,omitempty"`
+	// ShowText lets /debug/audit show the detokenized text of a varying span (prompt content:
+	// the metrics port then needs the same care as the prompts). Off, it shows its shape only.
+	// +optional
+	ShowText bool `json:"showText,omitempty"`
 }
 
 // RouterTimeouts bound the request path (the limits.*Timeout keys of the router's config).

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/sim/fleet"
 )
 
@@ -237,5 +238,12 @@ func BenchmarkObserve8kTokens(b *testing.B) {
 	b.SetBytes(int64(len(toks) * 4))
 	for i := 0; i < b.N; i++ {
 		r.Observe(Request{Arrival: time.Now(), Tokens: toks})
+	}
+}
+
+// The operator sizes the capture volume from the config package's copy of the defaults.
+func TestDefaultsMatchTheConfigPackage(t *testing.T) {
+	if DefaultMaxBytes != config.DefaultCaptureMaxBytes || DefaultFiles != config.DefaultCaptureFiles {
+		t.Fatal("router/config's capture defaults differ from router/capture's")
 	}
 }

@@ -83,7 +83,13 @@ type Audit struct {
 }
 
 // MinCaptureBytes is the smallest capture.maxBytes: a file must hold a long prompt's line.
-const MinCaptureBytes = 64 << 10
+// DefaultCaptureMaxBytes and DefaultCaptureFiles are router/capture's defaults, for the
+// operator to size the capture volume with.
+const (
+	MinCaptureBytes        = 64 << 10
+	DefaultCaptureMaxBytes = 64 << 20
+	DefaultCaptureFiles    = 4
+)
 
 // EngineAuth is where kvrouter reads its credential for engines started with vLLM's
 // --api-key (or VLLM_API_KEY). The key itself is never in the file or on the command line
