@@ -107,6 +107,23 @@ func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64)
 	if len(tr.Requests) != len(w.Requests) {
 		t.Fatalf("captured %d requests of %d", len(tr.Requests), len(w.Requests))
 	}
+	// kvbench replay reads the capture too: replayed live under round-robin, the captured
+	// traffic gives the hit rate the original traffic gave.
+	cw, err := TraceSlice(tr, 0, 0, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro := o
+	ro.Policies, ro.CaptureUnder, ro.LogDir = []string{"round-robin"}, nil, t.TempDir()
+	rruns, err := Replay(ctx, ro, cw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := Summarize(rruns)[0]
+	t.Logf("%s: round-robin live %.3f, the capture replayed live %.3f", regime, live["round-robin"], rs.CachedRatio.Mean)
+	if rs.Errors != 0 || !within(rs.CachedRatio.Mean, live["round-robin"], 0.10) {
+		t.Errorf("the capture replayed under round-robin: hit %.3f (%d errors), the original %.3f", rs.CachedRatio.Mean, rs.Errors, live["round-robin"])
+	}
 	cfg := fleet.Config{Replicas: replicas, CapacityBlocks: replicas * traceBlocksPR,
 		PrefillTokensPerS: prefillPerS * timeScale, DecodeMsPerToken: decodeMs / timeScale, MaxNumSeqs: maxSeqs, Seed: 1}
 	trial = map[string]float64{}
@@ -121,3 +138,11 @@ func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64)
 }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// within: a and b agree within a relative tol, or are both below Floor.
+func within(a, b, tol float64) bool {
+	if a < Floor && b < Floor {
+		return true
+	}
+	return math.Abs(a/b-1) <= tol
+}
