@@ -100,7 +100,7 @@ func (a auditObserver) RequestDone(d *server.RequestDone) {
 type captureObserver struct{ r *capture.Recorder }
 
 func (c captureObserver) RequestDone(d *server.RequestDone) {
-	q := capture.Request{Arrival: d.Arrival, Tokens: d.Tokens,
+	q := capture.Request{Arrival: d.Arrival, Tokens: d.Tokens, Multimodal: d.Multimodal,
 		Identity: capture.Identity{LoRA: d.Identity.LoRAName, CacheSalt: d.Identity.CacheSalt}}
 	if d.Usage != nil {
 		q.OutputTokens = d.Usage.CompletionTokens

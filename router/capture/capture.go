@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +65,9 @@ type Request struct {
 	Identity Identity
 	// OutputTokens is the engine's usage.completion_tokens (0 when it sent no usage).
 	OutputTokens int
+	// Multimodal requests carry media their token ids do not show (vLLM keys its blocks by
+	// the media's hashes too): their chunks get ids of their own, shared with no other request.
+	Multimodal bool
 }
 
 // Why a record was not written (the reason label of kvroute_router_capture_dropped_total).
@@ -101,7 +105,8 @@ type Recorder struct {
 	// beforeWrite, set by tests before the writer starts, runs before each record is written.
 	beforeWrite func()
 
-	records, bytes, unremembered, rotations prometheus.Counter
+	records, bytes, unremembered, rotations, multimodal prometheus.Counter
+	nonce                                               atomic.Uint64 // multimodal requests' own chains
 	dropped                                 *prometheus.CounterVec
 	queued                                  prometheus.GaugeFunc
 }
@@ -158,6 +163,8 @@ func newRecorder(o Options, beforeWrite func()) (*Recorder, error) {
 		Help: "Capture files opened (the first one and every rotation)."})
 	r.unremembered = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "capture_ids_unremembered_total",
 		Help: "Blocks given a fresh id because the capture's id table was full (their reuse is not visible in the trace)."})
+	r.multimodal = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "capture_multimodal_total",
+		Help: "Multimodal requests captured with block ids of their own (their media are not in the token ids, so their reuse is not shown)."})
 	r.dropped = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "capture_dropped_total",
 		Help: "Requests not written to the capture trace, by reason."}, []string{"reason"})
 	for _, why := range dropReasons {
@@ -175,7 +182,7 @@ func newRecorder(o Options, beforeWrite func()) (*Recorder, error) {
 
 // Collectors are the recorder's metrics, for the router's registry.
 func (r *Recorder) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.records, r.bytes, r.rotations, r.unremembered, r.dropped, r.queued}
+	return []prometheus.Collector{r.records, r.bytes, r.rotations, r.unremembered, r.multimodal, r.dropped, r.queued}
 }
 
 // Observe hashes one finished request's prompt and queues it for the writer; it never blocks
@@ -184,6 +191,12 @@ func (r *Recorder) Observe(q Request) {
 	if len(q.Tokens) == 0 {
 		r.dropped.WithLabelValues(DropNoTokens).Inc()
 		return
+	}
+	if q.Multimodal {
+		// A chain no other request has: the cache salt gets this capture's counter after a NUL
+		// (its reuse is unknown, so none is claimed).
+		q.Identity.CacheSalt = q.Identity.CacheSalt + "\x00multimodal\x00" + strconv.FormatUint(r.nonce.Add(1), 10)
+		r.multimodal.Inc()
 	}
 	ms := max(q.Arrival.Sub(r.start).Milliseconds(), 0)
 	rec := record{ms: ms, input: len(q.Tokens), output: max(q.OutputTokens, 0),

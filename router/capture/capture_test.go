@@ -77,6 +77,8 @@ func TestCaptureIsMooncakeWithChainedDenseIDs(t *testing.T) {
 	r.Observe(Request{Arrival: at.Add(2 * time.Second), Tokens: concat(sys, seq(50000, 100)), Identity: Identity{CacheSalt: "t1"}})
 	r.Observe(Request{Arrival: at.Add(3 * time.Second), Tokens: concat(sys, seq(50000, 100))})
 	r.Observe(Request{Arrival: at.Add(4 * time.Second), Tokens: concat(sys, seq(50000, 512))}) // the partial chunk grown full
+	r.Observe(Request{Arrival: at.Add(5 * time.Second), Tokens: concat(sys, seq(50000, 100)), Multimodal: true})
+	r.Observe(Request{Arrival: at.Add(6 * time.Second), Tokens: concat(sys, seq(50000, 100)), Multimodal: true})
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +94,8 @@ func TestCaptureIsMooncakeWithChainedDenseIDs(t *testing.T) {
 		{2000, 1124, 0, []uint64{4, 5, 6}},
 		{3000, 1124, 0, []uint64{0, 1, 2}},
 		{4000, 1536, 0, []uint64{0, 1, 7}},
+		{5000, 1124, 0, []uint64{8, 9, 10}}, // media not in the ids: shared with nothing
+		{6000, 1124, 0, []uint64{11, 12, 13}},
 	}
 	if len(tr.Requests) != len(want) {
 		t.Fatalf("%d requests, want %d", len(tr.Requests), len(want))
@@ -102,8 +106,8 @@ func TestCaptureIsMooncakeWithChainedDenseIDs(t *testing.T) {
 			t.Errorf("line %d = %+v, want %+v", i, q, w)
 		}
 	}
-	if got := testutil.ToFloat64(r.records); got != 5 {
-		t.Fatalf("records_total %v, want 5", got)
+	if got := testutil.ToFloat64(r.records); got != 7 {
+		t.Fatalf("records_total %v, want 7", got)
 	}
 }
 
