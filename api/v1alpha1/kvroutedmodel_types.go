@@ -405,6 +405,14 @@ type RouterSpec struct {
 	// router can match past; /debug/audit on the metrics port. Off unless enabled.
 	// +optional
 	Audit *RouterAuditSpec `json:"audit,omitempty"`
+
+	// ShadowPolicy re-decides every request with this policy on the signals the real decision
+	// saw, without acting on it, and exports what its picks had cached beside production's
+	// (kvroute_router_shadow_*). Its caches were filled by the production policy: see
+	// docs/should-you-route.md for what that biases.
+	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
+	// +optional
+	ShadowPolicy string `json:"shadowPolicy,omitempty"`
 }
 
 // RouterCaptureSpec bounds the trace capture. Files are written to

@@ -72,6 +72,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	captureDir := fs.String("capture-dir", "", "write the traffic as a Mooncake trace into this directory (enables capture; docs/should-you-route.md)")
 	captureBytes := fs.Int64("capture-max-bytes", 0, "capture: bytes per file (default 64 MiB)")
 	captureFiles := fs.Int("capture-files", 0, "capture: files kept (default 4)")
+	shadowPol := fs.String("shadow-policy", "", "re-decide every request with this policy without acting on it; kvroute_router_shadow_* metrics (docs/should-you-route.md)")
 	auditOn := fs.Bool("audit", false, "audit sampled prompts for a varying span at their start (/debug/audit; docs/should-you-route.md)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -142,6 +143,9 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 		if *captureFiles != 0 {
 			cfg.Capture.Files = *captureFiles
 		}
+	}
+	if *shadowPol != "" {
+		cfg.ShadowPolicy = *shadowPol
 	}
 	if *auditOn {
 		if cfg.Audit == nil {
@@ -239,7 +243,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
 	}
-	if err := obs.attach(srv); err != nil {
+	if err := obs.attach(srv, st); err != nil {
 		srv.Close()
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1

@@ -10,15 +10,17 @@ import (
 	"github.com/kvroute/kvroute/router/audit"
 	"github.com/kvroute/kvroute/router/capture"
 	"github.com/kvroute/kvroute/router/server"
+	"github.com/kvroute/kvroute/router/shadow"
 )
 
 // observers are the request observers the configuration enables: the trace capture and the
 // prompt audit, each adapted from the server's RequestDone to its own package's input (the
 // one place to re-point when the server's seam moves).
 type observers struct {
-	list []server.RequestObserver
-	rec  *capture.Recorder
-	aud  *audit.Auditor
+	list      []server.RequestObserver
+	rec       *capture.Recorder
+	aud       *audit.Auditor
+	shadowObs *shadowObserver
 	// decode is the engine access the audit's shapes need; set by attach (the server is built
 	// after the observers it is given).
 	decode func(ctx context.Context, ids []uint32) (string, error)
@@ -42,11 +44,16 @@ func newObservers(st *settings) (*observers, error) {
 			Decode: func(ctx context.Context, ids []uint32) (string, error) { return o.decode(ctx, ids) }})
 		o.list = append(o.list, auditObserver{o.aud})
 	}
+	if st.cfg.ShadowPolicy != "" {
+		// The policy is built by the server (its scoring knobs): attach fills it in.
+		o.shadowObs = &shadowObserver{}
+		o.list = append(o.list, o.shadowObs)
+	}
 	return o, nil
 }
 
 // attach registers the observers' metrics (and, for the audit, its engine access) on srv.
-func (o *observers) attach(srv *server.Server) error {
+func (o *observers) attach(srv *server.Server, st *settings) error {
 	var cs []prometheus.Collector
 	if o.rec != nil {
 		cs = append(cs, o.rec.Collectors()...)
@@ -54,6 +61,14 @@ func (o *observers) attach(srv *server.Server) error {
 	if o.aud != nil {
 		o.decode = srv.Detokenize
 		cs = append(cs, o.aud.Collectors()...)
+	}
+	if o.shadowObs != nil {
+		pol, err := srv.NewPolicy(st.cfg.ShadowPolicy)
+		if err != nil {
+			return err
+		}
+		o.shadowObs.s = shadow.New(pol)
+		cs = append(cs, o.shadowObs.s.Collectors()...)
 	}
 	for _, c := range cs {
 		if err := srv.Metrics().Registry.Register(c); err != nil {
@@ -106,4 +121,15 @@ func (c captureObserver) RequestDone(d *server.RequestDone) {
 		q.OutputTokens = d.Usage.CompletionTokens
 	}
 	c.r.Observe(q)
+}
+
+// shadowObserver re-decides each request with the shadow policy; s is set by attach, before
+// the server takes requests.
+type shadowObserver struct{ s *shadow.Shadow }
+
+func (o *shadowObserver) RequestDone(d *server.RequestDone) {
+	if o.s == nil || d.Decision == nil {
+		return
+	}
+	o.s.Observe(d.Decision.Request, d.Decision.Candidates, d.Decision.Chosen)
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -145,5 +146,95 @@ func TestCaptureAndAuditThroughTheRouter(t *testing.T) {
 	// The symptom the audit explains: the stamp makes every prompt's first 512-token block new.
 	if len(first) != n {
 		t.Fatalf("%d distinct first blocks in %d prompts", len(first), n)
+	}
+}
+
+func metricValue(t *testing.T, scrape []byte, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(string(scrape), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no series %s", series)
+	return 0
+}
+
+// A kv shadow beside round-robin on two engines: documents sent twice, the second time always
+// to the other engine (round-robin's rotation), so production never hits them; the shadow,
+// re-deciding on the same signals, picks the engine that holds each one.
+func TestShadowThroughTheRouter(t *testing.T) {
+	var engines []string
+	for i := 0; i < 2; i++ {
+		sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, scancel := context.WithCancel(context.Background())
+		defer scancel()
+		if err := sim.Start(sctx); err != nil {
+			t.Fatal(err)
+		}
+		defer sim.Close()
+		engines = append(engines, "--engine", fmt.Sprintf("e%d=%s", i, sim.URL()))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan [2]string, 1)
+	var logs syncBuf
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, append(engines, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policy", "round-robin",
+			"--no-events", "--block-size", "16", "--shadow-policy", "kv"), &logs, func(a, b string) { addrs <- [2]string{a, b} })
+	}()
+	var a [2]string
+	select {
+	case a = <-addrs:
+	case code := <-done:
+		t.Fatalf("exited %d: %s", code, logs.String())
+	}
+	send := func(prompt string) {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"model": "vllm-sim", "prompt": prompt, "max_tokens": 1})
+		for try := 0; ; try++ {
+			resp, err := http.Post("http://"+a[0]+"/v1/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+			if resp.StatusCode != http.StatusServiceUnavailable || try > 100 {
+				t.Fatalf("%d %s", resp.StatusCode, b)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	doc := func(i int) string { return strings.Repeat(fmt.Sprintf("Document %d says something of its own. ", i), 12) }
+	const docs = 10
+	for i := 0; i < docs; i++ {
+		send(doc(i))
+	}
+	send("a filler that moves round-robin's rotation by one")
+	for i := 0; i < docs; i++ {
+		send(doc(i) + " Summarise it.")
+	}
+	m, _ := http.Get("http://" + a[1] + "/metrics")
+	mb, _ := io.ReadAll(m.Body)
+	m.Body.Close()
+	disagree := metricValue(t, mb, `kvroute_router_shadow_decisions_total{agree="false",policy="kv"}`)
+	sh := metricValue(t, mb, `kvroute_router_shadow_cached_tokens_total{pick="shadow",policy="kv"}`)
+	pr := metricValue(t, mb, `kvroute_router_shadow_cached_tokens_total{pick="production",policy="kv"}`)
+	if disagree < docs || sh < 10*pr || sh < docs*200 {
+		t.Errorf("shadow: %v disagreements, cached on its picks %v, on production's %v; want >= %d, and the documents' tokens on the shadow's side", disagree, sh, pr, docs)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d", code)
 	}
 }

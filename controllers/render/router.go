@@ -65,6 +65,7 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 	if cp := m.Spec.Router.Capture; cp != nil && cp.Enabled {
 		c.Capture = &config.Capture{Enabled: true, Dir: RouterCaptureDir, MaxBytes: captureMaxBytes(cp), Files: int(captureFiles(cp))}
 	}
+	c.ShadowPolicy = m.Spec.Router.ShadowPolicy
 	if a := m.Spec.Router.Audit; a != nil && a.Enabled {
 		c.Audit = &config.Audit{Enabled: true, ShowText: a.ShowText}
 		if a.SampleEvery != nil {

@@ -61,6 +61,10 @@ type Config struct {
 	// Audit, when enabled, samples prompts for spans that vary at the start of otherwise
 	// repeated prompts (router/audit).
 	Audit *Audit `json:"audit,omitempty"`
+	// ShadowPolicy, when set, re-decides every request with this policy on the signals the real
+	// decision saw, without acting on it (router/shadow): what kv would have hit on today's
+	// caches, while production runs another policy.
+	ShadowPolicy string `json:"shadowPolicy,omitempty"`
 }
 
 // Capture bounds the trace capture: files of at most MaxBytes in Dir, Files of them kept.
@@ -390,6 +394,9 @@ func (c Config) Validate() error {
 		if cp.Files < 0 || cp.Files > 1000 {
 			bad("capture.files", "%d is out of range 0..1000", cp.Files)
 		}
+	}
+	if c.ShadowPolicy != "" && !slices.Contains(Policies, c.ShadowPolicy) {
+		bad("shadowPolicy", "%q is not one of %v", c.ShadowPolicy, Policies)
 	}
 	if a := c.Audit; a != nil && (a.SampleEvery < 0 || a.SampleEvery > 1<<20) {
 		bad("audit.sampleEvery", "%d is out of range 0..%d", a.SampleEvery, 1<<20)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/score"
 )
 
 // RequestObserver is the request-lifecycle seam: it is told about every generation request
@@ -38,14 +39,37 @@ type RequestDone struct {
 	Usage *proxy.Usage
 	// TTFT is the time to the first token (0 when none came).
 	TTFT time.Duration
+	// Decision is the last attempt's routing decision (nil when none was made).
+	Decision *Decision
 }
 
-func (s *Server) observe(p *prepared, arrival time.Time, engine string, out *proxy.Outcome) {
+// Decision is what a routing decision saw: the request as scored, every candidate's signals at
+// that moment, and the pick. A shadow policy (router/shadow) re-decides on it.
+type Decision struct {
+	Request    *score.Request
+	Candidates []score.Candidate
+	Chosen     int
+}
+
+func (s *Server) observe(p *prepared, arrival time.Time, engine string, out *proxy.Outcome, dec *decision) {
 	d := &RequestDone{Arrival: arrival, Done: s.now(), Tokens: p.toks, Identity: p.id,
 		Multimodal: p.unkeyed == unkeyedMultimodal, Engine: engine, Status: out.Status, Usage: out.Usage, TTFT: out.TTFT}
+	if dec != nil {
+		d.Decision = &Decision{Request: &dec.req, Candidates: dec.cands, Chosen: dec.chosen}
+	}
 	for _, o := range s.o.Observers {
 		o.RequestDone(d)
 	}
+}
+
+// NewPolicy builds a policy the way the server builds its own (the configured scoring knobs and
+// seed), for a shadow that re-decides requests without acting on them.
+func (s *Server) NewPolicy(name string) (score.Policy, error) {
+	if name == "least-loaded" {
+		name = "load"
+	}
+	kv := kvParams(s.o.Config.Scoring)
+	return score.New(name, score.Options{Seed: s.o.Seed + 1, KV: &kv})
 }
 
 // Detokenize turns token ids into text through a healthy engine's /detokenize (the prompt

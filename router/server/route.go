@@ -433,9 +433,10 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 		return
 	}
 	var final proxy.Outcome
+	var finalDecision *decision
 	finalEngine := ""
 	if len(s.o.Observers) > 0 {
-		defer func() { s.observe(p, arrival, finalEngine, &final) }()
+		defer func() { s.observe(p, arrival, finalEngine, &final, finalDecision) }()
 	}
 	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport}
 	upBody, err := rw.Apply(p.body)
@@ -472,7 +473,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			}
 		}
 		out := s.forward(ctx, w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
-		final, finalEngine = out, rep.name
+		final, finalEngine, finalDecision = out, rep.name, d
 		if out.Retryable && !out.Started {
 			why := out.Kind
 			if out.Err != nil {

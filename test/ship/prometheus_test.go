@@ -17,6 +17,8 @@ import (
 	"github.com/kvroute/kvroute/router/capture"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/shadow"
 )
 
 // vllmMetrics are the vLLM /metrics names the assets may use (vLLM >= 0.12; the kv-events
@@ -48,7 +50,11 @@ func routerMetrics(t *testing.T) map[string]string {
 	defer rec.Close()
 	aud := audit.New(audit.Options{})
 	defer aud.Close()
-	collectors = append(append(collectors, rec.Collectors()...), aud.Collectors()...)
+	pol, err := score.New("kv", score.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collectors = append(append(append(collectors, rec.Collectors()...), aud.Collectors()...), shadow.New(pol).Collectors()...)
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {
