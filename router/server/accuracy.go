@@ -1,26 +1,14 @@
 package server
 
-// Scoring modes of a decision, as the accuracy counters label them.
-const (
-	modeExact       = "exact"       // the chosen replica's exact index gave the overlap
-	modePredicted   = "predicted"   // the predicted side index gave more than the exact one
-	modeApproximate = "approximate" // the replica has no whole stream (or is demoted)
-	modeUnkeyed     = "unkeyed"     // no keys: block size unknown, multimodal
-)
+import "github.com/kvroute/kvroute/router/route"
 
-// mode is the scoring mode behind the decision's predicted cached tokens.
-func (d *decision) mode() string {
-	c := &d.cands[d.chosen]
-	switch {
-	case d.unkeyed != "":
-		return modeUnkeyed
-	case c.Approximate:
-		return modeApproximate
-	case c.PredictedBlocks > c.ExactBlocks:
-		return modePredicted
-	}
-	return modeExact
-}
+// Scoring modes of a decision, as the accuracy counters label them (route.Decision.Mode).
+const (
+	modeExact       = route.ModeExact
+	modePredicted   = route.ModePredicted
+	modeApproximate = route.ModeApproximate
+	modeUnkeyed     = route.ModeUnkeyed
+)
 
 // accountMode adds an answer with usage to its mode's accuracy counters, and for exact-mode
 // decisions to the replica's evidence for keys-wrong (predicted vs actual cached tokens).

@@ -13,6 +13,8 @@ import (
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/metrics"
 	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/route"
+	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
@@ -133,7 +135,8 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 		}
 	}
 	ri.Retries = r.retries.Load()
-	ri.Inflight = Inflight{Running: r.running.Load(), PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load()}
+	ld := r.ld.Load()
+	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens}
 	ri.Accuracy = Accuracy{Responses: r.responses.Load(), WithUsage: r.withUsage.Load(), NoUsage: r.noUsage.Load(),
 		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),
 		AbsErrorTokens: r.absErrTok.Load()}
@@ -170,6 +173,10 @@ type RouteCandidate struct {
 	DecodeTokens    int     `json:"decode_tokens"`
 	Running         int     `json:"running"`
 	WarmupCredit    float64 `json:"warmup_credit"`
+	// Breakdown is every number the decision weighed for the replica: overlap per tier,
+	// predicted, warm-up credit, each load term, the guards that excluded it and the policy's
+	// own terms when it explains itself (score.Explainer).
+	Breakdown route.Breakdown `json:"breakdown"`
 }
 
 // RouteAnswer is POST /debug/route's answer.
@@ -181,6 +188,8 @@ type RouteAnswer struct {
 	LoRA       string           `json:"lora,omitempty"`
 	Degraded   bool             `json:"degraded"`
 	Unkeyed    string           `json:"unkeyed,omitempty"`
+	// Pick is the replica the policy would choose (Chosen is its older name).
+	Pick       string           `json:"pick"`
 	Chosen     string           `json:"chosen"`
 	DecisionUS float64          `json:"decision_us"`
 	Candidates []RouteCandidate `json:"candidates"`
@@ -217,20 +226,31 @@ func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	d, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
+	d, ex, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
 	if err != nil {
 		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, err.Error())
 		return
 	}
-	ans := RouteAnswer{Policy: s.policy, Tokens: d.req.Tokens, Blocks: len(d.req.Keys), BlockSize: d.req.BlockSize,
-		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.unkeyed, Chosen: d.reps[d.chosen].name, DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
-	for i, c := range d.cands {
-		ans.Candidates = append(ans.Candidates, RouteCandidate{Replica: c.ID, Healthy: c.Healthy, Approximate: c.Approximate,
-			ExactBlocks: c.ExactBlocks, TierBlocks: c.TierBlocks, PredictedBlocks: c.PredictedBlocks, CachedTokens: d.cached[i],
-			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, Running: c.Running, WarmupCredit: c.WarmupCredit})
-	}
+	ans := s.routeAnswer(d, ex, p)
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(ans)
+	if err := json.NewEncoder(w).Encode(ans); err != nil {
+		s.log.Debug("/debug/route answer not written", "err", err)
+	}
+}
+
+// routeAnswer renders a decision for /debug/route and the sampled access log.
+func (s *Server) routeAnswer(d *decision, ex []score.Explanation, p *prepared) RouteAnswer {
+	ans := RouteAnswer{Policy: s.policy, Tokens: d.Req.Tokens, Blocks: len(d.Req.Keys), BlockSize: d.Req.BlockSize,
+		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.Unkeyed, Pick: d.reps[d.chosen].name, Chosen: d.reps[d.chosen].name,
+		DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
+	bd := d.Breakdowns(ex)
+	for i, c := range d.Cands {
+		ans.Candidates = append(ans.Candidates, RouteCandidate{Replica: c.ID, Healthy: c.Healthy, Approximate: c.Approximate,
+			ExactBlocks: c.ExactBlocks, TierBlocks: c.TierBlocks, PredictedBlocks: c.PredictedBlocks, CachedTokens: d.Cached[i],
+			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, Running: c.Running, WarmupCredit: c.WarmupCredit,
+			Breakdown: bd[i]})
+	}
+	return ans
 }
 
 // streamMetrics feeds the scrape-time collector.

@@ -18,8 +18,8 @@ import (
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
-	"github.com/kvroute/kvroute/router/score"
 )
 
 // engine is one discovered engine and its replicas (one per DP rank).
@@ -52,8 +52,8 @@ type replica struct {
 	name   string // "engine/rank", the policy's stable candidate ID
 	stream bool   // an event stream feeds it
 
-	prefill, decode, running atomic.Int64
-	retries                  atomic.Uint64 // attempts given up here before the first token
+	ld      *load.Replica // the load this router has routed there (the ledger's)
+	retries atomic.Uint64 // attempts given up here before the first token
 
 	responses, withUsage, noUsage      atomic.Uint64
 	promptTok, predictedTok, actualTok atomic.Uint64
@@ -238,6 +238,7 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 			return nil, fmt.Errorf("replica %s missing from the index", rep.name)
 		}
 		rep.id = id
+		rep.ld = s.ledger.NewReplica(id, rep.name)
 		e.reps = append(e.reps, rep)
 	}
 	return e, nil
@@ -248,24 +249,24 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 // metric series.
 func (s *Server) dropEngine(e *engine) {
 	e.gone.Store(true)
-	s.polMu.Lock()
-	f, _ := s.pol.(score.Forgetter)
 	for _, r := range e.reps {
+		var err error
 		if r.stream {
-			_ = s.sub.Remove(e.name, r.rank)
+			err = s.sub.Remove(e.name, r.rank)
 		} else {
-			_ = s.ix.RemoveReplica(r.id)
+			err = s.ix.RemoveReplica(r.id)
 		}
-		s.predicted.Forget(r.id)
-		s.approx.Forget(r.id)
-		if f != nil {
-			f.Forget(r.name)
+		if err != nil {
+			// Its index entries stay behind; they name a replica no decision scores.
+			s.log.Error("replica's index entries not removed", "replica", r.name, "err", err)
+		}
+		if r.ld != nil {
+			s.ledger.Remove(r.ld)
 		}
 		if s.peers != nil {
 			s.peers.Forget(r.id)
 		}
 	}
-	s.polMu.Unlock()
 	s.met.ForgetEngine(e.name)
 }
 

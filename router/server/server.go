@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/metrics"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/score"
@@ -62,6 +63,8 @@ type Options struct {
 	// DiscoveryWait is how long a request that arrives before the first engine snapshot waits
 	// for it before a 503 "no engine discovered yet" (10s).
 	DiscoveryWait time.Duration
+	// Observers are told of every routed request's lifecycle (load.Observer).
+	Observers []load.Observer
 	// Seed seeds the policy's random choices.
 	Seed   int64
 	Logger *slog.Logger
@@ -74,17 +77,15 @@ type Server struct {
 	now    func() time.Time
 	policy string
 
-	ix        *index.Index
-	predicted *index.SideIndex
-	approx    *index.SideIndex
-	sub       *kvevents.Subscriber
-	bound     bool
-	tok       *tokens.Tokenizer
-	px        *proxy.Proxy
-	met       *metrics.Metrics
-
-	polMu sync.Mutex
-	pol   score.Policy
+	ix    *index.Index
+	sub   *kvevents.Subscriber
+	bound bool
+	tok   *tokens.Tokenizer
+	px    *proxy.Proxy
+	met   *metrics.Metrics
+	// ledger holds every routed request until it ends, the load it puts on its replica, the
+	// predicted and approximate side indexes, and the policy.
+	ledger *load.Ledger
 
 	syncMu sync.Mutex
 	table  engineTable
@@ -151,11 +152,10 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, pol: pol, readyOnce: make(chan struct{}),
+	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, readyOnce: make(chan struct{}),
 		debugRouteSlots: make(chan struct{}, debugRouteConcurrency), tracker: degraded.NewTracker(o.HealthInterval)}
 	s.ix = index.New(index.Options{Now: o.Now})
-	s.predicted = index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL})
-	s.approx = index.NewApproximate(index.SideOptions{})
+	s.ledger = load.New(load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: o.Observers})
 	lim := o.Config.Limits
 	idle := lim.IdleTimeout.Duration
 	if o.IdleTimeout > 0 {
@@ -186,7 +186,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.table.engines = map[string]*engine{}
 	state := metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
-		func() (float64, float64) { return float64(s.predicted.Len()), float64(s.approx.Len()) },
+		func() (float64, float64) { st := s.ledger.Stats(); return float64(st.Predicted), float64(st.Approximate) },
 		s.unroutableEvents, streamCounterSpecs())
 	state.DegradedReasons = reasonNames()
 	s.met = metrics.New(state)
@@ -290,9 +290,7 @@ func (s *Server) expireLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			now := s.now()
-			s.predicted.Expire(now)
-			s.approx.Expire(now)
+			s.ledger.Expire()
 		}
 	}
 }
