@@ -29,7 +29,7 @@ type events struct {
 	got []string
 }
 
-func (e *events) add(s string) { e.mu.Lock(); e.got = append(e.got, s); e.mu.Unlock() }
+func (e *events) add(s string)                      { e.mu.Lock(); e.got = append(e.got, s); e.mu.Unlock() }
 func (e *events) Routed(ID, *Record)                { e.add("routed") }
 func (e *events) FirstToken(ID, *Record, time.Time) { e.add("first") }
 func (e *events) Done(_ ID, _ *Record, u *Usage) {

@@ -181,13 +181,13 @@ type RouteCandidate struct {
 
 // RouteAnswer is POST /debug/route's answer.
 type RouteAnswer struct {
-	Policy     string           `json:"policy"`
-	Tokens     int              `json:"tokens"`
-	Blocks     int              `json:"blocks"`
-	BlockSize  int              `json:"block_size"`
-	LoRA       string           `json:"lora,omitempty"`
-	Degraded   bool             `json:"degraded"`
-	Unkeyed    string           `json:"unkeyed,omitempty"`
+	Policy    string `json:"policy"`
+	Tokens    int    `json:"tokens"`
+	Blocks    int    `json:"blocks"`
+	BlockSize int    `json:"block_size"`
+	LoRA      string `json:"lora,omitempty"`
+	Degraded  bool   `json:"degraded"`
+	Unkeyed   string `json:"unkeyed,omitempty"`
 	// Pick is the replica the policy would choose (Chosen is its older name).
 	Pick       string           `json:"pick"`
 	Chosen     string           `json:"chosen"`

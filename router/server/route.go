@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
-	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"

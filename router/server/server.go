@@ -186,7 +186,10 @@ func New(o Options) (*Server, error) {
 	}
 	s.table.engines = map[string]*engine{}
 	state := metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
-		func() (float64, float64) { st := s.ledger.Stats(); return float64(st.Predicted), float64(st.Approximate) },
+		func() (float64, float64) {
+			st := s.ledger.Stats()
+			return float64(st.Predicted), float64(st.Approximate)
+		},
 		s.unroutableEvents, streamCounterSpecs())
 	state.DegradedReasons = reasonNames()
 	s.met = metrics.New(state)
