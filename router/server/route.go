@@ -145,6 +145,17 @@ func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 	return d, nil, nil
 }
 
+// accessLog logs one routed request in Options.AccessLogSample with the breakdown of its
+// decision (the policy's explanation is not recomputed: what the policy weighed is in the
+// numbers).
+func (s *Server) accessLog(d *decision, p *prepared) {
+	n := s.o.AccessLogSample
+	if n <= 0 || s.routedCount.Add(1)%uint64(n) != 0 {
+		return
+	}
+	s.log.Info("routed", "sample_every", n, "decision", s.routeAnswer(d, nil, p))
+}
+
 // exactStream reports whether the replica's event stream is whole (Exact); every other state,
 // or no stream at all, is scored from the approximate index too.
 func (s *Server) exactStream(r *replica) bool {
@@ -381,6 +392,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			return
 		}
 		s.met.DecisionSeconds.WithLabelValues(s.policy).Observe(d.took.Seconds())
+		s.accessLog(d, p)
 		rep := d.reps[d.chosen]
 		if d.Cands[d.chosen].Approximate {
 			s.met.ApproxDecisions.WithLabelValues(rep.eng.name).Inc()

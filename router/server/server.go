@@ -65,6 +65,11 @@ type Options struct {
 	DiscoveryWait time.Duration
 	// Observers are told of every routed request's lifecycle (load.Observer).
 	Observers []load.Observer
+	// Policy, when set, replaces the policy Config.Policy names (tests, experiments).
+	Policy score.Policy
+	// AccessLogSample, when N > 0, logs one routed request in N at INFO with its decision's
+	// breakdown (what /debug/route shows); 0 logs none.
+	AccessLogSample int
 	// Seed seeds the policy's random choices.
 	Seed   int64
 	Logger *slog.Logger
@@ -92,6 +97,8 @@ type Server struct {
 	rr     atomic.Uint64 // tokenization engine rotation
 
 	tokenizeDegraded, requestsTotal atomic.Uint64
+	// routedCount numbers routed requests for the sampled access log.
+	routedCount atomic.Uint64
 	closeOnce                       sync.Once
 	// authLogged holds the calls whose engine 401/403 was logged: a misconfigured key
 	// fails every call, so it is logged once per call kind and counted every time.
@@ -148,9 +155,14 @@ func New(o Options) (*Server, error) {
 		name = "load"
 	}
 	kv := kvParams(o.Config.Scoring)
-	pol, err := score.New(name, score.Options{Seed: o.Seed, KV: &kv})
-	if err != nil {
-		return nil, err
+	pol := o.Policy
+	if pol == nil {
+		var err error
+		if pol, err = score.New(name, score.Options{Seed: o.Seed, KV: &kv}); err != nil {
+			return nil, err
+		}
+	} else {
+		name = pol.Name()
 	}
 	s := &Server{o: o, log: o.Logger, now: o.Now, policy: name, readyOnce: make(chan struct{}),
 		debugRouteSlots: make(chan struct{}, debugRouteConcurrency), tracker: degraded.NewTracker(o.HealthInterval)}
@@ -172,6 +184,7 @@ func New(o Options) (*Server, error) {
 		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil {
 			ing.Parity = &kvevents.Parity{Algo: algo, Seed: o.Config.Hash.Seed}
 		}
+		var err error
 		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log})
 		if err != nil {
 			return nil, err
