@@ -99,7 +99,7 @@ type Server struct {
 	tokenizeDegraded, requestsTotal atomic.Uint64
 	// routedCount numbers routed requests for the sampled access log.
 	routedCount atomic.Uint64
-	closeOnce                       sync.Once
+	closeOnce   sync.Once
 	// authLogged holds the calls whose engine 401/403 was logged: a misconfigured key
 	// fails every call, so it is logged once per call kind and counted every time.
 	authLogged sync.Map
