@@ -1,5 +1,5 @@
 // Command kvrouter is kvroute's KV-cache-aware, OpenAI-compatible router (package
-// router/server). Flags override the --config file; see docs/router.md.
+// router/app, served over HTTP by router/server). Flags override the --config file; see docs/router.md.
 package main
 
 import (
@@ -19,9 +19,9 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/router/server"
 )
 
 func main() {
@@ -201,7 +201,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 2
 	}
-	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
+	srv, err := app.New(app.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
 		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvrouter:", err)

@@ -1,14 +1,11 @@
-package server
+package app
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
@@ -42,7 +39,7 @@ const (
 // discovery, else learned from a validated event. Until one of them says, it is unknown and
 // requests are routed by load without keys: keys at a guessed size would never match the
 // engines' blocks, and would fill the predicted index with entries no event ever confirms.
-func (s *Server) blockSize(reps []*replica) (int, string) {
+func (s *Router) blockSize(reps []*replica) (int, string) {
 	if bs := s.o.Config.BlockSize; bs > 0 {
 		return bs, blockSizeFromConfig
 	}
@@ -63,7 +60,7 @@ func (s *Server) blockSize(reps []*replica) (int, string) {
 
 // warmupCredit is the configured credit decaying linearly to 0 at warmup-until over the
 // warm-up duration.
-func (s *Server) warmupCredit(until, now time.Time) float64 {
+func (s *Router) warmupCredit(until, now time.Time) float64 {
 	if until.IsZero() || !now.Before(until) {
 		return 0
 	}
@@ -75,7 +72,7 @@ func (s *Server) warmupCredit(until, now time.Time) float64 {
 }
 
 // views is the decision's read-only view of every replica at now.
-func (s *Server) views(reps []*replica, now time.Time) []route.Replica {
+func (s *Router) views(reps []*replica, now time.Time) []route.Replica {
 	out := make([]route.Replica, len(reps))
 	for i, r := range reps {
 		dp := r.eng.dp.Load()
@@ -91,7 +88,7 @@ func (s *Server) views(reps []*replica, now time.Time) []route.Replica {
 // run (commit unset: /debug/route) changes no state: it asks the policy to explain itself and
 // takes the cheapest candidate, or, for a policy without explanations, asks for its pick
 // without recording it. unkeyed, when set, says why the request must not be keyed.
-func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool) (*decision, []score.Explanation, error) {
+func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool) (*decision, []score.Explanation, error) {
 	t0 := time.Now()
 	now := s.now()
 	bs, _ := s.blockSize(reps)
@@ -148,7 +145,7 @@ func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 // accessLog logs one routed request in Options.AccessLogSample with the breakdown of its
 // decision (the policy's explanation is not recomputed: what the policy weighed is in the
 // numbers).
-func (s *Server) accessLog(d *decision, p *prepared) {
+func (s *Router) accessLog(d *decision, p *prepared) {
 	n := s.o.AccessLogSample
 	if n <= 0 || s.routedCount.Add(1)%uint64(n) != 0 {
 		return
@@ -158,7 +155,7 @@ func (s *Server) accessLog(d *decision, p *prepared) {
 
 // exactStream reports whether the replica's event stream is whole (Exact); every other state,
 // or no stream at all, is scored from the approximate index too.
-func (s *Server) exactStream(r *replica) bool {
+func (s *Router) exactStream(r *replica) bool {
 	if s.exactHook != nil {
 		return s.exactHook(r)
 	}
@@ -171,7 +168,7 @@ func (s *Server) exactStream(r *replica) bool {
 
 // rollback takes back a decision for an attempt that failed before the engine took the
 // request (load.Ledger.Failed).
-func (s *Server) rollback(d *decision) {
+func (s *Router) rollback(d *decision) {
 	if d.id == 0 {
 		return
 	}
@@ -182,7 +179,7 @@ func (s *Server) rollback(d *decision) {
 }
 
 // identity is what changes KV content besides tokens: a LoRA adapter and the cache salt.
-func (s *Server) identity(tr *tokens.Request, e *engine) blockkey.Identity {
+func (s *Router) identity(tr *tokens.Request, e *engine) blockkey.Identity {
 	id := blockkey.Identity{CacheSalt: tr.CacheSalt}
 	if e != nil && tr.Model != e.model && (e.adapts[tr.Model] || e.model != "") {
 		id.LoRAName = tr.Model
@@ -191,7 +188,7 @@ func (s *Server) identity(tr *tokens.Request, e *engine) blockkey.Identity {
 }
 
 // tokenizer picks the engine that renders a request: the healthy ready engines in turn.
-func (s *Server) tokenizerEngine(reps []*replica) *engine {
+func (s *Router) tokenizerEngine(reps []*replica) *engine {
 	now := s.now()
 	var es []*engine
 	for _, r := range reps {
@@ -219,26 +216,7 @@ type prepared struct {
 
 // prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
 // load-only routing instead of failing it.
-func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, reps []*replica) (*prepared, bool) {
-	body, err := s.readBody(w, r)
-	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.met.Errors.WithLabelValues("", s.policy, "body_timeout").Inc()
-			w.Header().Set("Connection", "close")
-			proxy.WriteError(w, http.StatusRequestTimeout, proxy.TypeInvalidRequest,
-				fmt.Sprintf("the request body did not arrive within %v", s.o.Config.Limits.BodyReadTimeout.Duration))
-			return nil, false
-		}
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			s.met.Errors.WithLabelValues("", s.policy, "too_large").Inc()
-			proxy.WriteError(w, http.StatusRequestEntityTooLarge, proxy.TypeInvalidRequest,
-				fmt.Sprintf("request body over %d bytes", mbe.Limit))
-			return nil, false
-		}
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, "reading the body: "+err.Error())
-		return nil, false
-	}
+func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte, reps []*replica) (*prepared, bool) {
 	tr, err := tokens.Parse(kind, body)
 	if err != nil {
 		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
@@ -294,77 +272,11 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	return p, true
 }
 
-// jsonMediaType reports whether a Content-Type is application/json (any parameters, any case).
-func jsonMediaType(ct string) bool {
-	mt, _, _ := strings.Cut(ct, ";")
-	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
-}
-
-// awaitDiscovery holds a request that arrived before the first engine snapshot (the first
-// milliseconds after start) until it is applied, rather than refusing it; false (after a 503
-// "no engine discovered yet") when it does not come within the wait.
-func (s *Server) awaitDiscovery(w http.ResponseWriter, r *http.Request) bool {
-	select {
-	case <-s.readyOnce:
-		return true
-	default:
-	}
-	t := time.NewTimer(s.o.DiscoveryWait)
-	defer t.Stop()
-	select {
-	case <-s.readyOnce:
-		return true
-	case <-r.Context().Done():
-		return false
-	case <-t.C:
-		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
-		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, errNotDiscovered)
-		return false
-	}
-}
-
-const errNotDiscovered = "no engine discovered yet"
-
-// readBody reads a request body within limits.bodyReadTimeout and limits.maxBodyBytes.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	rc := http.NewResponseController(w)
-	deadline := false
-	if d := s.o.Config.Limits.BodyReadTimeout.Duration; d > 0 {
-		deadline = rc.SetReadDeadline(time.Now().Add(d)) == nil
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
-	if deadline && err == nil {
-		// Lifted once the body is in: a stream may last long after. On an error it stays, so
-		// net/http does not wait for the rest of a slow body before closing the connection.
-		_ = rc.SetReadDeadline(time.Time{})
-	}
-	return body, err
-}
-
-func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {
-	s.requestsTotal.Add(1)
-	if !s.awaitDiscovery(w, r) {
-		return
-	}
-	if !jsonMediaType(r.Header.Get("Content-Type")) {
-		// vLLM's generation routes depend on validate_json_request
-		// (vllm/entrypoints/openai/api_server.py): the media type, lower-cased and without
-		// parameters, must be application/json, or the request is a 400 validation error. A
-		// `curl -d` body (application/x-www-form-urlencoded) or none at all is refused here
-		// the same way, before a render call and a routing decision are spent on it.
-		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest,
-			"Unsupported Media Type: Only 'application/json' is allowed")
-		return
-	}
-	ctx := r.Context()
-	if d := s.o.Config.Limits.RequestTimeout.Duration; d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, d, proxy.ErrRequestTimeout)
-		defer cancel()
-	}
+// Generate serves one generation request (server.Router): tokenize, decide, forward, retry
+// elsewhere while no token has reached the client, account.
+func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
 	reps, _ := s.table.snapshot()
-	p, ok := s.prepare(w, r, kind, reps)
+	p, ok := s.prepare(w, r, kind, body, reps)
 	if !ok {
 		return
 	}
@@ -458,7 +370,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 }
 
 // allFailed answers a request whose every attempt failed before its first token.
-func (s *Server) allFailed(w http.ResponseWriter, last proxy.Outcome) {
+func (s *Router) allFailed(w http.ResponseWriter, last proxy.Outcome) {
 	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
 	msg := "every engine tried failed"
 	if last.Err != nil {
@@ -472,7 +384,7 @@ func (s *Server) allFailed(w http.ResponseWriter, last proxy.Outcome) {
 // stream the first data event with a choice, for a non-streamed answer the answer itself), and
 // ends it here once the engine took the request; an attempt the engine never took is the
 // caller's to take back (rollback).
-func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
+func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
 	rep := d.reps[d.chosen]
 	dp := rep.eng.dp.Load()
 	cached := d.Cached[d.chosen]
@@ -579,7 +491,7 @@ const (
 )
 
 // checkPublishing marks the stream stale when the engine serves without publishing.
-func (s *Server) checkPublishing(rep *replica, promptTokens int) {
+func (s *Router) checkPublishing(rep *replica, promptTokens int) {
 	bs := max(s.o.Config.BlockSize, 1)
 	if !rep.stream || s.sub == nil || promptTokens < bs {
 		return
@@ -601,7 +513,7 @@ func (s *Server) checkPublishing(rep *replica, promptTokens int) {
 }
 
 // account compares the prediction with the engine's reported cached tokens.
-func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usage, mode string) {
+func (s *Router) account(rep *replica, promptTokens, predicted int, u *proxy.Usage, mode string) {
 	rep.responses.Add(1)
 	s.checkPublishing(rep, promptTokens)
 	name := rep.eng.name
@@ -625,11 +537,8 @@ func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usa
 	s.accountMode(rep, mode, promptTokens, predicted, u.CachedTokens)
 }
 
-// serveModels forwards GET /v1/models to a healthy engine.
-func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
-	if !s.awaitDiscovery(w, r) {
-		return
-	}
+// Models forwards GET /v1/models to a healthy engine.
+func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	reps, _ := s.table.snapshot()
 	e := s.tokenizerEngine(reps)
 	if e == nil {

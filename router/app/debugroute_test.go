@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"encoding/json"
@@ -75,7 +75,7 @@ type routerState struct {
 	Decided uint64
 }
 
-func stateOf(t *testing.T, s *Server) routerState {
+func stateOf(t *testing.T, s *Router) routerState {
 	t.Helper()
 	st := routerState{Ledger: s.ledger.Stats(), Loads: map[string]load.Load{}, Keys: s.ix.Keys(),
 		Blocks: map[string][index.NumTiers]int{}, Routed: map[string]uint64{}, Decided: s.routedCount.Load()}

@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 
 // benchServer is a Server over n single-rank engines that are never contacted (events off),
 // with the index holding part of the prompt on some replicas so Match and scoring do real work.
-func benchServer(b *testing.B, n int, toks []uint32) (*Server, []*replica) {
+func benchServer(b *testing.B, n int, toks []uint32) (*Router, []*replica) {
 	cfg := config.Default()
 	cfg.BlockSize = 16
 	cfg.Events.Enabled = false

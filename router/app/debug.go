@@ -1,7 +1,6 @@
-package server
+package app
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -82,7 +81,7 @@ type Accuracy struct {
 }
 
 // Engines returns what /debug/engines shows.
-func (s *Server) Engines() []EngineInfo {
+func (s *Router) Engines() []EngineInfo {
 	reps, _ := s.table.snapshot()
 	now := s.now()
 	var out []EngineInfo
@@ -103,7 +102,7 @@ func (s *Server) Engines() []EngineInfo {
 	return out
 }
 
-func (s *Server) rankInfo(r *replica) RankInfo {
+func (s *Router) rankInfo(r *replica) RankInfo {
 	ri := RankInfo{Rank: r.rank, Stream: "none", Scoring: "approximate", Blocks: map[string]int{}}
 	applied := false // last_event only for a stream that applied a batch: the index also stamps clears
 	if r.stream && s.sub != nil {
@@ -149,7 +148,8 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 	return ri
 }
 
-func (s *Server) serveDebugEngines(w http.ResponseWriter, _ *http.Request) {
+// DebugEngines serves GET /debug/engines.
+func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -158,7 +158,7 @@ func (s *Server) serveDebugEngines(w http.ResponseWriter, _ *http.Request) {
 		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats()})
 }
 
-func (s *Server) reps() []*replica { r, _ := s.table.snapshot(); return r }
+func (s *Router) reps() []*replica { r, _ := s.table.snapshot(); return r }
 
 // RouteCandidate is one replica's signals and predicted hit in POST /debug/route.
 type RouteCandidate struct {
@@ -201,7 +201,8 @@ type RouteAnswer struct {
 // the prompt, so the admin port must not become a way to load the engines.
 const debugRouteConcurrency = 2
 
-func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
+// DebugRoute serves POST /debug/route.
+func (s *Router) DebugRoute(w http.ResponseWriter, r *http.Request) {
 	select {
 	case s.debugRouteSlots <- struct{}{}:
 		defer func() { <-s.debugRouteSlots }()
@@ -220,9 +221,8 @@ func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("kind") == "chat" || (json.Unmarshal(body, &probe) == nil && probe["messages"] != nil) {
 		kind = tokens.Chat
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	reps := s.reps()
-	p, ok := s.prepare(w, r, kind, reps)
+	p, ok := s.prepare(w, r, kind, body, reps)
 	if !ok {
 		return
 	}
@@ -239,7 +239,7 @@ func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 }
 
 // routeAnswer renders a decision for /debug/route and the sampled access log.
-func (s *Server) routeAnswer(d *decision, ex []score.Explanation, p *prepared) RouteAnswer {
+func (s *Router) routeAnswer(d *decision, ex []score.Explanation, p *prepared) RouteAnswer {
 	ans := RouteAnswer{Policy: s.policy, Tokens: d.Req.Tokens, Blocks: len(d.Req.Keys), BlockSize: d.Req.BlockSize,
 		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.Unkeyed, Pick: d.reps[d.chosen].name, Chosen: d.reps[d.chosen].name,
 		DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
@@ -254,7 +254,7 @@ func (s *Server) routeAnswer(d *decision, ex []score.Explanation, p *prepared) R
 }
 
 // streamMetrics feeds the scrape-time collector.
-func (s *Server) streamMetrics() []metrics.Stream {
+func (s *Router) streamMetrics() []metrics.Stream {
 	now := s.now()
 	var out []metrics.Stream
 	for _, r := range s.reps() {

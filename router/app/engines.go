@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"bufio"
@@ -78,7 +78,7 @@ func (t *engineTable) snapshot() ([]*replica, map[string]*engine) {
 
 // apply reconciles the table with a discovery snapshot: new engines get their replicas and
 // streams, removed ones lose them, a changed incarnation is a restart of every stream.
-func (s *Server) apply(ctx context.Context, snap []discovery.Engine) {
+func (s *Router) apply(ctx context.Context, snap []discovery.Engine) {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	_, old := s.table.snapshot()
@@ -158,7 +158,7 @@ type modelInfo struct {
 
 // prefetchModels reads /v1/models of every engine that will be added, concurrently, so a burst
 // of new pods (or an unreachable one) delays the snapshot by one timeout, not one per engine.
-func (s *Server) prefetchModels(ctx context.Context, snap []discovery.Engine, old map[string]*engine) map[string]modelInfo {
+func (s *Router) prefetchModels(ctx context.Context, snap []discovery.Engine, old map[string]*engine) map[string]modelInfo {
 	out := map[string]modelInfo{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -180,7 +180,7 @@ func (s *Server) prefetchModels(ctx context.Context, snap []discovery.Engine, ol
 	return out
 }
 
-func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
+func (s *Router) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 	e := &engine{name: d.Name, health: &proxy.Health{}, adapts: map[string]bool{}}
 	e.dp.Store(&d)
 	e.model = s.o.Model
@@ -247,7 +247,7 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 // dropEngine removes an engine's replicas: their streams or index entries, side-index
 // predictions, the policy's per-replica state (balance windows, learned keys) and the engine's
 // metric series.
-func (s *Server) dropEngine(e *engine) {
+func (s *Router) dropEngine(e *engine) {
 	e.gone.Store(true)
 	for _, r := range e.reps {
 		var err error
@@ -273,7 +273,7 @@ func (s *Server) dropEngine(e *engine) {
 // topic is the engine's KV-event topic: <prefix>@<host>@<model>. Pods publish with their IP
 // only (the operator's $(POD_IP), Options.TopicHostOnly); static engines, often several on one
 // host, with host:port of their HTTP address (vllm-sim's default, llm-d's convention).
-func (s *Server) topic(d discovery.Engine, model string) string {
+func (s *Router) topic(d discovery.Engine, model string) string {
 	u, err := url.Parse(d.URL)
 	host := d.URL
 	if err == nil {
@@ -286,7 +286,7 @@ func (s *Server) topic(d discovery.Engine, model string) string {
 }
 
 // models reads GET /v1/models: the base model and the LoRA adapters (entries with a parent).
-func (s *Server) models(ctx context.Context, base string) (string, []string, error) {
+func (s *Router) models(ctx context.Context, base string) (string, []string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
@@ -326,7 +326,7 @@ func (s *Server) models(ctx context.Context, base string) (string, []string, err
 
 // probeNew probes engines not probed yet at once, so a dead static engine is known before the
 // first request.
-func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
+func (s *Router) probeNew(ctx context.Context, es map[string]*engine) {
 	for _, e := range es {
 		if !e.health.State(s.now()).Probed {
 			s.probe(ctx, e)
@@ -337,7 +337,7 @@ func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
 // probe asks the engine's /health and records the answer; it reports whether it was up. A
 // success does not end a passive failure's backoff by itself: Health.ProbedAt lets the engine
 // back only for a probe that started after the failure.
-func (s *Server) probe(ctx context.Context, e *engine) bool {
+func (s *Router) probe(ctx context.Context, e *engine) bool {
 	start := s.now()
 	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
 	was := e.health.Healthy(s.now())
@@ -371,7 +371,7 @@ func isAuthErr(err error) bool {
 // counted as unroutable) and replayed from the engine's ring. The replicas are new objects:
 // load this router had in flight to the old ones is not carried over (they were just
 // appearing, so that is little, and in-flight requests settle on the objects they hold).
-func (s *Server) relearn(ctx context.Context, e *engine) {
+func (s *Router) relearn(ctx context.Context, e *engine) {
 	base, adapters, err := s.models(ctx, e.dp.Load().URL)
 	if err != nil {
 		if isAuthErr(err) {
@@ -420,7 +420,7 @@ func (s *Server) relearn(ctx context.Context, e *engine) {
 // tellStreams passes a probe's change of mind to the engine's streams: down, the old process's
 // blocks stop counting as exact at once; up, the stream checks whether the engine is still the
 // process it was (see kvevents.Subscriber.Up).
-func (s *Server) tellStreams(e *engine, down bool) {
+func (s *Router) tellStreams(e *engine, down bool) {
 	for _, r := range e.reps {
 		if !r.stream {
 			continue
@@ -439,7 +439,7 @@ func (s *Server) tellStreams(e *engine, down bool) {
 
 // gpuBlocks reads num_gpu_blocks from the engine's vllm:cache_config_info (GET /metrics); 0
 // when it cannot. It bounds the replica's index entries (kvevents.MaxBlocksFor).
-func (s *Server) gpuBlocks(ctx context.Context, base string) int {
+func (s *Router) gpuBlocks(ctx context.Context, base string) int {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
@@ -480,7 +480,7 @@ func parseGPUBlocks(r io.Reader) int {
 }
 
 // probeLoop polls every engine's /health.
-func (s *Server) probeLoop(ctx context.Context) {
+func (s *Router) probeLoop(ctx context.Context) {
 	t := time.NewTicker(s.o.ProbeInterval)
 	defer t.Stop()
 	for {

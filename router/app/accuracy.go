@@ -1,4 +1,4 @@
-package server
+package app
 
 import "github.com/kvroute/kvroute/router/route"
 
@@ -12,7 +12,7 @@ const (
 
 // accountMode adds an answer with usage to its mode's accuracy counters, and for exact-mode
 // decisions to the replica's evidence for keys-wrong (predicted vs actual cached tokens).
-func (s *Server) accountMode(rep *replica, mode string, prompt, predicted, actual int) {
+func (s *Router) accountMode(rep *replica, mode string, prompt, predicted, actual int) {
 	name := rep.eng.name
 	s.met.ModePromptTokens.WithLabelValues(name, mode).Add(float64(prompt))
 	s.met.ModePredictedCached.WithLabelValues(name, mode).Add(float64(predicted))
