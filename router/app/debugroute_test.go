@@ -108,7 +108,7 @@ func TestDebugRouteChangesNoState(t *testing.T) {
 			t.Fatalf("%d %s", a.status, a.body)
 		}
 	}
-	eventually(t, "blocks indexed", func() bool { return rt.s.ix.Keys() > 0 })
+	settled(t, rt)
 	before, calls := stateOf(t, rt.s), pol.calls()
 	if calls[0] != 3 || calls[1] != 3 {
 		t.Fatalf("policy calls %v after 3 requests", calls)
@@ -172,6 +172,7 @@ func TestDebugRouteKVLeavesLedger(t *testing.T) {
 	if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(71, 256, 1, 16, 1)); a.status != 200 {
 		t.Fatalf("%d %s", a.status, a.body)
 	}
+	settled(t, rt)
 	before := stateOf(t, rt.s)
 	a := postJSON(t, rt.admin.URL+"/debug/route", idsPrompt(71, 256, 2, 16, 1))
 	var ans RouteAnswer
@@ -181,4 +182,18 @@ func TestDebugRouteKVLeavesLedger(t *testing.T) {
 	if after := stateOf(t, rt.s); !reflect.DeepEqual(before, after) {
 		t.Fatalf("/debug/route changed the router's state:\nbefore %+v\nafter  %+v", before, after)
 	}
+}
+
+// settled waits until the engines' events confirmed every predicted block: the index holds, per
+// replica, what the ledger predicted there, so nothing moves while the state is compared.
+func settled(t *testing.T, rt *router) {
+	t.Helper()
+	eventually(t, "every predicted block indexed", func() bool {
+		st := stateOf(t, rt.s)
+		n := 0
+		for _, b := range st.Blocks {
+			n += b[0]
+		}
+		return n > 0 && n == st.Ledger.Predicted
+	})
 }

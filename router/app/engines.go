@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,13 +8,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/router/discovery"
+	fleetmetrics "github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/load"
@@ -58,6 +56,10 @@ type replica struct {
 	responses, withUsage, noUsage      atomic.Uint64
 	promptTok, predictedTok, actualTok atomic.Uint64
 	absErrTok                          atomic.Uint64
+
+	// engineFigures is the rank's latest figures from the engine's /metrics (router/fleet's
+	// reader pushes them; nil until a page was read).
+	engineFigures atomic.Pointer[fleetmetrics.Rank]
 
 	quiet atomic.Int64 // requests served in a row with no event applied for staleAfter
 	h     repHealth    // degraded reasons (health.go)
@@ -129,6 +131,7 @@ func (s *Router) apply(ctx context.Context, snap []discovery.Engine) {
 	s.table.mu.Lock()
 	s.table.engines, s.table.reps = next, reps
 	s.table.mu.Unlock()
+	s.scraper.SetTargets(scrapeTargets(next))
 	s.probeNew(ctx, next)
 }
 
@@ -415,6 +418,7 @@ func (s *Router) relearn(ctx context.Context, e *engine) {
 	s.table.mu.Lock()
 	s.table.engines, s.table.reps = next, nreps
 	s.table.mu.Unlock()
+	s.scraper.SetTargets(scrapeTargets(next))
 }
 
 // tellStreams passes a probe's change of mind to the engine's streams: down, the old process's
@@ -437,46 +441,61 @@ func (s *Router) tellStreams(e *engine, down bool) {
 	}
 }
 
-// gpuBlocks reads num_gpu_blocks from the engine's vllm:cache_config_info (GET /metrics); 0
-// when it cannot. It bounds the replica's index entries (kvevents.MaxBlocksFor).
+// gpuBlocks reads num_gpu_blocks from the engine's vllm:cache_config_info (GET /metrics, by
+// the fleet's reader); 0 when it cannot. It bounds the replica's index entries
+// (kvevents.MaxBlocksFor).
 func (s *Router) gpuBlocks(ctx context.Context, base string) int {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	smp, err := s.scraper.Read(ctx, base)
 	if err != nil {
 		return 0
 	}
-	resp, err := s.px.Client().Do(req)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0
-	}
-	return parseGPUBlocks(io.LimitReader(resp.Body, 8<<20))
+	return smp.GPUBlocks
 }
 
-// parseGPUBlocks finds num_gpu_blocks="N" on a vllm:cache_config_info line of a Prometheus text
-// exposition (vLLM sets every CacheConfig field as a label of that gauge).
+// parseGPUBlocks finds num_gpu_blocks in a Prometheus text exposition (fleetmetrics.Parse).
 func parseGPUBlocks(r io.Reader) int {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "vllm:cache_config_info{") {
-			continue
-		}
-		_, rest, ok := strings.Cut(line, `num_gpu_blocks="`)
-		if !ok {
-			continue
-		}
-		v, _, _ := strings.Cut(rest, `"`)
-		if n, err := strconv.Atoi(v); err == nil && n > 0 {
-			return n
+	page, err := io.ReadAll(io.LimitReader(r, 8<<20))
+	if err != nil {
+		return 0
+	}
+	smp, _ := fleetmetrics.Parse(page)
+	return smp.GPUBlocks
+}
+
+// engineSample takes an engine's /metrics figures (router/fleet) into its replicas, where
+// every decision reads them without a lock.
+func (s *Router) engineSample(name string, smp *fleetmetrics.Sample) {
+	_, es := s.table.snapshot()
+	e, ok := es[name]
+	if !ok {
+		return
+	}
+	for _, r := range e.reps {
+		if fig, ok := smp.Rank(r.rank); ok {
+			r.engineFigures.Store(&fig)
 		}
 	}
-	return 0
+}
+
+// engineScrapeFailed counts an engine /metrics page not read (logged once a minute per engine).
+func (s *Router) engineScrapeFailed(name string, err error) {
+	_, es := s.table.snapshot()
+	e, ok := es[name]
+	if !ok || e.gone.Load() {
+		return
+	}
+	s.met.EngineScrapes.WithLabelValues(name).Inc()
+	s.logLimited("scrape:"+name, "engine /metrics not read; its queue and KV-use signals keep their last values, counted in kvroute_router_engine_metrics_failures_total",
+		"engine", name, "err", err)
+}
+
+// scrapeTargets is every engine of the table, for the fleet's /metrics reader.
+func scrapeTargets(es map[string]*engine) []fleetmetrics.Target {
+	out := make([]fleetmetrics.Target, 0, len(es))
+	for name, e := range es {
+		out = append(out, fleetmetrics.Target{Name: name, URL: e.dp.Load().URL})
+	}
+	return out
 }
 
 // probeLoop polls every engine's /health.

@@ -78,6 +78,9 @@ func (s *Router) views(reps []*replica, now time.Time) []route.Replica {
 		dp := r.eng.dp.Load()
 		out[i] = route.Replica{Name: r.name, ID: r.id, Load: r.ld, Ready: dp.Ready, Healthy: r.eng.health.Healthy(now),
 			Approximate: !s.exactStream(r), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now)}
+		if fig := r.engineFigures.Load(); fig != nil {
+			out[i].Queue, out[i].KVUtil = fig.Waiting, fig.KVUsage
+		}
 	}
 	return out
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
+	fleetmetrics "github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/load"
@@ -57,6 +58,8 @@ type Options struct {
 	PredictedTTL time.Duration
 	// TokenizeTimeout bounds one tokenization (2s).
 	TokenizeTimeout time.Duration
+	// ScrapeInterval between reads of every engine's /metrics (fleetmetrics.DefaultInterval).
+	ScrapeInterval time.Duration
 	// HealthInterval between samples of every replica's counters for its degraded reasons (5s).
 	HealthInterval time.Duration
 	// MaxAttempts bounds the engines tried for one request (3).
@@ -90,6 +93,8 @@ type Router struct {
 	px    *proxy.Proxy
 	met   *metrics.Metrics
 	http  *server.Server
+	// scraper is the one reader of the engines' /metrics (queue, running, KV use, GPU blocks).
+	scraper *fleetmetrics.Reader
 	// ledger holds every routed request until it ends, the load it puts on its replica, the
 	// predicted and approximate side indexes, and the policy.
 	ledger *load.Ledger
@@ -177,6 +182,8 @@ func New(o Options) (*Router, error) {
 	}
 	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstTokenTimeout.Duration,
 		IdleTimeout: idle, EngineAPIKey: o.EngineAPIKey})
+	s.scraper = fleetmetrics.NewReader(fleetmetrics.ReaderOptions{Client: s.px.Client(), Interval: o.ScrapeInterval, Timeout: 2 * time.Second,
+		OnSample: s.engineSample, OnError: s.engineScrapeFailed})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		s.peers = kvevents.NewPeerTable()
@@ -276,6 +283,7 @@ func (s *Router) Run(ctx context.Context) error {
 	go s.probeLoop(ctx)
 	go s.expireLoop(ctx)
 	go s.healthLoop(ctx)
+	go s.scraper.Run(ctx)
 	err := src.Run(ctx, func(snap []discovery.Engine) {
 		s.apply(ctx, snap)
 		select {

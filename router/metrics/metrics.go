@@ -26,6 +26,7 @@ type Metrics struct {
 	TokenizeFailures  prometheus.Counter
 	TokenizeSource    *prometheus.CounterVec // source
 	EngineAuth        *prometheus.CounterVec // call: engines refusing the router's credentials
+	EngineScrapes     *prometheus.CounterVec // engine: /metrics pages not read
 	PromptTokens      *prometheus.CounterVec // engine
 	PredictedCached   *prometheus.CounterVec // engine
 	ActualCached      *prometheus.CounterVec // engine (responses with usage only)
@@ -67,6 +68,9 @@ func New(state prometheus.Collector) *Metrics {
 		EngineAuth: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_auth_failures_total",
 			Help: "Router calls an engine refused with 401/403 (no or wrong engine API key: a router misconfiguration), by call: tokenize, models, health, generate."},
 			[]string{"call"}),
+		EngineScrapes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_metrics_failures_total",
+			Help: "Engine /metrics pages the router could not read or parse (its queue and KV-use signals for the engine keep the last page's values until one is read)."},
+			[]string{"engine"}),
 		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prompt_tokens_total",
 			Help: "Prompt tokens routed, by engine."}, []string{"engine"}),
 		PredictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "predicted_cached_tokens_total",
@@ -96,7 +100,7 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Cached tokens the engines reported, by engine and the scoring mode of the decision."}, []string{"engine", "mode"}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
-		m.TokenizeSource, m.EngineAuth, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
+		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
 		m.TTFBSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {
@@ -112,7 +116,7 @@ func (m *Metrics) ForgetEngine(name string) {
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.Requests, m.Errors, m.Retries,
 		m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.TTFBSeconds,
 		m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached,
-		m.ModeActualCached} {
+		m.ModeActualCached, m.EngineScrapes} {
 		v.DeletePartialMatch(l)
 	}
 }
