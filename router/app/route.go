@@ -438,7 +438,7 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		s.engineAuthFailure(callGenerate, rep.eng.name, out.Err)
 	}
 	if out.Status > 0 && !out.AuthRejected {
-		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())
+		s.met.EngineHeadersSeconds.WithLabelValues(rep.eng.name).Observe(out.HeadersAfter.Seconds())
 	}
 	if out.EngineError != "" {
 		when := "before_first_token"
