@@ -4,20 +4,22 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/audit"
 	"github.com/kvroute/kvroute/router/capture"
-	"github.com/kvroute/kvroute/router/server"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/shadow"
 )
 
-// observers are the request observers the configuration enables: the trace capture and the
-// prompt audit, each adapted from the server's RequestDone to its own package's input (the
-// one place to re-point when the server's seam moves).
+// observers are the request observers the configuration enables: the trace capture, the
+// prompt audit and the shadow policy, each adapted from the ledger's lifecycle (load.Observer,
+// told when a routed request is done) to its own package's input.
 type observers struct {
-	list      []server.RequestObserver
+	list      []load.Observer
 	rec       *capture.Recorder
 	aud       *audit.Auditor
 	shadowObs *shadowObserver
@@ -34,7 +36,7 @@ func newObservers(st *settings) (*observers, error) {
 			return nil, err
 		}
 		o.rec = rec
-		o.list = append(o.list, captureObserver{rec})
+		o.list = append(o.list, captureObserver(rec))
 	}
 	if a := st.cfg.Audit; a != nil && a.Enabled {
 		// Shapes come from the engine's /detokenize of the varying span and a little context:
@@ -42,18 +44,18 @@ func newObservers(st *settings) (*observers, error) {
 		// prompts alike, where the request body's text would need the chat template's offsets.
 		o.aud = audit.New(audit.Options{SampleEvery: a.SampleEvery, ShowText: a.ShowText, Logger: st.logger,
 			Decode: func(ctx context.Context, ids []uint32) (string, error) { return o.decode(ctx, ids) }})
-		o.list = append(o.list, auditObserver{o.aud})
+		o.list = append(o.list, auditObserver(o.aud))
 	}
 	if st.cfg.ShadowPolicy != "" {
 		// The policy is built by the server (its scoring knobs): attach fills it in.
 		o.shadowObs = &shadowObserver{}
-		o.list = append(o.list, o.shadowObs)
+		o.list = append(o.list, o.shadowObs.observer())
 	}
 	return o, nil
 }
 
 // attach registers the observers' metrics (and, for the audit, its engine access) on srv.
-func (o *observers) attach(srv *server.Server, st *settings) error {
+func (o *observers) attach(srv *app.Router, st *settings) error {
 	var cs []prometheus.Collector
 	if o.rec != nil {
 		cs = append(cs, o.rec.Collectors()...)
@@ -103,33 +105,41 @@ func (o *observers) close() {
 	}
 }
 
-type auditObserver struct{ a *audit.Auditor }
+// done adapts load.Observer to the one call every observer here needs: the request's end.
+type done func(r *load.Record, u *load.Usage)
 
-func (a auditObserver) RequestDone(d *server.RequestDone) {
-	if d.Multimodal {
-		return // media the token ids do not show: not a text lead
-	}
-	a.a.Observe(d.Tokens)
+func (f done) Routed(load.ID, *load.Record)                  {}
+func (f done) FirstToken(load.ID, *load.Record, time.Time)   {}
+func (f done) Failed(load.ID, *load.Record)                  {}
+func (f done) Done(_ load.ID, r *load.Record, u *load.Usage) { f(r, u) }
+
+func captureObserver(rec *capture.Recorder) load.Observer {
+	return done(func(r *load.Record, u *load.Usage) {
+		q := capture.Request{Arrival: r.At, Tokens: r.Tokens, Multimodal: r.Multimodal,
+			Identity: capture.Identity{LoRA: r.Identity.LoRAName, CacheSalt: r.Identity.CacheSalt}}
+		if u != nil {
+			q.OutputTokens = u.CompletionTokens
+		}
+		rec.Observe(q)
+	})
 }
 
-type captureObserver struct{ r *capture.Recorder }
-
-func (c captureObserver) RequestDone(d *server.RequestDone) {
-	q := capture.Request{Arrival: d.Arrival, Tokens: d.Tokens, Multimodal: d.Multimodal,
-		Identity: capture.Identity{LoRA: d.Identity.LoRAName, CacheSalt: d.Identity.CacheSalt}}
-	if d.Usage != nil {
-		q.OutputTokens = d.Usage.CompletionTokens
-	}
-	c.r.Observe(q)
+func auditObserver(a *audit.Auditor) load.Observer {
+	return done(func(r *load.Record, _ *load.Usage) {
+		if !r.Multimodal { // media the token ids do not show: not a text lead
+			a.Observe(r.Tokens)
+		}
+	})
 }
 
 // shadowObserver re-decides each request with the shadow policy; s is set by attach, before
-// the server takes requests.
+// the router takes requests.
 type shadowObserver struct{ s *shadow.Shadow }
 
-func (o *shadowObserver) RequestDone(d *server.RequestDone) {
-	if o.s == nil || d.Decision == nil {
-		return
-	}
-	o.s.Observe(d.Decision.Request, d.Decision.Candidates, d.Decision.Chosen)
+func (o *shadowObserver) observer() load.Observer {
+	return done(func(r *load.Record, _ *load.Usage) {
+		if o.s != nil {
+			o.s.Observe(r.Req, r.Cands, r.Chosen)
+		}
+	})
 }

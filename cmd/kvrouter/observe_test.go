@@ -215,7 +215,9 @@ func TestShadowThroughTheRouter(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	doc := func(i int) string { return strings.Repeat(fmt.Sprintf("Document %d says something of its own. ", i), 12) }
+	doc := func(i int) string {
+		return strings.Repeat(fmt.Sprintf("Document %d says something of its own. ", i), 12)
+	}
 	const docs = 10
 	for i := 0; i < docs; i++ {
 		send(doc(i))

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -250,6 +252,19 @@ func TestCaptureAndAuditValidation(t *testing.T) {
 		_, err := Parse([]byte(tc.yaml))
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: err %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// The router reads engine pods by the annotation names the operator writes: one set of names,
+// the API package's, and every default points at it.
+func TestAnnotationNamesAreTheOperators(t *testing.T) {
+	d := DefaultKubernetesDiscovery("ns", "app=x", 0)
+	got := []string{d.EventsPortsAnnotation, d.ReplayPortsAnnotation, d.BlockSizeAnnotation, d.WarmupUntilAnnotation}
+	want := []string{v1alpha1.AnnotationKVEvents, v1alpha1.AnnotationKVReplay, v1alpha1.AnnotationBlock, v1alpha1.AnnotationWarmup}
+	for i := range want {
+		if got[i] != want[i] || !strings.HasPrefix(got[i], v1alpha1.AnnotationPrefix) {
+			t.Errorf("annotation %d: the router reads %q, the operator writes %q", i, got[i], want[i])
 		}
 	}
 }
