@@ -36,7 +36,8 @@ type Options struct {
 	Namespace, Model, Pod string
 	// Source returns the degraded replicas now, in a stable order.
 	Source func() []Degraded
-	// Interval between looks at Source (5s); a change is written at once.
+	// Interval between looks at Source (1s): a look reads memory only and writes nothing unless
+	// the report changed, so it is short to keep a new reason's way to the API server short.
 	Interval time.Duration
 	// Heartbeat re-confirms an unchanged report (60s); the operator ignores reports older than
 	// two minutes.
@@ -62,7 +63,7 @@ func New(rc *rest.Config, o Options) (*Reporter, error) {
 		return nil, err
 	}
 	if o.Interval <= 0 {
-		o.Interval = 5 * time.Second
+		o.Interval = time.Second
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = time.Minute

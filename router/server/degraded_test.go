@@ -109,8 +109,9 @@ func TestDegradedUndecodable(t *testing.T) {
 	}
 }
 
-// An event endpoint nobody publishes on, with requests routed there for a whole window, is
-// no-events; before the window has passed it is not.
+// An event endpoint nobody publishes on, with too few requests routed there to prove anything
+// (one, under degraded.QuietRequests), is no-events once a whole window passed; before, it is
+// not.
 func TestDegradedNoEvents(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{})
 	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{"tcp://127.0.0.1:9"}, Ready: true}
@@ -125,6 +126,40 @@ func TestDegradedNoEvents(t *testing.T) {
 	rt.s.healthTick(t0.Add(degraded.Window))
 	if !hasReason(rt, "e0/0", degraded.NoEvents) {
 		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+}
+
+// An engine that keeps serving but stopped publishing is no-events at the first sample after
+// QuietRequests block-sized requests (not a whole window later), and no longer once its held
+// batches arrive. The router's stale mark and the reason share the count.
+func TestDegradedNoEventsOnEvidence(t *testing.T) {
+	if staleHits != degraded.QuietRequests {
+		t.Fatalf("staleHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", staleHits, degraded.QuietRequests)
+	}
+	sim := startSim(t, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 1))
+	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
+		t.Fatalf("healthy stream degraded: %v", r)
+	}
+	sim.SetEventsStalled(true)
+	time.Sleep(staleAfter) // each quiet request must come staleAfter past the last applied batch
+	for i := range degraded.QuietRequests {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, 0, 0, 1))
+	}
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.NoEvents) {
+		t.Fatalf("degraded %+v after %d requests with no events", rt.s.Degraded(), degraded.QuietRequests)
+	}
+	sim.SetEventsStalled(false)
+	eventually(t, "the held batches", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 1 })
+	rt.s.healthTick(t0.Add(15 * time.Second))
+	if hasReason(rt, "e0/0", degraded.NoEvents) {
+		t.Fatalf("still no-events after the batches arrived: %+v", rt.s.Degraded())
 	}
 }
 

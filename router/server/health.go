@@ -84,7 +84,8 @@ func (s *Server) healthTick(now time.Time) {
 		byName[r.name] = r
 		h := &r.h
 		smp := degraded.Sample{Events: r.stream, Routed: h.routed.Load(), MultimodalRouted: h.mmRouted.Load(),
-			TokenizerFailures: h.tokFail.Load(), ExactPredicted: h.exactPred.Load(), ExactActual: h.exactActual.Load()}
+			TokenizerFailures: h.tokFail.Load(), ExactPredicted: h.exactPred.Load(), ExactActual: h.exactActual.Load(),
+			QuietRequests: uint64(max(r.quiet.Load(), 0))}
 		if p := h.tokErr.Load(); p != nil {
 			smp.TokenizerError = *p
 		}
