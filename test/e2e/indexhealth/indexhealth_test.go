@@ -1,7 +1,11 @@
-// Package indexhealth proves the index-health path end to end: a real control plane (envtest)
-// running the operator, two vllm-sim engines publishing KV events, one of them hashing with the
-// wrong PYTHONHASHSEED, and a kvrouter (in process, static discovery of the two sims) whose
-// report reaches the KVRoutedModel as its router ServiceAccount. The fault must show as
+// Package indexhealth proves the index-health path end to end through a real control plane
+// (envtest) running the operator. TestKVRouterBinaryRaisesAndClearsIndexHealthy is the issue's
+// whole proof at shipped timing: the kvrouter binary with the rendered config and Kubernetes
+// discovery, engines backed by hack/podbacker, a fault provoked and cleared.
+// TestWrongSeedRaisesIndexHealthy is the quicker in-process variant for a key-correctness
+// reason: two vllm-sim engines publishing KV events, one of them hashing with the wrong
+// PYTHONHASHSEED, and a kvrouter (in process, static discovery of the two sims) whose report
+// reaches the KVRoutedModel as its router ServiceAccount. The fault must show as
 // IndexHealthy=False naming the replica, Degraded=True/IndexUnhealthy with Ready untouched, and
 // a Warning Event, read back through the API server.
 package indexhealth
@@ -40,8 +44,8 @@ import (
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/report"
 	"github.com/kvroute/kvroute/router/server"
-	"github.com/kvroute/kvroute/test/envtestenv"
 	"github.com/kvroute/kvroute/sim/vllmsim"
+	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
@@ -87,24 +91,7 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	// The operator.
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Cache: controllers.CacheOptions(),
-		Metrics: metricsserver.Options{BindAddress: "0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := controllers.NewReconciler(mgr, render.Options{DefaultEngineImage: "e:1", DefaultRouterImage: "r:1"}, clock.RealClock{})
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = mgr.Start(ctx) }()
-	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k8s := runOperator(t, ctx, cfg)
 
 	// The model, its rendered Role for the router, and a router pod.
 	const ns = "llm"
@@ -213,6 +200,30 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 		}
 		return fmt.Errorf("none among %d events", len(evs.Items))
 	})
+}
+
+// runOperator runs the operator's reconciler in a manager against cfg until ctx ends, and
+// returns a client of the control plane.
+func runOperator(t *testing.T, ctx context.Context, cfg *rest.Config) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Cache: controllers.CacheOptions(),
+		Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := controllers.NewReconciler(mgr, render.Options{DefaultEngineImage: "e:1", DefaultRouterImage: "r:1"}, clock.RealClock{})
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = mgr.Start(ctx) }()
+	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k8s
 }
 
 func prompt(seed int) string {
