@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -20,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
+	"github.com/kvroute/kvroute/router/kvwire"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -456,4 +458,156 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// pubRouter is a router in front of one engine whose KV events come from a test publisher
+// (real ZMQ and msgpack) with a first batch already applied, and a cache keyed as the router
+// keys (sha256, seed 0, 16-token blocks).
+func pubRouter(t *testing.T, opts kvtest.Options, replay []string) (*router, *kvtest.Publisher, *kvtest.Cache) {
+	t.Helper()
+	sim := startSim(t, vllmsim.Config{})
+	u, _ := url.Parse(sim.URL())
+	opts.Topic = "kv@" + u.Host + "@m"
+	pub, err := kvtest.NewPublisher(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()}, Replay: replay, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
+		noHealthLoop(o)
+		o.Model = "m"
+		o.Config.Events.Replay = len(replay) > 0
+	})
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	algo, _ := blockkey.ParseAlgo("sha256")
+	cache, err := kvtest.NewCache(algo, "0", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := cache.Store(tokensFrom(1, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a first batch applied", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.Applied > 0
+	})
+	// The batches published while the SUB was joining have all arrived: the test's samples
+	// start from a settled stream.
+	eventually(t, "every published batch applied", func() bool {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.HaveSeq && st.LastSeq+1 == pub.NextSeq()
+	})
+	return rt, pub, cache
+}
+
+// tokensFrom is n distinct token ids from seed.
+func tokensFrom(seed, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(1000 + (seed*7919+i*31)%100000)
+	}
+	return out
+}
+
+// Stored events whose parent the replica never held, more of them than blocks indexed, make
+// it unchained at the next sample; the index is not demoted for it.
+func TestDegradedUnchained(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	for i := range 8 {
+		ev, err := cache.Store(tokensFrom(10+i, 48), 1) // parent: block 0, never published
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pub.Publish(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "unknown parents counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.UnknownParent >= 8 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.Unchained) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stats %+v", rt.s.Degraded(), st)
+	}
+	ri := rt.s.Engines()[0].Ranks[0]
+	if ri.Demoted || ri.Counters["unknown_parents"] < 4 {
+		t.Fatalf("rank info %+v", ri)
+	}
+	if body := scrape(t, rt); !strings.Contains(body, `kvroute_router_replica_degraded{engine="e0",rank="0",reason="unchained"} 1`) {
+		t.Fatalf("/metrics:\n%s", grepLines(body, "replica_degraded"))
+	}
+}
+
+// Events of a sliding-window group are skipped (counted) and the replica shows the
+// informational hybrid-groups-skipped.
+func TestDegradedHybridGroupsSkipped(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(20, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Stored.GroupIdx, ev.Stored.KVCacheSpecKind = kvwire.Some(int64(1)), kvwire.Some("sliding_window")
+	if _, err := pub.Publish(ev); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the group skipped", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.SkippedGroups > 0 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if got := reasonsOf(rt, "e0/0"); len(got) != 1 || got[0] != degraded.HybridGroupsSkipped {
+		t.Fatalf("degraded %v", got)
+	}
+	if !degraded.HybridGroupsSkipped.Informational() {
+		t.Fatal("hybrid-groups-skipped must stay informational")
+	}
+}
+
+// A stream whose replay never answers holds the live batches behind the gap: received, none
+// applied, which is stalled at the next sample (before the replay gives up).
+func TestDegradedStalled(t *testing.T) {
+	// A replay endpoint that accepts connections and never speaks ZMTP: the replay hangs until
+	// its first-reply timeout.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, []string{"tcp://" + ln.Addr().String()})
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(30, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = pub.PublishLost(ev) // the gap
+	for range 4 {
+		_, _ = pub.Publish(ev)
+	}
+	eventually(t, "live batches held behind the replay", func() bool {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Replaying && st.Received >= 5
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if st, _ := rt.s.sub.Stats("e0", 0); st.State != kvevents.Replaying {
+		t.Skipf("the replay gave up before the sample (loaded machine): %s", st.State)
+	}
+	if !hasReason(rt, "e0/0", degraded.Stalled) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stats %+v", rt.s.Degraded(), st)
+	}
 }
