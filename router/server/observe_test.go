@@ -2,9 +2,12 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -163,3 +167,40 @@ type syncBuf struct {
 
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// Bound mode: a message whose topic names no engine is dropped and counted on /metrics and in
+// /debug/engines (it belongs to no engine's counters).
+func TestUnroutableTopicCounted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	sim := startSim(t, vllmsim.Config{KVEventsPort: -1})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "b0", URL: sim.URL(), Ready: true}}), func(o *Options) { o.EventsBind = bind })
+	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@10.9.9.9@nobody", Connect: bind, NoReplay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	eventually(t, "an unroutable message counted", func() bool {
+		_, _ = pub.PublishPayload([]byte("x")) // dropped by topic before decoding
+		return rt.s.sub.Unroutable() > 0
+	})
+	if body := scrape(t, rt); !regexp.MustCompile(`(?m)^kvroute_router_events_unroutable_total [1-9]`).MatchString(body) {
+		t.Fatalf("/metrics:\n%s", grepLines(body, "unroutable"))
+	}
+	resp, err := http.Get(rt.admin.URL + "/debug/engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var dbg struct {
+		Unroutable uint64 `json:"events_unroutable"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&dbg); err != nil || dbg.Unroutable == 0 {
+		t.Fatalf("/debug/engines events_unroutable %d (%v)", dbg.Unroutable, err)
+	}
+}
