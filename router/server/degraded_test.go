@@ -463,7 +463,7 @@ func (s *syncBuffer) String() string {
 // pubRouter is a router in front of one engine whose KV events come from a test publisher
 // (real ZMQ and msgpack) with a first batch already applied, and a cache keyed as the router
 // keys (sha256, seed 0, 16-token blocks).
-func pubRouter(t *testing.T, opts kvtest.Options, replay []string) (*router, *kvtest.Publisher, *kvtest.Cache) {
+func pubRouter(t *testing.T, opts kvtest.Options, replay []string, logs ...*syncBuffer) (*router, *kvtest.Publisher, *kvtest.Cache) {
 	t.Helper()
 	sim := startSim(t, vllmsim.Config{})
 	u, _ := url.Parse(sim.URL())
@@ -478,6 +478,9 @@ func pubRouter(t *testing.T, opts kvtest.Options, replay []string) (*router, *kv
 		noHealthLoop(o)
 		o.Model = "m"
 		o.Config.Events.Replay = len(replay) > 0
+		if len(logs) > 0 {
+			o.Logger = slog.New(slog.NewTextHandler(logs[0], nil))
+		}
 	})
 	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -609,5 +612,38 @@ func TestDegradedStalled(t *testing.T) {
 	if !hasReason(rt, "e0/0", degraded.Stalled) {
 		st, _ := rt.s.sub.Stats("e0", 0)
 		t.Fatalf("degraded %+v; stats %+v", rt.s.Degraded(), st)
+	}
+}
+
+// The first of each kind of drop on a stream is logged once (WARN, with the counter and its
+// metric); further drops of that kind, in later samples too, only count.
+func TestFirstDropOfEachKindLoggedOnce(t *testing.T) {
+	var logs syncBuffer
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil, &logs)
+	t0 := time.Now()
+	for i := range 3 {
+		ev, err := cache.Store(tokensFrom(40+i, 48), 1) // unknown parent
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev2, _ := cache.Store(tokensFrom(50+i, 32), 0)
+		ev2.Stored.Medium = kvwire.Some("NVME_OVER_THE_MOON") // a medium this version does not know
+		if _, err := pub.Publish(ev, ev2); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the drops counted", func() bool {
+			st, _ := rt.s.sub.Stats("e0", 0)
+			return st.UnknownParent >= uint64(i+1) && st.SkippedMedia >= uint64(i+1)
+		})
+		rt.s.healthTick(t0.Add(time.Duration(i) * 5 * time.Second))
+	}
+	out := logs.String()
+	for _, key := range []string{"unknown_parents", "skipped_media"} {
+		if n := strings.Count(out, "counter="+key); n != 1 {
+			t.Errorf("%s logged %d times, want once:\n%s", key, n, grepLines(out, "dropped"))
+		}
+	}
+	if !strings.Contains(out, "metric=kvroute_router_stream_unknown_parents_total") {
+		t.Errorf("the line does not name the metric:\n%s", grepLines(out, "dropped"))
 	}
 }

@@ -36,6 +36,8 @@ type repHealth struct {
 	// Only the health loop touches these.
 	last     kvevents.Stats
 	haveLast bool
+	// dropsLogged: the kinds of drop already logged for the stream (kvevents.FirstDrops).
+	dropsLogged map[string]bool
 }
 
 // noteTokenizeFailure counts a failed render against the engine that was asked, when the
@@ -128,11 +130,20 @@ func (s *Server) healthTick(now time.Time) {
 }
 
 // logStateChange logs a stream's state change once, with the counters that moved since the
-// last sample (the reason the stream gives no other way).
+// last sample (the reason the stream gives no other way), and the first of each kind of drop
+// on the stream (a WARN each; the counters carry the rest).
 func (s *Server) logStateChange(r *replica, st kvevents.Stats) {
 	h := &r.h
 	prev, had := h.last, h.haveLast
 	h.last, h.haveLast = st, true
+	if h.dropsLogged == nil {
+		h.dropsLogged = map[string]bool{}
+	}
+	// A stream's counters start at zero, so the first sample's are all new.
+	for _, c := range kvevents.FirstDrops(prev, st, h.dropsLogged) {
+		s.log.Warn("KV events dropped: "+c.Help+" Further ones are counted, not logged.", "replica", r.name, "counter", c.Key,
+			"count", c.Value, "metric", "kvroute_router_"+c.Metric)
+	}
 	if !had || prev.State == st.State {
 		return
 	}
