@@ -1,6 +1,7 @@
 package status
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
+
+	"github.com/kvroute/kvroute/router/degraded"
 )
 
 func report(pod string, age time.Duration, degraded ...v1alpha1.DegradedReplica) v1alpha1.RouterReport {
@@ -110,5 +113,26 @@ func TestNextReportExpiry(t *testing.T) {
 	m.Status.RouterReports = []v1alpha1.RouterReport{report("a", 30*time.Second), report("b", 100*time.Second), report("c", time.Hour)}
 	if d := NextReportExpiry(m, t0); d != 21*time.Second {
 		t.Fatalf("next expiry %v, want 21s", d)
+	}
+}
+
+// The operator's classes of reasons are router/degraded's (the manager does not import the
+// router's packages, so they are kept here as names).
+func TestReasonClassesMatchTheRouter(t *testing.T) {
+	for _, r := range degraded.Reasons {
+		if keyReasons[string(r)] != r.KeyCorrectness() || informationalReasons[string(r)] != r.Informational() {
+			t.Errorf("reason %s: operator key %v informational %v, router %v %v", r, keyReasons[string(r)],
+				informationalReasons[string(r)], r.KeyCorrectness(), r.Informational())
+		}
+	}
+	for name := range keyReasons {
+		if !slices.Contains(degraded.Reasons, degraded.Reason(name)) {
+			t.Errorf("operator reason %s unknown to the router", name)
+		}
+	}
+	for name := range informationalReasons {
+		if !slices.Contains(degraded.Reasons, degraded.Reason(name)) {
+			t.Errorf("operator reason %s unknown to the router", name)
+		}
 	}
 }

@@ -32,6 +32,11 @@ const Recent = 15 * time.Second
 // times out after 5 s, so this is several failed attempts in a row.
 const StalledReplaying = 20 * time.Second
 
+// InexactFor is how long a stream may stay inexact before the replica is reported: an engine
+// restart heals in about 2 s (replica cleared, new ring replayed from seq 0); a gap older than
+// the ring, a replica cleared over its block limit or an engine down does not heal by itself.
+const InexactFor = 20 * time.Second
+
 // QuietRequests is how many requests of at least one full block the engine must serve with no
 // event coming before no-events fires: the router's stale evidence (router/server marks the
 // stream stale at the same count). vLLM publishes the blocks of a prefill within milliseconds;
@@ -59,6 +64,11 @@ const (
 	// TokenizerFailing: the engine's render/tokenize calls failed with a server error, a
 	// connection error or 401/403 in the window (client 4xx never count).
 	TokenizerFailing Reason = "tokenizer-failing"
+	// Inexact: the stream stayed inexact for InexactFor (it lost events it cannot recover: a gap
+	// older than the engine's ring, more blocks than the engine holds, the engine down); the
+	// replica is scored approximately until the engine's cache is reset or it restarts. Not
+	// reported while no-events explains it.
+	Inexact Reason = "inexact"
 	// HashMismatch: the parity check recomputed a block hash and the engine's differed (seed or
 	// algorithm mismatch), or two replicas hashed the same block differently, in the window.
 	HashMismatch Reason = "hash-mismatch"
@@ -76,7 +86,7 @@ const (
 )
 
 // Reasons lists every reason, in the order reports show them.
-var Reasons = []Reason{Undecodable, Unchained, NoEvents, Stalled, TokenizerFailing, HashMismatch, KeysWrong,
+var Reasons = []Reason{Undecodable, Unchained, NoEvents, Stalled, Inexact, TokenizerFailing, HashMismatch, KeysWrong,
 	MultimodalUnkeyed, HybridGroupsSkipped}
 
 // KeyCorrectness reports whether the reason means the replica's keys may be wrong (as opposed
@@ -226,6 +236,10 @@ func Evaluate(hist []Sample) (out []Finding, demote bool) {
 			add(NoEvents, "%d requests of at least a block served with no KV event coming, none received in %s", quiet, sr.dur())
 		case cur.At.Sub(hist[0].At) >= Window && d(hist[0].Received, cur.Received) == 0 && d(hist[0].Routed, cur.Routed) > 0:
 			add(NoEvents, "no event in %s while %d requests were routed here", whole.dur(), d(hist[0].Routed, cur.Routed))
+		default:
+			if run := stateRun(hist, "inexact", time.Time{}); run >= InexactFor {
+				add(Inexact, "stream inexact for %s: events were lost that the engine's ring cannot replay (scored approximately until its cache is reset or it restarts)", run.Round(time.Second))
+			}
 		}
 		received := d(sa.from.Received, cur.Received)
 		switch {
@@ -234,7 +248,7 @@ func Evaluate(hist []Sample) (out []Finding, demote bool) {
 		case received > d(sa.from.Dropped, cur.Dropped)+1 && decodeErr == 0 && panics == 0:
 			add(Stalled, "%d messages received and none applied in %s", received, sa.dur())
 		default:
-			if run := replayingRun(hist, sa.from.At); run >= StalledReplaying {
+			if run := stateRun(hist, "replaying", sa.from.At); run >= StalledReplaying {
 				add(Stalled, "replaying for %s without applying a batch", run.Round(time.Second))
 			}
 		}
@@ -273,13 +287,13 @@ func Evaluate(hist []Sample) (out []Finding, demote bool) {
 	return out, demote
 }
 
-// replayingRun is how long the stream has been replaying without interruption, counted from
-// the first sample of the current run of replaying samples taken at or after notBefore (the
-// last applied batch): zero when the current sample is not replaying.
-func replayingRun(hist []Sample, notBefore time.Time) time.Duration {
+// stateRun is how long the stream has been in state without interruption, counted from the
+// first sample of the current run of such samples taken at or after notBefore: zero when the
+// current sample is in another state.
+func stateRun(hist []Sample, state string, notBefore time.Time) time.Duration {
 	cur := hist[len(hist)-1]
 	start := time.Time{}
-	for i := len(hist) - 1; i >= 0 && hist[i].State == "replaying" && !hist[i].At.Before(notBefore); i-- {
+	for i := len(hist) - 1; i >= 0 && hist[i].State == state && !hist[i].At.Before(notBefore); i-- {
 		start = hist[i].At
 	}
 	if start.IsZero() {

@@ -206,6 +206,7 @@ func TestEveryReasonFiresOnEvidence(t *testing.T) {
 		{Stalled, func(s *Sample) { s.State = "replaying" }, StalledReplaying + interval, false, true},
 		{Unchained, func(s *Sample) { flow(s); s.BlocksStored -= 2; s.UnknownParent += 8 }, 2 * interval, false, false},
 		{NoEvents, func(s *Sample) { s.Routed += 2; s.QuietRequests += 2 }, 2 * interval, false, true},
+		{Inexact, func(s *Sample) { s.State = "inexact"; s.Received++; s.Applied++ }, InexactFor + interval, false, true},
 		{TokenizerFailing, func(s *Sample) { flow(s); s.TokenizerFailures++; s.TokenizerError = "connection refused" }, interval, false, false},
 		{HashMismatch, func(s *Sample) { flow(s); s.ParityMismatch++ }, interval, false, false},
 		{KeysWrong, func(s *Sample) { flow(s); s.RekeyErrors += 10 }, 2 * interval, true, false},

@@ -647,3 +647,40 @@ func TestFirstDropOfEachKindLoggedOnce(t *testing.T) {
 		t.Errorf("the line does not name the metric:\n%s", grepLines(out, "dropped"))
 	}
 }
+
+// A gap the engine cannot replay leaves the stream inexact; past degraded.InexactFor the
+// replica is reported inexact, and no longer once the engine's cache reset heals the stream.
+func TestDegradedInexact(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(60, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = pub.PublishLost(ev) // a gap, and no replay socket to fill it
+	eventually(t, "the stream inexact", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Inexact
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	rt.s.healthTick(t0.Add(15 * time.Second))
+	if hasReason(rt, "e0/0", degraded.Inexact) {
+		t.Fatalf("inexact reported before %v: %+v", degraded.InexactFor, rt.s.Degraded())
+	}
+	rt.s.healthTick(t0.Add(5*time.Second + degraded.InexactFor))
+	if !hasReason(rt, "e0/0", degraded.Inexact) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stream %s", rt.s.Degraded(), st.State)
+	}
+	eventually(t, "healed by a cache reset", func() bool {
+		_, _ = pub.Publish(cache.Clear())
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Exact
+	})
+	rt.s.healthTick(t0.Add(30 * time.Second))
+	if hasReason(rt, "e0/0", degraded.Inexact) {
+		t.Fatalf("still inexact after the reset: %+v", rt.s.Degraded())
+	}
+}
