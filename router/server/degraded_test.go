@@ -575,7 +575,7 @@ func TestDegradedHybridGroupsSkipped(t *testing.T) {
 // applied, which is stalled at the next sample (before the replay gives up).
 func TestDegradedStalled(t *testing.T) {
 	// A replay endpoint that accepts connections and never speaks ZMTP: the replay hangs until
-	// its first-reply timeout.
+	// its first-reply timeout (the start-up replay too, so the router's first batch waits 5 s).
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -603,7 +603,7 @@ func TestDegradedStalled(t *testing.T) {
 	}
 	eventually(t, "live batches held behind the replay", func() bool {
 		st, _ := rt.s.sub.Stats("e0", 0)
-		return st.State == kvevents.Replaying && st.Received >= 5
+		return st.State == kvevents.Replaying && st.Pending >= 3
 	})
 	rt.s.healthTick(t0.Add(5 * time.Second))
 	if st, _ := rt.s.sub.Stats("e0", 0); st.State != kvevents.Replaying {
