@@ -130,12 +130,12 @@ func (s *Server) healthTick(now time.Time) {
 }
 
 // logStateChange logs a stream's state change once, with the counters that moved since the
-// last sample (the reason the stream gives no other way), and the first of each kind of drop
-// on the stream (a WARN each; the counters carry the rest).
+// last sample (the reason the stream gives no other way).
 func (s *Server) logStateChange(r *replica, st kvevents.Stats) {
 	h := &r.h
 	prev, had := h.last, h.haveLast
 	h.last, h.haveLast = st, true
+	// Also the first of each kind of drop on the stream: a WARN each, the counters carry the rest.
 	if h.dropsLogged == nil {
 		h.dropsLogged = map[string]bool{}
 	}
