@@ -22,13 +22,19 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/controllers"
 	"github.com/kvroute/kvroute/controllers/render"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
@@ -208,6 +214,31 @@ func startOperator(t *testing.T) operator {
 	t.Cleanup(cancel)
 	k8s := runOperator(t, ctx, cfg)
 	return operator{ctx: ctx, cfg: cfg, k8s: k8s}
+}
+
+// runOperator runs the operator's reconciler in a manager against cfg until ctx ends, and
+// returns a client of the control plane.
+func runOperator(t *testing.T, ctx context.Context, cfg *rest.Config) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	skip := true // the package's other test runs a manager of its own in this process
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Cache: controllers.CacheOptions(),
+		Metrics: metricsserver.Options{BindAddress: "0"}, Controller: ctrlconfig.Controller{SkipNameValidation: &skip}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := controllers.NewReconciler(mgr, render.Options{DefaultEngineImage: "e:1", DefaultRouterImage: "r:1"}, clock.RealClock{})
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = mgr.Start(ctx) }()
+	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k8s
 }
 
 // buildBinaries builds the named commands (cmd/NAME, or hack/NAME) into a temporary directory.

@@ -35,7 +35,6 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
@@ -45,8 +44,8 @@ import (
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/report"
 	"github.com/kvroute/kvroute/router/server"
-	"github.com/kvroute/kvroute/sim/vllmsim"
 	"github.com/kvroute/kvroute/test/envtestenv"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
@@ -92,7 +91,24 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	k8s := runOperator(t, ctx, cfg)
+	// The operator.
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Cache: controllers.CacheOptions(),
+		Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := controllers.NewReconciler(mgr, render.Options{DefaultEngineImage: "e:1", DefaultRouterImage: "r:1"}, clock.RealClock{})
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = mgr.Start(ctx) }()
+	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The model, its rendered Role for the router, and a router pod.
 	const ns = "llm"
@@ -201,31 +217,6 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 		}
 		return fmt.Errorf("none among %d events", len(evs.Items))
 	})
-}
-
-// runOperator runs the operator's reconciler in a manager against cfg until ctx ends, and
-// returns a client of the control plane.
-func runOperator(t *testing.T, ctx context.Context, cfg *rest.Config) client.Client {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
-	skip := true // each test runs its own manager in this one process
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Cache: controllers.CacheOptions(),
-		Metrics: metricsserver.Options{BindAddress: "0"}, Controller: ctrlconfig.Controller{SkipNameValidation: &skip}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := controllers.NewReconciler(mgr, render.Options{DefaultEngineImage: "e:1", DefaultRouterImage: "r:1"}, clock.RealClock{})
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = mgr.Start(ctx) }()
-	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k8s
 }
 
 func prompt(seed int) string {
