@@ -47,7 +47,7 @@ envtest: ## Build (once) and print the envtest control-plane binaries.
 test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief fuzzing.
 	@assets=$$(hack/envtest-assets.sh); \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=1 -timeout 30m ./...
-	VLLMSIM_HOLD_HEADERS=1 $(GO) test -count=1 -timeout 10m ./router/proxy ./router/server ./test/e2e/router
+	VLLMSIM_HOLD_HEADERS=1 $(GO) test -count=1 -timeout 10m ./router/proxy ./router/app ./test/e2e/router
 	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 .PHONY: chaos

@@ -1,5 +1,5 @@
 // Command kvrouter is kvroute's KV-cache-aware, OpenAI-compatible router (package
-// router/server). Flags override the --config file; see docs/router.md.
+// router/app, served over HTTP by router/server). Flags override the --config file; see docs/router.md.
 package main
 
 import (
@@ -19,9 +19,9 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/router/server"
 )
 
 func main() {
@@ -47,6 +47,8 @@ type settings struct {
 	// value: that would show in ps).
 	engineKey string
 	logger    *slog.Logger
+	// accessSample logs one routed request in N with its breakdown (0: off).
+	accessSample int
 }
 
 func parse(args []string, stderr io.Writer) (*settings, error) {
@@ -71,8 +73,12 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	keyFile := fs.String("engine-api-key-file", "", "file holding the engines' API key (alternative to --engine-api-key-env)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	accessSample := fs.Int("access-log-sample", 0, "log one routed request in N with its decision's breakdown (as /debug/route shows it); 0: off")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *accessSample < 0 {
+		return nil, fmt.Errorf("--access-log-sample must be 0 (off) or N > 0, got %d", *accessSample)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -130,7 +136,8 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	if *model == "" {
 		*model = cfg.ServedModelName
 	}
-	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport || cfg.KVCacheReportMode == "full", logger: logger}
+	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport || cfg.KVCacheReportMode == "full", logger: logger,
+		accessSample: *accessSample}
 	if cfg.EngineAuth != nil {
 		key, err := cfg.EngineAuth.Key()
 		if err != nil {
@@ -201,8 +208,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 2
 	}
-	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
-		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger})
+	srv, err := app.New(app.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
+		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger,
+		AccessLogSample: st.accessSample})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1

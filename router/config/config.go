@@ -6,6 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/api/v1alpha1"
 	"net"
 	"net/url"
 	"os"
@@ -223,12 +224,13 @@ var Policies = []string{"kv", "load", "least-loaded", "round-robin", "random", "
 // HashAlgos are vLLM's --prefix-caching-hash-algo values.
 var HashAlgos = []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}
 
-// Default annotation names (the operator's contract on engine pods).
+// Default annotation names: the operator's contract on engine pods, named once in the API
+// package that the operator writes them from.
 const (
-	DefaultEventsPortsAnnotation = "serving.kvroute.io/kv-events-ports"
-	DefaultReplayPortsAnnotation = "serving.kvroute.io/kv-replay-ports"
-	DefaultBlockSizeAnnotation   = "serving.kvroute.io/block-size"
-	DefaultWarmupUntilAnnotation = "serving.kvroute.io/warmup-until"
+	DefaultEventsPortsAnnotation = v1alpha1.AnnotationKVEvents
+	DefaultReplayPortsAnnotation = v1alpha1.AnnotationKVReplay
+	DefaultBlockSizeAnnotation   = v1alpha1.AnnotationBlock
+	DefaultWarmupUntilAnnotation = v1alpha1.AnnotationWarmup
 )
 
 // Default returns the configuration used for every key a file leaves out.

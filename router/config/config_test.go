@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -231,5 +233,18 @@ engines: [{name: a, url: "http://x:1", replay: ["tcp://x:5600"]}]
 	}
 	if out, _ := Default().Marshal(); strings.Contains(string(out), "bind") {
 		t.Errorf("default config renders a bind address:\n%s", out)
+	}
+}
+
+// The router reads engine pods by the annotation names the operator writes: one set of names,
+// the API package's, and every default points at it.
+func TestAnnotationNamesAreTheOperators(t *testing.T) {
+	d := DefaultKubernetesDiscovery("ns", "app=x", 0)
+	got := []string{d.EventsPortsAnnotation, d.ReplayPortsAnnotation, d.BlockSizeAnnotation, d.WarmupUntilAnnotation}
+	want := []string{v1alpha1.AnnotationKVEvents, v1alpha1.AnnotationKVReplay, v1alpha1.AnnotationBlock, v1alpha1.AnnotationWarmup}
+	for i := range want {
+		if got[i] != want[i] || !strings.HasPrefix(got[i], v1alpha1.AnnotationPrefix) {
+			t.Errorf("annotation %d: the router reads %q, the operator writes %q", i, got[i], want[i])
+		}
 	}
 }

@@ -174,7 +174,8 @@ func (ix *Index) rep(id ReplicaID) (*replica, error) {
 }
 
 // Store records blocks announced with parent == nil: each is present on the replica's tier;
-// one already present only has its recency refreshed and is not counted again, so a full-mode
+// one already present is left as it is and not counted again (the index keeps no per-block
+// time), so a full-mode
 // re-announcement can never keep an evicted block alive. keys[i] is the router key of
 // engineHashes[i].
 func (ix *Index) Store(id ReplicaID, engineHashes []uint64, keys []blockkey.Key, t Tier) error {

@@ -252,7 +252,10 @@ func (t *Tokenizer) tokenizeChat(ctx context.Context, engineURL string, body []b
 			req[k] = v
 		}
 	}
-	b, _ := json.Marshal(req)
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("tokens: rendering the /tokenize body: %w", err)
+	}
 	var tr struct {
 		Tokens []int64 `json:"tokens"`
 	}
@@ -265,7 +268,10 @@ func (t *Tokenizer) tokenizeChat(ctx context.Context, engineURL string, body []b
 // tokenizeText is the /tokenize completion form (add_special_tokens defaults to true there as in
 // completions).
 func (t *Tokenizer) tokenizeText(ctx context.Context, engineURL string, r *Request) ([]uint32, error) {
-	b, _ := json.Marshal(map[string]any{"model": r.Model, "prompt": r.PromptText})
+	b, err := json.Marshal(map[string]any{"model": r.Model, "prompt": r.PromptText})
+	if err != nil {
+		return nil, fmt.Errorf("tokens: rendering the /tokenize body: %w", err)
+	}
 	var tr struct {
 		Tokens []int64 `json:"tokens"`
 	}

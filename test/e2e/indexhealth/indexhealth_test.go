@@ -40,12 +40,12 @@ import (
 	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers"
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/report"
-	"github.com/kvroute/kvroute/router/server"
-	"github.com/kvroute/kvroute/test/envtestenv"
 	"github.com/kvroute/kvroute/sim/vllmsim"
+	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
@@ -144,7 +144,7 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	rcfg := config.Default()
 	rcfg.BlockSize, rcfg.Hash, rcfg.Events.Replay = 16, rc.Hash, false
 	rcfg.Policy = "round-robin" // both engines get traffic
-	srv, err := server.New(server.Options{Config: rcfg, Source: discovery.NewStatic(engines), Model: rc.ServedModelName,
+	srv, err := app.New(app.Options{Config: rcfg, Source: discovery.NewStatic(engines), Model: rc.ServedModelName,
 		HealthInterval: 250 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +244,7 @@ func wantCondition(m *v1alpha1.KVRoutedModel, typ string, s metav1.ConditionStat
 	return nil
 }
 
-func flatten(srv *server.Server) []report.Degraded {
+func flatten(srv *app.Router) []report.Degraded {
 	var out []report.Degraded
 	for rep, sts := range srv.Degraded() {
 		for _, s := range sts {

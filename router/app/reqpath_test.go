@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"bufio"
@@ -197,7 +197,7 @@ func TestFailedAttemptRollsBack(t *testing.T) {
 		}
 	}
 	// 4 prompts of 513 tokens: 32 blocks each, predicted on "good" only.
-	if n := rt.s.predicted.Len(); n != 4*32 {
+	if n := rt.s.ledger.Stats().Predicted; n != 4*32 {
 		t.Fatalf("predicted side index holds %d entries, want %d (the failed attempts' taken back)", n, 4*32)
 	}
 	if testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("bad")) == 0 {

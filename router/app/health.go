@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"context"
@@ -42,7 +42,7 @@ type repHealth struct {
 
 // noteTokenizeFailure counts a failed render against the engine that was asked, when the
 // failure is the engine's (server error, connection, auth), never the client's.
-func (s *Server) noteTokenizeFailure(e *engine, err error) {
+func (s *Router) noteTokenizeFailure(e *engine, err error) {
 	if e == nil || len(e.reps) == 0 || !tokens.EngineFault(err) {
 		return
 	}
@@ -56,7 +56,7 @@ func (s *Server) noteTokenizeFailure(e *engine, err error) {
 }
 
 // healthLoop samples every replica each interval.
-func (s *Server) healthLoop(ctx context.Context) {
+func (s *Router) healthLoop(ctx context.Context) {
 	t := time.NewTicker(s.o.HealthInterval)
 	defer t.Stop()
 	for {
@@ -72,7 +72,7 @@ func (s *Server) healthLoop(ctx context.Context) {
 // healthTick samples every replica's counters, updates the degraded reasons (logging each
 // change once), logs every stream state change once with what moved, and demotes or restores
 // replicas for approximate scoring.
-func (s *Server) healthTick(now time.Time) {
+func (s *Router) healthTick(now time.Time) {
 	s.healthMu.Lock()
 	defer s.healthMu.Unlock()
 	reps := s.reps()
@@ -131,7 +131,7 @@ func (s *Server) healthTick(now time.Time) {
 
 // logStateChange logs a stream's state change once, with the counters that moved since the
 // last sample (the reason the stream gives no other way).
-func (s *Server) logStateChange(r *replica, st kvevents.Stats) {
+func (s *Router) logStateChange(r *replica, st kvevents.Stats) {
 	h := &r.h
 	prev, had := h.last, h.haveLast
 	h.last, h.haveLast = st, true
@@ -178,7 +178,7 @@ func (r *replica) degradedOf() []degraded.Status {
 }
 
 // Degraded returns every replica with a reason in force, by replica name ("engine/rank").
-func (s *Server) Degraded() map[string][]degraded.Status {
+func (s *Router) Degraded() map[string][]degraded.Status {
 	out := map[string][]degraded.Status{}
 	for _, r := range s.reps() {
 		if d := r.degradedOf(); len(d) > 0 {

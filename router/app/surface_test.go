@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"context"
@@ -222,20 +222,22 @@ func TestRemovedPodLeavesNoState(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	if !strings.Contains(scrape(), `engine="e1"`) || rt.s.predicted.Len() != 4*4 {
-		t.Fatalf("before removal: predicted %d", rt.s.predicted.Len())
+	if !strings.Contains(scrape(), `engine="e1"`) || rt.s.ledger.Stats().Predicted != 4*4 {
+		t.Fatalf("before removal: predicted %d", rt.s.ledger.Stats().Predicted)
 	}
 	src.ch <- []discovery.Engine{simEngine("e0", a)}
 	eventually(t, "e1 removed", func() bool { return len(rt.s.Engines()) == 1 })
 	if m := scrape(); strings.Contains(m, `engine="e1"`) {
 		t.Errorf("series of the removed engine still exported")
 	}
-	if n := rt.s.predicted.Len(); n != 2*4 {
+	if n := rt.s.ledger.Stats().Predicted; n != 2*4 {
 		t.Errorf("predicted side index holds %d entries, want e0's 8", n)
 	}
-	rt.s.polMu.Lock()
-	_, ok := rt.s.pol.(score.Forgetter)
-	rt.s.polMu.Unlock()
+	pol, err := score.New(rt.s.policy, score.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ok := pol.(score.Forgetter)
 	if rt.s.policy == "kv" && !ok {
 		t.Error("the kv policy cannot forget a replica")
 	}

@@ -1,7 +1,6 @@
-package server
+package app
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +12,8 @@ import (
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/metrics"
 	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/route"
+	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
@@ -80,7 +81,7 @@ type Accuracy struct {
 }
 
 // Engines returns what /debug/engines shows.
-func (s *Server) Engines() []EngineInfo {
+func (s *Router) Engines() []EngineInfo {
 	reps, _ := s.table.snapshot()
 	now := s.now()
 	var out []EngineInfo
@@ -101,7 +102,7 @@ func (s *Server) Engines() []EngineInfo {
 	return out
 }
 
-func (s *Server) rankInfo(r *replica) RankInfo {
+func (s *Router) rankInfo(r *replica) RankInfo {
 	ri := RankInfo{Rank: r.rank, Stream: "none", Scoring: "approximate", Blocks: map[string]int{}}
 	applied := false // last_event only for a stream that applied a batch: the index also stamps clears
 	if r.stream && s.sub != nil {
@@ -133,7 +134,8 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 		}
 	}
 	ri.Retries = r.retries.Load()
-	ri.Inflight = Inflight{Running: r.running.Load(), PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load()}
+	ld := r.ld.Load()
+	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens}
 	ri.Accuracy = Accuracy{Responses: r.responses.Load(), WithUsage: r.withUsage.Load(), NoUsage: r.noUsage.Load(),
 		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),
 		AbsErrorTokens: r.absErrTok.Load()}
@@ -146,7 +148,8 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 	return ri
 }
 
-func (s *Server) serveDebugEngines(w http.ResponseWriter, _ *http.Request) {
+// DebugEngines serves GET /debug/engines.
+func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -157,7 +160,7 @@ func (s *Server) serveDebugEngines(w http.ResponseWriter, _ *http.Request) {
 		"events_unroutable": uint64(s.unroutableEvents())})
 }
 
-func (s *Server) reps() []*replica { r, _ := s.table.snapshot(); return r }
+func (s *Router) reps() []*replica { r, _ := s.table.snapshot(); return r }
 
 // RouteCandidate is one replica's signals and predicted hit in POST /debug/route.
 type RouteCandidate struct {
@@ -172,17 +175,23 @@ type RouteCandidate struct {
 	DecodeTokens    int     `json:"decode_tokens"`
 	Running         int     `json:"running"`
 	WarmupCredit    float64 `json:"warmup_credit"`
+	// Breakdown is every number the decision weighed for the replica: overlap per tier,
+	// predicted, warm-up credit, each load term, the guards that excluded it and the policy's
+	// own terms when it explains itself (score.Explainer).
+	Breakdown route.Breakdown `json:"breakdown"`
 }
 
 // RouteAnswer is POST /debug/route's answer.
 type RouteAnswer struct {
-	Policy     string           `json:"policy"`
-	Tokens     int              `json:"tokens"`
-	Blocks     int              `json:"blocks"`
-	BlockSize  int              `json:"block_size"`
-	LoRA       string           `json:"lora,omitempty"`
-	Degraded   bool             `json:"degraded"`
-	Unkeyed    string           `json:"unkeyed,omitempty"`
+	Policy    string `json:"policy"`
+	Tokens    int    `json:"tokens"`
+	Blocks    int    `json:"blocks"`
+	BlockSize int    `json:"block_size"`
+	LoRA      string `json:"lora,omitempty"`
+	Degraded  bool   `json:"degraded"`
+	Unkeyed   string `json:"unkeyed,omitempty"`
+	// Pick is the replica the policy would choose (Chosen is its older name).
+	Pick       string           `json:"pick"`
 	Chosen     string           `json:"chosen"`
 	DecisionUS float64          `json:"decision_us"`
 	Candidates []RouteCandidate `json:"candidates"`
@@ -194,7 +203,8 @@ type RouteAnswer struct {
 // the prompt, so the admin port must not become a way to load the engines.
 const debugRouteConcurrency = 2
 
-func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
+// DebugRoute serves POST /debug/route.
+func (s *Router) DebugRoute(w http.ResponseWriter, r *http.Request) {
 	select {
 	case s.debugRouteSlots <- struct{}{}:
 		defer func() { <-s.debugRouteSlots }()
@@ -213,30 +223,40 @@ func (s *Server) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("kind") == "chat" || (json.Unmarshal(body, &probe) == nil && probe["messages"] != nil) {
 		kind = tokens.Chat
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	reps := s.reps()
-	p, ok := s.prepare(w, r, kind, reps)
+	p, ok := s.prepare(w, r, kind, body, reps)
 	if !ok {
 		return
 	}
-	d, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
+	d, ex, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
 	if err != nil {
 		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, err.Error())
 		return
 	}
-	ans := RouteAnswer{Policy: s.policy, Tokens: d.req.Tokens, Blocks: len(d.req.Keys), BlockSize: d.req.BlockSize,
-		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.unkeyed, Chosen: d.reps[d.chosen].name, DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
-	for i, c := range d.cands {
-		ans.Candidates = append(ans.Candidates, RouteCandidate{Replica: c.ID, Healthy: c.Healthy, Approximate: c.Approximate,
-			ExactBlocks: c.ExactBlocks, TierBlocks: c.TierBlocks, PredictedBlocks: c.PredictedBlocks, CachedTokens: d.cached[i],
-			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, Running: c.Running, WarmupCredit: c.WarmupCredit})
-	}
+	ans := s.routeAnswer(d, ex, p)
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(ans)
+	if err := json.NewEncoder(w).Encode(ans); err != nil {
+		s.log.Debug("/debug/route answer not written", "err", err)
+	}
+}
+
+// routeAnswer renders a decision for /debug/route and the sampled access log.
+func (s *Router) routeAnswer(d *decision, ex []score.Explanation, p *prepared) RouteAnswer {
+	ans := RouteAnswer{Policy: s.policy, Tokens: d.Req.Tokens, Blocks: len(d.Req.Keys), BlockSize: d.Req.BlockSize,
+		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.Unkeyed, Pick: d.reps[d.chosen].name, Chosen: d.reps[d.chosen].name,
+		DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
+	bd := d.Breakdowns(ex)
+	for i, c := range d.Cands {
+		ans.Candidates = append(ans.Candidates, RouteCandidate{Replica: c.ID, Healthy: c.Healthy, Approximate: c.Approximate,
+			ExactBlocks: c.ExactBlocks, TierBlocks: c.TierBlocks, PredictedBlocks: c.PredictedBlocks, CachedTokens: d.Cached[i],
+			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, Running: c.Running, WarmupCredit: c.WarmupCredit,
+			Breakdown: bd[i]})
+	}
+	return ans
 }
 
 // streamMetrics feeds the scrape-time collector.
-func (s *Server) streamMetrics() []metrics.Stream {
+func (s *Router) streamMetrics() []metrics.Stream {
 	now := s.now()
 	var out []metrics.Stream
 	for _, r := range s.reps() {

@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"bytes"
@@ -110,7 +110,7 @@ func (p *pushSource) Run(ctx context.Context, update func([]discovery.Engine)) e
 
 // router is a running Server behind real HTTP listeners.
 type router struct {
-	s      *Server
+	s      *Router
 	api    *httptest.Server
 	admin  *httptest.Server
 	cancel context.CancelFunc

@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 
 // benchServer is a Server over n single-rank engines that are never contacted (events off),
 // with the index holding part of the prompt on some replicas so Match and scoring do real work.
-func benchServer(b *testing.B, n int, toks []uint32) (*Server, []*replica) {
+func benchServer(b *testing.B, n int, toks []uint32) (*Router, []*replica) {
 	cfg := config.Default()
 	cfg.BlockSize = 16
 	cfg.Events.Enabled = false
@@ -96,7 +96,7 @@ func BenchmarkDecision(b *testing.B) {
 			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for b.Loop() {
-				d, err := s.decide(toks, blockkey.Identity{}, "", "", reps, nil, true)
+				d, _, err := s.decide(toks, blockkey.Identity{}, "", "", reps, nil, true)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -122,7 +122,7 @@ func BenchmarkDecisionFromJSON(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.decide(r.PromptIDs, blockkey.Identity{}, "", "", reps, nil, true); err != nil {
+		if _, _, err := s.decide(r.PromptIDs, blockkey.Identity{}, "", "", reps, nil, true); err != nil {
 			b.Fatal(err)
 		}
 		lat = append(lat, time.Since(t0))
@@ -163,7 +163,7 @@ func BenchmarkTokenizeAndDecide(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.decide(toks, blockkey.Identity{}, "", "", reps, nil, true); err != nil {
+		if _, _, err := s.decide(toks, blockkey.Identity{}, "", "", reps, nil, true); err != nil {
 			b.Fatal(err)
 		}
 		lat = append(lat, time.Since(t0))

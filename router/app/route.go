@@ -1,41 +1,30 @@
-package server
+package app
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
-	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
-// capBlockSize is the block size a decision does its arithmetic with while the fleet's is not
-// known yet; no request is keyed with it (see blockSize).
-const capBlockSize = 16
-
 // decision is one routing decision and what it was based on.
 type decision struct {
-	req   score.Request
-	cands []score.Candidate
-	reps  []*replica
-	// cached is, per candidate, the prompt tokens the router expects it to have cached.
-	cached []int
+	*route.Decision
+	reps   []*replica
 	chosen int
 	took   time.Duration
-	// recorded is when record entered the decision into the side indexes (zero: not recorded).
-	recorded time.Time
-	// unkeyed is why the request was routed without keys ("" when keyed).
-	unkeyed string
+	// id is the request's ledger entry (0: not routed, a dry run).
+	id load.ID
 }
 
 // Where the fleet's block size came from (blockSize).
@@ -50,7 +39,7 @@ const (
 // discovery, else learned from a validated event. Until one of them says, it is unknown and
 // requests are routed by load without keys: keys at a guessed size would never match the
 // engines' blocks, and would fill the predicted index with entries no event ever confirms.
-func (s *Server) blockSize(reps []*replica) (int, string) {
+func (s *Router) blockSize(reps []*replica) (int, string) {
 	if bs := s.o.Config.BlockSize; bs > 0 {
 		return bs, blockSizeFromConfig
 	}
@@ -71,7 +60,7 @@ func (s *Server) blockSize(reps []*replica) (int, string) {
 
 // warmupCredit is the configured credit decaying linearly to 0 at warmup-until over the
 // warm-up duration.
-func (s *Server) warmupCredit(until, now time.Time) float64 {
+func (s *Router) warmupCredit(until, now time.Time) float64 {
 	if until.IsZero() || !now.Before(until) {
 		return 0
 	}
@@ -82,118 +71,94 @@ func (s *Server) warmupCredit(until, now time.Time) float64 {
 	return s.o.Config.Warmup.Credit * min(1, float64(until.Sub(now))/float64(d))
 }
 
-// decide scores every replica for the prompt and picks one; excluded replicas (tried already
-// in this request) are unhealthy for it. When commit is set the policy is told (OnRouted).
-// unkeyed, when set, says why the request must not be keyed (unkeyedMultimodal).
-func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, excluded map[*replica]bool, commit bool) (*decision, error) {
-	t0 := time.Now()
-	now := s.now()
-	bs, bsFrom := s.blockSize(reps)
-	if bsFrom == blockSizeUnknown {
-		bs = capBlockSize
-		if unkeyed == "" {
-			unkeyed = "block_size_unknown"
-		}
-	}
-	keyed := unkeyed == ""
-	if !keyed && commit {
-		s.met.UnkeyedRequests.WithLabelValues(unkeyed).Inc()
-		s.logLimited("unkeyed:"+unkeyed, "request routed by load without keys; counted in kvroute_router_unkeyed_requests_total",
-			"reason", unkeyed)
-	}
-	d := &decision{reps: reps, unkeyed: unkeyed}
-	d.req = score.Request{Tokens: len(toks), BlockSize: bs, SessionKey: session, LoRA: id.LoRAName, NowNs: now.UnixNano()}
-	if len(toks) > 0 && keyed {
-		keys, err := blockkey.AppendPromptKeys(nil, toks, bs, id)
-		if err != nil {
-			return nil, err
-		}
-		d.req.Keys = keys
-	}
-	// The engine recomputes the last prompt token, so at most tokens-1 can hit, in whole blocks.
-	capBlocks := 0
-	if len(toks) > 0 {
-		capBlocks = (len(toks) - 1) / bs
-	}
-	approx := make([]bool, len(reps))
-	anyApprox := false
-	for i, r := range reps {
-		approx[i] = !s.exactStream(r)
-		anyApprox = anyApprox || approx[i]
-	}
-	var exact []index.Match
-	var pred, appr []uint32
-	if len(d.req.Keys) > 0 {
-		exact = s.ix.Match(d.req.Keys, nil)
-		pred = s.predicted.Match(d.req.Keys, now, s.ix.Slots(), nil)
-		if anyApprox { // the approximate index is only read for replicas without a whole stream
-			appr = s.approx.Match(d.req.Keys, now, s.ix.Slots(), nil)
-		}
-	}
-	d.cands = make([]score.Candidate, len(reps))
-	d.cached = make([]int, len(reps))
+// views is the decision's read-only view of every replica at now.
+func (s *Router) views(reps []*replica, now time.Time) []route.Replica {
+	out := make([]route.Replica, len(reps))
 	for i, r := range reps {
 		dp := r.eng.dp.Load()
-		c := score.Candidate{
-			ID:            r.name,
-			Healthy:       dp.Ready && r.eng.health.Healthy(now) && !excluded[r],
-			PrefillTokens: int(r.prefill.Load()),
-			DecodeTokens:  int(r.decode.Load()),
-			Running:       int(r.running.Load()),
-			WarmupCredit:  s.warmupCredit(dp.WarmupUntil, now),
-			Approximate:   approx[i],
+		out[i] = route.Replica{Name: r.name, ID: r.id, Load: r.ld, Ready: dp.Ready, Healthy: r.eng.health.Healthy(now),
+			Approximate: !s.exactStream(r), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now)}
+		if fig := r.engineFigures.Load(); fig != nil {
+			out[i].Queue, out[i].KVUtil = fig.Waiting, fig.KVUsage
 		}
-		if int(r.id) < len(exact) {
-			m := exact[r.id]
-			c.ExactBlocks = int(m.Blocks)
-			c.TierBlocks = [score.NumTiers]int{int(m.Blocks - m.CPU - m.Disk), int(m.CPU), int(m.Disk)}
-			if c.Approximate {
-				if a := int(appr[r.id]); a > c.ExactBlocks {
-					c.ExactBlocks, c.TierBlocks = a, [score.NumTiers]int{a, 0, 0}
-				}
-			}
-			c.PredictedBlocks = int(pred[r.id])
-		}
-		capCandidate(&c, capBlocks)
-		d.cached[i] = max(c.ExactBlocks, c.PredictedBlocks) * bs
-		d.cands[i] = c
 	}
-	s.polMu.Lock()
-	i, err := s.pol.Pick(&d.req, d.cands)
-	d.took = time.Since(t0)
-	if err == nil && commit {
-		s.pol.OnRouted(&d.req, d.cands, i)
-		// Outside the measured decision, still under the policy lock: a sibling decided right
-		// after this one must already see it in the predicted side index.
-		d.chosen = i
-		s.record(d)
-	}
-	s.polMu.Unlock()
-	if err != nil {
-		return d, err
-	}
-	d.chosen = i
-	return d, nil
+	return out
 }
 
-// capCandidate limits every overlap to capBlocks, taking the excess off the slowest tier first.
-func capCandidate(c *score.Candidate, capBlocks int) {
-	c.PredictedBlocks = min(c.PredictedBlocks, capBlocks)
-	over := c.ExactBlocks - capBlocks
-	if over <= 0 {
+// decide scores every replica for the prompt (route.Decide) and, when commit is set, routes
+// the request through the ledger (the policy picks, the ledger records the load and the
+// predicted blocks in one step). tried marks replicas this request already failed on. A dry
+// run (commit unset: /debug/route) changes no state: it asks the policy to explain itself and
+// takes the cheapest candidate, or, for a policy without explanations, asks for its pick
+// without recording it. unkeyed, when set, says why the request must not be keyed.
+func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool) (*decision, []score.Explanation, error) {
+	t0 := time.Now()
+	now := s.now()
+	bs, _ := s.blockSize(reps)
+	in := route.Input{Tokens: toks, Identity: id, Session: session, Unkeyed: unkeyed, BlockSize: bs, NowNs: now.UnixNano()}
+	if len(tried) > 0 {
+		in.Tried = make([]bool, len(reps))
+		for i, r := range reps {
+			in.Tried[i] = tried[r]
+		}
+	}
+	rd, err := route.Decide(in, s.views(reps, now), s.ix, s.ledger)
+	if err != nil {
+		return nil, nil, err
+	}
+	d := &decision{Decision: rd, reps: reps}
+	if d.Unkeyed != "" && commit {
+		s.met.UnkeyedRequests.WithLabelValues(d.Unkeyed).Inc()
+		s.logLimited("unkeyed:"+d.Unkeyed, "request routed by load without keys; counted in kvroute_router_unkeyed_requests_total",
+			"reason", d.Unkeyed)
+	}
+	if !commit {
+		ex := s.ledger.Explain(&d.Req, d.Cands)
+		i := route.Cheapest(d.Cands, ex)
+		if ex == nil {
+			i, err = s.ledger.Pick(&d.Req, d.Cands)
+		} else if i < 0 {
+			err = score.ErrNoCandidate
+		}
+		d.took = time.Since(t0)
+		d.chosen = i
+		return d, ex, err
+	}
+	lid, _, err := s.ledger.Decide(&d.Req, d.Cands, func(i int) load.Routing {
+		// Outside the measured decision, still under the ledger's lock: a sibling decided right
+		// after this one must already see it in the predicted side index.
+		d.took = time.Since(t0)
+		d.chosen = i
+		return load.Routing{Replica: reps[i].ld, Keys: d.Req.Keys, Approximate: d.Cands[i].Approximate,
+			Uncached: d.Uncached(i), Held: d.Req.Tokens, Cached: d.Cached[i]}
+	})
+	if err != nil {
+		d.took = time.Since(t0)
+		return d, nil, err
+	}
+	d.id = lid
+	rep := reps[d.chosen]
+	rep.h.routed.Add(1)
+	if d.Unkeyed == unkeyedMultimodal {
+		rep.h.mmRouted.Add(1)
+	}
+	return d, nil, nil
+}
+
+// accessLog logs one routed request in Options.AccessLogSample with the breakdown of its
+// decision (the policy's explanation is not recomputed: what the policy weighed is in the
+// numbers).
+func (s *Router) accessLog(d *decision, p *prepared) {
+	n := s.o.AccessLogSample
+	if n <= 0 || s.routedCount.Add(1)%uint64(n) != 0 {
 		return
 	}
-	c.ExactBlocks = capBlocks
-	for t := score.NumTiers - 1; t >= 0 && over > 0; t-- {
-		n := min(over, c.TierBlocks[t])
-		c.TierBlocks[t] -= n
-		over -= n
-	}
+	s.log.Info("routed", "sample_every", n, "decision", s.routeAnswer(d, nil, p))
 }
 
 // exactStream reports whether the replica's event stream is whole (Exact); every other state,
 // or no stream at all, is scored from the approximate index too.
-func (s *Server) exactStream(r *replica) bool {
+func (s *Router) exactStream(r *replica) bool {
 	if s.exactHook != nil {
 		return s.exactHook(r)
 	}
@@ -204,48 +169,20 @@ func (s *Server) exactStream(r *replica) bool {
 	return ok && st == kvevents.Exact && !r.h.demoted.Load()
 }
 
-// record enters a decision into the predicted side index (and the approximate one when the
-// chosen replica is scored approximately).
-func (s *Server) record(d *decision) {
-	d.reps[d.chosen].h.routed.Add(1)
-	if d.unkeyed == unkeyedMultimodal {
-		d.reps[d.chosen].h.mmRouted.Add(1)
-	}
-	if len(d.req.Keys) == 0 {
+// rollback takes back a decision for an attempt that failed before the engine took the
+// request (load.Ledger.Failed).
+func (s *Router) rollback(d *decision) {
+	if d.id == 0 {
 		return
 	}
-	now := s.now()
-	d.recorded = now
-	id := d.reps[d.chosen].id
-	s.predicted.Predict(id, d.req.Keys, now)
-	// The approximate index stands in for a missing stream; a replica with a whole stream
-	// never reads it, so its decisions are not written there.
-	if d.cands[d.chosen].Approximate {
-		s.approx.Predict(id, d.req.Keys, now)
+	if _, err := s.ledger.Failed(d.id); err != nil {
+		s.log.Error("routed request missing from the ledger", "replica", d.reps[d.chosen].name, "err", err)
 	}
-}
-
-// rollback takes back what a decision told the policy and the side indexes, for an attempt that
-// failed before the engine took the request: the replica that just failed must not attract the
-// next request with the same prefix through a prediction of blocks it never computed.
-func (s *Server) rollback(d *decision) {
-	s.polMu.Lock()
-	if rt, ok := s.pol.(score.Retractor); ok {
-		rt.Retract(&d.req, d.cands, d.chosen)
-	}
-	s.polMu.Unlock()
-	if d.recorded.IsZero() {
-		return
-	}
-	id := d.reps[d.chosen].id
-	s.predicted.Unpredict(id, d.req.Keys, d.recorded)
-	if d.cands[d.chosen].Approximate {
-		s.approx.Unpredict(id, d.req.Keys, d.recorded)
-	}
+	d.id = 0
 }
 
 // identity is what changes KV content besides tokens: a LoRA adapter and the cache salt.
-func (s *Server) identity(tr *tokens.Request, e *engine) blockkey.Identity {
+func (s *Router) identity(tr *tokens.Request, e *engine) blockkey.Identity {
 	id := blockkey.Identity{CacheSalt: tr.CacheSalt}
 	if e != nil && tr.Model != e.model && (e.adapts[tr.Model] || e.model != "") {
 		id.LoRAName = tr.Model
@@ -254,7 +191,7 @@ func (s *Server) identity(tr *tokens.Request, e *engine) blockkey.Identity {
 }
 
 // tokenizer picks the engine that renders a request: the healthy ready engines in turn.
-func (s *Server) tokenizerEngine(reps []*replica) *engine {
+func (s *Router) tokenizerEngine(reps []*replica) *engine {
 	now := s.now()
 	var es []*engine
 	for _, r := range reps {
@@ -282,26 +219,7 @@ type prepared struct {
 
 // prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
 // load-only routing instead of failing it.
-func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, reps []*replica) (*prepared, bool) {
-	body, err := s.readBody(w, r)
-	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.met.Errors.WithLabelValues("", s.policy, "body_timeout").Inc()
-			w.Header().Set("Connection", "close")
-			proxy.WriteError(w, http.StatusRequestTimeout, proxy.TypeInvalidRequest,
-				fmt.Sprintf("the request body did not arrive within %v", s.o.Config.Limits.BodyReadTimeout.Duration))
-			return nil, false
-		}
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			s.met.Errors.WithLabelValues("", s.policy, "too_large").Inc()
-			proxy.WriteError(w, http.StatusRequestEntityTooLarge, proxy.TypeInvalidRequest,
-				fmt.Sprintf("request body over %d bytes", mbe.Limit))
-			return nil, false
-		}
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, "reading the body: "+err.Error())
-		return nil, false
-	}
+func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte, reps []*replica) (*prepared, bool) {
 	tr, err := tokens.Parse(kind, body)
 	if err != nil {
 		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
@@ -357,77 +275,11 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	return p, true
 }
 
-// jsonMediaType reports whether a Content-Type is application/json (any parameters, any case).
-func jsonMediaType(ct string) bool {
-	mt, _, _ := strings.Cut(ct, ";")
-	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
-}
-
-// awaitDiscovery holds a request that arrived before the first engine snapshot (the first
-// milliseconds after start) until it is applied, rather than refusing it; false (after a 503
-// "no engine discovered yet") when it does not come within the wait.
-func (s *Server) awaitDiscovery(w http.ResponseWriter, r *http.Request) bool {
-	select {
-	case <-s.readyOnce:
-		return true
-	default:
-	}
-	t := time.NewTimer(s.o.DiscoveryWait)
-	defer t.Stop()
-	select {
-	case <-s.readyOnce:
-		return true
-	case <-r.Context().Done():
-		return false
-	case <-t.C:
-		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
-		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, errNotDiscovered)
-		return false
-	}
-}
-
-const errNotDiscovered = "no engine discovered yet"
-
-// readBody reads a request body within limits.bodyReadTimeout and limits.maxBodyBytes.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	rc := http.NewResponseController(w)
-	deadline := false
-	if d := s.o.Config.Limits.BodyReadTimeout.Duration; d > 0 {
-		deadline = rc.SetReadDeadline(time.Now().Add(d)) == nil
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
-	if deadline && err == nil {
-		// Lifted once the body is in: a stream may last long after. On an error it stays, so
-		// net/http does not wait for the rest of a slow body before closing the connection.
-		_ = rc.SetReadDeadline(time.Time{})
-	}
-	return body, err
-}
-
-func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {
-	s.requestsTotal.Add(1)
-	if !s.awaitDiscovery(w, r) {
-		return
-	}
-	if !jsonMediaType(r.Header.Get("Content-Type")) {
-		// vLLM's generation routes depend on validate_json_request
-		// (vllm/entrypoints/openai/api_server.py): the media type, lower-cased and without
-		// parameters, must be application/json, or the request is a 400 validation error. A
-		// `curl -d` body (application/x-www-form-urlencoded) or none at all is refused here
-		// the same way, before a render call and a routing decision are spent on it.
-		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest,
-			"Unsupported Media Type: Only 'application/json' is allowed")
-		return
-	}
-	ctx := r.Context()
-	if d := s.o.Config.Limits.RequestTimeout.Duration; d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, d, proxy.ErrRequestTimeout)
-		defer cancel()
-	}
+// Generate serves one generation request (server.Router): tokenize, decide, forward, retry
+// elsewhere while no token has reached the client, account.
+func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
 	reps, _ := s.table.snapshot()
-	p, ok := s.prepare(w, r, kind, reps)
+	p, ok := s.prepare(w, r, kind, body, reps)
 	if !ok {
 		return
 	}
@@ -444,7 +296,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 	excluded := map[*replica]bool{}
 	var last proxy.Outcome
 	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
-		d, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
+		d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
 		if err != nil {
 			if attempt == 0 {
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
@@ -455,13 +307,14 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			return
 		}
 		s.met.DecisionSeconds.WithLabelValues(s.policy).Observe(d.took.Seconds())
+		s.accessLog(d, p)
 		rep := d.reps[d.chosen]
-		if d.cands[d.chosen].Approximate {
+		if d.Cands[d.chosen].Approximate {
 			s.met.ApproxDecisions.WithLabelValues(rep.eng.name).Inc()
 		}
 		healthyLeft := 0
-		for i := range d.cands {
-			if d.cands[i].Healthy && i != d.chosen {
+		for i := range d.Cands {
+			if d.Cands[i].Healthy && i != d.chosen {
 				healthyLeft++
 			}
 		}
@@ -520,7 +373,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 }
 
 // allFailed answers a request whose every attempt failed before its first token.
-func (s *Server) allFailed(w http.ResponseWriter, last proxy.Outcome) {
+func (s *Router) allFailed(w http.ResponseWriter, last proxy.Outcome) {
 	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
 	msg := "every engine tried failed"
 	if last.Err != nil {
@@ -529,18 +382,15 @@ func (s *Server) allFailed(w http.ResponseWriter, last proxy.Outcome) {
 	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, msg)
 }
 
-// forward sends one attempt to the decision's replica and accounts for it. The replica's
-// uncached prompt tokens count as prefill until the first token (proxy.Request.OnFirstToken:
-// for a stream the first data event with a choice, for a non-streamed answer the answer
-// itself), then its prompt tokens count as decode until the end.
-func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
+// forward sends one attempt to the decision's replica and accounts for it. The ledger moves the
+// request's load from prefill to decode at its first token (proxy.Request.OnFirstToken: for a
+// stream the first data event with a choice, for a non-streamed answer the answer itself), and
+// ends it here once the engine took the request; an attempt the engine never took is the
+// caller's to take back (rollback).
+func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
 	rep := d.reps[d.chosen]
 	dp := rep.eng.dp.Load()
-	cached := d.cached[d.chosen]
-	uncached := int64(max(d.req.Tokens-cached, 0))
-	tokensIn := int64(d.req.Tokens)
-	rep.prefill.Add(uncached)
-	rep.running.Add(1)
+	cached := d.Cached[d.chosen]
 	rankLabel := strconv.Itoa(rep.rank)
 	if !rep.eng.gone.Load() {
 		s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
@@ -563,16 +413,23 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		},
 		OnFirstToken: func() {
 			firstToken = true
-			rep.prefill.Add(-uncached)
-			rep.decode.Add(tokensIn)
+			if err := s.ledger.FirstToken(d.id); err != nil {
+				s.log.Error("routed request missing from the ledger", "replica", rep.name, "err", err)
+			}
 		},
 	})
-	if firstToken {
-		rep.decode.Add(-tokensIn)
-	} else {
-		rep.prefill.Add(-uncached)
+	if out.Started || out.Err == nil || out.ClientGone {
+		// The engine took the request (or may have: the client left first): it ends here. The
+		// other attempts are taken back by the caller.
+		var u *load.Usage
+		if out.Usage != nil && out.Usage.HasCached {
+			u = &load.Usage{PromptTokens: out.Usage.PromptTokens, CachedTokens: out.Usage.CachedTokens}
+		}
+		if _, err := s.ledger.Done(d.id, u); err != nil {
+			s.log.Error("routed request missing from the ledger", "replica", rep.name, "err", err)
+		}
+		d.id = 0
 	}
-	rep.running.Add(-1)
 	if rep.eng.gone.Load() {
 		return out // removed meanwhile: its series are deleted and stay so
 	}
@@ -581,7 +438,7 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		s.engineAuthFailure(callGenerate, rep.eng.name, out.Err)
 	}
 	if out.Status > 0 && !out.AuthRejected {
-		s.met.TTFBSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFB.Seconds())
+		s.met.EngineHeadersSeconds.WithLabelValues(rep.eng.name).Observe(out.HeadersAfter.Seconds())
 	}
 	if out.EngineError != "" {
 		when := "before_first_token"
@@ -621,7 +478,7 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		}
 	}
 	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
-		s.account(rep, d.req.Tokens, cached, out.Usage, d.mode())
+		s.account(rep, d.Req.Tokens, cached, out.Usage, d.Mode(d.chosen))
 	}
 	return out
 }
@@ -637,7 +494,7 @@ const (
 )
 
 // checkPublishing marks the stream stale when the engine serves without publishing.
-func (s *Server) checkPublishing(rep *replica, promptTokens int) {
+func (s *Router) checkPublishing(rep *replica, promptTokens int) {
 	bs := max(s.o.Config.BlockSize, 1)
 	if !rep.stream || s.sub == nil || promptTokens < bs {
 		return
@@ -659,7 +516,7 @@ func (s *Server) checkPublishing(rep *replica, promptTokens int) {
 }
 
 // account compares the prediction with the engine's reported cached tokens.
-func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usage, mode string) {
+func (s *Router) account(rep *replica, promptTokens, predicted int, u *proxy.Usage, mode string) {
 	rep.responses.Add(1)
 	s.checkPublishing(rep, promptTokens)
 	name := rep.eng.name
@@ -683,11 +540,8 @@ func (s *Server) account(rep *replica, promptTokens, predicted int, u *proxy.Usa
 	s.accountMode(rep, mode, promptTokens, predicted, u.CachedTokens)
 }
 
-// serveModels forwards GET /v1/models to a healthy engine.
-func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
-	if !s.awaitDiscovery(w, r) {
-		return
-	}
+// Models forwards GET /v1/models to a healthy engine.
+func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	reps, _ := s.table.snapshot()
 	e := s.tokenizerEngine(reps)
 	if e == nil {

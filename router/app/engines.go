@@ -1,7 +1,6 @@
-package server
+package app
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,17 +8,16 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/router/discovery"
+	fleetmetrics "github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
-	"github.com/kvroute/kvroute/router/score"
 )
 
 // engine is one discovered engine and its replicas (one per DP rank).
@@ -52,12 +50,16 @@ type replica struct {
 	name   string // "engine/rank", the policy's stable candidate ID
 	stream bool   // an event stream feeds it
 
-	prefill, decode, running atomic.Int64
-	retries                  atomic.Uint64 // attempts given up here before the first token
+	ld      *load.Replica // the load this router has routed there (the ledger's)
+	retries atomic.Uint64 // attempts given up here before the first token
 
 	responses, withUsage, noUsage      atomic.Uint64
 	promptTok, predictedTok, actualTok atomic.Uint64
 	absErrTok                          atomic.Uint64
+
+	// engineFigures is the rank's latest figures from the engine's /metrics (router/fleet's
+	// reader pushes them; nil until a page was read).
+	engineFigures atomic.Pointer[fleetmetrics.Rank]
 
 	quiet atomic.Int64 // requests served in a row with no event applied for staleAfter
 	h     repHealth    // degraded reasons (health.go)
@@ -78,7 +80,7 @@ func (t *engineTable) snapshot() ([]*replica, map[string]*engine) {
 
 // apply reconciles the table with a discovery snapshot: new engines get their replicas and
 // streams, removed ones lose them, a changed incarnation is a restart of every stream.
-func (s *Server) apply(ctx context.Context, snap []discovery.Engine) {
+func (s *Router) apply(ctx context.Context, snap []discovery.Engine) {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
 	_, old := s.table.snapshot()
@@ -129,6 +131,7 @@ func (s *Server) apply(ctx context.Context, snap []discovery.Engine) {
 	s.table.mu.Lock()
 	s.table.engines, s.table.reps = next, reps
 	s.table.mu.Unlock()
+	s.scraper.SetTargets(scrapeTargets(next))
 	s.probeNew(ctx, next)
 }
 
@@ -158,7 +161,7 @@ type modelInfo struct {
 
 // prefetchModels reads /v1/models of every engine that will be added, concurrently, so a burst
 // of new pods (or an unreachable one) delays the snapshot by one timeout, not one per engine.
-func (s *Server) prefetchModels(ctx context.Context, snap []discovery.Engine, old map[string]*engine) map[string]modelInfo {
+func (s *Router) prefetchModels(ctx context.Context, snap []discovery.Engine, old map[string]*engine) map[string]modelInfo {
 	out := map[string]modelInfo{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -180,7 +183,7 @@ func (s *Server) prefetchModels(ctx context.Context, snap []discovery.Engine, ol
 	return out
 }
 
-func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
+func (s *Router) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 	e := &engine{name: d.Name, health: &proxy.Health{}, adapts: map[string]bool{}}
 	e.dp.Store(&d)
 	e.model = s.o.Model
@@ -238,6 +241,7 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 			return nil, fmt.Errorf("replica %s missing from the index", rep.name)
 		}
 		rep.id = id
+		rep.ld = s.ledger.NewReplica(id, rep.name)
 		e.reps = append(e.reps, rep)
 	}
 	return e, nil
@@ -246,33 +250,33 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 // dropEngine removes an engine's replicas: their streams or index entries, side-index
 // predictions, the policy's per-replica state (balance windows, learned keys) and the engine's
 // metric series.
-func (s *Server) dropEngine(e *engine) {
+func (s *Router) dropEngine(e *engine) {
 	e.gone.Store(true)
-	s.polMu.Lock()
-	f, _ := s.pol.(score.Forgetter)
 	for _, r := range e.reps {
+		var err error
 		if r.stream {
-			_ = s.sub.Remove(e.name, r.rank)
+			err = s.sub.Remove(e.name, r.rank)
 		} else {
-			_ = s.ix.RemoveReplica(r.id)
+			err = s.ix.RemoveReplica(r.id)
 		}
-		s.predicted.Forget(r.id)
-		s.approx.Forget(r.id)
-		if f != nil {
-			f.Forget(r.name)
+		if err != nil {
+			// Its index entries stay behind; they name a replica no decision scores.
+			s.log.Error("replica's index entries not removed", "replica", r.name, "err", err)
+		}
+		if r.ld != nil {
+			s.ledger.Remove(r.ld)
 		}
 		if s.peers != nil {
 			s.peers.Forget(r.id)
 		}
 	}
-	s.polMu.Unlock()
 	s.met.ForgetEngine(e.name)
 }
 
 // topic is the engine's KV-event topic: <prefix>@<host>@<model>. Pods publish with their IP
 // only (the operator's $(POD_IP), Options.TopicHostOnly); static engines, often several on one
 // host, with host:port of their HTTP address (vllm-sim's default, llm-d's convention).
-func (s *Server) topic(d discovery.Engine, model string) string {
+func (s *Router) topic(d discovery.Engine, model string) string {
 	u, err := url.Parse(d.URL)
 	host := d.URL
 	if err == nil {
@@ -285,7 +289,7 @@ func (s *Server) topic(d discovery.Engine, model string) string {
 }
 
 // models reads GET /v1/models: the base model and the LoRA adapters (entries with a parent).
-func (s *Server) models(ctx context.Context, base string) (string, []string, error) {
+func (s *Router) models(ctx context.Context, base string) (string, []string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
@@ -325,7 +329,7 @@ func (s *Server) models(ctx context.Context, base string) (string, []string, err
 
 // probeNew probes engines not probed yet at once, so a dead static engine is known before the
 // first request.
-func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
+func (s *Router) probeNew(ctx context.Context, es map[string]*engine) {
 	for _, e := range es {
 		if !e.health.State(s.now()).Probed {
 			s.probe(ctx, e)
@@ -336,7 +340,7 @@ func (s *Server) probeNew(ctx context.Context, es map[string]*engine) {
 // probe asks the engine's /health and records the answer; it reports whether it was up. A
 // success does not end a passive failure's backoff by itself: Health.ProbedAt lets the engine
 // back only for a probe that started after the failure.
-func (s *Server) probe(ctx context.Context, e *engine) bool {
+func (s *Router) probe(ctx context.Context, e *engine) bool {
 	start := s.now()
 	err := proxy.Probe(ctx, s.px.Client(), e.dp.Load().URL, s.o.ProbeTimeout)
 	was := e.health.Healthy(s.now())
@@ -370,7 +374,7 @@ func isAuthErr(err error) bool {
 // counted as unroutable) and replayed from the engine's ring. The replicas are new objects:
 // load this router had in flight to the old ones is not carried over (they were just
 // appearing, so that is little, and in-flight requests settle on the objects they hold).
-func (s *Server) relearn(ctx context.Context, e *engine) {
+func (s *Router) relearn(ctx context.Context, e *engine) {
 	base, adapters, err := s.models(ctx, e.dp.Load().URL)
 	if err != nil {
 		if isAuthErr(err) {
@@ -414,12 +418,13 @@ func (s *Server) relearn(ctx context.Context, e *engine) {
 	s.table.mu.Lock()
 	s.table.engines, s.table.reps = next, nreps
 	s.table.mu.Unlock()
+	s.scraper.SetTargets(scrapeTargets(next))
 }
 
 // tellStreams passes a probe's change of mind to the engine's streams: down, the old process's
 // blocks stop counting as exact at once; up, the stream checks whether the engine is still the
 // process it was (see kvevents.Subscriber.Up).
-func (s *Server) tellStreams(e *engine, down bool) {
+func (s *Router) tellStreams(e *engine, down bool) {
 	for _, r := range e.reps {
 		if !r.stream {
 			continue
@@ -436,50 +441,65 @@ func (s *Server) tellStreams(e *engine, down bool) {
 	}
 }
 
-// gpuBlocks reads num_gpu_blocks from the engine's vllm:cache_config_info (GET /metrics); 0
-// when it cannot. It bounds the replica's index entries (kvevents.MaxBlocksFor).
-func (s *Server) gpuBlocks(ctx context.Context, base string) int {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+// gpuBlocks reads num_gpu_blocks from the engine's vllm:cache_config_info (GET /metrics, by
+// the fleet's reader); 0 when it cannot. It bounds the replica's index entries
+// (kvevents.MaxBlocksFor).
+func (s *Router) gpuBlocks(ctx context.Context, base string) int {
+	smp, err := s.scraper.Read(ctx, base)
 	if err != nil {
 		return 0
 	}
-	resp, err := s.px.Client().Do(req)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0
-	}
-	return parseGPUBlocks(io.LimitReader(resp.Body, 8<<20))
+	return smp.GPUBlocks
 }
 
-// parseGPUBlocks finds num_gpu_blocks="N" on a vllm:cache_config_info line of a Prometheus text
-// exposition (vLLM sets every CacheConfig field as a label of that gauge).
+// parseGPUBlocks finds num_gpu_blocks in a Prometheus text exposition (fleetmetrics.Parse).
 func parseGPUBlocks(r io.Reader) int {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "vllm:cache_config_info{") {
-			continue
-		}
-		_, rest, ok := strings.Cut(line, `num_gpu_blocks="`)
-		if !ok {
-			continue
-		}
-		v, _, _ := strings.Cut(rest, `"`)
-		if n, err := strconv.Atoi(v); err == nil && n > 0 {
-			return n
+	page, err := io.ReadAll(io.LimitReader(r, 8<<20))
+	if err != nil {
+		return 0
+	}
+	smp, _ := fleetmetrics.Parse(page)
+	return smp.GPUBlocks
+}
+
+// engineSample takes an engine's /metrics figures (router/fleet) into its replicas, where
+// every decision reads them without a lock.
+func (s *Router) engineSample(name string, smp *fleetmetrics.Sample) {
+	_, es := s.table.snapshot()
+	e, ok := es[name]
+	if !ok {
+		return
+	}
+	for _, r := range e.reps {
+		if fig, ok := smp.Rank(r.rank); ok {
+			r.engineFigures.Store(&fig)
 		}
 	}
-	return 0
+}
+
+// engineScrapeFailed counts an engine /metrics page not read (logged once a minute per engine).
+func (s *Router) engineScrapeFailed(name string, err error) {
+	_, es := s.table.snapshot()
+	e, ok := es[name]
+	if !ok || e.gone.Load() {
+		return
+	}
+	s.met.EngineScrapes.WithLabelValues(name).Inc()
+	s.logLimited("scrape:"+name, "engine /metrics not read; its queue and KV-use signals keep their last values, counted in kvroute_router_engine_metrics_failures_total",
+		"engine", name, "err", err)
+}
+
+// scrapeTargets is every engine of the table, for the fleet's /metrics reader.
+func scrapeTargets(es map[string]*engine) []fleetmetrics.Target {
+	out := make([]fleetmetrics.Target, 0, len(es))
+	for name, e := range es {
+		out = append(out, fleetmetrics.Target{Name: name, URL: e.dp.Load().URL})
+	}
+	return out
 }
 
 // probeLoop polls every engine's /health.
-func (s *Server) probeLoop(ctx context.Context) {
+func (s *Router) probeLoop(ctx context.Context) {
 	t := time.NewTicker(s.o.ProbeInterval)
 	defer t.Stop()
 	for {
