@@ -205,7 +205,7 @@ func TestUnroutableTopicCounted(t *testing.T) {
 	}
 }
 
-// Whether the engines honour kv_cache_report_mode "full" shows in blocks_refreshed: prefix hits
+// Whether the engines honour kv_cache_report_mode "full" shows in blocks_reannounced: prefix hits
 // re-announced by an engine that honours it (vllm-sim follows vLLM PR #45261), none without it.
 func TestFullModeHonouredIsVisible(t *testing.T) {
 	for _, full := range []bool{false, true} {
@@ -218,14 +218,14 @@ func TestFullModeHonouredIsVisible(t *testing.T) {
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(7, 64, 1, 16, 1)) // the same 64 tokens, then one more block
 		eventually(t, "the second request's new block", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 5 })
 		st, _ := rt.s.sub.Stats("e0", 0)
-		if got := rt.s.Engines()[0].Ranks[0].Counters["blocks_refreshed"]; got != st.BlocksRefreshed {
-			t.Fatalf("/debug/engines blocks_refreshed %d, stats %d", got, st.BlocksRefreshed)
+		if got := rt.s.Engines()[0].Ranks[0].Counters["blocks_reannounced"]; got != st.BlocksReannounced {
+			t.Fatalf("/debug/engines blocks_reannounced %d, stats %d", got, st.BlocksReannounced)
 		}
-		if full && st.BlocksRefreshed < 4 || !full && st.BlocksRefreshed != 0 {
-			t.Fatalf("full mode %v: %d blocks refreshed (stored %d)", full, st.BlocksRefreshed, st.BlocksStored)
+		if full && st.BlocksReannounced < 4 || !full && st.BlocksReannounced != 0 {
+			t.Fatalf("full mode %v: %d blocks re-announced (stored %d)", full, st.BlocksReannounced, st.BlocksStored)
 		}
-		if m := regexp.MustCompile(`(?m)^kvroute_router_stream_blocks_refreshed_total\{engine="e0",rank="0"\} (\d+)`).FindStringSubmatch(scrape(t, rt)); m == nil || m[1] != fmt.Sprint(st.BlocksRefreshed) {
-			t.Fatalf("/metrics blocks_refreshed %v, stats %d", m, st.BlocksRefreshed)
+		if m := regexp.MustCompile(`(?m)^kvroute_router_stream_blocks_reannounced_total\{engine="e0",rank="0"\} (\d+)`).FindStringSubmatch(scrape(t, rt)); m == nil || m[1] != fmt.Sprint(st.BlocksReannounced) {
+			t.Fatalf("/metrics blocks_reannounced %v, stats %d", m, st.BlocksReannounced)
 		}
 	}
 }

@@ -183,10 +183,10 @@ func (ix *Index) Store(id ReplicaID, engineHashes []uint64, keys []blockkey.Key,
 	return err
 }
 
-// StoreRefreshed is Store, also reporting how many of the blocks the replica already held (their
-// recency refreshed only): under kv_cache_report_mode "full" these are the engine's re-announced
-// prefix hits, so their count shows whether the engines honour the mode.
-func (ix *Index) StoreRefreshed(id ReplicaID, engineHashes []uint64, keys []blockkey.Key, t Tier) (refreshed int, err error) {
+// StoreHeld is Store, also reporting how many of the blocks the replica already held (left as
+// they are): under kv_cache_report_mode "full" these are the engine's re-announced prefix hits,
+// so their count shows whether the engines honour the mode.
+func (ix *Index) StoreHeld(id ReplicaID, engineHashes []uint64, keys []blockkey.Key, t Tier) (held int, err error) {
 	return ix.store(id, engineHashes, keys, t, false)
 }
 
@@ -197,7 +197,7 @@ func (ix *Index) StoreNew(id ReplicaID, engineHashes []uint64, keys []blockkey.K
 	return err
 }
 
-func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tier, copies bool) (refreshed int, err error) {
+func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tier, copies bool) (held int, err error) {
 	if len(hashes) != len(keys) {
 		return 0, fmt.Errorf("%w: %d hashes, %d keys", ErrLengthMismatch, len(hashes), len(keys))
 	}
@@ -234,7 +234,7 @@ func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tie
 			}
 			r.extra[t][h]++
 		case old == k:
-			refreshed++
+			held++
 		default:
 			// The engine hash now names other content (an engine restart the ingester did not
 			// report, or a 64-bit collision): the old mapping is stale, forget it.
@@ -247,9 +247,9 @@ func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tie
 	r.gen += uint64(len(hashes))
 	r.updated = now
 	if refused > 0 {
-		return refreshed, fmt.Errorf("%w: %d of %d blocks refused on %s", ErrFull, refused, len(hashes), t)
+		return held, fmt.Errorf("%w: %d of %d blocks refused on %s", ErrFull, refused, len(hashes), t)
 	}
-	return refreshed, nil
+	return held, nil
 }
 
 // SetLimit bounds how many distinct blocks the replica may hold on tier t (0: no bound). A

@@ -31,7 +31,7 @@ var (
 	// trafficFields are normal flow (messages, batches, blocks, sampled checks, the repair of a
 	// gap and replay overlap): counted only.
 	trafficFields = map[string]bool{"Received": true, "Applied": true, "QueuedBytes": true, "Pending": true, "Replays": true,
-		"ReplayedBatches": true, "Duplicates": true, "Events": true, "BlocksStored": true, "BlocksRefreshed": true, "BlocksRemoved": true, "Clears": true,
+		"ReplayedBatches": true, "Duplicates": true, "Events": true, "BlocksStored": true, "BlocksReannounced": true, "BlocksRemoved": true, "Clears": true,
 		"ParityChecked": true}
 	// stateFields move with a stream state change (a gap, a restart, a reset, the engine down),
 	// which the router logs once with the counters that moved.
@@ -80,7 +80,7 @@ var counterTable = []counterSpec{
 	{"Resets", "stream_resets_total", "resets", "Times the replica's entries were dropped (stream inexact).", func(s *Stats) uint64 { return s.Resets }},
 	{"Events", "stream_events_total", "events", "Events applied.", func(s *Stats) uint64 { return s.Events }},
 	{"BlocksStored", "stream_blocks_stored_total", "blocks_stored", "Blocks indexed from BlockStored events.", func(s *Stats) uint64 { return s.BlocksStored }},
-	{"BlocksRefreshed", "stream_blocks_refreshed_total", "blocks_refreshed", "Of the blocks stored, those the replica already held (kv_cache_report_mode full: re-announced prefix hits; none under full mode means the engines ignore it).", func(s *Stats) uint64 { return s.BlocksRefreshed }},
+	{"BlocksReannounced", "stream_blocks_reannounced_total", "blocks_reannounced", "Of the blocks stored, those the replica already held (kv_cache_report_mode full: re-announced prefix hits; none under full mode means the engines ignore it).", func(s *Stats) uint64 { return s.BlocksReannounced }},
 	{"BlocksRemoved", "stream_blocks_removed_total", "blocks_removed", "Blocks removed by BlockRemoved events.", func(s *Stats) uint64 { return s.BlocksRemoved }},
 	{"Clears", "stream_clears_total", "clears", "AllBlocksCleared events applied.", func(s *Stats) uint64 { return s.Clears }},
 	{"UnknownEvents", "stream_unknown_events_total", "unknown_events", "Events of a type this version does not know (skipped).", func(s *Stats) uint64 { return s.UnknownEvents }},
