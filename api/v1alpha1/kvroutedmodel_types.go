@@ -663,8 +663,8 @@ type DegradedReplica struct {
 	// Replica is "<engine pod>/<rank>".
 	// +kubebuilder:validation:MaxLength=300
 	Replica string `json:"replica"`
-	// Reason is undecodable, unchained, no-events, stalled, tokenizer-failing, hash-mismatch,
-	// keys-wrong, multimodal-unkeyed or hybrid-groups-skipped (docs/operations.md).
+	// Reason is undecodable, unchained, no-events, stalled, inexact, tokenizer-failing,
+	// hash-mismatch, keys-wrong, multimodal-unkeyed or hybrid-groups-skipped (docs/operations.md).
 	// +kubebuilder:validation:MaxLength=64
 	Reason string `json:"reason"`
 	// Since is when the router first saw the reason.

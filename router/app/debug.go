@@ -155,7 +155,9 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 	enc.SetIndent("", "  ")
 	bs, bsFrom := s.blockSize(s.reps())
 	_ = enc.Encode(map[string]any{"policy": s.policy, "block_size": bs, "block_size_source": bsFrom, "engines": s.Engines(),
-		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats()})
+		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats(),
+		// Bound mode: messages whose topic named no engine, so no engine's counters hold them.
+		"events_unroutable": uint64(s.unroutableEvents())})
 }
 
 func (s *Router) reps() []*replica { r, _ := s.table.snapshot(); return r }

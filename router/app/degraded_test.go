@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -20,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
+	"github.com/kvroute/kvroute/router/kvwire"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -109,8 +111,9 @@ func TestDegradedUndecodable(t *testing.T) {
 	}
 }
 
-// An event endpoint nobody publishes on, with requests routed there for a whole window, is
-// no-events; before the window has passed it is not.
+// An event endpoint nobody publishes on, with too few requests routed there to prove anything
+// (one, under degraded.QuietRequests), is no-events once a whole window passed; before, it is
+// not.
 func TestDegradedNoEvents(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{})
 	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{"tcp://127.0.0.1:9"}, Ready: true}
@@ -125,6 +128,40 @@ func TestDegradedNoEvents(t *testing.T) {
 	rt.s.healthTick(t0.Add(degraded.Window))
 	if !hasReason(rt, "e0/0", degraded.NoEvents) {
 		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+}
+
+// An engine that keeps serving but stopped publishing is no-events at the first sample after
+// QuietRequests block-sized requests (not a whole window later), and no longer once its held
+// batches arrive. The router's stale mark and the reason share the count.
+func TestDegradedNoEventsOnEvidence(t *testing.T) {
+	if staleHits != degraded.QuietRequests {
+		t.Fatalf("staleHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", staleHits, degraded.QuietRequests)
+	}
+	sim := startSim(t, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 1))
+	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
+		t.Fatalf("healthy stream degraded: %v", r)
+	}
+	sim.SetEventsStalled(true)
+	time.Sleep(staleAfter) // each quiet request must come staleAfter past the last applied batch
+	for i := range degraded.QuietRequests {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, 0, 0, 1))
+	}
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.NoEvents) {
+		t.Fatalf("degraded %+v after %d requests with no events", rt.s.Degraded(), degraded.QuietRequests)
+	}
+	sim.SetEventsStalled(false)
+	eventually(t, "the held batches", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 1 })
+	rt.s.healthTick(t0.Add(15 * time.Second))
+	if hasReason(rt, "e0/0", degraded.NoEvents) {
+		t.Fatalf("still no-events after the batches arrived: %+v", rt.s.Degraded())
 	}
 }
 
@@ -421,4 +458,229 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// pubRouter is a router in front of one engine whose KV events come from a test publisher
+// (real ZMQ and msgpack) with a first batch already applied, and a cache keyed as the router
+// keys (sha256, seed 0, 16-token blocks).
+func pubRouter(t *testing.T, opts kvtest.Options, replay []string, logs ...*syncBuffer) (*router, *kvtest.Publisher, *kvtest.Cache) {
+	t.Helper()
+	sim := startSim(t, vllmsim.Config{})
+	u, _ := url.Parse(sim.URL())
+	opts.Topic = "kv@" + u.Host + "@m"
+	pub, err := kvtest.NewPublisher(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()}, Replay: replay, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
+		noHealthLoop(o)
+		o.Model = "m"
+		o.Config.Events.Replay = len(replay) > 0
+		if len(logs) > 0 {
+			o.Logger = slog.New(slog.NewTextHandler(logs[0], nil))
+		}
+	})
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	algo, _ := blockkey.ParseAlgo("sha256")
+	cache, err := kvtest.NewCache(algo, "0", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := cache.Store(tokensFrom(1, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a first batch applied", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.Applied > 0
+	})
+	// The batches published while the SUB was joining have all arrived: the test's samples
+	// start from a settled stream.
+	eventually(t, "every published batch applied", func() bool {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.HaveSeq && st.LastSeq+1 == pub.NextSeq()
+	})
+	return rt, pub, cache
+}
+
+// tokensFrom is n distinct token ids from seed.
+func tokensFrom(seed, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(1000 + (seed*7919+i*31)%100000)
+	}
+	return out
+}
+
+// Stored events whose parent the replica never held, more of them than blocks indexed, make
+// it unchained at the next sample; the index is not demoted for it.
+func TestDegradedUnchained(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	for i := range 8 {
+		ev, err := cache.Store(tokensFrom(10+i, 48), 1) // parent: block 0, never published
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pub.Publish(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "unknown parents counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.UnknownParent >= 8 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.Unchained) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stats %+v", rt.s.Degraded(), st)
+	}
+	ri := rt.s.Engines()[0].Ranks[0]
+	if ri.Demoted || ri.Counters["unknown_parents"] < 4 {
+		t.Fatalf("rank info %+v", ri)
+	}
+	if body := scrape(t, rt); !strings.Contains(body, `kvroute_router_replica_degraded{engine="e0",rank="0",reason="unchained"} 1`) {
+		t.Fatalf("/metrics:\n%s", grepLines(body, "replica_degraded"))
+	}
+}
+
+// Events of a sliding-window group are skipped (counted) and the replica shows the
+// informational hybrid-groups-skipped.
+func TestDegradedHybridGroupsSkipped(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(20, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Stored.GroupIdx, ev.Stored.KVCacheSpecKind = kvwire.Some(int64(1)), kvwire.Some("sliding_window")
+	if _, err := pub.Publish(ev); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the group skipped", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.SkippedGroups > 0 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if got := reasonsOf(rt, "e0/0"); len(got) != 1 || got[0] != degraded.HybridGroupsSkipped {
+		t.Fatalf("degraded %v", got)
+	}
+	if !degraded.HybridGroupsSkipped.Informational() {
+		t.Fatal("hybrid-groups-skipped must stay informational")
+	}
+}
+
+// A stream whose replay never answers holds the live batches behind the gap: received, none
+// applied, which is stalled at the next sample (before the replay gives up).
+func TestDegradedStalled(t *testing.T) {
+	// A replay endpoint that accepts connections and never speaks ZMTP: the replay hangs until
+	// its first-reply timeout (the start-up replay too, so the router's first batch waits 5 s).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, []string{"tcp://" + ln.Addr().String()})
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(30, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = pub.PublishLost(ev) // the gap
+	for range 4 {
+		_, _ = pub.Publish(ev)
+	}
+	eventually(t, "live batches held behind the replay", func() bool {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Replaying && st.Pending >= 3
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if st, _ := rt.s.sub.Stats("e0", 0); st.State != kvevents.Replaying {
+		t.Skipf("the replay gave up before the sample (loaded machine): %s", st.State)
+	}
+	if !hasReason(rt, "e0/0", degraded.Stalled) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stats %+v", rt.s.Degraded(), st)
+	}
+}
+
+// The first of each kind of drop on a stream is logged once (WARN, with the counter and its
+// metric); further drops of that kind, in later samples too, only count.
+func TestFirstDropOfEachKindLoggedOnce(t *testing.T) {
+	var logs syncBuffer
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil, &logs)
+	t0 := time.Now()
+	for i := range 3 {
+		ev, err := cache.Store(tokensFrom(40+i, 48), 1) // unknown parent
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev2, _ := cache.Store(tokensFrom(50+i, 32), 0)
+		ev2.Stored.Medium = kvwire.Some("NVME_OVER_THE_MOON") // a medium this version does not know
+		if _, err := pub.Publish(ev, ev2); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the drops counted", func() bool {
+			st, _ := rt.s.sub.Stats("e0", 0)
+			return st.UnknownParent >= uint64(i+1) && st.SkippedMedia >= uint64(i+1)
+		})
+		rt.s.healthTick(t0.Add(time.Duration(i) * 5 * time.Second))
+	}
+	out := logs.String()
+	for _, key := range []string{"unknown_parents", "skipped_media"} {
+		if n := strings.Count(out, "counter="+key); n != 1 {
+			t.Errorf("%s logged %d times, want once:\n%s", key, n, grepLines(out, "dropped"))
+		}
+	}
+	if !strings.Contains(out, "metric=kvroute_router_stream_unknown_parents_total") {
+		t.Errorf("the line does not name the metric:\n%s", grepLines(out, "dropped"))
+	}
+}
+
+// A gap the engine cannot replay leaves the stream inexact; past degraded.InexactFor the
+// replica is reported inexact, and no longer once the engine's cache reset heals the stream.
+func TestDegradedInexact(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(60, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = pub.PublishLost(ev) // a gap, and no replay socket to fill it
+	eventually(t, "the stream inexact", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Inexact
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	rt.s.healthTick(t0.Add(15 * time.Second))
+	if hasReason(rt, "e0/0", degraded.Inexact) {
+		t.Fatalf("inexact reported before %v: %+v", degraded.InexactFor, rt.s.Degraded())
+	}
+	rt.s.healthTick(t0.Add(5*time.Second + degraded.InexactFor))
+	if !hasReason(rt, "e0/0", degraded.Inexact) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stream %s", rt.s.Degraded(), st.State)
+	}
+	eventually(t, "healed by a cache reset", func() bool {
+		_, _ = pub.Publish(cache.Clear())
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Exact
+	})
+	rt.s.healthTick(t0.Add(30 * time.Second))
+	if hasReason(rt, "e0/0", degraded.Inexact) {
+		t.Fatalf("still inexact after the reset: %+v", rt.s.Degraded())
+	}
 }

@@ -36,6 +36,8 @@ type repHealth struct {
 	// Only the health loop touches these.
 	last     kvevents.Stats
 	haveLast bool
+	// dropsLogged: the kinds of drop already logged for the stream (kvevents.FirstDrops).
+	dropsLogged map[string]bool
 }
 
 // noteTokenizeFailure counts a failed render against the engine that was asked, when the
@@ -84,7 +86,8 @@ func (s *Router) healthTick(now time.Time) {
 		byName[r.name] = r
 		h := &r.h
 		smp := degraded.Sample{Events: r.stream, Routed: h.routed.Load(), MultimodalRouted: h.mmRouted.Load(),
-			TokenizerFailures: h.tokFail.Load(), ExactPredicted: h.exactPred.Load(), ExactActual: h.exactActual.Load()}
+			TokenizerFailures: h.tokFail.Load(), ExactPredicted: h.exactPred.Load(), ExactActual: h.exactActual.Load(),
+			QuietRequests: uint64(max(r.quiet.Load(), 0))}
 		if p := h.tokErr.Load(); p != nil {
 			smp.TokenizerError = *p
 		}
@@ -132,6 +135,15 @@ func (s *Router) logStateChange(r *replica, st kvevents.Stats) {
 	h := &r.h
 	prev, had := h.last, h.haveLast
 	h.last, h.haveLast = st, true
+	// Also the first of each kind of drop on the stream: a WARN each, the counters carry the rest.
+	if h.dropsLogged == nil {
+		h.dropsLogged = map[string]bool{}
+	}
+	// A stream's counters start at zero, so the first sample's are all new.
+	for _, c := range kvevents.FirstDrops(prev, st, h.dropsLogged) {
+		s.log.Warn("KV events dropped: "+c.Help+" Further ones are counted, not logged.", "replica", r.name, "counter", c.Key,
+			"count", c.Value, "metric", "kvroute_router_"+c.Metric)
+	}
 	if !had || prev.State == st.State {
 		return
 	}

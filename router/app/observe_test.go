@@ -2,9 +2,12 @@ package app
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -163,3 +167,65 @@ type syncBuf struct {
 
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// Bound mode: a message whose topic names no engine is dropped and counted on /metrics and in
+// /debug/engines (it belongs to no engine's counters).
+func TestUnroutableTopicCounted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	bind := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	sim := startSim(t, vllmsim.Config{KVEventsPort: -1})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "b0", URL: sim.URL(), Ready: true}}), func(o *Options) { o.EventsBind = bind })
+	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@10.9.9.9@nobody", Connect: bind, NoReplay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	eventually(t, "an unroutable message counted", func() bool {
+		_, _ = pub.PublishPayload([]byte("x")) // dropped by topic before decoding
+		return rt.s.sub.Unroutable() > 0
+	})
+	if body := scrape(t, rt); !regexp.MustCompile(`(?m)^kvroute_router_events_unroutable_total [1-9]`).MatchString(body) {
+		t.Fatalf("/metrics:\n%s", grepLines(body, "unroutable"))
+	}
+	resp, err := http.Get(rt.admin.URL + "/debug/engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var dbg struct {
+		Unroutable uint64 `json:"events_unroutable"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&dbg); err != nil || dbg.Unroutable == 0 {
+		t.Fatalf("/debug/engines events_unroutable %d (%v)", dbg.Unroutable, err)
+	}
+}
+
+// Whether the engines honour kv_cache_report_mode "full" shows in blocks_reannounced: prefix hits
+// re-announced by an engine that honours it (vllm-sim follows vLLM PR #45261), none without it.
+func TestFullModeHonouredIsVisible(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		sim := startSim(t, vllmsim.Config{})
+		rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), func(o *Options) { o.FullReport = full })
+		rt.waitStreams(t, "exact")
+		body := idsPrompt(7, 64, 0, 0, 1)
+		postJSON(t, rt.api.URL+"/v1/completions", body)
+		eventually(t, "the first request's blocks", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 4 })
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(7, 64, 1, 16, 1)) // the same 64 tokens, then one more block
+		eventually(t, "the second request's new block", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 5 })
+		st, _ := rt.s.sub.Stats("e0", 0)
+		if got := rt.s.Engines()[0].Ranks[0].Counters["blocks_reannounced"]; got != st.BlocksReannounced {
+			t.Fatalf("/debug/engines blocks_reannounced %d, stats %d", got, st.BlocksReannounced)
+		}
+		if full && st.BlocksReannounced < 4 || !full && st.BlocksReannounced != 0 {
+			t.Fatalf("full mode %v: %d blocks re-announced (stored %d)", full, st.BlocksReannounced, st.BlocksStored)
+		}
+		if m := regexp.MustCompile(`(?m)^kvroute_router_stream_blocks_reannounced_total\{engine="e0",rank="0"\} (\d+)`).FindStringSubmatch(scrape(t, rt)); m == nil || m[1] != fmt.Sprint(st.BlocksReannounced) {
+			t.Fatalf("/metrics blocks_reannounced %v, stats %d", m, st.BlocksReannounced)
+		}
+	}
+}

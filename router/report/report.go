@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,7 +35,8 @@ type Options struct {
 	Namespace, Model, Pod string
 	// Source returns the degraded replicas now, in a stable order.
 	Source func() []Degraded
-	// Interval between looks at Source (5s); a change is written at once.
+	// Interval between looks at Source (1s): a look reads memory only and writes nothing unless
+	// a reason began or ended, so it is short to keep a new reason's way to the API server short.
 	Interval time.Duration
 	// Heartbeat re-confirms an unchanged report (60s); the operator ignores reports older than
 	// two minutes.
@@ -62,7 +62,7 @@ func New(rc *rest.Config, o Options) (*Reporter, error) {
 		return nil, err
 	}
 	if o.Interval <= 0 {
-		o.Interval = 5 * time.Second
+		o.Interval = time.Second
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = time.Minute
@@ -96,11 +96,13 @@ func (r *Reporter) Run(ctx context.Context) {
 	}
 }
 
-// Sync writes the report if it changed or its heartbeat is due.
+// Sync writes the report if a reason began or ended, or its heartbeat is due. A detail alone
+// (its counts move at every sample while a fault lasts) waits for the heartbeat: each write
+// wakes the operator, and a lasting fault would otherwise write every sample.
 func (r *Reporter) Sync(ctx context.Context) error {
 	now := r.o.Now()
 	cur := r.o.Source()
-	if r.written && reflect.DeepEqual(cur, r.last) && now.Sub(r.lastAt) < r.o.Heartbeat {
+	if r.written && sameReasons(cur, r.last) && now.Sub(r.lastAt) < r.o.Heartbeat {
 		return nil
 	}
 	if err := r.write(ctx, now, cur); err != nil {
@@ -115,6 +117,20 @@ func (r *Reporter) Sync(ctx context.Context) error {
 	}
 	r.failing, r.written, r.last, r.lastAt = false, true, cur, now
 	return nil
+}
+
+// sameReasons reports whether a and b hold the same reasons (replica, reason, since), whatever
+// their details.
+func sameReasons(a, b []Degraded) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Replica != b[i].Replica || a[i].Reason != b[i].Reason || !a[i].Since.Equal(b[i].Since) {
+			return false
+		}
+	}
+	return true
 }
 
 type degradedJSON struct {

@@ -1,7 +1,11 @@
-// Package indexhealth proves the index-health path end to end: a real control plane (envtest)
-// running the operator, two vllm-sim engines publishing KV events, one of them hashing with the
-// wrong PYTHONHASHSEED, and a kvrouter (in process, static discovery of the two sims) whose
-// report reaches the KVRoutedModel as its router ServiceAccount. The fault must show as
+// Package indexhealth proves the index-health path end to end through a real control plane
+// (envtest) running the operator. TestKVRouterBinaryRaisesAndClearsIndexHealthy is the issue's
+// whole proof at shipped timing: the kvrouter binary with the rendered config and Kubernetes
+// discovery, engines backed by hack/podbacker, a fault provoked and cleared.
+// TestWrongSeedRaisesIndexHealthy is the quicker in-process variant for a key-correctness
+// reason: two vllm-sim engines publishing KV events, one of them hashing with the wrong
+// PYTHONHASHSEED, and a kvrouter (in process, static discovery of the two sims) whose report
+// reaches the KVRoutedModel as its router ServiceAccount. The fault must show as
 // IndexHealthy=False naming the replica, Degraded=True/IndexUnhealthy with Ready untouched, and
 // a Warning Event, read back through the API server.
 package indexhealth
