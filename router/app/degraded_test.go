@@ -165,6 +165,51 @@ func TestDegradedNoEventsOnEvidence(t *testing.T) {
 	}
 }
 
+// A prompt served again wholly from the prefix cache publishes nothing in incremental mode
+// (vLLM stores no new block for it), so repeats of it, however many and however long after the
+// last batch, are no evidence of a silent publisher: the replica stays exact and not degraded.
+func TestRepeatedCachedPromptIsNotNoEvents(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	prompt := idsPrompt(3, 64, 1, 6, 1) // 70 tokens: a repeat hits all four full blocks, stores none
+	postJSON(t, rt.api.URL+"/v1/completions", prompt)
+	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
+	time.Sleep(staleAfter) // past the last applied batch, as a silent publisher's requests would be
+	for range 2 * degraded.QuietRequests {
+		postJSON(t, rt.api.URL+"/v1/completions", prompt)
+	}
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
+		t.Fatalf("repeats of a cached prompt degraded the replica: %v", r)
+	}
+	if st, _ := rt.s.sub.Stats("e0", 0); st.State != kvevents.Exact {
+		t.Fatalf("stream %v after repeats of a cached prompt; want exact", st.State)
+	}
+}
+
+func TestMustStoreBlock(t *testing.T) {
+	for _, c := range []struct {
+		prompt, cached, bs int
+		want               bool
+	}{
+		{64, 0, 16, true},       // nothing cached: four fresh blocks
+		{64, 48, 16, false},     // a full hit capped at prompt-1 recomputes one stored block
+		{70, 48, 16, true},      // the cap allowed a fourth block, so the fourth is fresh
+		{70, 64, 16, false},     // every full block hit; the partial tail is never stored
+		{31, 0, 16, true},       // the cap allowed the one full block; it missed, so it is fresh
+		{16, 0, 16, false},      // a one-block prompt never hits: its block may be stored already
+		{32, 0, 16, true},       // of two blocks the first could have hit and did not
+		{64, 0, 0, false},       // block size unknown
+		{4096, 4080, 16, false}, // capped full hit of a long prompt
+	} {
+		if got := mustStoreBlock(c.prompt, c.cached, c.bs); got != c.want {
+			t.Errorf("mustStoreBlock(%d, %d, %d) = %v, want %v", c.prompt, c.cached, c.bs, got, c.want)
+		}
+	}
+}
+
 // Render calls failing with 5xx make the engine tokenizer-failing; a client 4xx on render does
 // not count.
 func TestDegradedTokenizerFailing(t *testing.T) {

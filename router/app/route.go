@@ -480,25 +480,46 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		}
 	}
 	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
-		s.account(rep, d.Req.Tokens, cached, out.Usage, d.Mode(d.chosen))
+		s.account(rep, d.Req.Tokens, d.Req.BlockSize, cached, out.Usage, d.Mode(d.chosen))
 	}
 	return out
 }
 
 // staleAfter and staleHits: a replica whose engine answers staleHits requests in a row, each of
-// at least one full block and each staleAfter or more after the stream's last applied batch,
-// has a publisher that stopped (a prefill stores blocks, and vLLM publishes them within
-// milliseconds). Several in a row, because a request served wholly from the prefix cache
-// publishes nothing in incremental mode.
+// which must have stored a new full block (mustStoreBlock) and each staleAfter or more after
+// the stream's last applied batch, has a publisher that stopped (a prefill stores blocks, and
+// vLLM publishes them within milliseconds). Several in a row, to ride out a batch that is
+// merely late.
 const (
 	staleAfter = 2 * time.Second
 	staleHits  = 3
 )
 
-// checkPublishing marks the stream stale when the engine serves without publishing.
-func (s *Router) checkPublishing(rep *replica, promptTokens int) {
-	bs := max(s.o.Config.BlockSize, 1)
-	if !rep.stream || s.sub == nil || promptTokens < bs {
+// mustStoreBlock reports whether serving a prompt of promptTokens, of which cachedTokens were
+// prefix-cache hits, stored at least one new full block, so that an engine publishing events
+// must have sent a BlockStored for it. vLLM's hits are whole blocks from the start, capped so
+// that the last prompt token is computed (vllm/v1/core/kv_cache_manager.py,
+// get_computed_blocks): when the prompt ends on a block boundary, a hit one block short of the
+// prompt may have left out a block that is already stored and is only recomputed, so that block
+// is not counted. A repeat of a cached prompt, which publishes nothing in incremental mode, is
+// therefore never taken for a silent publisher.
+func mustStoreBlock(promptTokens, cachedTokens, blockSize int) bool {
+	if blockSize <= 0 || promptTokens <= 0 {
+		return false
+	}
+	full, hit := promptTokens/blockSize, max(cachedTokens, 0)/blockSize
+	fresh := full - hit
+	if promptTokens%blockSize == 0 && hit == full-1 {
+		fresh-- // possibly a capped hit's recomputed block
+	}
+	return fresh >= 1
+}
+
+// checkPublishing marks the stream stale when the engine serves without publishing. cached is
+// what the engine reported as prefix-cache hits, or the router's own prediction when the
+// engine reports none.
+func (s *Router) checkPublishing(rep *replica, promptTokens, cached, blockSize int) {
+	if !rep.stream || s.sub == nil || !mustStoreBlock(promptTokens, cached, blockSize) {
 		return
 	}
 	st, ok := s.sub.Stats(rep.eng.name, rep.rank)
@@ -518,9 +539,17 @@ func (s *Router) checkPublishing(rep *replica, promptTokens int) {
 }
 
 // account compares the prediction with the engine's reported cached tokens.
-func (s *Router) account(rep *replica, promptTokens, predicted int, u *proxy.Usage, mode string) {
+func (s *Router) account(rep *replica, promptTokens, blockSize, predicted int, u *proxy.Usage, mode string) {
 	rep.responses.Add(1)
-	s.checkPublishing(rep, promptTokens)
+	if u != nil && u.HasCached {
+		pt := promptTokens
+		if u.PromptTokens > 0 {
+			pt = u.PromptTokens
+		}
+		s.checkPublishing(rep, pt, u.CachedTokens, blockSize)
+	} else {
+		s.checkPublishing(rep, promptTokens, predicted, blockSize)
+	}
 	name := rep.eng.name
 	if u == nil || !u.HasCached {
 		rep.noUsage.Add(1)
