@@ -56,6 +56,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.IntVar(&cfg.HWM, "kv-hwm", 100000, "PUB send high-water mark")
 	fs.StringVar(&cfg.StepModel, "step-model", "", "step-time model: calibrated (fitted to published measurements; README) or flat "+
 		"(the two rates below); default calibrated, or flat when either rate is given")
+	fs.Float64Var(&cfg.StepTokenScale, "step-token-scale", 1, "calibrated step model: each token counts as this many (for shrunk prompts, e.g. kvbench replay's 512/32 = 16)")
 	fs.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", 20000, "flat step model: prefill throughput for uncached tokens")
 	fs.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", 20, "flat step model: decode step time, i.e. per generated token")
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 256, "running requests per rank")

@@ -26,6 +26,10 @@ func TestParseFlags(t *testing.T) {
 		cfg.EventLayout != "E3" || cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
 		t.Errorf("defaults %+v (%v)", cfg, err)
 	}
+	cfg, err = parseFlags([]string{"--step-token-scale", "16"}, io.Discard)
+	if d := cfg.Defaults(); err != nil || d.StepModel != "calibrated" || d.StepTokenScale != 16 {
+		t.Errorf("step token scale %+v (%v)", cfg, err)
+	}
 	cfg, err = parseFlags([]string{"--decode-ms-per-token", "2"}, io.Discard)
 	if d := cfg.Defaults(); err != nil || d.StepModel != "flat" || d.DecodeMsPerToken != 2 || d.PrefillTokensPerS != 20000 {
 		t.Errorf("defaults %+v (%v)", cfg, err)
