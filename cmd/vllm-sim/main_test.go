@@ -75,9 +75,15 @@ func TestRunServesUntilCancelled(t *testing.T) {
 }
 
 func TestParseRequestPathFlags(t *testing.T) {
-	cfg, err := parseFlags([]string{"--headers-at-acceptance=false", "--sse-keep-alive-interval", "1.5", "--stream-error-after", "7"}, io.Discard)
-	if err != nil || !cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 1500*time.Millisecond || cfg.StreamErrorAfter != 7 {
+	cfg, err := parseFlags([]string{"--headers-at-acceptance=false", "--sse-keep-alive-interval", "15", "--stream-error-after", "7"}, io.Discard)
+	if err != nil || !cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 15*time.Second || cfg.StreamErrorAfter != 7 {
 		t.Fatalf("parsed %+v, %v", cfg, err)
+	}
+	// vLLM's --sse-keep-alive-interval takes whole seconds, not negative ones.
+	for _, bad := range []string{"1.5", "-1", "x"} {
+		if _, err := parseFlags([]string{"--sse-keep-alive-interval", bad}, io.Discard); err == nil {
+			t.Errorf("--sse-keep-alive-interval %s accepted", bad)
+		}
 	}
 	if cfg, _ = parseFlags([]string{"--headers-at-acceptance"}, io.Discard); cfg.HoldHeaders {
 		t.Fatalf("--headers-at-acceptance: %+v", cfg)

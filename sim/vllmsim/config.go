@@ -90,8 +90,9 @@ type Config struct {
 	// simulator's old timing: the headers wait for the first token, so a failure before it is
 	// a plain HTTP error (--headers-at-acceptance=false).
 	HoldHeaders bool
-	// SSEKeepAliveInterval > 0 writes an SSE comment line `: keep-alive` on a stream that sent
-	// nothing for that long (wall time, not scaled). A comment commits the headers.
+	// SSEKeepAliveInterval > 0 writes an SSE comment line `: keep-alive` on a stream each time
+	// it sent nothing for that long since its last line (vLLM's --sse-keep-alive-interval; wall
+	// time, not scaled). A comment commits the headers.
 	SSEKeepAliveInterval time.Duration
 	Seed                 int64 // seeds the fail-rate draw
 
