@@ -43,7 +43,7 @@ type Config struct {
 	// empty topic.
 	KVEventsTopic *string
 	// EventLayout is the KV-event batch shape (spec §4.4 erratum): "E1" array batch of array
-	// events (vLLM up to about v0.22/v0.23), "E2" map batch of map events (newest upstream
+	// events (kv_events.py before #42892), "E2" map batch of map events (newest upstream
 	// kv_events.py), "E3" array batch of map events (a live v0.26.0 capture; the default). The
 	// older values "array" and "map" are accepted as E1 and E3.
 	EventLayout string
