@@ -71,9 +71,10 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.Var(&keys, "api-key", "require Authorization: Bearer KEY on /v1/... as vLLM does (repeatable; default $VLLM_API_KEY)")
 	fs.IntVar(&cfg.StreamErrorAfter, "stream-error-after", 0, "end every stream with an in-stream error event after N tokens (0 = never)")
 	atAcceptance := fs.Bool("headers-at-acceptance", true, "send a stream's 200 and headers on acceptance, before the first token, as vLLM does (errors after that are in-stream events); false holds them until the first token")
-	// vLLM's flag (PR #51034, FrontendArgs in vllm/entrypoints/openai/cli_args.py): whole
-	// seconds, default 0 = off.
-	keepAlive := fs.Int("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment, as vLLM writes it (0 = off)")
+	// vLLM's flag (PR #51034, FrontendArgs in vllm/entrypoints/openai/cli_args.py): seconds,
+	// default 0 = off. vLLM takes whole seconds; the sim also takes fractions, so tests can run
+	// keep-alives in milliseconds.
+	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment, as vLLM writes it (0 = off; vLLM takes whole seconds)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -107,10 +108,10 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 			cfg.APIKeys = []string{k}
 		}
 	}
-	if *keepAlive < 0 {
-		return cfg, fmt.Errorf("--sse-keep-alive-interval must be >= 0, got %d", *keepAlive)
+	if !(*keepAlive >= 0 && *keepAlive <= 86400) {
+		return cfg, fmt.Errorf("--sse-keep-alive-interval must be within 0..86400 seconds, got %v", *keepAlive)
 	}
-	cfg.SSEKeepAliveInterval = time.Duration(*keepAlive) * time.Second
+	cfg.SSEKeepAliveInterval = time.Duration(*keepAlive * float64(time.Second))
 	cfg.HoldHeaders = !*atAcceptance
 	return cfg, nil
 }

@@ -79,8 +79,11 @@ func TestParseRequestPathFlags(t *testing.T) {
 	if err != nil || !cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 15*time.Second || cfg.StreamErrorAfter != 7 {
 		t.Fatalf("parsed %+v, %v", cfg, err)
 	}
-	// vLLM's --sse-keep-alive-interval takes whole seconds, not negative ones.
-	for _, bad := range []string{"1.5", "-1", "x"} {
+	// Fractions are the sim's extension (vLLM takes whole seconds); negative ones are refused.
+	if cfg, err = parseFlags([]string{"--sse-keep-alive-interval", "0.02"}, io.Discard); err != nil || cfg.SSEKeepAliveInterval != 20*time.Millisecond {
+		t.Fatalf("--sse-keep-alive-interval 0.02: %v, %v", cfg.SSEKeepAliveInterval, err)
+	}
+	for _, bad := range []string{"-1", "x", "NaN", "1e9"} {
 		if _, err := parseFlags([]string{"--sse-keep-alive-interval", bad}, io.Discard); err == nil {
 			t.Errorf("--sse-keep-alive-interval %s accepted", bad)
 		}
