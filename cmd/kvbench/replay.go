@@ -58,9 +58,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	jitter := fs.Duration("jitter", 20*time.Millisecond, "per-seed arrival jitter")
 	rate := fs.Float64("rate", 25, "regimes: mean arrivals per second")
 	warmup := fs.Duration("warmup", 2*time.Second, "scale-up regime: warm-up window of the new replicas")
-	prefill := fs.Float64("sim-prefill-tokens-per-s", 0, "engine prefill rate (default 20000 x tokens-per-trace-block/512: trace-equivalent time)")
-	decode := fs.Float64("sim-decode-ms-per-token", 20, "engine decode step")
-	timeScale := fs.Float64("sim-time-scale", 1, "vllm-sim --time-scale: divides every engine duration")
+	stepModel := fs.String("sim-step-model", "calibrated", "engine step-time model: calibrated (vllm-sim's default, run at the prefill rate below) or flat (the rate below plus a fixed decode step)")
+	prefill := fs.Float64("sim-prefill-tokens-per-s", 0, "engine prefill rate (default 20000 x tokens-per-trace-block/512: trace-equivalent time); calibrated: its compute-bound rate")
+	decode := fs.Float64("sim-decode-ms-per-token", 20, "flat step model: engine decode step")
+	timeScale := fs.Float64("sim-time-scale", 1, "vllm-sim --time-scale: divides every engine duration (on top of the calibrated model's rate match)")
+	atAcceptance := fs.Bool("sim-headers-at-acceptance", true, "engines send a stream's headers at acceptance as vLLM does; false holds them until the first token (the old timing)")
+	firstSeed := fs.Int("first-seed", 1, "number of the first seed (runs first-seed .. first-seed+seeds-1)")
 	blockSize := fs.Int("sim-block-size", 16, "engine KV block size in tokens")
 	blocks := fs.Int("sim-num-gpu-blocks", 0, "engine KV blocks (default: 600 trace blocks' worth, as BENCHMARKS.md's 8 x 600)")
 	seqs := fs.Int("sim-max-num-seqs", 32, "engine running requests")
@@ -78,8 +81,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if (*trace == "") == (*regime == "") {
 		return errors.New("give exactly one of --trace and --regime")
 	}
-	if *speed <= 0 || *tpb < 1 || *replicas < 1 || *seeds < 1 || *conc < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
-		return errors.New("--speed, --rate must be > 0; --replicas, --seeds, --concurrency, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
+	if *speed <= 0 || *tpb < 1 || *firstSeed < 1 || *timeScale <= 0 || *replicas < 1 || *seeds < 1 || *conc < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
+		return errors.New("--speed, --rate, --sim-time-scale must be > 0; --replicas, --seeds, --first-seed, --concurrency, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
 	}
 	names := splitList(*policies)
 	if len(names) == 0 {
@@ -90,7 +93,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	o := replay.Options{Replicas: *replicas, Policies: names, Seeds: *seeds, Concurrency: *conc,
+	o := replay.Options{Replicas: *replicas, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
 		Tokens: replay.Tokenizer{PerBlock: *tpb}, OutputScale: *outScale, MaxOutputTokens: *maxOut,
 		Jitter: *jitter, Model: "vllm-sim", Progress: stderr}
 	if o.OutputScale == 0 {
@@ -102,11 +105,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *blocks == 0 {
 		*blocks = 600*(*tpb) / *blockSize + 1
 	}
-	o.SimArgs = []string{"--prefill-tokens-per-s", fmtF(*prefill), "--decode-ms-per-token", fmtF(*decode),
-		"--time-scale", fmtF(*timeScale), "--block-size", strconv.Itoa(*blockSize),
+	steps, err := simStepArgs(*stepModel, *prefill, *decode, *timeScale, *tpb)
+	if err != nil {
+		return err
+	}
+	o.SimArgs = append(steps, "--headers-at-acceptance="+strconv.FormatBool(*atAcceptance), "--block-size", strconv.Itoa(*blockSize),
 		"--num-gpu-blocks", strconv.Itoa(*blocks), "--max-num-seqs", strconv.Itoa(*seqs),
-		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576"}
-	var err error
+		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576")
 	if o.SimBin, o.RouterBin, err = findBinaries(*binDir, *simBin, *routerBin); err != nil {
 		return err
 	}
@@ -165,6 +170,28 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return enc.Encode(out)
 	}
 	return writeReplayTable(stdout, &out)
+}
+
+// calibratedTokensPerS is vllm-sim's calibrated compute-bound prefill rate
+// (vllmsim.CalibratedTokensPerS; a test keeps the two equal without linking the simulator here).
+const calibratedTokensPerS = 1000 / 0.14356
+
+// simStepArgs are the engines' step-model flags. Both models keep a prompt's prefill
+// trace-equivalent at prefillPerS (tokens of the shrunk prompt per second): flat by that rate,
+// calibrated by reading each token as 512/tokensPerBlock model tokens (--step-token-scale) and
+// dividing time so its compute-bound rate is prefillPerS, so a regime's load stays where it was
+// chosen and what differs is the shape of a step's cost (README of sim/vllmsim, Timing model).
+func simStepArgs(model string, prefillPerS, decodeMs, timeScale float64, tokensPerBlock int) ([]string, error) {
+	switch model {
+	case "flat":
+		return []string{"--step-model", "flat", "--prefill-tokens-per-s", fmtF(prefillPerS),
+			"--decode-ms-per-token", fmtF(decodeMs), "--time-scale", fmtF(timeScale)}, nil
+	case "calibrated":
+		tokenScale := float64(fleet.TraceBlockTokens) / float64(tokensPerBlock)
+		return []string{"--step-model", "calibrated", "--step-token-scale", fmtF(tokenScale),
+			"--time-scale", fmtF(timeScale * prefillPerS * tokenScale / calibratedTokensPerS)}, nil
+	}
+	return nil, fmt.Errorf("--sim-step-model must be calibrated or flat, got %q", model)
 }
 
 // findBinaries looks for vllm-sim and kvrouter: explicit flags, then --bin-dir, then the

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/sim/replay"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func TestReplayFlagErrors(t *testing.T) {
@@ -20,6 +22,8 @@ func TestReplayFlagErrors(t *testing.T) {
 		{nil, "exactly one of --trace and --regime"},
 		{[]string{"--trace", "x", "--regime", "no-reuse"}, "exactly one"},
 		{[]string{"--regime", "no-reuse", "--speed", "0"}, "--speed"},
+		{[]string{"--regime", "no-reuse", "--first-seed", "0"}, "--first-seed"},
+		{[]string{"--regime", "no-reuse", "--sim-step-model", "steep"}, "--sim-step-model"},
 		{[]string{"--regime", "no-reuse", "--policies", "nope"}, "nope"},
 		{[]string{"--regime", "no-reuse", "--bin-dir", "/nonexistent"}, "no vllm-sim binary"},
 		{[]string{"--regime", "bogus", "--vllm-sim", "x", "--kvrouter", "y"}, "unknown regime"},
@@ -80,5 +84,29 @@ func TestReplayTableAndReport(t *testing.T) {
 	var back map[string]any
 	if err := json.Unmarshal(j, &back); err != nil || back["workload"] != "w<1>" {
 		t.Fatalf("JSON round trip: %v %v", err, back["workload"])
+	}
+}
+
+// The engines' step flags: flat passes the rates; calibrated reads each token as 512/tpb and
+// scales time so its compute-bound prefill rate equals the flat rate (same regime load).
+func TestSimStepArgs(t *testing.T) {
+	if d := calibratedTokensPerS - vllmsim.CalibratedTokensPerS(); d > 1e-9 || d < -1e-9 {
+		t.Fatalf("calibratedTokensPerS %v, vllm-sim's %v", calibratedTokensPerS, vllmsim.CalibratedTokensPerS())
+	}
+	flat, err := simStepArgs("flat", 1250, 20, 1, 32)
+	if err != nil || strings.Join(flat, " ") != "--step-model flat --prefill-tokens-per-s 1250 --decode-ms-per-token 20 --time-scale 1" {
+		t.Errorf("flat: %q (%v)", flat, err)
+	}
+	cal, err := simStepArgs("calibrated", 1250, 20, 2, 32)
+	if err != nil || len(cal) != 6 || cal[1] != "calibrated" || cal[3] != "16" {
+		t.Fatalf("calibrated: %q (%v)", cal, err)
+	}
+	scale, _ := strconv.ParseFloat(cal[5], 64)
+	// 1250 shrunk tokens/s = 20,000 model tokens/s; the model runs CalibratedTokensPerS; x2 on top.
+	if want := 2 * 20000 / vllmsim.CalibratedTokensPerS(); scale < want*0.999 || scale > want*1.001 {
+		t.Errorf("calibrated time scale %v, want %v", scale, want)
+	}
+	if _, err := simStepArgs("steep", 1250, 20, 1, 32); err == nil {
+		t.Error("unknown step model accepted")
 	}
 }

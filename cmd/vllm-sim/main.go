@@ -49,13 +49,14 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.StringVar(&cfg.KVEventsConnect, "kv-events-connect", "", "dial this tcp://HOST:PORT instead of binding (rank r: port+r)")
 	fs.IntVar(&cfg.KVReplayPort, "kv-replay-port", 0, "ROUTER replay bind port of rank 0 (rank r: port+r); 0 = off")
 	topic := fs.String("kv-events-topic", "", "event topic (default kv@HOST:PORT@MODEL; pass an empty value for vLLM's empty topic)")
-	fs.StringVar(&cfg.EventLayout, "event-layout", "E3", "KV-event batch shape: E1 (array batch, array events; vLLM to about v0.22), "+
-		"E2 (map batch, map events; newest upstream kv_events.py), E3 (array batch, map events; live v0.26.0); aliases array = E1, map = E3")
+	fs.StringVar(&cfg.EventLayout, "event-layout", "E3", "KV-event batch shape: E1 (array batch, array events; kv_events.py before #42892), "+
+		"E2 (map batch, map events; newest upstream kv_events.py), E3 (array batch, map events; seen in a live v0.26.0 capture); aliases array = E1, map = E3")
 	replayTopic := fs.Bool("replay-topic-frame", true, "send the topic frame in replay replies (vLLM PR #45177, June 2026); false = the older [seq, payload] replies")
 	fs.IntVar(&cfg.BufferSteps, "kv-buffer-steps", 10000, "replay ring length in batches")
 	fs.IntVar(&cfg.HWM, "kv-hwm", 100000, "PUB send high-water mark")
 	fs.StringVar(&cfg.StepModel, "step-model", "", "step-time model: calibrated (fitted to published measurements; README) or flat "+
 		"(the two rates below); default calibrated, or flat when either rate is given")
+	fs.Float64Var(&cfg.StepTokenScale, "step-token-scale", 1, "calibrated step model: each token counts as this many (for shrunk prompts, e.g. kvbench replay's 512/32 = 16)")
 	fs.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", 20000, "flat step model: prefill throughput for uncached tokens")
 	fs.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", 20, "flat step model: decode step time, i.e. per generated token")
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 256, "running requests per rank")
@@ -70,7 +71,10 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.Var(&keys, "api-key", "require Authorization: Bearer KEY on /v1/... as vLLM does (repeatable; default $VLLM_API_KEY)")
 	fs.IntVar(&cfg.StreamErrorAfter, "stream-error-after", 0, "end every stream with an in-stream error event after N tokens (0 = never)")
 	atAcceptance := fs.Bool("headers-at-acceptance", true, "send a stream's 200 and headers on acceptance, before the first token, as vLLM does (errors after that are in-stream events); false holds them until the first token")
-	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment (0 = off)")
+	// vLLM's flag (PR #51034, FrontendArgs in vllm/entrypoints/openai/cli_args.py): seconds,
+	// default 0 = off. vLLM takes whole seconds; the sim also takes fractions, so tests can run
+	// keep-alives in milliseconds.
+	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment, as vLLM writes it (0 = off; vLLM takes whole seconds)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -103,6 +107,9 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 		if k := os.Getenv("VLLM_API_KEY"); k != "" {
 			cfg.APIKeys = []string{k}
 		}
+	}
+	if !(*keepAlive >= 0 && *keepAlive <= 86400) {
+		return cfg, fmt.Errorf("--sse-keep-alive-interval must be within 0..86400 seconds, got %v", *keepAlive)
 	}
 	cfg.SSEKeepAliveInterval = time.Duration(*keepAlive * float64(time.Second))
 	cfg.HoldHeaders = !*atAcceptance

@@ -26,6 +26,10 @@ func TestParseFlags(t *testing.T) {
 		cfg.EventLayout != "E3" || cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
 		t.Errorf("defaults %+v (%v)", cfg, err)
 	}
+	cfg, err = parseFlags([]string{"--step-token-scale", "16"}, io.Discard)
+	if d := cfg.Defaults(); err != nil || d.StepModel != "calibrated" || d.StepTokenScale != 16 {
+		t.Errorf("step token scale %+v (%v)", cfg, err)
+	}
 	cfg, err = parseFlags([]string{"--decode-ms-per-token", "2"}, io.Discard)
 	if d := cfg.Defaults(); err != nil || d.StepModel != "flat" || d.DecodeMsPerToken != 2 || d.PrefillTokensPerS != 20000 {
 		t.Errorf("defaults %+v (%v)", cfg, err)
@@ -71,9 +75,18 @@ func TestRunServesUntilCancelled(t *testing.T) {
 }
 
 func TestParseRequestPathFlags(t *testing.T) {
-	cfg, err := parseFlags([]string{"--headers-at-acceptance=false", "--sse-keep-alive-interval", "1.5", "--stream-error-after", "7"}, io.Discard)
-	if err != nil || !cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 1500*time.Millisecond || cfg.StreamErrorAfter != 7 {
+	cfg, err := parseFlags([]string{"--headers-at-acceptance=false", "--sse-keep-alive-interval", "15", "--stream-error-after", "7"}, io.Discard)
+	if err != nil || !cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 15*time.Second || cfg.StreamErrorAfter != 7 {
 		t.Fatalf("parsed %+v, %v", cfg, err)
+	}
+	// Fractions are the sim's extension (vLLM takes whole seconds); negative ones are refused.
+	if cfg, err = parseFlags([]string{"--sse-keep-alive-interval", "0.02"}, io.Discard); err != nil || cfg.SSEKeepAliveInterval != 20*time.Millisecond {
+		t.Fatalf("--sse-keep-alive-interval 0.02: %v, %v", cfg.SSEKeepAliveInterval, err)
+	}
+	for _, bad := range []string{"-1", "x", "NaN", "1e9"} {
+		if _, err := parseFlags([]string{"--sse-keep-alive-interval", bad}, io.Discard); err == nil {
+			t.Errorf("--sse-keep-alive-interval %s accepted", bad)
+		}
 	}
 	if cfg, _ = parseFlags([]string{"--headers-at-acceptance"}, io.Discard); cfg.HoldHeaders {
 		t.Fatalf("--headers-at-acceptance: %+v", cfg)

@@ -16,7 +16,7 @@ func TestReplayEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := Options{SimBin: filepath.Join(dir, "vllm-sim"), RouterBin: filepath.Join(dir, "kvrouter"), Replicas: 2,
-		Policies: []string{"kv", "round-robin"}, Seeds: 1, Concurrency: 16, Tokens: Tokenizer{PerBlock: 16},
+		Policies: []string{"kv", "round-robin"}, Seeds: 1, FirstSeed: 3, Concurrency: 16, Tokens: Tokenizer{PerBlock: 16},
 		OutputScale: 1, MaxOutputTokens: 4, Model: "vllm-sim", LogDir: t.TempDir(), Drain: 15 * time.Second,
 		SimArgs: []string{"--decode-ms-per-token", "2", "--num-gpu-blocks", "512"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
@@ -24,6 +24,9 @@ func TestReplayEndToEnd(t *testing.T) {
 	runs, err := Replay(ctx, o, w)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if runs[0].Seed != 3 || runs[1].Seed != 3 {
+		t.Fatalf("seeds %d, %d; want FirstSeed 3", runs[0].Seed, runs[1].Seed)
 	}
 	sum := Summarize(runs)
 	if len(sum) != 2 {

@@ -321,3 +321,21 @@ func equalU32(a, b []uint32) bool {
 	}
 	return true
 }
+
+// An unmeasured figure (NaN) is JSON null, not an encoding error (kvbench replay --json on a
+// scale-up whose window saw no request).
+func TestUnmeasuredFiguresAreJSONNull(t *testing.T) {
+	b, err := json.Marshal(RunResult{Policy: "kv", ScaleUp: &ScaleUpResult{NewShareOfFair: math.NaN(), HitBefore: 0.5, HitDuring: math.NaN(), HitDrop: math.Inf(1)}})
+	if err != nil || !strings.Contains(string(b), `"scale_up":{"new_share_of_fair":null,"hit_before":0.5,"hit_during":null,"hit_drop":null}`) {
+		t.Fatalf("%s (%v)", b, err)
+	}
+	b, err = json.Marshal(TInterval(nil))
+	if err != nil || string(b) != `{"mean":null,"lo":null,"hi":null,"n":0}` {
+		t.Fatalf("%s (%v)", b, err)
+	}
+	b, err = json.Marshal(TInterval([]float64{1, 2, 3}))
+	var back Interval
+	if err != nil || json.Unmarshal(b, &back) != nil || back.Mean != 2 || back.N != 3 {
+		t.Fatalf("%s (%v) -> %+v", b, err, back)
+	}
+}

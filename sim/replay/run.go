@@ -24,6 +24,7 @@ type Options struct {
 	Replicas          int
 	Policies          []string
 	Seeds             int
+	FirstSeed         int // seeds run FirstSeed .. FirstSeed+Seeds-1 (default 1)
 	// Concurrency caps requests in flight; an arrival finding the cap full waits, and its TTFT
 	// is measured from when it is actually sent (Outcome.SentAt shows the delay).
 	Concurrency     int
@@ -73,7 +74,7 @@ func Replay(ctx context.Context, o Options, w Workload) ([]*RunResult, error) {
 		return nil, err
 	}
 	var runs []*RunResult
-	for seed := 1; seed <= o.Seeds; seed++ {
+	for seed := o.FirstSeed; seed < o.FirstSeed+o.Seeds; seed++ {
 		wl := w.Jittered(uint64(seed), o.Jitter)
 		for _, pol := range o.Policies {
 			r, err := runOne(ctx, o, wl, pol, seed)
@@ -118,6 +119,9 @@ func (o *Options) check(w Workload) error {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("binary: %w", err)
 		}
+	}
+	if o.FirstSeed < 1 {
+		o.FirstSeed = 1
 	}
 	if o.Drain <= 0 {
 		o.Drain = 60 * time.Second

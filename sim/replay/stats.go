@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"encoding/json"
 	"math"
 	"sort"
 	"strconv"
@@ -110,4 +111,23 @@ func (iv Interval) MarshalJSON() ([]byte, error) {
 		rng = `,"range":true`
 	}
 	return []byte(`{"mean":` + f(iv.Mean) + `,"lo":` + f(iv.Lo) + `,"hi":` + f(iv.Hi) + `,"n":` + strconv.Itoa(iv.N) + rng + `}`), nil
+}
+
+// finite is x, or nil (JSON null) when x is NaN or infinite: encoding/json refuses those, and a
+// figure that could not be measured (no request in a window, no successful seed) is one.
+func finite(x float64) *float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return nil
+	}
+	return &x
+}
+
+// MarshalJSON writes an unmeasured (NaN) figure as null.
+func (r ScaleUpResult) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		NewShareOfFair *float64 `json:"new_share_of_fair"`
+		HitBefore      *float64 `json:"hit_before"`
+		HitDuring      *float64 `json:"hit_during"`
+		HitDrop        *float64 `json:"hit_drop"`
+	}{finite(r.NewShareOfFair), finite(r.HitBefore), finite(r.HitDuring), finite(r.HitDrop)})
 }

@@ -111,3 +111,45 @@ func TestKeepAliveAndInStreamErrors(t *testing.T) {
 		t.Fatalf("stream-error-after 3: %d tokens, %d errors: %q", data, errs, evs)
 	}
 }
+
+// --sse-keep-alive-interval as vLLM's with_sse_keep_alive writes it: ": keep-alive" exactly one
+// interval after the last line sent (acceptance, a token or a comment), never on a fixed clock.
+// With 500 ms decode steps and a 200 ms interval, each token is followed by comments at about
+// +200 and +400 ms (a fixed 200 ms ticker would skip the first: a token was sent in its window).
+func TestKeepAliveOneIntervalAfterTheLastLine(t *testing.T) {
+	cfg := fastConfig()
+	cfg.DecodeMsPerToken, cfg.SSEKeepAliveInterval = 500, 200*time.Millisecond
+	s := startSim(t, cfg)
+	t0 := time.Now()
+	resp, _ := streamHead(t, s, `{"model":"m","stream":true,"max_tokens":3,"prompt":"hi"}`)
+	type line struct {
+		text string
+		at   time.Duration
+	}
+	lines := []line{{"(headers)", time.Since(t0)}}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if l := sc.Text(); l != "" {
+			lines = append(lines, line{l, time.Since(t0)})
+		}
+	}
+	comments, tokens := 0, 0
+	for i := 1; i < len(lines); i++ {
+		gap := lines[i].at - lines[i-1].at
+		switch {
+		case lines[i].text == ": keep-alive":
+			comments++
+			if gap < 190*time.Millisecond || gap > 350*time.Millisecond {
+				t.Errorf("keep-alive %v after %q, want one interval (200 ms)", gap, lines[i-1].text)
+			}
+		case strings.HasPrefix(lines[i].text, "data: {"):
+			tokens++
+			if tokens > 1 && lines[i-1].text != ": keep-alive" {
+				t.Errorf("no keep-alive in the 500 ms before token %d", tokens)
+			}
+		}
+	}
+	if tokens != 3 || comments < 4 {
+		t.Fatalf("%d tokens, %d keep-alives: %v", tokens, comments, lines)
+	}
+}

@@ -43,7 +43,7 @@ type Config struct {
 	// empty topic.
 	KVEventsTopic *string
 	// EventLayout is the KV-event batch shape (spec §4.4 erratum): "E1" array batch of array
-	// events (vLLM up to about v0.22/v0.23), "E2" map batch of map events (newest upstream
+	// events (kv_events.py before #42892), "E2" map batch of map events (newest upstream
 	// kv_events.py), "E3" array batch of map events (a live v0.26.0 capture; the default). The
 	// older values "array" and "map" are accepted as E1 and E3.
 	EventLayout string
@@ -58,7 +58,12 @@ type Config struct {
 	// tokens / PrefillTokensPerS plus DecodeMsPerToken when it decodes. Empty means "flat" when
 	// PrefillTokensPerS or DecodeMsPerToken is set (callers that tuned those rates keep them),
 	// "calibrated" otherwise.
-	StepModel         string
+	StepModel string
+	// StepTokenScale makes the calibrated model read every simulated token as this many model
+	// tokens (prefill and decode context; attention by its square), for harnesses that shrink
+	// prompts: `kvbench replay` turns each 512-token trace block into 32 tokens and sets 16, so a
+	// shrunk prompt costs what the trace's prompt would. Default 1; the flat model ignores it.
+	StepTokenScale    float64
 	PrefillTokensPerS float64 // flat model: prefill throughput for uncached tokens (default 20000)
 	DecodeMsPerToken  float64 // flat model: time of one decode step, i.e. per generated token (default 20)
 	MaxNumSeqs        int     // running requests per rank (default 256, vLLM's)
@@ -85,8 +90,9 @@ type Config struct {
 	// simulator's old timing: the headers wait for the first token, so a failure before it is
 	// a plain HTTP error (--headers-at-acceptance=false).
 	HoldHeaders bool
-	// SSEKeepAliveInterval > 0 writes an SSE comment line `: keep-alive` on a stream that sent
-	// nothing for that long (wall time, not scaled). A comment commits the headers.
+	// SSEKeepAliveInterval > 0 writes an SSE comment line `: keep-alive` on a stream each time
+	// it sent nothing for that long since its last line (vLLM's --sse-keep-alive-interval; wall
+	// time, not scaled). A comment commits the headers.
 	SSEKeepAliveInterval time.Duration
 	Seed                 int64 // seeds the fail-rate draw
 
@@ -146,6 +152,9 @@ func (cfg Config) Defaults() Config {
 	if cfg.MaxBatchedTokens == 0 {
 		cfg.MaxBatchedTokens = 8192
 	}
+	if cfg.StepTokenScale == 0 {
+		cfg.StepTokenScale = 1
+	}
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 1
 	}
@@ -178,6 +187,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("buffer steps must be positive and hwm non-negative")
 	case cfg.PrefillTokensPerS <= 0 || cfg.DecodeMsPerToken < 0 || cfg.TimeScale <= 0:
 		return fmt.Errorf("prefill-tokens-per-s and time-scale must be positive, decode-ms-per-token non-negative")
+	case cfg.StepTokenScale < 1 || cfg.StepTokenScale > 1<<16:
+		return fmt.Errorf("step-token-scale must be within 1..65536, got %v", cfg.StepTokenScale)
 	case cfg.StepModel != "calibrated" && cfg.StepModel != "flat":
 		return fmt.Errorf("step model must be calibrated or flat, got %q", cfg.StepModel)
 	case cfg.MaxNumSeqs < 1 || cfg.MaxBatchedTokens < 1 || cfg.DefaultMaxTokens < 1:

@@ -232,7 +232,7 @@ func TestDroppedBatchComesBackThroughReplay(t *testing.T) {
 			t.Fatalf("replay reply: %v", err)
 		}
 		if len(frames) != 4 {
-			t.Fatalf("replay reply has %d frames, want vLLM >= 0.25's 4", len(frames))
+			t.Fatalf("replay reply has %d frames, want PR #45177's 4 (topic, seq, payload with the topic frame)", len(frames))
 		}
 		m, end, err := kvwire.ParseReplayReply(frames)
 		if err != nil {

@@ -260,11 +260,21 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 		}
 	}
 	rk.submit(reqs...)
-	var keepAlive <-chan time.Time
-	if j.stream && s.cfg.SSEKeepAliveInterval > 0 {
-		t := time.NewTicker(s.cfg.SSEKeepAliveInterval)
-		defer t.Stop()
-		keepAlive = t.C
+	// vLLM's with_sse_keep_alive (vllm/entrypoints/openai/sse_keep_alive.py, PR #51034) waits
+	// `interval` for the next chunk and writes ": keep-alive\n\n" each time it waits in vain, so
+	// a comment comes exactly one interval after the last bytes sent (or after acceptance).
+	// The timer fires at the deadline it was set for; bytes written since only push the next
+	// deadline back.
+	interval := s.cfg.SSEKeepAliveInterval
+	var keepAlive *time.Timer
+	var keepAliveC <-chan time.Time
+	if j.stream && interval > 0 {
+		if out.lastWrite.IsZero() {
+			out.lastWrite = time.Now() // headers held: the silence starts at submission
+		}
+		keepAlive = time.NewTimer(time.Until(out.lastWrite.Add(interval)))
+		defer keepAlive.Stop()
+		keepAliveC = keepAlive.C
 	}
 	for {
 		select {
@@ -273,11 +283,11 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 				rk.abort(er)
 			}
 			return
-		case <-keepAlive:
-			if !out.wrote {
+		case <-keepAliveC:
+			if time.Since(out.lastWrite) >= interval {
 				out.comment("keep-alive")
 			}
-			out.wrote = false
+			keepAlive.Reset(time.Until(out.lastWrite.Add(interval)))
 			continue
 		case <-notify:
 		}
@@ -309,13 +319,13 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 
 // output collects or streams the tokens of a job's engine requests.
 type output struct {
-	sim      *Sim
-	j        *genJob
-	reqs     []*engineRequest
-	w        http.ResponseWriter
-	sent     []int  // tokens already streamed per request
-	finished []bool // finish_reason already streamed per request
-	wrote    bool   // something was written since the last keep-alive tick
+	sim       *Sim
+	j         *genJob
+	reqs      []*engineRequest
+	w         http.ResponseWriter
+	sent      []int     // tokens already streamed per request
+	finished  []bool    // finish_reason already streamed per request
+	lastWrite time.Time // when bytes last went out (keep-alive timing)
 }
 
 // advance streams new tokens (when streaming) and reports whether every request ended.
@@ -403,7 +413,7 @@ func (o *output) comment(text string) {
 }
 
 func (o *output) flush() {
-	o.wrote = true
+	o.lastWrite = time.Now()
 	if f, ok := o.w.(http.Flusher); ok {
 		f.Flush()
 	}

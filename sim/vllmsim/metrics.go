@@ -35,6 +35,11 @@ var (
 		"Cumulative number of preemption from the engine.", []string{"model_name", "engine"}, nil)
 	descSuccess = prometheus.NewDesc("vllm:request_success_total",
 		"Count of successfully processed requests.", []string{"model_name", "engine", "finished_reason"}, nil)
+	// vllm/v1/metrics/loggers.py (PrometheusStatLogger): one series per sleep_state, on every engine.
+	descSleepState = prometheus.NewDesc("vllm:engine_sleep_state",
+		"Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "+
+			"weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+		[]string{"model_name", "engine", "sleep_state"}, nil)
 	descCacheConfig = prometheus.NewDesc("vllm:cache_config_info",
 		"Information of the LLMEngine CacheConfig",
 		[]string{"block_size", "cache_dtype", "enable_prefix_caching", "num_gpu_blocks",
@@ -72,10 +77,11 @@ type simMetrics struct {
 	cfg   *Config
 	ranks []*rankMetrics
 	vec   *prometheus.HistogramVec
+	sleep *sleepState
 }
 
-func newSimMetrics(cfg *Config, reg *prometheus.Registry) *simMetrics {
-	m := &simMetrics{cfg: cfg, vec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+func newSimMetrics(cfg *Config, reg *prometheus.Registry, sleep *sleepState) *simMetrics {
+	m := &simMetrics{cfg: cfg, sleep: sleep, vec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "vllm:time_to_first_token_seconds",
 		Help:    "Histogram of time to first token in seconds.",
 		Buckets: ttftBuckets,
@@ -91,13 +97,14 @@ func newSimMetrics(cfg *Config, reg *prometheus.Registry) *simMetrics {
 
 func (m *simMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRunning, descWaiting, descWaitingByReason, descUsage, descQueries, descHits,
-		descPrompt, descGen, descPreempt, descSuccess, descCacheConfig} {
+		descPrompt, descGen, descPreempt, descSuccess, descSleepState, descCacheConfig} {
 		ch <- d
 	}
 }
 
 func (m *simMetrics) Collect(ch chan<- prometheus.Metric) {
 	g, c := prometheus.GaugeValue, prometheus.CounterValue
+	awake, offloaded, discarded := m.sleep.sleepGauge().values()
 	for _, rm := range m.ranks {
 		rm.mu.Lock()
 		l := []string{rm.model, rm.engine}
@@ -113,6 +120,9 @@ func (m *simMetrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPreempt, c, float64(rm.stats.preemptions), l...)
 		ch <- prometheus.MustNewConstMetric(descSuccess, c, float64(rm.stats.finished), rm.model, rm.engine, "length")
 		rm.mu.Unlock()
+		ch <- prometheus.MustNewConstMetric(descSleepState, g, awake, rm.model, rm.engine, "awake")
+		ch <- prometheus.MustNewConstMetric(descSleepState, g, offloaded, rm.model, rm.engine, "weights_offloaded")
+		ch <- prometheus.MustNewConstMetric(descSleepState, g, discarded, rm.model, rm.engine, "discard_all")
 		ch <- prometheus.MustNewConstMetric(descCacheConfig, g, 1, strconv.Itoa(m.cfg.BlockSize), "auto",
 			"True", strconv.Itoa(m.cfg.NumGPUBlocks), m.cfg.HashAlgo, rm.engine)
 	}

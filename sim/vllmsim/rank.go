@@ -158,7 +158,7 @@ func (rk *rank) publish(ctx context.Context, evs []simEvent, gen uint64) {
 // decode-token time when the batch decodes (all running sequences decode together).
 func (rk *rank) stepTime(step []scheduled) time.Duration {
 	if rk.cfg.StepModel != "flat" {
-		return rk.cfg.scaled(calibratedStep.ms(shapeOf(step)) / 1000)
+		return rk.cfg.scaled(calibratedStep.ms(shapeOf(step).scaled(rk.cfg.StepTokenScale)) / 1000)
 	}
 	prefill, decode := 0, false
 	for _, s := range step {

@@ -51,7 +51,7 @@ func New(cfg Config) (*Sim, error) {
 	}
 	s := &Sim{cfg: cfg, hasher: h, reg: prometheus.NewRegistry(), created: time.Now().Unix(),
 		failRNG: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x766c6c6d2d73696d))}
-	s.metrics = newSimMetrics(&s.cfg, s.reg)
+	s.metrics = newSimMetrics(&s.cfg, s.reg, &s.sleep)
 	for i := range cfg.DataParallelSize {
 		s.ranks = append(s.ranks, newRank(i, &s.cfg, h, s.metrics.ranks[i]))
 	}

@@ -35,10 +35,44 @@ const (
 	pausedAll            // nothing is scheduled
 )
 
-// sleepState is the server's sleep bookkeeping: the tags still asleep.
+// sleepState is the server's sleep bookkeeping: the tags still asleep, and what
+// vllm:engine_sleep_state shows.
 type sleepState struct {
 	mu   sync.Mutex
 	tags []string
+	// gauge is vLLM's record_sleep_state(sleep, level) (vllm/v1/metrics/loggers.py,
+	// PrometheusStatLogger): AsyncLLM.sleep records (1, level), AsyncLLM.wake_up records (0, 0)
+	// whatever its tags (vllm/v1/engine/async_llm.py), so a partial wake already reads awake
+	// while /is_sleeping still says true.
+	gauge sleepGauge
+}
+
+// sleepGauge is the last record_sleep_state call.
+type sleepGauge struct {
+	asleep bool
+	level  int
+}
+
+// values are vllm:engine_sleep_state's three series: awake is 0 while asleep, weights_offloaded
+// 1 at level 1, discard_all 1 at level 2 (level 0 sets neither).
+func (g sleepGauge) values() (awake, weightsOffloaded, discardAll float64) {
+	if !g.asleep {
+		return 1, 0, 0
+	}
+	switch g.level {
+	case 1:
+		weightsOffloaded = 1
+	case 2:
+		discardAll = 1
+	}
+	return 0, weightsOffloaded, discardAll
+}
+
+// sleepGauge reads the gauge's state for /metrics.
+func (s *sleepState) sleepGauge() sleepGauge {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gauge
 }
 
 // pause applies pause_scheduler's request handling on one rank.
@@ -100,6 +134,7 @@ func (s *Sim) Sleep(ctx context.Context, level int, mode string) error {
 			s.sleep.tags = append(s.sleep.tags, t)
 		}
 	}
+	s.sleep.gauge = sleepGauge{asleep: true, level: level}
 	s.sleep.mu.Unlock()
 	return nil
 }
@@ -113,6 +148,7 @@ func (s *Sim) WakeUp(tags []string) {
 	} else {
 		s.sleep.tags = slices.DeleteFunc(s.sleep.tags, func(t string) bool { return slices.Contains(tags, t) })
 	}
+	s.sleep.gauge = sleepGauge{}
 	s.sleep.mu.Unlock()
 	if resume {
 		for _, rk := range s.ranks {

@@ -147,3 +147,60 @@ func TestSleepLevelZeroAndAbort(t *testing.T) {
 		}
 	}
 }
+
+// sleepStateSeries reads vllm:engine_sleep_state's awake, weights_offloaded and discard_all
+// for one engine from /metrics.
+func sleepStateSeries(t *testing.T, s *Sim, engine string) [3]string {
+	t.Helper()
+	body := string(get(t, s, "/metrics").body)
+	var out [3]string
+	for i, state := range []string{"awake", "weights_offloaded", "discard_all"} {
+		prefix := `vllm:engine_sleep_state{engine="` + engine + `",model_name="m",sleep_state="` + state + `"} `
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, prefix); ok {
+				out[i] = v
+			}
+		}
+		if out[i] == "" {
+			t.Fatalf("no %s series for engine %s in /metrics", state, engine)
+		}
+	}
+	return out
+}
+
+// vllm:engine_sleep_state follows vLLM's record_sleep_state: (1, level) on sleep, (0, 0) on any
+// wake_up, on every engine: awake 1 by default, weights_offloaded at level 1, discard_all at
+// level 2, neither at level 0; a partial wake_up already reads awake.
+func TestEngineSleepStateGauge(t *testing.T) {
+	s := startSim(t, Config{Host: "127.0.0.1", Model: "m", DataParallelSize: 2})
+	awake, level1, level2, level0 := [3]string{"1", "0", "0"}, [3]string{"0", "1", "0"}, [3]string{"0", "0", "1"}, [3]string{"0", "0", "0"}
+	check := func(when string, want [3]string) {
+		t.Helper()
+		for _, e := range []string{"0", "1"} {
+			if got := sleepStateSeries(t, s, e); got != want {
+				t.Errorf("%s, engine %s: awake, weights_offloaded, discard_all = %v, want %v", when, e, got, want)
+			}
+		}
+	}
+	check("at start", awake)
+	for _, step := range []struct {
+		path string
+		want [3]string
+	}{
+		{"/sleep", level1},
+		{"/wake_up?tags=weights", awake},
+		{"/wake_up", awake},
+		{"/sleep?level=2", level2},
+		{"/wake_up", awake},
+		{"/sleep?level=0", level0},
+		{"/wake_up?tags=scheduling", awake},
+	} {
+		if r := post(t, s, step.path, ""); r.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", step.path, r.status, r.body)
+		}
+		check("after "+step.path, step.want)
+	}
+	post(t, s, "/sleep?level=1&mode=keep", "")
+	post(t, s, "/debug/restart", "")
+	check("after a restart", awake)
+}

@@ -1,6 +1,9 @@
 package vllmsim
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // The step-time model: how long one scheduler step (one forward pass of vLLM v1's
 // continuous batching, prefill chunks and decodes together) takes, as a function of the batch's
@@ -46,6 +49,18 @@ func (s stepShape) String() string {
 	return fmt.Sprintf("S=%d D=%d P=%d C=%d A=%.0f", s.seqs, s.decodes, s.prefill, s.decodeCtx, s.attn)
 }
 
+// scaled reads every token of s as k model tokens (Config.StepTokenScale): prefill and decode
+// context grow k-fold, attention (token × context) k²-fold; sequence counts stay.
+func (s stepShape) scaled(k float64) stepShape {
+	if k == 1 {
+		return s
+	}
+	s.prefill = int(math.Round(float64(s.prefill) * k))
+	s.decodeCtx = int(math.Round(float64(s.decodeCtx) * k))
+	s.attn *= k * k
+	return s
+}
+
 // ms is the modelled step time; an empty step costs nothing.
 func (c stepCoeffs) ms(s stepShape) float64 {
 	if s.seqs == 0 {
@@ -76,6 +91,10 @@ func shapeOf(step []scheduled) stepShape {
 	}
 	return sh
 }
+
+// CalibratedTokensPerS is the calibrated model's compute-bound rate: prompt tokens per second
+// of a large prefill, above the knee and before attention (about 6,966).
+func CalibratedTokensPerS() float64 { return 1000 / calibratedStep.PerToken }
 
 // CalibratedStepMs is the calibrated model's time in milliseconds of one step holding one fresh
 // prompt chunk of prefill tokens (0 for none) and decodes sequences of decodeContext tokens each,

@@ -111,3 +111,41 @@ func TestDefaultSimUsesCalibratedModel(t *testing.T) {
 		t.Errorf("TTFT %v, want about %v (one modelled 4096-token prefill step at time scale 4)", got, want)
 	}
 }
+
+// --step-token-scale K: a prompt of n tokens costs what one of n·K tokens costs at scale 1, with
+// its cached prefix and its decodes' context scaled alike; the sequence count is not scaled.
+func TestStepTokenScaleReadsShrunkPrompts(t *testing.T) {
+	shrunk := []scheduled{
+		{r: &engineRequest{numComputed: 96 + 384}, tokens: 384}, // 96 cached, 384 new
+		{r: &engineRequest{numComputed: 501}, tokens: 1, decode: true},
+	}
+	full := []scheduled{
+		{r: &engineRequest{numComputed: (96 + 384) * 16}, tokens: 384 * 16},
+		{r: &engineRequest{numComputed: 500*16 + 1}, tokens: 1, decode: true},
+	}
+	cfg := Config{StepTokenScale: 16}.Defaults()
+	got := (&rank{cfg: &cfg}).stepTime(shrunk)
+	one := Config{}.Defaults()
+	want := (&rank{cfg: &one}).stepTime(full)
+	if d := got - want; d < -time.Microsecond || d > time.Microsecond {
+		t.Errorf("shrunk step at scale 16: %v, full-size step: %v", got, want)
+	}
+	if unscaled := (&rank{cfg: &one}).stepTime(shrunk); unscaled*3 > got {
+		t.Errorf("scale 16 step %v is not much dearer than the unscaled %v", got, unscaled)
+	}
+	for _, bad := range []float64{0.5, -1, 1 << 17} {
+		if err := (Config{StepTokenScale: bad}).Defaults().Validate(); err == nil {
+			t.Errorf("step token scale %v accepted", bad)
+		}
+	}
+}
+
+// CalibratedTokensPerS is the rate a large prefill runs at: doubling a prompt above the knee
+// adds its extra tokens at that rate (attention aside).
+func TestCalibratedTokensPerS(t *testing.T) {
+	a := calibratedStep.ms(stepShape{seqs: 1, prefill: 2000})
+	b := calibratedStep.ms(stepShape{seqs: 1, prefill: 4000})
+	if rate := 2000 / ((b - a) / 1000); math.Abs(rate-CalibratedTokensPerS()) > 1e-6*rate {
+		t.Errorf("rate %.1f tokens/s, CalibratedTokensPerS %.1f", rate, CalibratedTokensPerS())
+	}
+}

@@ -18,14 +18,14 @@ import (
 type eventShape int
 
 const (
-	// shapeE1: array batch of array events (array_like on batch and events): vLLM's source up to
-	// about v0.22/v0.23; every declared field written, positionally.
+	// shapeE1: array batch of array events (array_like on batch and events): vLLM's
+	// kv_events.py before #42892; every declared field written, positionally.
 	shapeE1 eventShape = iota + 1
 	// shapeE2: map batch {"ts","events","data_parallel_rank"} of map events: the newest upstream
 	// kv_events.py in public indexes, with array_like removed from the batch too.
 	shapeE2
-	// shapeE3: array batch of map events: array_like removed from the events only (#42892,
-	// v0.24.0); the shape of a live v0.26.0 capture. The sim's default.
+	// shapeE3: array batch of map events: array_like removed from the events only (#42892);
+	// the shape of a live v0.26.0 capture (spec §4.4 erratum). The sim's default.
 	shapeE3
 )
 
@@ -161,8 +161,8 @@ func (e *eventEncoder) eventList(evs []wireEvent, shape eventShape) {
 
 var eventTags = map[eventKind]string{evStored: "BlockStored", evRemoved: "BlockRemoved", evCleared: "AllBlocksCleared"}
 
-// arrayEvent writes ["Tag", field...] with every field of the v0.22/v0.23 field set (the last
-// array_like releases): BlockStored 11 fields, BlockRemoved 3, AllBlocksCleared none.
+// arrayEvent writes ["Tag", field...] with every field of the last array_like source (the
+// kv_cache_spec fields included): BlockStored 11 fields, BlockRemoved 3, AllBlocksCleared none.
 func (e *eventEncoder) arrayEvent(ev *wireEvent) {
 	switch ev.kind {
 	case evStored:
