@@ -173,10 +173,10 @@ func TestDegradedKeysWrongDemotes(t *testing.T) {
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	r := rt.s.reps()[0]
-	r.h.exactPred.Add(8192)
-	r.h.exactActual.Add(100)
+	r.C.ExactPredicted.Add(8192)
+	r.C.ExactActual.Add(100)
 	rt.s.healthTick(t0.Add(5 * time.Second))
-	if !hasReason(rt, "e0/0", degraded.KeysWrong) || !r.h.demoted.Load() || rt.s.exactStream(r) {
+	if !hasReason(rt, "e0/0", degraded.KeysWrong) || !r.View().Demoted || rt.s.exactStream(r) {
 		t.Fatalf("not demoted: %+v", rt.s.Degraded())
 	}
 	if ri := rt.s.Engines()[0].Ranks[0]; !ri.Demoted || ri.Scoring != "approximate" {
@@ -184,7 +184,7 @@ func TestDegradedKeysWrongDemotes(t *testing.T) {
 	}
 	rt.s.healthTick(t0.Add(70 * time.Second))
 	rt.s.healthTick(t0.Add(71 * time.Second))
-	if r.h.demoted.Load() || !rt.s.exactStream(r) {
+	if r.View().Demoted || !rt.s.exactStream(r) {
 		t.Fatal("still demoted after a clean window")
 	}
 }
@@ -306,8 +306,8 @@ func TestAccuracyPerMode(t *testing.T) {
 	if pred == 0 || act == 0 || prompt != 256 {
 		t.Fatalf("exact mode: predicted %v actual %v prompt %v", pred, act, prompt)
 	}
-	if h := &rt.s.reps()[0].h; float64(h.exactPred.Load()) != pred || float64(h.exactActual.Load()) != act {
-		t.Fatalf("replica evidence %d/%d, metrics %v/%v", h.exactPred.Load(), h.exactActual.Load(), pred, act)
+	if h := &rt.s.reps()[0].C; float64(h.ExactPredicted.Load()) != pred || float64(h.ExactActual.Load()) != act {
+		t.Fatalf("replica evidence %d/%d, metrics %v/%v", h.ExactPredicted.Load(), h.ExactActual.Load(), pred, act)
 	}
 	if body := scrape(t, rt); strings.Contains(body, "hit_ratio") {
 		t.Fatalf("hit ratio gauges still exported:\n%s", grepLines(body, "hit_ratio"))
@@ -330,7 +330,7 @@ func TestDegradedPeerMismatch(t *testing.T) {
 	postJSON(t, rt.api.URL+"/v1/completions", body)
 	postJSON(t, rt.api.URL+"/v1/completions", body)
 	eventually(t, "a cross-replica mismatch", func() bool {
-		n, _, _ := rt.s.peers.Mismatches(rt.s.reps()[0].id)
+		n, _, _ := rt.s.peers.Mismatches(rt.s.reps()[0].ID)
 		return n > 0
 	})
 	rt.s.healthTick(t0.Add(5 * time.Second))
@@ -345,7 +345,7 @@ func TestDegradedPeerMismatch(t *testing.T) {
 			t.Errorf("%s hash-mismatch detail %q does not name %s", rep, detail, peer)
 		}
 	}
-	if rt.s.reps()[0].h.demoted.Load() || rt.s.reps()[1].h.demoted.Load() {
+	if rt.s.reps()[0].View().Demoted || rt.s.reps()[1].View().Demoted {
 		t.Fatal("a parity mismatch demoted a replica")
 	}
 }
