@@ -62,7 +62,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	decode := fs.Float64("sim-decode-ms-per-token", 20, "engine decode step")
 	timeScale := fs.Float64("sim-time-scale", 1, "vllm-sim --time-scale: divides every engine duration")
 	blockSize := fs.Int("sim-block-size", 16, "engine KV block size in tokens")
-	blocks := fs.Int("sim-num-gpu-blocks", 0, "engine KV blocks (default: 600 trace blocks' worth, as BENCHMARKS.md's 8 x 600)")
+	blocks := fs.Int("sim-num-gpu-blocks", 0, "engine KV blocks (default: 600 trace blocks' worth, as docs/benchmarks.md's 8 x 600)")
 	seqs := fs.Int("sim-max-num-seqs", 32, "engine running requests")
 	dp := fs.Int("sim-data-parallel-size", 1, "DP ranks per engine")
 	binDir := fs.String("bin-dir", "", "directory with vllm-sim and kvrouter (default: next to kvbench, then bin/)")
