@@ -31,10 +31,10 @@ type decision struct {
 // replica's fleet.View, no lock. It also returns the fleet's block size from the same views.
 func (s *Router) views(reps []*replica, now time.Time) ([]route.Replica, int) {
 	out := make([]route.Replica, len(reps))
-	vs := make([]*fleet.View, len(reps))
+	var bs fleet.BlockSizeVote
 	for i, r := range reps {
 		v := r.View()
-		vs[i] = v
+		bs.Add(v)
 		exact := v.Exact
 		if s.exactHook != nil {
 			exact = s.exactHook(r)
@@ -42,8 +42,8 @@ func (s *Router) views(reps []*replica, now time.Time) ([]route.Replica, int) {
 		out[i] = route.Replica{Name: r.Name, ID: r.ID, Load: r.Load, Ready: v.Ready, Healthy: r.Eng.Health.Healthy(now),
 			Approximate: !exact, WarmupCredit: s.warmupCredit(v.WarmupUntil, now), Queue: v.Figures.Waiting, KVUtil: v.Figures.KVUsage}
 	}
-	bs, _ := fleet.BlockSize(s.o.Config.BlockSize, vs)
-	return out, bs
+	size, _ := bs.Result(s.o.Config.BlockSize)
+	return out, size
 }
 
 // decide scores every replica for the prompt (route.Decide) and, when commit is set, routes

@@ -696,18 +696,36 @@ const (
 // never match the engines' blocks, and would fill the predicted index with entries no event
 // ever confirms.
 func BlockSize(configured int, views []*View) (int, string) {
-	if configured > 0 {
+	var b BlockSizeVote
+	for _, v := range views {
+		b.Add(v)
+	}
+	return b.Result(configured)
+}
+
+// BlockSizeVote gathers BlockSize's answer one view at a time (the decision reads each view
+// once, for this and for the rest).
+type BlockSizeVote struct{ discovery, learned int }
+
+// Add counts one replica's view.
+func (b *BlockSizeVote) Add(v *View) {
+	if b.discovery == 0 && v.DiscoveryBlockSize > 0 {
+		b.discovery = v.DiscoveryBlockSize
+	}
+	if b.learned == 0 && v.LearnedBlockSize > 0 {
+		b.learned = v.LearnedBlockSize
+	}
+}
+
+// Result is the block size and its source.
+func (b *BlockSizeVote) Result(configured int) (int, string) {
+	switch {
+	case configured > 0:
 		return configured, BlockSizeFromConfig
-	}
-	for _, v := range views {
-		if v.DiscoveryBlockSize > 0 {
-			return v.DiscoveryBlockSize, BlockSizeFromDiscovery
-		}
-	}
-	for _, v := range views {
-		if v.LearnedBlockSize > 0 {
-			return v.LearnedBlockSize, BlockSizeFromEvents
-		}
+	case b.discovery > 0:
+		return b.discovery, BlockSizeFromDiscovery
+	case b.learned > 0:
+		return b.learned, BlockSizeFromEvents
 	}
 	return 0, BlockSizeUnknown
 }

@@ -152,7 +152,9 @@ func TestRemoveForgetsAndInFlightSettlesOnOldReplica(t *testing.T) {
 // failing is a policy whose Pick always fails.
 type failing struct{ recorder }
 
-func (p *failing) Pick(*score.Request, []score.Candidate) (int, error) { return 0, score.ErrNoCandidate }
+func (p *failing) Pick(*score.Request, []score.Candidate) (int, error) {
+	return 0, score.ErrNoCandidate
+}
 
 func TestUnknownAndRepeatedCalls(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
