@@ -1,7 +1,7 @@
-// Package server assembles kvrouter: discovery feeds the engine table, kvevents feeds the exact
-// index, tokens turns requests into token ids, score picks a replica from index overlap and the
-// load this router tracks, and proxy forwards. It serves the OpenAI API and the admin endpoints
-// (/metrics, /debug/engines, /debug/route).
+// Package app assembles kvrouter: router/fleet keeps the engines (membership, health, each
+// replica's view), kvevents feeds the exact index, tokens turns requests into token ids,
+// router/route and the load ledger decide, and proxy forwards. It serves the OpenAI API through
+// router/server and the admin endpoints (/metrics, /debug/engines, /debug/route).
 package app
 
 import (
