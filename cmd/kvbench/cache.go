@@ -15,7 +15,8 @@ import (
 	"github.com/kvroute/kvroute/sim/fleet"
 )
 
-// cacheOutput is the JSON shape of `kvbench cache --json` (INTERFACES.md).
+// cacheOutput is the JSON shape of `kvbench cache --json` (docs/benchmarks.md; main_test.go pins
+// its fields).
 type cacheOutput struct {
 	Trace          string          `json:"trace"`
 	Replicas       int             `json:"replicas"`

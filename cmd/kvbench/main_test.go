@@ -48,7 +48,7 @@ func TestCacheJSONShapeAndDeterminism(t *testing.T) {
 	for _, r := range res {
 		m := r.(map[string]any)
 		if len(m) != 7 {
-			t.Errorf("result has fields %v, want exactly the 7 of INTERFACES.md", m)
+			t.Errorf("result has fields %v, want exactly the 7 of the published JSON shape", m)
 		}
 		for _, k := range []string{"policy", "hit_rate_blocks", "hit_rate_tokens", "imbalance", "imbalance_p95", "ttft_p50_s", "ttft_p90_s"} {
 			if _, ok := m[k]; !ok {

@@ -65,7 +65,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	atAcceptance := fs.Bool("sim-headers-at-acceptance", true, "engines send a stream's headers at acceptance as vLLM does; false holds them until the first token (the old timing)")
 	firstSeed := fs.Int("first-seed", 1, "number of the first seed (runs first-seed .. first-seed+seeds-1)")
 	blockSize := fs.Int("sim-block-size", 16, "engine KV block size in tokens")
-	blocks := fs.Int("sim-num-gpu-blocks", 0, "engine KV blocks (default: 600 trace blocks' worth, as BENCHMARKS.md's 8 x 600)")
+	blocks := fs.Int("sim-num-gpu-blocks", 0, "engine KV blocks (default: 600 trace blocks' worth, as docs/benchmarks.md's 8 x 600)")
 	seqs := fs.Int("sim-max-num-seqs", 32, "engine running requests")
 	dp := fs.Int("sim-data-parallel-size", 1, "DP ranks per engine")
 	binDir := fs.String("bin-dir", "", "directory with vllm-sim and kvrouter (default: next to kvbench, then bin/)")

@@ -312,7 +312,8 @@ func enginePodLabels(m *v1alpha1.KVRoutedModel) map[string]string {
 	return l
 }
 
-// EnginePodAnnotations is the router <-> engine contract on each engine pod (INTERFACES.md):
+// EnginePodAnnotations is the router <-> engine contract on each engine pod (docs/router.md,
+// Kubernetes discovery; the names live in api/v1alpha1):
 // event and replay ports per rank (absent when off) and the block size.
 func EnginePodAnnotations(m *v1alpha1.KVRoutedModel) map[string]string {
 	p := EnginePorts(m)

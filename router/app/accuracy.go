@@ -13,12 +13,12 @@ const (
 // accountMode adds an answer with usage to its mode's accuracy counters, and for exact-mode
 // decisions to the replica's evidence for keys-wrong (predicted vs actual cached tokens).
 func (s *Router) accountMode(rep *replica, mode string, prompt, predicted, actual int) {
-	name := rep.eng.name
+	name := rep.Eng.Name
 	s.met.ModePromptTokens.WithLabelValues(name, mode).Add(float64(prompt))
 	s.met.ModePredictedCached.WithLabelValues(name, mode).Add(float64(predicted))
 	s.met.ModeActualCached.WithLabelValues(name, mode).Add(float64(actual))
 	if mode == modeExact {
-		rep.h.exactPred.Add(uint64(predicted))
-		rep.h.exactActual.Add(uint64(actual))
+		rep.C.ExactPredicted.Add(uint64(predicted))
+		rep.C.ExactActual.Add(uint64(actual))
 	}
 }

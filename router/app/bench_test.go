@@ -38,7 +38,7 @@ func benchServer(b *testing.B, n int, toks []uint32) (*Router, []*replica) {
 	s.apply(context.Background(), es)
 	reps := s.reps()
 	for _, r := range reps {
-		r.eng.health.Probed(nil) // the URL is dead; mark it healthy for the benchmark
+		r.Eng.Health.Probed(nil) // the URL is dead; mark it healthy for the benchmark
 	}
 	keys, _ := blockkey.AppendPromptKeys(nil, toks, 16, blockkey.Identity{})
 	hashes := make([]uint64, len(keys))
@@ -48,7 +48,7 @@ func benchServer(b *testing.B, n int, toks []uint32) (*Router, []*replica) {
 	// Replica i holds the first i/n of the prompt.
 	for i, r := range reps {
 		m := len(keys) * i / n
-		if err := s.ix.Store(r.id, hashes[:m], keys[:m], index.GPU); err != nil {
+		if err := s.ix.Store(r.ID, hashes[:m], keys[:m], index.GPU); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -82,15 +82,15 @@ type Accuracy struct {
 
 // Engines returns what /debug/engines shows.
 func (s *Router) Engines() []EngineInfo {
-	reps, _ := s.table.snapshot()
+	reps := s.reps()
 	now := s.now()
 	var out []EngineInfo
 	var cur *EngineInfo
 	for _, r := range reps {
-		if cur == nil || cur.Name != r.eng.name {
-			dp := r.eng.dp.Load()
-			out = append(out, EngineInfo{Name: dp.Name, URL: dp.URL, Model: r.eng.model, Ready: dp.Ready,
-				Health: r.eng.health.State(now), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now)})
+		if cur == nil || cur.Name != r.Eng.Name {
+			dp := r.Eng.Discovery()
+			out = append(out, EngineInfo{Name: dp.Name, URL: dp.URL, Model: r.Eng.Model, Ready: dp.Ready,
+				Health: r.Eng.Health.State(now), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now)})
 			cur = &out[len(out)-1]
 			if !dp.WarmupUntil.IsZero() {
 				wu := dp.WarmupUntil
@@ -103,10 +103,10 @@ func (s *Router) Engines() []EngineInfo {
 }
 
 func (s *Router) rankInfo(r *replica) RankInfo {
-	ri := RankInfo{Rank: r.rank, Stream: "none", Scoring: "approximate", Blocks: map[string]int{}}
+	ri := RankInfo{Rank: r.Rank, Stream: "none", Scoring: "approximate", Blocks: map[string]int{}}
 	applied := false // last_event only for a stream that applied a batch: the index also stamps clears
-	if r.stream && s.sub != nil {
-		if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
+	if r.Stream && s.sub != nil {
+		if st, ok := s.sub.Stats(r.Eng.Name, r.Rank); ok {
 			ri.Stream = st.State.String()
 			if st.HaveSeq {
 				seq := st.LastSeq
@@ -121,10 +121,11 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 			applied = st.Applied > 0
 		}
 	}
+	v := r.View()
 	if s.exactStream(r) {
 		ri.Scoring = "exact"
 	}
-	if st, err := s.ix.Stats(r.id); err == nil {
+	if st, err := s.ix.Stats(r.ID); err == nil {
 		for t := index.Tier(0); t < index.NumTiers; t++ {
 			ri.Blocks[t.String()] = st.Blocks[t]
 		}
@@ -133,18 +134,19 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 			ri.LastEvent = &u
 		}
 	}
-	ri.Retries = r.retries.Load()
-	ld := r.ld.Load()
+	ri.Retries = r.C.Retries.Load()
+	ld := r.Load.Load()
 	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens}
-	ri.Accuracy = Accuracy{Responses: r.responses.Load(), WithUsage: r.withUsage.Load(), NoUsage: r.noUsage.Load(),
-		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),
-		AbsErrorTokens: r.absErrTok.Load()}
+	c := &r.C
+	ri.Accuracy = Accuracy{Responses: c.Responses.Load(), WithUsage: c.WithUsage.Load(), NoUsage: c.NoUsage.Load(),
+		PromptTokens: c.PromptTokens.Load(), PredictedCached: c.PredictedTokens.Load(), ActualCached: c.ActualTokens.Load(),
+		AbsErrorTokens: c.AbsErr.Load()}
 	ri.Accuracy.NoUsageSeen = ri.Accuracy.Responses > 0 && ri.Accuracy.WithUsage == 0
-	ri.Degraded = r.degradedOf()
+	ri.Degraded = v.Degraded
 	if ri.Degraded == nil {
 		ri.Degraded = []degraded.Status{}
 	}
-	ri.Demoted = r.h.demoted.Load()
+	ri.Demoted = v.Demoted
 	return ri
 }
 
@@ -159,8 +161,6 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 		// Bound mode: messages whose topic named no engine, so no engine's counters hold them.
 		"events_unroutable": uint64(s.unroutableEvents())})
 }
-
-func (s *Router) reps() []*replica { r, _ := s.table.snapshot(); return r }
 
 // RouteCandidate is one replica's signals and predicted hit in POST /debug/route.
 type RouteCandidate struct {
@@ -243,7 +243,7 @@ func (s *Router) DebugRoute(w http.ResponseWriter, r *http.Request) {
 // routeAnswer renders a decision for /debug/route and the sampled access log.
 func (s *Router) routeAnswer(d *decision, ex []score.Explanation, p *prepared) RouteAnswer {
 	ans := RouteAnswer{Policy: s.policy, Tokens: d.Req.Tokens, Blocks: len(d.Req.Keys), BlockSize: d.Req.BlockSize,
-		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.Unkeyed, Pick: d.reps[d.chosen].name, Chosen: d.reps[d.chosen].name,
+		LoRA: p.id.LoRAName, Degraded: p.degraded, Unkeyed: d.Unkeyed, Pick: d.reps[d.chosen].Name, Chosen: d.reps[d.chosen].Name,
 		DecisionUS: float64(d.took.Nanoseconds()) / 1e3}
 	bd := d.Breakdowns(ex)
 	for i, c := range d.Cands {
@@ -261,18 +261,18 @@ func (s *Router) streamMetrics() []metrics.Stream {
 	var out []metrics.Stream
 	for _, r := range s.reps() {
 		ri := s.rankInfo(r)
-		m := metrics.Stream{Engine: r.eng.name, Rank: strconv.Itoa(r.rank), State: ri.Stream,
+		m := metrics.Stream{Engine: r.Eng.Name, Rank: strconv.Itoa(r.Rank), State: ri.Stream,
 			BlocksGPU: float64(ri.Blocks["GPU"]), BlocksCPU: float64(ri.Blocks["CPU"]), BlocksDisk: float64(ri.Blocks["Disk"]),
-			Healthy:      r.eng.dp.Load().Ready && r.eng.health.Healthy(now),
-			WarmupCredit: s.warmupCredit(r.eng.dp.Load().WarmupUntil, now), Degraded: degradedNames(ri.Degraded)}
+			Healthy:      r.Eng.Discovery().Ready && r.Eng.Health.Healthy(now),
+			WarmupCredit: s.warmupCredit(r.Eng.Discovery().WarmupUntil, now), Degraded: degradedNames(ri.Degraded)}
 		if ri.LastSeq != nil {
 			m.LastSeq = float64(*ri.LastSeq)
 		}
 		if ri.LastEvent != nil {
 			m.EventLagSeconds = now.Sub(*ri.LastEvent).Seconds()
 		}
-		if r.stream && s.sub != nil {
-			if st, ok := s.sub.Stats(r.eng.name, r.rank); ok {
+		if r.Stream && s.sub != nil {
+			if st, ok := s.sub.Stats(r.Eng.Name, r.Rank); ok {
 				for _, c := range st.Counters() {
 					m.Counters = append(m.Counters, float64(c.Value))
 				}

@@ -80,13 +80,13 @@ func stateOf(t *testing.T, s *Router) routerState {
 	st := routerState{Ledger: s.ledger.Stats(), Loads: map[string]load.Load{}, Keys: s.ix.Keys(),
 		Blocks: map[string][index.NumTiers]int{}, Routed: map[string]uint64{}, Decided: s.routedCount.Load()}
 	for _, r := range s.reps() {
-		st.Loads[r.name] = r.ld.Load()
-		st.Routed[r.name] = r.h.routed.Load()
-		is, err := s.ix.Stats(r.id)
+		st.Loads[r.Name] = r.Load.Load()
+		st.Routed[r.Name] = r.C.Routed.Load()
+		is, err := s.ix.Stats(r.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		st.Blocks[r.name] = is.Blocks
+		st.Blocks[r.Name] = is.Blocks
 	}
 	return st
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/router/kvwire"
@@ -135,8 +136,8 @@ func TestDegradedNoEvents(t *testing.T) {
 // QuietRequests block-sized requests (not a whole window later), and no longer once its held
 // batches arrive. The router's stale mark and the reason share the count.
 func TestDegradedNoEventsOnEvidence(t *testing.T) {
-	if staleHits != degraded.QuietRequests {
-		t.Fatalf("staleHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", staleHits, degraded.QuietRequests)
+	if fleet.StaleHits != degraded.QuietRequests {
+		t.Fatalf("fleet.StaleHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", fleet.StaleHits, degraded.QuietRequests)
 	}
 	sim := startSim(t, vllmsim.Config{})
 	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
@@ -149,7 +150,7 @@ func TestDegradedNoEventsOnEvidence(t *testing.T) {
 		t.Fatalf("healthy stream degraded: %v", r)
 	}
 	sim.SetEventsStalled(true)
-	time.Sleep(staleAfter) // each quiet request must come staleAfter past the last applied batch
+	time.Sleep(fleet.StaleAfter) // each quiet request must come fleet.StaleAfter past the last applied batch
 	for i := range degraded.QuietRequests {
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, 0, 0, 1))
 	}
@@ -176,7 +177,7 @@ func TestRepeatedCachedPromptIsNotNoEvents(t *testing.T) {
 	prompt := idsPrompt(3, 64, 1, 6, 1) // 70 tokens: a repeat hits all four full blocks, stores none
 	postJSON(t, rt.api.URL+"/v1/completions", prompt)
 	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
-	time.Sleep(staleAfter) // past the last applied batch, as a silent publisher's requests would be
+	time.Sleep(fleet.StaleAfter) // past the last applied batch, as a silent publisher's requests would be
 	for range 2 * degraded.QuietRequests {
 		postJSON(t, rt.api.URL+"/v1/completions", prompt)
 	}
@@ -204,8 +205,8 @@ func TestMustStoreBlock(t *testing.T) {
 		{64, 0, 0, false},       // block size unknown
 		{4096, 4080, 16, false}, // capped full hit of a long prompt
 	} {
-		if got := mustStoreBlock(c.prompt, c.cached, c.bs); got != c.want {
-			t.Errorf("mustStoreBlock(%d, %d, %d) = %v, want %v", c.prompt, c.cached, c.bs, got, c.want)
+		if got := fleet.MustStoreBlock(c.prompt, c.cached, c.bs); got != c.want {
+			t.Errorf("fleet.MustStoreBlock(%d, %d, %d) = %v, want %v", c.prompt, c.cached, c.bs, got, c.want)
 		}
 	}
 }
@@ -255,10 +256,10 @@ func TestDegradedKeysWrongDemotes(t *testing.T) {
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	r := rt.s.reps()[0]
-	r.h.exactPred.Add(8192)
-	r.h.exactActual.Add(100)
+	r.C.ExactPredicted.Add(8192)
+	r.C.ExactActual.Add(100)
 	rt.s.healthTick(t0.Add(5 * time.Second))
-	if !hasReason(rt, "e0/0", degraded.KeysWrong) || !r.h.demoted.Load() || rt.s.exactStream(r) {
+	if !hasReason(rt, "e0/0", degraded.KeysWrong) || !r.View().Demoted || rt.s.exactStream(r) {
 		t.Fatalf("not demoted: %+v", rt.s.Degraded())
 	}
 	if ri := rt.s.Engines()[0].Ranks[0]; !ri.Demoted || ri.Scoring != "approximate" {
@@ -266,7 +267,7 @@ func TestDegradedKeysWrongDemotes(t *testing.T) {
 	}
 	rt.s.healthTick(t0.Add(70 * time.Second))
 	rt.s.healthTick(t0.Add(71 * time.Second))
-	if r.h.demoted.Load() || !rt.s.exactStream(r) {
+	if r.View().Demoted || !rt.s.exactStream(r) {
 		t.Fatal("still demoted after a clean window")
 	}
 }
@@ -388,8 +389,8 @@ func TestAccuracyPerMode(t *testing.T) {
 	if pred == 0 || act == 0 || prompt != 256 {
 		t.Fatalf("exact mode: predicted %v actual %v prompt %v", pred, act, prompt)
 	}
-	if h := &rt.s.reps()[0].h; float64(h.exactPred.Load()) != pred || float64(h.exactActual.Load()) != act {
-		t.Fatalf("replica evidence %d/%d, metrics %v/%v", h.exactPred.Load(), h.exactActual.Load(), pred, act)
+	if h := &rt.s.reps()[0].C; float64(h.ExactPredicted.Load()) != pred || float64(h.ExactActual.Load()) != act {
+		t.Fatalf("replica evidence %d/%d, metrics %v/%v", h.ExactPredicted.Load(), h.ExactActual.Load(), pred, act)
 	}
 	if body := scrape(t, rt); strings.Contains(body, "hit_ratio") {
 		t.Fatalf("hit ratio gauges still exported:\n%s", grepLines(body, "hit_ratio"))
@@ -412,7 +413,7 @@ func TestDegradedPeerMismatch(t *testing.T) {
 	postJSON(t, rt.api.URL+"/v1/completions", body)
 	postJSON(t, rt.api.URL+"/v1/completions", body)
 	eventually(t, "a cross-replica mismatch", func() bool {
-		n, _, _ := rt.s.peers.Mismatches(rt.s.reps()[0].id)
+		n, _, _ := rt.s.peers.Mismatches(rt.s.reps()[0].ID)
 		return n > 0
 	})
 	rt.s.healthTick(t0.Add(5 * time.Second))
@@ -427,7 +428,7 @@ func TestDegradedPeerMismatch(t *testing.T) {
 			t.Errorf("%s hash-mismatch detail %q does not name %s", rep, detail, peer)
 		}
 	}
-	if rt.s.reps()[0].h.demoted.Load() || rt.s.reps()[1].h.demoted.Load() {
+	if rt.s.reps()[0].View().Demoted || rt.s.reps()[1].View().Demoted {
 		t.Fatal("a parity mismatch demoted a replica")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -117,17 +118,17 @@ func TestEngineServesButStopsPublishing(t *testing.T) {
 		t.Fatalf("status %d", a.status)
 	}
 	sim.SetEventsStalled(true)
-	time.Sleep(staleAfter + 100*time.Millisecond)
+	time.Sleep(fleet.StaleAfter + 100*time.Millisecond)
 	t0 := time.Now()
-	for i := range staleHits {
+	for i := range fleet.StaleHits {
 		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, i, 16, 2)); a.status != 200 {
 			t.Fatalf("status %d", a.status)
 		}
 	}
 	if s := streamState(rt, "e"); s != "inexact" {
-		t.Fatalf("stream %s after %d requests with no events, want inexact", s, staleHits)
+		t.Fatalf("stream %s after %d requests with no events, want inexact", s, fleet.StaleHits)
 	}
-	t.Logf("stale after %d requests, %v", staleHits, time.Since(t0).Round(time.Millisecond))
+	t.Logf("stale after %d requests, %v", fleet.StaleHits, time.Since(t0).Round(time.Millisecond))
 	sim.SetEventsStalled(false)
 	eventually(t, "exact again with the held batches applied", func() bool { return mirrors(rt, "e", sim) && streamState(rt, "e") == "exact" })
 }

@@ -21,7 +21,7 @@ import (
 )
 
 // fleet is N in-process engines with real HTTP and ZMQ sockets.
-type fleet struct {
+type simFleet struct {
 	sims  []*vllmsim.Sim
 	names []string
 }
@@ -59,7 +59,7 @@ func startPinnedSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	return sim
 }
 
-func startFleet(t *testing.T, n int, cfg vllmsim.Config) *fleet {
+func startFleet(t *testing.T, n int, cfg vllmsim.Config) *simFleet {
 	if os.Getenv(holdHeadersEnv) == "1" {
 		cfg.HoldHeaders = true
 	}
@@ -67,8 +67,8 @@ func startFleet(t *testing.T, n int, cfg vllmsim.Config) *fleet {
 }
 
 // startPinnedFleet starts n vllm-sims with the header timing cfg gives, whatever holdHeadersEnv says.
-func startPinnedFleet(t *testing.T, n int, cfg vllmsim.Config) *fleet {
-	f := &fleet{}
+func startPinnedFleet(t *testing.T, n int, cfg vllmsim.Config) *simFleet {
+	f := &simFleet{}
 	for i := range n {
 		f.sims = append(f.sims, startPinnedSim(t, cfg))
 		f.names = append(f.names, fmt.Sprintf("e%d", i))
@@ -76,7 +76,7 @@ func startPinnedFleet(t *testing.T, n int, cfg vllmsim.Config) *fleet {
 	return f
 }
 
-func (f *fleet) engines() []discovery.Engine {
+func (f *simFleet) engines() []discovery.Engine {
 	var es []discovery.Engine
 	for i, s := range f.sims {
 		es = append(es, simEngine(f.names[i], s))

@@ -21,10 +21,9 @@ func (s *Router) NewPolicy(name string) (score.Policy, error) {
 // audit reads the shape of a varying span with it). It is the router's own call: it carries
 // the engine API key.
 func (s *Router) Detokenize(ctx context.Context, ids []uint32) (string, error) {
-	reps, _ := s.table.snapshot()
-	e := s.tokenizerEngine(reps)
+	e := s.tokenizerEngine(s.reps())
 	if e == nil {
 		return "", errors.New("no healthy engine to detokenize with")
 	}
-	return s.tok.Detokenize(ctx, e.dp.Load().URL, e.model, ids)
+	return s.tok.Detokenize(ctx, e.Discovery().URL, e.Model, ids)
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
-	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/route"
@@ -27,62 +27,23 @@ type decision struct {
 	id load.ID
 }
 
-// Where the fleet's block size came from (blockSize).
-const (
-	blockSizeFromConfig    = "config"
-	blockSizeFromDiscovery = "discovery"
-	blockSizeFromEvents    = "events"
-	blockSizeUnknown       = "unknown"
-)
-
-// blockSize is the fleet's block size and where it came from: configured, else announced by
-// discovery, else learned from a validated event. Until one of them says, it is unknown and
-// requests are routed by load without keys: keys at a guessed size would never match the
-// engines' blocks, and would fill the predicted index with entries no event ever confirms.
-func (s *Router) blockSize(reps []*replica) (int, string) {
-	if bs := s.o.Config.BlockSize; bs > 0 {
-		return bs, blockSizeFromConfig
-	}
-	for _, r := range reps {
-		if bs := r.eng.dp.Load().BlockSize; bs > 0 {
-			return bs, blockSizeFromDiscovery
-		}
-	}
-	if s.sub != nil {
-		for _, r := range reps {
-			if bs := s.sub.BlockSize(r.eng.name, r.rank); bs > 0 {
-				return bs, blockSizeFromEvents
-			}
-		}
-	}
-	return 0, blockSizeUnknown
-}
-
-// warmupCredit is the configured credit decaying linearly to 0 at warmup-until over the
-// warm-up duration.
-func (s *Router) warmupCredit(until, now time.Time) float64 {
-	if until.IsZero() || !now.Before(until) {
-		return 0
-	}
-	d := s.o.Config.Warmup.Duration.Duration
-	if d <= 0 {
-		return 0
-	}
-	return s.o.Config.Warmup.Credit * min(1, float64(until.Sub(now))/float64(d))
-}
-
-// views is the decision's read-only view of every replica at now.
-func (s *Router) views(reps []*replica, now time.Time) []route.Replica {
+// views is the decision's read-only view of every replica at now: one atomic load of each
+// replica's fleet.View, no lock. It also returns the fleet's block size from the same views.
+func (s *Router) views(reps []*replica, now time.Time) ([]route.Replica, int) {
 	out := make([]route.Replica, len(reps))
+	var bs fleet.BlockSizeVote
 	for i, r := range reps {
-		dp := r.eng.dp.Load()
-		out[i] = route.Replica{Name: r.name, ID: r.id, Load: r.ld, Ready: dp.Ready, Healthy: r.eng.health.Healthy(now),
-			Approximate: !s.exactStream(r), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now)}
-		if fig := r.engineFigures.Load(); fig != nil {
-			out[i].Queue, out[i].KVUtil = fig.Waiting, fig.KVUsage
+		v := r.View()
+		bs.Add(v)
+		exact := v.Exact
+		if s.exactHook != nil {
+			exact = s.exactHook(r)
 		}
+		out[i] = route.Replica{Name: r.Name, ID: r.ID, Load: r.Load, Ready: v.Ready, Healthy: r.Eng.Health.Healthy(now),
+			Approximate: !exact, WarmupCredit: s.warmupCredit(v.WarmupUntil, now), Queue: v.Figures.Waiting, KVUtil: v.Figures.KVUsage}
 	}
-	return out
+	size, _ := bs.Result(s.o.Config.BlockSize)
+	return out, size
 }
 
 // decide scores every replica for the prompt (route.Decide) and, when commit is set, routes
@@ -94,7 +55,7 @@ func (s *Router) views(reps []*replica, now time.Time) []route.Replica {
 func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool) (*decision, []score.Explanation, error) {
 	t0 := time.Now()
 	now := s.now()
-	bs, _ := s.blockSize(reps)
+	views, bs := s.views(reps, now)
 	in := route.Input{Tokens: toks, Identity: id, Session: session, Unkeyed: unkeyed, BlockSize: bs, NowNs: now.UnixNano()}
 	if len(tried) > 0 {
 		in.Tried = make([]bool, len(reps))
@@ -102,7 +63,7 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 			in.Tried[i] = tried[r]
 		}
 	}
-	rd, err := route.Decide(in, s.views(reps, now), s.ix, s.ledger)
+	rd, err := route.Decide(in, views, s.ix, s.ledger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -129,7 +90,7 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 		// after this one must already see it in the predicted side index.
 		d.took = time.Since(t0)
 		d.chosen = i
-		return load.Routing{Replica: reps[i].ld, Keys: d.Req.Keys, Approximate: d.Cands[i].Approximate,
+		return load.Routing{Replica: reps[i].Load, Keys: d.Req.Keys, Approximate: d.Cands[i].Approximate,
 			Uncached: d.Uncached(i), Held: d.Req.Tokens, Cached: d.Cached[i],
 			Tokens: toks, Identity: id, Multimodal: unkeyed == unkeyedMultimodal}
 	})
@@ -139,9 +100,9 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 	}
 	d.id = lid
 	rep := reps[d.chosen]
-	rep.h.routed.Add(1)
+	rep.C.Routed.Add(1)
 	if d.Unkeyed == unkeyedMultimodal {
-		rep.h.mmRouted.Add(1)
+		rep.C.MultimodalRouted.Add(1)
 	}
 	return d, nil, nil
 }
@@ -157,19 +118,6 @@ func (s *Router) accessLog(d *decision, p *prepared) {
 	s.log.Info("routed", "sample_every", n, "decision", s.routeAnswer(d, nil, p))
 }
 
-// exactStream reports whether the replica's event stream is whole (Exact); every other state,
-// or no stream at all, is scored from the approximate index too.
-func (s *Router) exactStream(r *replica) bool {
-	if s.exactHook != nil {
-		return s.exactHook(r)
-	}
-	if !r.stream || s.sub == nil {
-		return false
-	}
-	st, ok := s.sub.State(r.eng.name, r.rank)
-	return ok && st == kvevents.Exact && !r.h.demoted.Load()
-}
-
 // rollback takes back a decision for an attempt that failed before the engine took the
 // request (load.Ledger.Failed).
 func (s *Router) rollback(d *decision) {
@@ -177,7 +125,7 @@ func (s *Router) rollback(d *decision) {
 		return
 	}
 	if _, err := s.ledger.Failed(d.id); err != nil {
-		s.log.Error("routed request missing from the ledger", "replica", d.reps[d.chosen].name, "err", err)
+		s.log.Error("routed request missing from the ledger", "replica", d.reps[d.chosen].Name, "err", err)
 	}
 	d.id = 0
 }
@@ -185,7 +133,7 @@ func (s *Router) rollback(d *decision) {
 // identity is what changes KV content besides tokens: a LoRA adapter and the cache salt.
 func (s *Router) identity(tr *tokens.Request, e *engine) blockkey.Identity {
 	id := blockkey.Identity{CacheSalt: tr.CacheSalt}
-	if e != nil && tr.Model != e.model && (e.adapts[tr.Model] || e.model != "") {
+	if e != nil && tr.Model != e.Model && (e.Adapters[tr.Model] || e.Model != "") {
 		id.LoRAName = tr.Model
 	}
 	return id
@@ -196,8 +144,8 @@ func (s *Router) tokenizerEngine(reps []*replica) *engine {
 	now := s.now()
 	var es []*engine
 	for _, r := range reps {
-		if r.rank == 0 && r.eng.dp.Load().Ready && r.eng.health.Healthy(now) {
-			es = append(es, r.eng)
+		if r.Rank == 0 && r.Eng.Discovery().Ready && r.Eng.Health.Healthy(now) {
+			es = append(es, r.Eng)
 		}
 	}
 	if len(es) == 0 {
@@ -242,7 +190,7 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	t0 := time.Now()
 	url := ""
 	if te != nil {
-		url = te.dp.Load().URL
+		url = te.Discovery().URL
 	}
 	toks, src, err := s.tok.Tokens(r.Context(), url, tr, body)
 	s.met.TokenizeSeconds.Observe(time.Since(t0).Seconds())
@@ -263,10 +211,10 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 		if tokens.IsEngineAuth(err) {
 			// The router's own call was refused: its configuration, not the client's request,
 			// is wrong. The request still goes out (routed by load); it is not a client error.
-			s.engineAuthFailure(callTokenize, te.name, err)
+			s.engineAuthFailure(callTokenize, te.Name, err)
 		} else {
-			s.logLimited("tokenize:"+te.name, "tokenization failed; routing by load only, counted in kvroute_router_tokenize_failures_total",
-				"engine", te.name, "err", err)
+			s.logLimited("tokenize:"+te.Name, "tokenization failed; routing by load only, counted in kvroute_router_tokenize_failures_total",
+				"engine", te.Name, "err", err)
 		}
 		p.degraded = true
 		return p, true
@@ -279,7 +227,7 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 // Generate serves one generation request (server.Router): tokenize, decide, forward, retry
 // elsewhere while no token has reached the client, account.
 func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
-	reps, _ := s.table.snapshot()
+	reps := s.reps()
 	p, ok := s.prepare(w, r, kind, body, reps)
 	if !ok {
 		return
@@ -311,7 +259,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		s.accessLog(d, p)
 		rep := d.reps[d.chosen]
 		if d.Cands[d.chosen].Approximate {
-			s.met.ApproxDecisions.WithLabelValues(rep.eng.name).Inc()
+			s.met.ApproxDecisions.WithLabelValues(rep.Eng.Name).Inc()
 		}
 		healthyLeft := 0
 		for i := range d.Cands {
@@ -330,23 +278,23 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 				// The engine's HTTP server failed, which all its DP ranks share: no retry may land
 				// on its other ranks. A refused connection takes it out of routing at once.
 				if out.Kind == proxy.KindConnect {
-					rep.eng.health.Unreachable(s.now(), why)
+					rep.Eng.Health.Unreachable(s.now(), why)
 				} else {
-					rep.eng.health.Failure(s.now(), why)
+					rep.Eng.Health.Failure(s.now(), why)
 				}
-				for _, r := range rep.eng.reps {
+				for _, r := range rep.Eng.Reps {
 					excluded[r] = true
 				}
 			} else {
-				rep.eng.health.Failure(s.now(), why)
+				rep.Eng.Health.Failure(s.now(), why)
 				excluded[rep] = true
 			}
-			if !rep.eng.gone.Load() {
-				s.met.Retries.WithLabelValues(rep.eng.name).Inc()
+			if !rep.Eng.Gone() {
+				s.met.Retries.WithLabelValues(rep.Eng.Name).Inc()
 			}
-			rep.retries.Add(1)
-			s.logLimited("retry:"+rep.name+":"+out.Kind, "engine attempt failed before the first token; retrying elsewhere, counted in kvroute_router_retries_total",
-				"engine", rep.name, "why", why)
+			rep.C.Retries.Add(1)
+			s.logLimited("retry:"+rep.Name+":"+out.Kind, "engine attempt failed before the first token; retrying elsewhere, counted in kvroute_router_retries_total",
+				"engine", rep.Name, "why", why)
 			last = out
 			continue
 		}
@@ -359,7 +307,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			case out.Kind == proxy.KindRequestTimeout:
 				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.TypeServer, out.Err.Error())
 			default:
-				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.name+": "+out.Err.Error())
+				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.Name+": "+out.Err.Error())
 			}
 		}
 		if out.Cut {
@@ -390,18 +338,18 @@ func (s *Router) allFailed(w http.ResponseWriter, last proxy.Outcome) {
 // caller's to take back (rollback).
 func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
 	rep := d.reps[d.chosen]
-	dp := rep.eng.dp.Load()
+	dp := rep.Eng.Discovery()
 	cached := d.Cached[d.chosen]
-	rankLabel := strconv.Itoa(rep.rank)
-	if !rep.eng.gone.Load() {
-		s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
+	rankLabel := strconv.Itoa(rep.Rank)
+	if !rep.Eng.Gone() {
+		s.met.InflightRequests.WithLabelValues(rep.Eng.Name, rankLabel).Inc()
 	}
 	firstToken := false
-	engineHdr := rep.eng.name
+	engineHdr := rep.Eng.Name
 	if dp.Ranks() > 1 {
 		engineHdr += "/" + rankLabel
 	}
-	rank := rep.rank
+	rank := rep.Rank
 	if dp.Ranks() == 1 {
 		rank = -1 // a single-rank engine needs no pin
 	}
@@ -415,7 +363,7 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		OnFirstToken: func() {
 			firstToken = true
 			if err := s.ledger.FirstToken(d.id); err != nil {
-				s.log.Error("routed request missing from the ledger", "replica", rep.name, "err", err)
+				s.log.Error("routed request missing from the ledger", "replica", rep.Name, "err", err)
 			}
 		},
 	})
@@ -428,55 +376,55 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 				HasCached: out.Usage.HasCached, CompletionTokens: out.Usage.CompletionTokens}
 		}
 		if _, err := s.ledger.Done(d.id, u); err != nil {
-			s.log.Error("routed request missing from the ledger", "replica", rep.name, "err", err)
+			s.log.Error("routed request missing from the ledger", "replica", rep.Name, "err", err)
 		}
 		d.id = 0
 	}
-	if rep.eng.gone.Load() {
+	if rep.Eng.Gone() {
 		return out // removed meanwhile: its series are deleted and stay so
 	}
-	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Dec()
+	s.met.InflightRequests.WithLabelValues(rep.Eng.Name, rankLabel).Dec()
 	if out.AuthRejected {
-		s.engineAuthFailure(callGenerate, rep.eng.name, out.Err)
+		s.engineAuthFailure(callGenerate, rep.Eng.Name, out.Err)
 	}
 	if out.Status > 0 && !out.AuthRejected {
-		s.met.EngineHeadersSeconds.WithLabelValues(rep.eng.name).Observe(out.HeadersAfter.Seconds())
+		s.met.EngineHeadersSeconds.WithLabelValues(rep.Eng.Name).Observe(out.HeadersAfter.Seconds())
 	}
 	if out.EngineError != "" {
 		when := "before_first_token"
 		if firstToken {
 			when = "after_first_token"
 		}
-		s.met.EngineErrors.WithLabelValues(rep.eng.name, when).Inc()
-		s.log.Warn("engine sent an in-stream error", "engine", rep.name, "when", when, "message", out.EngineError)
+		s.met.EngineErrors.WithLabelValues(rep.Eng.Name, when).Inc()
+		s.log.Warn("engine sent an in-stream error", "engine", rep.Name, "when", when, "message", out.EngineError)
 	}
 	if out.Retryable && !out.Started {
 		return out
 	}
 	if p.tr.Stream && out.TTFT > 0 {
-		s.met.FirstTokenSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFT.Seconds())
+		s.met.FirstTokenSeconds.WithLabelValues(rep.Eng.Name).Observe(out.TTFT.Seconds())
 	}
 	switch {
 	case out.ClientGone, out.Kind == proxy.KindRequestTimeout, out.AuthRejected:
 	case out.Cut:
-		rep.eng.health.Failure(s.now(), out.Kind+": "+out.Err.Error())
+		rep.Eng.Health.Failure(s.now(), out.Kind+": "+out.Err.Error())
 	case out.Status > 0 && out.Status < 500 && out.EngineError == "" && out.Err == nil:
-		rep.eng.health.Success()
+		rep.Eng.Health.Success()
 	}
 	code := strconv.Itoa(out.Status)
 	if out.Err != nil && !out.Started {
 		code = "error"
 	}
-	s.met.Requests.WithLabelValues(rep.eng.name, s.policy, code).Inc()
+	s.met.Requests.WithLabelValues(rep.Eng.Name, s.policy, code).Inc()
 	if out.Err != nil {
 		reason := out.Kind
 		if reason == "" {
 			reason = "upstream"
 		}
-		s.met.Errors.WithLabelValues(rep.eng.name, s.policy, reason).Inc()
+		s.met.Errors.WithLabelValues(rep.Eng.Name, s.policy, reason).Inc()
 		if out.Cut {
 			s.log.Warn("answer cut after its first token; the client gets an error event and an aborted connection",
-				"engine", rep.name, "kind", out.Kind, "err", out.Err)
+				"engine", rep.Name, "kind", out.Kind, "err", out.Err)
 		}
 	}
 	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
@@ -485,86 +433,33 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	return out
 }
 
-// staleAfter and staleHits: a replica whose engine answers staleHits requests in a row, each of
-// which must have stored a new full block (mustStoreBlock) and each staleAfter or more after
-// the stream's last applied batch, has a publisher that stopped (a prefill stores blocks, and
-// vLLM publishes them within milliseconds). Several in a row, to ride out a batch that is
-// merely late.
-const (
-	staleAfter = 2 * time.Second
-	staleHits  = 3
-)
-
-// mustStoreBlock reports whether serving a prompt of promptTokens, of which cachedTokens were
-// prefix-cache hits, stored at least one new full block, so that an engine publishing events
-// must have sent a BlockStored for it. vLLM's hits are whole blocks from the start, capped so
-// that the last prompt token is computed (vllm/v1/core/kv_cache_manager.py,
-// get_computed_blocks): when the prompt ends on a block boundary, a hit one block short of the
-// prompt may have left out a block that is already stored and is only recomputed, so that block
-// is not counted. A repeat of a cached prompt, which publishes nothing in incremental mode, is
-// therefore never taken for a silent publisher.
-func mustStoreBlock(promptTokens, cachedTokens, blockSize int) bool {
-	if blockSize <= 0 || promptTokens <= 0 {
-		return false
-	}
-	full, hit := promptTokens/blockSize, max(cachedTokens, 0)/blockSize
-	fresh := full - hit
-	if promptTokens%blockSize == 0 && hit == full-1 {
-		fresh-- // possibly a capped hit's recomputed block
-	}
-	return fresh >= 1
-}
-
-// checkPublishing marks the stream stale when the engine serves without publishing. cached is
-// what the engine reported as prefix-cache hits, or the router's own prediction when the
-// engine reports none.
-func (s *Router) checkPublishing(rep *replica, promptTokens, cached, blockSize int) {
-	if !rep.stream || s.sub == nil || !mustStoreBlock(promptTokens, cached, blockSize) {
-		return
-	}
-	st, ok := s.sub.Stats(rep.eng.name, rep.rank)
-	if !ok {
-		return
-	}
-	if !st.LastApplied.IsZero() && time.Since(st.LastApplied) < staleAfter {
-		rep.quiet.Store(0)
-		return
-	}
-	if rep.quiet.Add(1) >= staleHits && st.State == kvevents.Exact {
-		if err := s.sub.Stale(rep.eng.name, rep.rank); err == nil {
-			s.log.Warn("engine serves but publishes no KV events; replica scored approximately until they resume",
-				"engine", rep.eng.name, "rank", rep.rank, "last_event", st.LastApplied)
-		}
-	}
-}
-
 // account compares the prediction with the engine's reported cached tokens.
 func (s *Router) account(rep *replica, promptTokens, blockSize, predicted int, u *proxy.Usage, mode string) {
-	rep.responses.Add(1)
+	rep.C.Responses.Add(1)
 	if u != nil && u.HasCached {
 		pt := promptTokens
 		if u.PromptTokens > 0 {
 			pt = u.PromptTokens
 		}
-		s.checkPublishing(rep, pt, u.CachedTokens, blockSize)
+		s.fleet.Served(rep, pt, u.CachedTokens, blockSize)
 	} else {
-		s.checkPublishing(rep, promptTokens, predicted, blockSize)
+		s.fleet.Served(rep, promptTokens, predicted, blockSize)
 	}
-	name := rep.eng.name
+	name := rep.Eng.Name
 	if u == nil || !u.HasCached {
-		rep.noUsage.Add(1)
+		rep.C.NoUsage.Add(1)
 		s.met.UsageMissing.WithLabelValues(name).Inc()
 		return
 	}
 	if u.PromptTokens > 0 {
 		promptTokens = u.PromptTokens
 	}
-	rep.withUsage.Add(1)
-	rep.promptTok.Add(uint64(promptTokens))
-	rep.predictedTok.Add(uint64(predicted))
-	rep.actualTok.Add(uint64(u.CachedTokens))
+	rep.C.WithUsage.Add(1)
+	rep.C.PromptTokens.Add(uint64(promptTokens))
+	rep.C.PredictedTokens.Add(uint64(predicted))
+	rep.C.ActualTokens.Add(uint64(u.CachedTokens))
 	diff := predicted - u.CachedTokens
-	rep.absErrTok.Add(uint64(max(diff, -diff)))
+	rep.C.AbsErr.Add(uint64(max(diff, -diff)))
 	s.met.PromptTokens.WithLabelValues(name).Add(float64(promptTokens))
 	s.met.PredictedCached.WithLabelValues(name).Add(float64(predicted))
 	s.met.ActualCached.WithLabelValues(name).Add(float64(u.CachedTokens))
@@ -573,7 +468,7 @@ func (s *Router) account(rep *replica, promptTokens, blockSize, predicted int, u
 
 // Models forwards GET /v1/models to a healthy engine.
 func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
-	reps, _ := s.table.snapshot()
+	reps := s.reps()
 	e := s.tokenizerEngine(reps)
 	if e == nil {
 		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
@@ -581,7 +476,7 @@ func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.dp.Load().URL+"/v1/models", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.Discovery().URL+"/v1/models", nil)
 	// The same rule as generation: forwarded as is without an engine API key, replaced by
 	// the router's key (in the client's transport) with one.
 	if a := r.Header.Get("Authorization"); a != "" {
@@ -589,14 +484,14 @@ func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := s.px.Client().Do(req)
 	if err != nil {
-		e.health.Failure(s.now(), err.Error())
-		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.name+": "+err.Error())
+		e.Health.Failure(s.now(), err.Error())
+		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.Name+": "+err.Error())
 		return
 	}
 	defer resp.Body.Close()
 	if s.o.EngineAPIKey != "" && proxy.IsAuthStatus(resp.StatusCode) {
-		s.engineAuthFailure(callModels, e.name, proxy.ErrEngineAuth)
-		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.name+": "+proxy.ErrEngineAuth.Error())
+		s.engineAuthFailure(callModels, e.Name, proxy.ErrEngineAuth)
+		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.Name+": "+proxy.ErrEngineAuth.Error())
 		return
 	}
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))

@@ -1,7 +1,7 @@
-// Package server assembles kvrouter: discovery feeds the engine table, kvevents feeds the exact
-// index, tokens turns requests into token ids, score picks a replica from index overlap and the
-// load this router tracks, and proxy forwards. It serves the OpenAI API and the admin endpoints
-// (/metrics, /debug/engines, /debug/route).
+// Package app assembles kvrouter: router/fleet keeps the engines (membership, health, each
+// replica's view), kvevents feeds the exact index, tokens turns requests into token ids,
+// router/route and the load ledger decide, and proxy forwards. It serves the OpenAI API through
+// router/server and the admin endpoints (/metrics, /debug/engines, /debug/route).
 package app
 
 import (
@@ -16,9 +16,8 @@ import (
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
-	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
-	fleetmetrics "github.com/kvroute/kvroute/router/fleet"
+	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/load"
@@ -93,15 +92,14 @@ type Router struct {
 	px    *proxy.Proxy
 	met   *metrics.Metrics
 	http  *server.Server
-	// scraper is the one reader of the engines' /metrics (queue, running, KV use, GPU blocks).
-	scraper *fleetmetrics.Reader
+	// fleet owns the engines: membership, health, probes, degraded reasons, /metrics figures,
+	// and each replica's view the decision reads.
+	fleet *fleet.Fleet
 	// ledger holds every routed request until it ends, the load it puts on its replica, the
 	// predicted and approximate side indexes, and the policy.
 	ledger *load.Ledger
 
-	syncMu sync.Mutex
-	table  engineTable
-	rr     atomic.Uint64 // tokenization engine rotation
+	rr atomic.Uint64 // tokenization engine rotation
 
 	tokenizeDegraded atomic.Uint64
 	// routedCount numbers routed requests for the sampled access log.
@@ -118,10 +116,7 @@ type Router struct {
 	readyOnce chan struct{}
 	// debugRouteSlots bounds /debug/route calls in flight (debugRouteConcurrency).
 	debugRouteSlots chan struct{}
-	// tracker decides each replica's degraded reasons (health.go); healthMu serialises ticks.
-	healthMu sync.Mutex
-	tracker  *degraded.Tracker
-	// peers is parity across replicas (nil without events).
+	// peers is parity across replicas (nil without events; the fleet forgets removed replicas).
 	peers *kvevents.PeerTable
 }
 
@@ -146,7 +141,7 @@ func New(o Options) (*Router, error) {
 		o.DiscoveryWait = 10 * time.Second
 	}
 	if o.HealthInterval <= 0 {
-		o.HealthInterval = defaultHealthInterval
+		o.HealthInterval = fleet.DefaultHealthInterval
 	}
 	if o.Model == "" {
 		o.Model = o.Config.ServedModelName
@@ -172,7 +167,7 @@ func New(o Options) (*Router, error) {
 		name = pol.Name()
 	}
 	s := &Router{o: o, log: o.Logger, now: o.Now, policy: name, readyOnce: make(chan struct{}),
-		debugRouteSlots: make(chan struct{}, debugRouteConcurrency), tracker: degraded.NewTracker(o.HealthInterval)}
+		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
 	s.ix = index.New(index.Options{Now: o.Now})
 	s.ledger = load.New(load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: o.Observers})
 	lim := o.Config.Limits
@@ -182,8 +177,6 @@ func New(o Options) (*Router, error) {
 	}
 	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstTokenTimeout.Duration,
 		IdleTimeout: idle, EngineAPIKey: o.EngineAPIKey})
-	s.scraper = fleetmetrics.NewReader(fleetmetrics.ReaderOptions{Client: s.px.Client(), Interval: o.ScrapeInterval, Timeout: 2 * time.Second,
-		OnSample: s.engineSample, OnError: s.engineScrapeFailed})
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		s.peers = kvevents.NewPeerTable()
@@ -206,7 +199,6 @@ func New(o Options) (*Router, error) {
 			s.bound = true
 		}
 	}
-	s.table.engines = map[string]*engine{}
 	state := metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
 		func() (float64, float64) {
 			st := s.ledger.Stats()
@@ -218,6 +210,10 @@ func New(o Options) (*Router, error) {
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
 	}
+	s.fleet = fleet.New(fleet.Options{Config: o.Config, Client: s.px.Client(), Sub: s.sub, Bound: s.bound, Peers: s.peers,
+		Index: s.ix, Ledger: s.ledger, Metrics: s.met, Model: o.Model, TopicHostOnly: o.TopicHostOnly,
+		ProbeInterval: o.ProbeInterval, ProbeTimeout: o.ProbeTimeout, HealthInterval: o.HealthInterval, ScrapeInterval: o.ScrapeInterval,
+		Now: o.Now, Logger: s.log, AuthFailure: s.engineAuthFailure, LogLimited: s.logLimited})
 	lim = o.Config.Limits
 	s.http = server.New(s, server.Options{MaxBodyBytes: lim.MaxBodyBytes, BodyReadTimeout: lim.BodyReadTimeout.Duration,
 		HeaderReadTimeout: lim.HeaderReadTimeout.Duration, RequestTimeout: lim.RequestTimeout.Duration, DiscoveryWait: o.DiscoveryWait})
@@ -227,8 +223,8 @@ func New(o Options) (*Router, error) {
 // The router's calls to an engine, as counted in engine_auth_failures_total.
 const (
 	callTokenize = "tokenize"
-	callModels   = "models"
-	callHealth   = "health"
+	callModels   = fleet.CallModels
+	callHealth   = fleet.CallHealth
 	callGenerate = "generate"
 )
 
@@ -280,10 +276,8 @@ func (s *Router) Run(ctx context.Context) error {
 		}
 		src = discovery.NewStatic(es)
 	}
-	go s.probeLoop(ctx)
 	go s.expireLoop(ctx)
-	go s.healthLoop(ctx)
-	go s.scraper.Run(ctx)
+	go s.fleet.Run(ctx)
 	err := src.Run(ctx, func(snap []discovery.Engine) {
 		s.apply(ctx, snap)
 		select {
@@ -347,10 +341,9 @@ func (s *Router) notReady() string {
 }
 
 func (s *Router) anyHealthy() bool {
-	reps, _ := s.table.snapshot()
 	now := s.now()
-	for _, r := range reps {
-		if r.eng.dp.Load().Ready && r.eng.health.Healthy(now) {
+	for _, r := range s.reps() {
+		if r.View().Ready && r.Eng.Health.Healthy(now) {
 			return true
 		}
 	}

@@ -42,6 +42,11 @@ type StreamConfig struct {
 	MaxBlocks int
 	// Ingest overrides Options.Ingest for this stream.
 	Ingest *IngestOptions
+	// OnChange, when set, is told the stream's state and learned block size (0: none yet)
+	// whenever either changes, from the stream's worker goroutine: the router's fleet pushes
+	// them into the replica's view so a decision reads them without asking the subscriber. It
+	// must not block or call back into the Subscriber.
+	OnChange func(state StreamState, blockSize int)
 }
 
 // MaxBlocksFor is the replica block limit for an engine with numGPUBlocks blocks: an engine
@@ -102,6 +107,11 @@ type stream struct {
 
 	lastPanicLog time.Time
 	logged       [numDropKinds]bool
+
+	// told is what OnChange last heard (state, block size); toldAny: it heard something.
+	toldState     StreamState
+	toldBlockSize int
+	toldAny       bool
 }
 
 // replayRun is one replay exchange: a goroutine owns its DEALER and sends what it receives to
@@ -156,6 +166,13 @@ func (st *stream) setState() {
 	}
 	st.c.state.Store(int32(s))
 	st.c.pending.Store(int64(len(st.pending)))
+	if st.cfg.OnChange != nil {
+		bs := int(st.c.ingest.blockSizeSet.Load())
+		if !st.toldAny || s != st.toldState || bs != st.toldBlockSize {
+			st.toldAny, st.toldState, st.toldBlockSize = true, s, bs
+			st.cfg.OnChange(s, bs)
+		}
+	}
 }
 
 // enqueue is called by the poller; a full queue (in messages or bytes) drops the message and

@@ -260,11 +260,13 @@ func (l *Ledger) notifyRouted(id ID, rc *Record) {
 	}
 }
 
-// FirstToken moves the request's load from prefill to decode.
+// FirstToken moves the request's load from prefill to decode. A second call for the same
+// request changes nothing and tells no observer.
 func (l *Ledger) FirstToken(id ID) error {
 	l.mu.Lock()
 	rc, ok := l.live[id]
-	if ok && !rc.first {
+	moved := ok && !rc.first
+	if moved {
 		rc.first = true
 		rc.FirstTokenAt = l.now()
 		rc.Replica.prefill.Add(-int64(rc.Uncached))
@@ -273,6 +275,9 @@ func (l *Ledger) FirstToken(id ID) error {
 	l.mu.Unlock()
 	if !ok {
 		return ErrUnknown
+	}
+	if !moved {
+		return nil
 	}
 	for _, o := range l.obs {
 		o.FirstToken(id, rc, rc.FirstTokenAt)

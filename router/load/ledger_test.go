@@ -1,6 +1,7 @@
 package load
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -145,5 +146,180 @@ func TestRemoveForgetsAndInFlightSettlesOnOldReplica(t *testing.T) {
 	}
 	if nu.Load() != (Load{}) || old.Load() != (Load{}) {
 		t.Fatalf("new %+v old %+v", nu.Load(), old.Load())
+	}
+}
+
+// failing is a policy whose Pick always fails.
+type failing struct{ recorder }
+
+func (p *failing) Pick(*score.Request, []score.Candidate) (int, error) {
+	return 0, score.ErrNoCandidate
+}
+
+func TestUnknownAndRepeatedCalls(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	ev := &events{}
+	l := New(Options{Now: c.now, Policy: &recorder{}, Observers: []Observer{ev}})
+	r := l.NewReplica(0, "e0/0")
+	if err := l.FirstToken(42); err != ErrUnknown {
+		t.Fatalf("first token of an unknown id: %v", err)
+	}
+	if _, err := l.Done(42, nil); err != ErrUnknown {
+		t.Fatalf("done of an unknown id: %v", err)
+	}
+	if _, err := l.Failed(42); err != ErrUnknown {
+		t.Fatalf("failed of an unknown id: %v", err)
+	}
+	id, _ := l.Routed(Routing{Replica: r, Uncached: 30, Held: 50})
+	// A second first token moves nothing again.
+	for range 2 {
+		if err := l.FirstToken(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.Load(); got != (Load{DecodeTokens: 50, Running: 1}) {
+		t.Fatalf("after two first tokens: %+v", got)
+	}
+	if _, err := l.Done(id, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Done twice, or Failed after Done: unknown, and the counters stay at zero.
+	if _, err := l.Done(id, nil); err != ErrUnknown {
+		t.Fatalf("second done: %v", err)
+	}
+	if _, err := l.Failed(id); err != ErrUnknown {
+		t.Fatalf("failed after done: %v", err)
+	}
+	if got := r.Load(); got != (Load{}) {
+		t.Fatalf("after repeated ends: %+v", got)
+	}
+	// Unknown ids and the repeated first token tell the observers nothing.
+	if want := []string{"routed", "first", "done"}; !slices.Equal(ev.got, want) {
+		t.Fatalf("observer saw %v, want %v", ev.got, want)
+	}
+}
+
+// A request that fails after its first token gives back its decode tokens, not its prefill.
+func TestFailedAfterFirstToken(t *testing.T) {
+	l := New(Options{Policy: &recorder{}})
+	r := l.NewReplica(0, "e0/0")
+	other, _ := l.Routed(Routing{Replica: r, Uncached: 7, Held: 9})
+	id, _ := l.Routed(Routing{Replica: r, Uncached: 30, Held: 50})
+	if err := l.FirstToken(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Failed(id); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Load(); got != (Load{PrefillTokens: 7, Running: 1}) {
+		t.Fatalf("after failing one of two: %+v", got)
+	}
+	if _, err := l.Done(other, nil); err != nil || r.Load() != (Load{}) {
+		t.Fatalf("after the other ends: %v %+v", err, r.Load())
+	}
+}
+
+// Rolling back one request keeps the prediction a later sibling refreshed.
+func TestRollbackKeepsASiblingsPrediction(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}})
+	r := l.NewReplica(0, "e0/0")
+	first, _ := l.Routed(Routing{Replica: r, Keys: keys(4)})
+	c.t = c.t.Add(time.Second)
+	l.Routed(Routing{Replica: r, Keys: keys(6)})
+	if _, err := l.Failed(first); err != nil {
+		t.Fatal(err)
+	}
+	if pred, _ := l.Match(keys(6), 1, false, nil, nil); pred[0] != 6 {
+		t.Fatalf("predicted %d after the first was rolled back, want the sibling's 6", pred[0])
+	}
+}
+
+// The approximate index is written only for replicas scored approximately, and Unpredict takes
+// a started request's keys out of the predicted index at once.
+func TestApproximateAndUnpredict(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}})
+	exact, approx := l.NewReplica(0, "e0/0"), l.NewReplica(1, "e1/0")
+	a, _ := l.Routed(Routing{Replica: exact, Keys: keys(3)})
+	l.Routed(Routing{Replica: approx, Keys: keys(5), Approximate: true})
+	pred, appr := l.Match(keys(8), 2, true, nil, nil)
+	if pred[0] != 3 || pred[1] != 5 || appr[0] != 0 || appr[1] != 5 {
+		t.Fatalf("predicted %v approximate %v", pred, appr)
+	}
+	if pred, appr := l.Match(keys(8), 2, false, nil, nil); appr != nil || pred[1] != 5 {
+		t.Fatalf("approximate read when not asked: %v %v", pred, appr)
+	}
+	l.Unpredict(a)
+	if pred, _ := l.Match(keys(8), 2, false, nil, nil); pred[0] != 0 || pred[1] != 5 {
+		t.Fatalf("after unpredict: %v", pred)
+	}
+	// Its load is still there: only the prediction went.
+	if exact.Load().Running != 1 {
+		t.Fatalf("unpredict changed the load: %+v", exact.Load())
+	}
+}
+
+// Every record is stamped by the injected clock, and the TTL runs on it.
+func TestInjectedClock(t *testing.T) {
+	c := &clock{t: time.Unix(5000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}, PredictedTTL: 3 * time.Second})
+	r := l.NewReplica(0, "e0/0")
+	id, rc := l.Routed(Routing{Replica: r, Keys: keys(2)})
+	if !rc.At.Equal(c.t) || !l.Now().Equal(c.t) {
+		t.Fatalf("routed at %v, ledger now %v, clock %v", rc.At, l.Now(), c.t)
+	}
+	c.t = c.t.Add(2 * time.Second)
+	if err := l.FirstToken(id); err != nil || rc.FirstTokenAt.Sub(rc.At) != 2*time.Second {
+		t.Fatalf("first token %v after, %v", rc.FirstTokenAt.Sub(rc.At), err)
+	}
+	if pred, _ := l.Match(keys(2), 1, false, nil, nil); pred[0] != 2 {
+		t.Fatalf("predicted %d within the TTL", pred[0])
+	}
+	c.t = c.t.Add(time.Second + time.Nanosecond)
+	l.Expire()
+	if st := l.Stats(); st.Predicted != 0 || st.InFlight != 1 {
+		t.Fatalf("after the TTL on the injected clock: %+v", st)
+	}
+}
+
+// A policy that refuses records nothing.
+func TestPolicyErrorRecordsNothing(t *testing.T) {
+	pol := &failing{}
+	l := New(Options{Policy: pol})
+	r := l.NewReplica(0, "e0/0")
+	called := false
+	_, _, err := l.Decide(&score.Request{Keys: keys(2)}, []score.Candidate{{ID: "e0/0", Healthy: true}}, func(int) Routing {
+		called = true
+		return Routing{Replica: r, Keys: keys(2), Uncached: 5}
+	})
+	if err == nil || called || pol.routed != 0 || l.Stats() != (Stats{}) || r.Load() != (Load{}) {
+		t.Fatalf("err %v, rec called %v, routed %d, stats %+v, load %+v", err, called, pol.routed, l.Stats(), r.Load())
+	}
+}
+
+// Concurrent requests on one replica settle to zero.
+func TestConcurrentSettle(t *testing.T) {
+	l := New(Options{Policy: &recorder{}})
+	r := l.NewReplica(0, "e0/0")
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				id, _ := l.Routed(Routing{Replica: r, Keys: keys(1 + i%4), Uncached: 10 + g, Held: 20})
+				if i%3 == 0 {
+					_, _ = l.Failed(id)
+					continue
+				}
+				_ = l.FirstToken(id)
+				_, _ = l.Done(id, nil)
+			}
+		}()
+	}
+	wg.Wait()
+	if r.Load() != (Load{}) || l.Stats().InFlight != 0 {
+		t.Fatalf("after every request ended: %+v %+v", r.Load(), l.Stats())
 	}
 }

@@ -6,8 +6,11 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/score"
 )
 
@@ -81,14 +84,15 @@ type Result struct {
 	WindowRatio []float64   `json:"-"`
 }
 
+// replica is one modelled engine. The router's picture of it (prefill and decode tokens routed
+// there, requests in flight, the predicted blocks of requests not started yet) is the live
+// router's ledger (router/load), driven at virtual time; queue and running are the engine's.
 type replica struct {
 	id          string
+	ld          *load.Replica
 	cache       *blockCache
-	pending     map[uint64]int // blocks of routed requests not yet started (the side index)
-	queue       []int          // request indices, FIFO
+	queue       []int // request indices, FIFO
 	running     int
-	prefillTok  int // router's estimate of prefill work not yet done
-	decodeTok   int
 	prefillFree float64
 }
 
@@ -126,15 +130,20 @@ func (h *eventHeap) Pop() any {
 }
 
 type sim struct {
-	cfg      Config
-	tr       *Trace
-	reps     []*replica
-	events   eventHeap
-	seq      int64
-	perRep   int
-	arrival  []float64
-	estimate []int // router's uncached estimate per request
-	ttft     []float64
+	cfg     Config
+	tr      *Trace
+	reps    []*replica
+	events  eventHeap
+	seq     int64
+	perRep  int
+	arrival []float64
+	ttft    []float64
+	// ledger is the live router's request ledger at virtual time (clock, in seconds); ids is
+	// each request's entry.
+	ledger  *load.Ledger
+	clock   float64
+	ids     []load.ID
+	predBuf []uint32
 	// accounting
 	hitBlocks, totBlocks int
 	hitTokens, totTokens int
@@ -153,12 +162,13 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		return nil, err
 	}
 	s := &sim{cfg: cfg, tr: tr, perRep: cfg.CapacityBlocks / cfg.Replicas,
-		arrival: make([]float64, len(tr.Requests)), estimate: make([]int, len(tr.Requests)),
+		arrival: make([]float64, len(tr.Requests)), ids: make([]load.ID, len(tr.Requests)),
 		ttft: make([]float64, len(tr.Requests)), uncachedByRep: make([]float64, cfg.Replicas),
 		window: map[int][]float64{}}
+	s.ledger = load.New(load.Options{Policy: pol, Now: s.now})
 	for i := 0; i < cfg.Replicas; i++ {
-		s.reps = append(s.reps, &replica{id: "r" + strconv.Itoa(i), cache: newBlockCache(s.perRep),
-			pending: map[uint64]int{}})
+		id := "r" + strconv.Itoa(i)
+		s.reps = append(s.reps, &replica{id: id, ld: s.ledger.NewReplica(index.ReplicaID(i), id), cache: newBlockCache(s.perRep)})
 	}
 	cands := make([]score.Candidate, cfg.Replicas)
 	keys := make([]blockkey.Key, 0, 256)
@@ -167,37 +177,52 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		now := float64(q.TimestampMs) / 1000 / cfg.Speed
 		s.arrival[i] = now
 		s.advance(now)
-		keys = keys[:0]
+		s.clock = now
+		// A fresh slice per request: the ledger keeps the keys of each request it holds.
+		keys = make([]blockkey.Key, 0, len(q.HashIDs))
 		for _, h := range q.HashIDs {
 			keys = append(keys, blockkey.Key(h))
 		}
 		req := &score.Request{Keys: keys, Tokens: q.InputLength, BlockSize: TraceBlockTokens,
 			SessionKey: strconv.FormatUint(q.Session, 10), NowNs: int64(now * 1e9)}
+		s.predBuf, _ = s.ledger.Match(keys, cfg.Replicas, false, s.predBuf, nil)
 		for r, rep := range s.reps {
 			exact := rep.cache.prefix(q.HashIDs)
-			pred := exact
-			for pred < len(q.HashIDs) && (rep.pending[q.HashIDs[pred]] > 0 || rep.cache.contains(q.HashIDs[pred])) {
+			// Predicted: the ledger's predicted blocks (routed, not started), then what is cached
+			// after them.
+			pred := max(exact, int(s.predBuf[r]))
+			for pred < len(q.HashIDs) && rep.cache.contains(q.HashIDs[pred]) {
 				pred++
 			}
+			ld := rep.ld.Load()
 			cands[r] = score.Candidate{ID: rep.id, ExactBlocks: exact,
 				TierBlocks:      [score.NumTiers]int{exact, 0, 0},
-				PredictedBlocks: pred, PrefillTokens: rep.prefillTok, DecodeTokens: rep.decodeTok,
-				Queue: len(rep.queue), Running: rep.running,
+				PredictedBlocks: pred, PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens),
+				Queue: len(rep.queue), Running: int(ld.Running),
 				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true}
 		}
-		choice, err := pol.Pick(req, cands)
+		id, rc, err := s.ledger.Decide(req, cands, func(r int) load.Routing {
+			if r < 0 || r >= len(s.reps) {
+				return load.Routing{Replica: &load.Replica{}}
+			}
+			return load.Routing{Replica: s.reps[r].ld, Keys: keys, Uncached: uncachedTokens(q, cands[r].PredictedBlocks),
+				Held: q.InputLength + q.OutputLength}
+		})
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %s on request %d: %w", policy, i, err)
 		}
-		if choice < 0 || choice >= len(cands) {
-			return nil, fmt.Errorf("fleet: %s picked %d of %d replicas", policy, choice, len(cands))
+		if rc.Chosen < 0 || rc.Chosen >= len(cands) {
+			return nil, fmt.Errorf("fleet: %s picked %d of %d replicas", policy, rc.Chosen, len(cands))
 		}
-		pol.OnRouted(req, cands, choice)
-		s.route(i, choice, cands[choice].PredictedBlocks)
+		s.ids[i] = id
+		s.route(i, rc.Chosen)
 	}
 	s.advance(math.Inf(1))
 	return s.result(policy), nil
 }
+
+// now is the ledger's clock: the virtual time in seconds from the Unix epoch.
+func (s *sim) now() time.Time { return time.Unix(0, 0).Add(time.Duration(s.clock * 1e9)) }
 
 func (s *sim) push(e event) {
 	s.seq++
@@ -209,15 +234,19 @@ func (s *sim) push(e event) {
 func (s *sim) advance(t float64) {
 	for len(s.events) > 0 && s.events[0].t <= t {
 		e := heap.Pop(&s.events).(event)
+		s.clock = e.t
 		rep := s.reps[e.rep]
 		q := &s.tr.Requests[e.req]
 		switch e.kind {
 		case evPrefillDone:
-			rep.prefillTok -= s.estimate[e.req]
-			rep.decodeTok += q.InputLength + q.OutputLength
+			if err := s.ledger.FirstToken(s.ids[e.req]); err != nil {
+				panic(fmt.Sprintf("fleet: request %d: %v", e.req, err)) // every request is routed once
+			}
 		case evComplete:
 			rep.running--
-			rep.decodeTok -= q.InputLength + q.OutputLength
+			if _, err := s.ledger.Done(s.ids[e.req], nil); err != nil {
+				panic(fmt.Sprintf("fleet: request %d: %v", e.req, err))
+			}
 			// Free the tail first so eviction keeps the shared head longest (as vLLM does).
 			for j := len(q.HashIDs) - 1; j >= 0; j-- {
 				rep.cache.unpin(q.HashIDs[j])
@@ -227,15 +256,9 @@ func (s *sim) advance(t float64) {
 	}
 }
 
-func (s *sim) route(i, r int, predicted int) {
-	q := &s.tr.Requests[i]
+// route queues request i on replica r (the ledger has recorded it).
+func (s *sim) route(i, r int) {
 	rep := s.reps[r]
-	est := uncachedTokens(q, predicted)
-	s.estimate[i] = est
-	rep.prefillTok += est
-	for _, h := range q.HashIDs {
-		rep.pending[h]++
-	}
 	rep.queue = append(rep.queue, i)
 	s.startQueued(r, s.arrival[i])
 }
@@ -258,11 +281,8 @@ func (s *sim) startQueued(r int, now float64) {
 func (s *sim) start(i, r int, now float64) {
 	q := &s.tr.Requests[i]
 	rep := s.reps[r]
-	for _, h := range q.HashIDs {
-		if rep.pending[h]--; rep.pending[h] <= 0 {
-			delete(rep.pending, h)
-		}
-	}
+	// Its blocks are the engine's now: out of the predicted side index.
+	s.ledger.Unpredict(s.ids[i])
 	hits := rep.cache.prefix(q.HashIDs)
 	for _, h := range q.HashIDs {
 		rep.cache.pin(h)

@@ -127,7 +127,7 @@ func startSim(ctx context.Context, bin, name string, args []string, logPath stri
 	}
 }
 
-// EngineLine is the engines-file / --engine entry of a sim (INTERFACES.md syntax).
+// EngineLine is the engines-file / --engine entry of a sim (the syntax in docs/router.md).
 func (s *sim) EngineLine(name string, warmupUntil time.Time) string {
 	var b strings.Builder
 	b.WriteString(name + "=" + s.URL)

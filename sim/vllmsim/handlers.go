@@ -340,11 +340,26 @@ func (o *output) advance() (bool, error) {
 				fmt.Sprintf("injected in-stream error after %d tokens (--stream-error-after)", total), ""}
 		}
 	}
+	// budget is what --stream-error-after still lets out (-1: no limit); one wake-up may find
+	// several new tokens, and the error must come after exactly n.
+	budget := -1
+	if n := o.sim.cfg.StreamErrorAfter; n > 0 && o.j.stream {
+		budget = n
+		for i := range o.reqs {
+			budget -= o.sent[i]
+		}
+	}
 	all := true
 	for i, er := range o.reqs {
 		toks, _, done, err := er.take(o.sent[i])
 		if err != nil {
 			return false, err
+		}
+		if budget >= 0 && len(toks) >= budget {
+			toks, done = toks[:budget], false
+		}
+		if budget > 0 {
+			budget -= len(toks)
 		}
 		if o.j.stream {
 			if o.sent[i] == 0 && len(toks) > 0 && o.j.chat {
@@ -361,6 +376,10 @@ func (o *output) advance() (bool, error) {
 		}
 		o.sent[i] += len(toks)
 		all = all && done
+	}
+	if budget == 0 {
+		return false, &apiError{http.StatusInternalServerError, "InternalServerError",
+			fmt.Sprintf("injected in-stream error after %d tokens (--stream-error-after)", o.sim.cfg.StreamErrorAfter), ""}
 	}
 	return all, nil
 }

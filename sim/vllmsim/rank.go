@@ -307,14 +307,29 @@ func (rk *rank) update(step []scheduled) {
 		if len(r.output) == 1 && rk.obs != nil {
 			rk.obs.ttft.Observe(now.Sub(r.arrival).Seconds())
 		}
-		r.deliver(tok, r.cachedTokens)
 		if len(r.output) >= r.maxTokens {
-			rk.finish(r, nil)
+			// The last token and the end go to the HTTP side in one hand-off: vLLM's scheduler
+			// checks the stop condition on the token it just sampled and reports both in one
+			// EngineCoreOutput (vllm/v1/core/sched/scheduler.py, update_from_output), so the
+			// stream's last token chunk carries finish_reason. Handed over apart, a reader woken
+			// in between sent the token and then an empty chunk with the finish_reason, and two
+			// identical requests could stream differently.
+			rk.retire(r, nil)
+			r.deliverLast(tok, r.cachedTokens)
+			continue
 		}
+		r.deliver(tok, r.cachedTokens)
 	}
 }
 
+// finish ends a request (err nil: it reached max_tokens) and tells the HTTP side.
 func (rk *rank) finish(r *engineRequest, err error) {
+	rk.retire(r, err)
+	r.end(err)
+}
+
+// retire takes a request out of the schedule and frees its blocks (they stay cached).
+func (rk *rank) retire(r *engineRequest, err error) {
 	rk.running = slices.DeleteFunc(rk.running, func(x *engineRequest) bool { return x == r })
 	rk.waiting = slices.DeleteFunc(rk.waiting, func(x *engineRequest) bool { return x == r })
 	rk.freeBlocks(r)
@@ -322,7 +337,6 @@ func (rk *rank) finish(r *engineRequest, err error) {
 	if err == nil {
 		rk.stats.finished++
 	}
-	r.end(err)
 }
 
 func (rk *rank) applyAborts() {

@@ -101,6 +101,16 @@ func (r *engineRequest) deliver(tok uint32, cached int) {
 	r.notify()
 }
 
+// deliverLast hands over the last token and the request's end together (see rank.update).
+func (r *engineRequest) deliverLast(tok uint32, cached int) {
+	r.dmu.Lock()
+	r.dtokens = append(r.dtokens, tok)
+	r.dcached = cached
+	r.ddone = true
+	r.dmu.Unlock()
+	r.notify()
+}
+
 // end marks the request finished (err nil) or failed.
 func (r *engineRequest) end(err error) {
 	r.dmu.Lock()
