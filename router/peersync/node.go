@@ -102,10 +102,10 @@ type peerInfo struct {
 
 // Peer is what this router knows of one live peer.
 type Peer struct {
-	Name        string
-	SnapshotURL string
-	Ready       bool
-	Seen        time.Time
+	Name        string    `json:"name"`
+	SnapshotURL string    `json:"snapshot_url,omitempty"`
+	Ready       bool      `json:"ready"`
+	Seen        time.Time `json:"seen"`
 }
 
 // Start starts the node: the embedded server (joining its routes) or the external connection,

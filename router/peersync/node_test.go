@@ -179,4 +179,3 @@ func TestForeignMessagesDropped(t *testing.T) {
 		t.Fatalf("%d peers from a foreign message", n)
 	}
 }
-

@@ -51,7 +51,11 @@ type RankInfo struct {
 	Blocks    map[string]int    `json:"blocks"`
 	LastEvent *time.Time        `json:"last_event,omitempty"`
 	Inflight  Inflight          `json:"inflight"`
-	Accuracy  Accuracy          `json:"accuracy"`
+	// PeerInflight is what the other router replicas have in flight there (absent when alone).
+	PeerInflight *Inflight `json:"peer_inflight,omitempty"`
+	// Seeded: the stream started from a peer router's snapshot, confirmed by the engine.
+	Seeded   bool     `json:"seeded,omitempty"`
+	Accuracy Accuracy `json:"accuracy"`
 	// Degraded is every reason in force on the replica (see router/degraded), [] when none.
 	Degraded []degraded.Status `json:"degraded"`
 	// Demoted: evidence says its keys are wrong, so it is scored approximately.
@@ -112,6 +116,7 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 				ri.LastSeq = &seq
 			}
 			ri.Partial, ri.Gaps, ri.Replays, ri.Resets, ri.TopicMismatches = st.Partial, st.Gaps, st.Replays, st.Resets, st.TopicMismatches
+			ri.Seeded = st.Seeded
 			ri.DecodeErrors, ri.Panics = st.DecodeErrors, st.Panics
 			ri.Counters = map[string]uint64{}
 			for _, c := range st.Counters() {
@@ -134,6 +139,10 @@ func (s *Server) rankInfo(r *replica) RankInfo {
 	}
 	ri.Retries = r.retries.Load()
 	ri.Inflight = Inflight{Running: r.running.Load(), PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load()}
+	if s.peer != nil {
+		p := s.peerLoad(r)
+		ri.PeerInflight = &Inflight{Running: p.Running, PrefillTokens: p.Prefill, DecodeTokens: p.Decode}
+	}
 	ri.Accuracy = Accuracy{Responses: r.responses.Load(), WithUsage: r.withUsage.Load(), NoUsage: r.noUsage.Load(),
 		PromptTokens: r.promptTok.Load(), PredictedCached: r.predictedTok.Load(), ActualCached: r.actualTok.Load(),
 		AbsErrorTokens: r.absErrTok.Load()}
@@ -151,8 +160,12 @@ func (s *Server) serveDebugEngines(w http.ResponseWriter, _ *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	bs, bsFrom := s.blockSize(s.reps())
-	_ = enc.Encode(map[string]any{"policy": s.policy, "block_size": bs, "block_size_source": bsFrom, "engines": s.Engines(),
-		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats()})
+	out := map[string]any{"policy": s.policy, "block_size": bs, "block_size_source": bsFrom, "engines": s.Engines(),
+		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats()}
+	if s.peer != nil {
+		out["router_peers"] = s.peerInfo()
+	}
+	_ = enc.Encode(out)
 }
 
 func (s *Server) reps() []*replica { r, _ := s.table.snapshot(); return r }

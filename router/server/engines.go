@@ -220,6 +220,7 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 			if s.bound {
 				sc.Endpoint = ""
 			}
+			sc.Seed = s.seedFor(d.Name, r, d.Incarnation)
 			if err := s.sub.Add(sc); err != nil {
 				s.log.Warn("event stream not added; replica scored approximately", "engine", d.Name, "rank", r, "err", err)
 			} else {
@@ -238,6 +239,9 @@ func (s *Server) addEngine(d discovery.Engine, mi modelInfo) (*engine, error) {
 			return nil, fmt.Errorf("replica %s missing from the index", rep.name)
 		}
 		rep.id = id
+		if !rep.stream {
+			s.seedApprox(rep)
+		}
 		e.reps = append(e.reps, rep)
 	}
 	return e, nil

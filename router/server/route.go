@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/peersync"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/router/tokens"
@@ -134,12 +135,13 @@ func (s *Server) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 	d.cached = make([]int, len(reps))
 	for i, r := range reps {
 		dp := r.eng.dp.Load()
+		peer := s.peerLoad(r) // what the other router replicas have in flight there
 		c := score.Candidate{
 			ID:            r.name,
 			Healthy:       dp.Ready && r.eng.health.Healthy(now) && !excluded[r],
-			PrefillTokens: int(r.prefill.Load()),
-			DecodeTokens:  int(r.decode.Load()),
-			Running:       int(r.running.Load()),
+			PrefillTokens: int(r.prefill.Load() + peer.Prefill),
+			DecodeTokens:  int(r.decode.Load() + peer.Decode),
+			Running:       int(r.running.Load() + peer.Running),
 			WarmupCredit:  s.warmupCredit(dp.WarmupUntil, now),
 			Approximate:   approx[i],
 		}
@@ -541,6 +543,7 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	tokensIn := int64(d.req.Tokens)
 	rep.prefill.Add(uncached)
 	rep.running.Add(1)
+	peerReq := s.peerRecord(peersync.Routed, 0, rep, uncached, tokensIn, d.req.Keys)
 	rankLabel := strconv.Itoa(rep.rank)
 	if !rep.eng.gone.Load() {
 		s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
@@ -565,6 +568,7 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 			firstToken = true
 			rep.prefill.Add(-uncached)
 			rep.decode.Add(tokensIn)
+			s.peerRecord(peersync.FirstToken, peerReq, rep, 0, tokensIn, nil)
 		},
 	})
 	if firstToken {
@@ -573,6 +577,11 @@ func (s *Server) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		rep.prefill.Add(-uncached)
 	}
 	rep.running.Add(-1)
+	if out.Err != nil || out.Status >= 500 || out.Cut {
+		s.peerRecord(peersync.Failed, peerReq, rep, 0, 0, nil)
+	} else {
+		s.peerRecord(peersync.Done, peerReq, rep, 0, 0, nil)
+	}
 	if rep.eng.gone.Load() {
 		return out // removed meanwhile: its series are deleted and stay so
 	}

@@ -108,6 +108,8 @@ type Server struct {
 	tracker  *degraded.Tracker
 	// peers is parity across replicas (nil without events).
 	peers *kvevents.PeerTable
+	// peer is this router's part among several router replicas (peers.go; nil when alone).
+	peer *peerState
 }
 
 // New builds a server; it connects nothing until Run.
@@ -193,6 +195,14 @@ func New(o Options) (*Server, error) {
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
 	}
+	if pc := o.Config.Peers; pc != nil {
+		if err := s.startPeers(pc); err != nil {
+			if s.sub != nil {
+				_ = s.sub.Close()
+			}
+			return nil, fmt.Errorf("peers: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -252,6 +262,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		src = discovery.NewStatic(es)
 	}
+	if s.peer != nil {
+		s.bootstrap(ctx) // a ready peer's snapshot, before the first engines are added
+	}
 	go s.probeLoop(ctx)
 	go s.expireLoop(ctx)
 	go s.healthLoop(ctx)
@@ -276,6 +289,7 @@ func (s *Server) Synced() <-chan struct{} { return s.readyOnce }
 // Close stops the event subscriber (Run does it when its context ends).
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
+		s.closePeers()
 		if s.sub != nil {
 			_ = s.sub.Close()
 		}
@@ -313,7 +327,7 @@ func (s *Server) notReady() string {
 	if !s.anyHealthy() {
 		return "no healthy engine"
 	}
-	return ""
+	return s.peerNotReady()
 }
 
 func (s *Server) anyHealthy() bool {
@@ -389,6 +403,7 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.Handle("GET /metrics", s.met.Handler())
 	mux.HandleFunc("GET /debug/engines", s.serveDebugEngines)
 	mux.HandleFunc("POST /debug/route", s.serveDebugRoute)
+	mux.HandleFunc("GET /peer/snapshot", s.serveSnapshot)
 	return mux
 }
 
