@@ -61,6 +61,7 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 	c.ServedModelName = m.Spec.Model.Name
 	c.KVCacheReportMode = m.Spec.Router.KVCacheReportMode
 	c.Report = &config.Report{Namespace: m.Namespace, KVRoutedModel: m.Name}
+	c.Peers = routerPeersConfig(m)
 	if err := c.Validate(); err != nil {
 		return config.Config{}, err
 	}
@@ -156,6 +157,9 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
+	volumes := []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}}}
+	routerPeersPod(m, &container, &volumes)
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
@@ -175,10 +179,9 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 					Annotations: map[string]string{v1alpha1.AnnotationConfigChecksum: ConfigChecksum(cm)},
 				},
 				Spec: corev1.PodSpec{
-					ServiceAccountName: RouterName(m),
-					Containers:         []corev1.Container{container},
-					Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
-						ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}}},
+					ServiceAccountName:            RouterName(m),
+					Containers:                    []corev1.Container{container},
+					Volumes:                       volumes,
 					EnableServiceLinks:            ptr(false),
 					TerminationGracePeriodSeconds: ptr(int64(30)),
 					SecurityContext: &corev1.PodSecurityContext{

@@ -36,6 +36,9 @@ type Options struct {
 	Namespace, Model, Pod string
 	// Source returns the degraded replicas now, in a stable order.
 	Source func() []Degraded
+	// Peers, when set, returns the other router pods this one receives load from, sorted
+	// (several router replicas).
+	Peers func() []string
 	// Interval between looks at Source (5s); a change is written at once.
 	Interval time.Duration
 	// Heartbeat re-confirms an unchanged report (60s); the operator ignores reports older than
@@ -47,12 +50,13 @@ type Options struct {
 
 // Reporter writes the report.
 type Reporter struct {
-	o       Options
-	client  dynamic.ResourceInterface
-	last    []Degraded
-	lastAt  time.Time
-	written bool
-	failing bool
+	o         Options
+	client    dynamic.ResourceInterface
+	last      []Degraded
+	lastPeers []string
+	lastAt    time.Time
+	written   bool
+	failing   bool
 }
 
 // New returns a Reporter over a REST config.
@@ -100,10 +104,17 @@ func (r *Reporter) Run(ctx context.Context) {
 func (r *Reporter) Sync(ctx context.Context) error {
 	now := r.o.Now()
 	cur := r.o.Source()
-	if r.written && reflect.DeepEqual(cur, r.last) && now.Sub(r.lastAt) < r.o.Heartbeat {
+	var peers []string
+	if r.o.Peers != nil {
+		peers = r.o.Peers()
+		if len(peers) > maxPeers {
+			peers = peers[:maxPeers]
+		}
+	}
+	if r.written && reflect.DeepEqual(cur, r.last) && reflect.DeepEqual(peers, r.lastPeers) && now.Sub(r.lastAt) < r.o.Heartbeat {
 		return nil
 	}
-	if err := r.write(ctx, now, cur); err != nil {
+	if err := r.write(ctx, now, cur, peers); err != nil {
 		if !r.failing {
 			r.o.Logger.Warn("router report not written to the KVRoutedModel status", "model", r.o.Model, "err", err)
 		}
@@ -113,7 +124,7 @@ func (r *Reporter) Sync(ctx context.Context) error {
 	if r.failing {
 		r.o.Logger.Info("router report written again", "model", r.o.Model)
 	}
-	r.failing, r.written, r.last, r.lastAt = false, true, cur, now
+	r.failing, r.written, r.last, r.lastPeers, r.lastAt = false, true, cur, peers, now
 	return nil
 }
 
@@ -128,9 +139,10 @@ type degradedJSON struct {
 const (
 	maxDetail  = 256
 	maxEntries = 32
+	maxPeers   = 16
 )
 
-func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded) error {
+func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded, peers []string) error {
 	ds := make([]degradedJSON, 0, len(cur))
 	for i, d := range cur {
 		if i == maxEntries {
@@ -142,13 +154,15 @@ func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded) err
 		}
 		ds = append(ds, degradedJSON{Replica: d.Replica, Reason: d.Reason, Since: metav1.NewTime(d.Since), Detail: detail})
 	}
+	entry := map[string]any{"pod": r.o.Pod, "observedAt": metav1.NewTime(now), "degraded": ds}
+	if r.o.Peers != nil {
+		entry["peers"] = append([]string{}, peers...)
+	}
 	patch := map[string]any{
 		"apiVersion": GVR.GroupVersion().String(),
 		"kind":       "KVRoutedModel",
 		"metadata":   map[string]any{"name": r.o.Model, "namespace": r.o.Namespace},
-		"status": map[string]any{"routerReports": []any{map[string]any{
-			"pod": r.o.Pod, "observedAt": metav1.NewTime(now), "degraded": ds,
-		}}},
+		"status":     map[string]any{"routerReports": []any{entry}},
 	}
 	body, err := json.Marshal(patch)
 	if err != nil {

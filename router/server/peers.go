@@ -140,6 +140,9 @@ func (s *Server) PeerClusterAddr() string {
 	return s.peer.node.ClusterAddr()
 }
 
+// HasPeers reports whether this router is configured as one of several replicas.
+func (s *Server) HasPeers() bool { return s.peer != nil }
+
 // Peers returns the live peers (nil without peers configured).
 func (s *Server) Peers() []peersync.Peer {
 	if s.peer == nil {
