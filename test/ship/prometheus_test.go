@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/peersync"
 )
 
 // vllmMetrics are the vLLM /metrics names the assets may use (vLLM >= 0.12; the kv-events
@@ -36,6 +37,7 @@ func routerMetrics(t *testing.T) map[string]string {
 		counters = append(counters, metrics.CounterSpec{Metric: c.Metric, Help: c.Help, Gauge: c.Gauge})
 	}
 	collectors := []prometheus.Collector{metrics.NewStateCollector(nil, nil, nil, nil, counters)}
+	collectors = append(collectors, peersync.Collectors()...)
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {
