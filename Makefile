@@ -47,12 +47,16 @@ envtest: ## Build (once) and print the envtest control-plane binaries.
 test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief fuzzing.
 	@assets=$$(hack/envtest-assets.sh); \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=1 -timeout 30m ./...
-	VLLMSIM_HOLD_HEADERS=1 $(GO) test -count=1 -timeout 10m ./router/proxy ./router/server ./test/e2e/router
+	VLLMSIM_HOLD_HEADERS=1 $(GO) test -count=1 -timeout 10m ./router/proxy ./router/app ./test/e2e/router
 	@FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 .PHONY: chaos
 chaos: ## The fault suite (test/chaos): real kvrouter processes against real ZMQ publishers and rings, faults injected.
 	KVROUTE_CHAOS_FULL=1 $(GO) test -count=1 -timeout 30m -v ./test/chaos/
+
+.PHONY: trial
+trial: ## The trial's acceptance on every regime: capture under round-robin, kvbench cache vs live runs (sim/replay).
+	KVROUTE_TRIAL_LONG=1 $(GO) test -count=1 -timeout 30m -v -run TestTrialAgreesWithLiveRuns ./sim/replay/
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default here 5s; e.g. make fuzz FUZZTIME=5m).

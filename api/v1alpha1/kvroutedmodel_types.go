@@ -395,11 +395,70 @@ type RouterSpec struct {
 	// +optional
 	Timeouts *RouterTimeouts `json:"timeouts,omitempty"`
 
+	// Capture writes the router's traffic as a Mooncake-format trace (timestamps, lengths and
+	// salted block ids; no text, no token ids) for `kvbench cache|replay --trace`: the trial of
+	// every policy on this fleet's own traffic. Off unless enabled.
+	// +optional
+	Capture *RouterCaptureSpec `json:"capture,omitempty"`
+
+	// Audit samples prompts for a varying span at their start (a timestamp, an id) that no
+	// router can match past; /debug/audit on the metrics port. Off unless enabled.
+	// +optional
+	Audit *RouterAuditSpec `json:"audit,omitempty"`
+
+	// ShadowPolicy re-decides every request with this policy on the signals the real decision
+	// saw, without acting on it, and exports what its picks had cached beside production's
+	// (kvroute_router_shadow_*). Its caches were filled by the production policy: see
+	// docs/should-you-route.md for what that biases.
+	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
+	// +optional
+	ShadowPolicy string `json:"shadowPolicy,omitempty"`
+
 	// Sync is how router replicas share their in-flight load and start from each other's index
 	// (used when replicas > 1). Unset: each router embeds a NATS server and they cluster through
 	// the router's headless Service.
 	// +optional
 	Sync *RouterSync `json:"sync,omitempty"`
+}
+
+// RouterCaptureSpec bounds the trace capture. Files are written to
+// /var/lib/kvroute/capture in each router pod: an emptyDir sized for them, or the claim.
+type RouterCaptureSpec struct {
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+	// MaxBytes per file; the next record opens a new file.
+	// +kubebuilder:default=67108864
+	// +kubebuilder:validation:Minimum=65536
+	// +kubebuilder:validation:Maximum=17179869184
+	// +optional
+	MaxBytes *int64 `json:"maxBytes,omitempty"`
+	// Files kept, the one being written included; older ones are deleted.
+	// +kubebuilder:default=4
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	Files *int32 `json:"files,omitempty"`
+	// ClaimName, when set, is a PersistentVolumeClaim the files go to (it outlives the pod);
+	// otherwise an emptyDir of (files + 1) x maxBytes.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ClaimName string `json:"claimName,omitempty"`
+}
+
+// RouterAuditSpec configures the prompt audit.
+type RouterAuditSpec struct {
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+	// SampleEvery audits one request in this many.
+	// +kubebuilder:default=8
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1048576
+	// +optional
+	SampleEvery *int32 `json:"sampleEvery,omitempty"`
+	// ShowText lets /debug/audit show the detokenized text of a varying span (prompt content:
+	// the metrics port then needs the same care as the prompts). Off, it shows its shape only.
+	// +optional
+	ShowText bool `json:"showText,omitempty"`
 }
 
 // RouterSync configures the load sync between router replicas (NATS core publish/subscribe).
@@ -632,8 +691,8 @@ type DegradedReplica struct {
 	// Replica is "<engine pod>/<rank>".
 	// +kubebuilder:validation:MaxLength=300
 	Replica string `json:"replica"`
-	// Reason is undecodable, unchained, no-events, stalled, tokenizer-failing, hash-mismatch,
-	// keys-wrong, multimodal-unkeyed or hybrid-groups-skipped (docs/operations.md).
+	// Reason is undecodable, unchained, no-events, stalled, inexact, tokenizer-failing,
+	// hash-mismatch, keys-wrong, multimodal-unkeyed or hybrid-groups-skipped (docs/operations.md).
 	// +kubebuilder:validation:MaxLength=64
 	Reason string `json:"reason"`
 	// Since is when the router first saw the reason.

@@ -35,7 +35,7 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("cache", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	d := fleet.DefaultConfig
-	trace := fs.String("trace", "", "Mooncake JSONL trace (required)")
+	trace := fs.String("trace", "", "Mooncake JSONL trace, or a kvrouter capture directory (required)")
 	replicas := fs.Int("replicas", d.Replicas, "replicas in the fleet")
 	capacity := fs.Int("capacity-blocks", d.CapacityBlocks, "KV capacity of the whole fleet in 512-token blocks")
 	policies := fs.String("policies", defaultPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+")")

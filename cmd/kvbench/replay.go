@@ -40,7 +40,7 @@ const defaultReplayPolicies = "kv,load,round-robin,prefix-char"
 func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	trace := fs.String("trace", "", "Mooncake JSONL trace (this or --regime)")
+	trace := fs.String("trace", "", "Mooncake JSONL trace or a kvrouter capture directory (this or --regime)")
 	regime := fs.String("regime", "", "generated workload instead of a trace: "+strings.Join(replay.RegimeNames(), ", "))
 	replicas := fs.Int("replicas", 4, "vllm-sim engines (scale-up: the final size; it starts at half)")
 	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed")

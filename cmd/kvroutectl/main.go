@@ -21,6 +21,7 @@ var commands = map[string]command{
 	"hash":   {"vLLM-exact block hashes for token ids, as JSON", runHash},
 	"decode": {"decode one KV-event payload into normalized JSON", runDecode},
 	"assess": {"read a vLLM fleet's counters and say whether routing by KV cache is worth it", runAssess},
+	"audit":  {"find prompts whose start varies while the rest repeats (captured trace + request bodies)", runAudit},
 }
 
 func main() {
@@ -46,7 +47,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvroutectl <command> [flags]\n\ncommands:")
-	for _, name := range []string{"render", "hash", "decode", "assess"} {
+	for _, name := range []string{"render", "hash", "decode", "assess", "audit"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
 	}
 }

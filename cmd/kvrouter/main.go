@@ -1,5 +1,5 @@
 // Command kvrouter is kvroute's KV-cache-aware, OpenAI-compatible router (package
-// router/server). Flags override the --config file; see docs/router.md.
+// router/app, served over HTTP by router/server). Flags override the --config file; see docs/router.md.
 package main
 
 import (
@@ -20,9 +20,9 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/router/server"
 )
 
 func main() {
@@ -48,6 +48,8 @@ type settings struct {
 	// value: that would show in ps).
 	engineKey string
 	logger    *slog.Logger
+	// accessSample logs one routed request in N with its breakdown (0: off).
+	accessSample int
 }
 
 func parse(args []string, stderr io.Writer) (*settings, error) {
@@ -70,10 +72,19 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	noEvents := fs.Bool("no-events", false, "do not subscribe to KV events (score every engine approximately)")
 	keyEnv := fs.String("engine-api-key-env", "", "environment variable holding the engines' API key (vLLM --api-key); sent on every engine call, replacing a client's Authorization")
 	keyFile := fs.String("engine-api-key-file", "", "file holding the engines' API key (alternative to --engine-api-key-env)")
+	captureDir := fs.String("capture-dir", "", "write the traffic as a Mooncake trace into this directory (enables capture; docs/should-you-route.md)")
+	captureBytes := fs.Int64("capture-max-bytes", 0, "capture: bytes per file (default 64 MiB)")
+	captureFiles := fs.Int("capture-files", 0, "capture: files kept (default 4)")
+	shadowPol := fs.String("shadow-policy", "", "re-decide every request with this policy without acting on it; kvroute_router_shadow_* metrics (docs/should-you-route.md)")
+	auditOn := fs.Bool("audit", false, "audit sampled prompts for a varying span at their start (/debug/audit; docs/should-you-route.md)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	accessSample := fs.Int("access-log-sample", 0, "log one routed request in N with its decision's breakdown (as /debug/route shows it); 0: off")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *accessSample < 0 {
+		return nil, fmt.Errorf("--access-log-sample must be 0 (off) or N > 0, got %d", *accessSample)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -125,13 +136,38 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	if *keyEnv != "" || *keyFile != "" {
 		cfg.EngineAuth = &config.EngineAuth{APIKeyEnv: *keyEnv, APIKeyFile: *keyFile}
 	}
+	if *captureDir != "" || *captureBytes != 0 || *captureFiles != 0 {
+		if cfg.Capture == nil {
+			cfg.Capture = &config.Capture{}
+		}
+		cfg.Capture.Enabled = true
+		if *captureDir != "" {
+			cfg.Capture.Dir = *captureDir
+		}
+		if *captureBytes != 0 {
+			cfg.Capture.MaxBytes = *captureBytes
+		}
+		if *captureFiles != 0 {
+			cfg.Capture.Files = *captureFiles
+		}
+	}
+	if *shadowPol != "" {
+		cfg.ShadowPolicy = *shadowPol
+	}
+	if *auditOn {
+		if cfg.Audit == nil {
+			cfg.Audit = &config.Audit{}
+		}
+		cfg.Audit.Enabled = true
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if *model == "" {
 		*model = cfg.ServedModelName
 	}
-	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport || cfg.KVCacheReportMode == "full", logger: logger}
+	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport || cfg.KVCacheReportMode == "full", logger: logger,
+		accessSample: *accessSample}
 	if cfg.EngineAuth != nil {
 		key, err := cfg.EngineAuth.Key()
 		if err != nil {
@@ -202,9 +238,21 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 2
 	}
-	srv, err := server.New(server.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
-		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger})
+	obs, err := newObservers(st)
 	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	defer obs.close()
+	srv, err := app.New(app.Options{Config: st.cfg, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
+		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger,
+		AccessLogSample: st.accessSample, Observers: obs.list})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	if err := obs.attach(srv, st); err != nil {
+		srv.Close()
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
 	}
@@ -235,7 +283,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	// limits.bodyReadTimeout guard against slow clients holding connections.
 	api := &http.Server{Handler: srv.APIHandler()}
 	srv.ConfigureHTTP(api)
-	adm := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	adm := &http.Server{Handler: obs.admin(srv.AdminHandler()), ReadHeaderTimeout: 10 * time.Second}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)

@@ -7,14 +7,14 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/report"
-	"github.com/kvroute/kvroute/router/server"
 )
 
 // startReporter writes this router's degraded replicas into its KVRoutedModel's status (the
 // config's report block, which the operator renders). The pod name is POD_NAME, else the
 // hostname (a pod's hostname is its name). A router outside a cluster logs why and goes on.
-func startReporter(ctx context.Context, st *settings, srv *server.Server) {
+func startReporter(ctx context.Context, st *settings, srv *app.Router) {
 	pod := os.Getenv("POD_NAME")
 	if pod == "" {
 		pod, _ = os.Hostname()
@@ -34,7 +34,7 @@ func startReporter(ctx context.Context, st *settings, srv *server.Server) {
 }
 
 // degradedReport flattens the server's degraded replicas, replica then reason order.
-func degradedReport(srv *server.Server) []report.Degraded {
+func degradedReport(srv *app.Router) []report.Degraded {
 	var out []report.Degraded
 	for rep, sts := range srv.Degraded() {
 		for _, s := range sts {
@@ -51,7 +51,7 @@ func degradedReport(srv *server.Server) []report.Degraded {
 }
 
 // peerNames lists the peers this router receives load from (nil without peers configured).
-func peerNames(srv *server.Server) func() []string {
+func peerNames(srv *app.Router) func() []string {
 	if !srv.HasPeers() {
 		return nil
 	}

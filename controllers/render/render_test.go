@@ -538,3 +538,35 @@ func TestRouterPeersRendering(t *testing.T) {
 		t.Fatalf("peers config for one router: %+v", c.Peers)
 	}
 }
+
+// Capture on a claim: the claim is mounted at the capture directory and the pod's fsGroup makes
+// it writable; the router config points the capture there. Off, neither appears.
+func TestRouterCaptureOnAClaim(t *testing.T) {
+	m := sample(t, "trial")
+	m.Spec.Router.Capture.ClaimName = "traces"
+	d, err := render.RouterDeployment(m, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := d.Spec.Template.Spec
+	vols := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		vols[v.Name] = v
+	}
+	if v := vols["capture"]; v.PersistentVolumeClaim == nil || v.PersistentVolumeClaim.ClaimName != "traces" {
+		t.Fatalf("capture volume %+v", v)
+	}
+	if pod.SecurityContext.FSGroup == nil || *pod.SecurityContext.FSGroup != 65532 {
+		t.Fatalf("fsGroup %v", pod.SecurityContext.FSGroup)
+	}
+	c, err := render.RouterConfig(m)
+	if err != nil || c.Capture == nil || c.Capture.Dir != render.RouterCaptureDir || c.Audit == nil || c.Audit.SampleEvery != 8 {
+		t.Fatalf("%+v %v", c.Capture, err)
+	}
+	off := sample(t, "minimal")
+	d, _ = render.RouterDeployment(off, testOpts)
+	c, _ = render.RouterConfig(off)
+	if len(d.Spec.Template.Spec.Volumes) != 1 || c.Capture != nil || c.Audit != nil {
+		t.Fatalf("capture or audit rendered while off: %v %+v %+v", d.Spec.Template.Spec.Volumes, c.Capture, c.Audit)
+	}
+}

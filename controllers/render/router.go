@@ -8,6 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -61,11 +62,51 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 	c.ServedModelName = m.Spec.Model.Name
 	c.KVCacheReportMode = m.Spec.Router.KVCacheReportMode
 	c.Report = &config.Report{Namespace: m.Namespace, KVRoutedModel: m.Name}
+	if cp := m.Spec.Router.Capture; cp != nil && cp.Enabled {
+		c.Capture = &config.Capture{Enabled: true, Dir: RouterCaptureDir, MaxBytes: captureMaxBytes(cp), Files: int(captureFiles(cp))}
+	}
+	c.ShadowPolicy = m.Spec.Router.ShadowPolicy
+	if a := m.Spec.Router.Audit; a != nil && a.Enabled {
+		c.Audit = &config.Audit{Enabled: true, ShowText: a.ShowText}
+		if a.SampleEvery != nil {
+			c.Audit.SampleEvery = int(*a.SampleEvery)
+		}
+	}
 	c.Peers = routerPeersConfig(m)
 	if err := c.Validate(); err != nil {
 		return config.Config{}, err
 	}
 	return c, nil
+}
+
+// RouterCaptureDir is where a router pod writes its capture files (spec.router.capture).
+const RouterCaptureDir = "/var/lib/kvroute/capture"
+
+func captureMaxBytes(cp *v1alpha1.RouterCaptureSpec) int64 {
+	if cp.MaxBytes != nil {
+		return *cp.MaxBytes
+	}
+	return config.DefaultCaptureMaxBytes
+}
+
+func captureFiles(cp *v1alpha1.RouterCaptureSpec) int32 {
+	if cp.Files != nil {
+		return *cp.Files
+	}
+	return config.DefaultCaptureFiles
+}
+
+// captureVolume is the capture directory's volume: the claim, or an emptyDir sized for the
+// files kept plus the one being rotated in (the kubelet evicts a pod past its sizeLimit).
+func captureVolume(cp *v1alpha1.RouterCaptureSpec) corev1.Volume {
+	v := corev1.Volume{Name: "capture"}
+	if cp.ClaimName != "" {
+		v.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{ClaimName: cp.ClaimName}
+		return v
+	}
+	limit := resource.NewQuantity(captureMaxBytes(cp)*int64(captureFiles(cp)+1), resource.BinarySI)
+	v.EmptyDir = &corev1.EmptyDirVolumeSource{SizeLimit: limit}
+	return v
 }
 
 // RouterConfigMap holds RouterConfig as config.yaml.
@@ -159,6 +200,19 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	}
 	volumes := []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
 		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm.Name}}}}}
+	podSec := &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr(true),
+		RunAsUser:      ptr(int64(routerUID)),
+		RunAsGroup:     ptr(int64(routerUID)),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	if cp := r.Capture; cp != nil && cp.Enabled {
+		volumes = append(volumes, captureVolume(cp))
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: "capture", MountPath: RouterCaptureDir})
+		if cp.ClaimName != "" {
+			podSec.FSGroup = ptr(int64(routerUID)) // a claim's root directory is not writable by the router's user otherwise
+		}
+	}
 	routerPeersPod(m, &container, &volumes)
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
@@ -184,12 +238,7 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 					Volumes:                       volumes,
 					EnableServiceLinks:            ptr(false),
 					TerminationGracePeriodSeconds: ptr(int64(30)),
-					SecurityContext: &corev1.PodSecurityContext{
-						RunAsNonRoot:   ptr(true),
-						RunAsUser:      ptr(int64(routerUID)),
-						RunAsGroup:     ptr(int64(routerUID)),
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-					},
+					SecurityContext:               podSec,
 				},
 			},
 		},

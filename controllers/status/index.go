@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -127,6 +128,40 @@ func indexCondition(o Observed) (metav1.Condition, *Problem) {
 	}
 	return c, &Problem{Reason: v1alpha1.ReasonIndexUnhealthy,
 		Message: clip("replicas whose KV index keys may be wrong (routing continues by load where needed): " + strings.Join(keyWrong, "; "))}
+}
+
+// findingLine matches one finding of an unhealthy IndexHealthy message as indexCondition
+// writes it: "<replica> <reason> (<k> of <n> routers): <detail>".
+var findingLine = regexp.MustCompile(`^(\S+ \S+) \(\d+ of \d+ routers\): `)
+
+// indexFindings is the set of "replica reason" an unhealthy IndexHealthy names (details and
+// router counts, which change at every report, left out).
+func indexFindings(c metav1.Condition) map[string]bool {
+	out := map[string]bool{}
+	for _, part := range strings.Split(c.Message, "; ") {
+		if m := findingLine.FindStringSubmatch(part); m != nil {
+			out[m[1]] = true
+		}
+	}
+	return out
+}
+
+// indexFindingsChanged reports whether two unhealthy IndexHealthy conditions name different
+// replicas or reasons.
+func indexFindingsChanged(prev, next metav1.Condition) bool {
+	if next.Type != v1alpha1.ConditionIndexHealthy || next.Status != metav1.ConditionFalse {
+		return false
+	}
+	a, b := indexFindings(prev), indexFindings(next)
+	if len(a) != len(b) {
+		return true
+	}
+	for k := range b {
+		if !a[k] {
+			return true
+		}
+	}
+	return false
 }
 
 func clip(s string) string {

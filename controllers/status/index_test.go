@@ -1,6 +1,7 @@
 package status
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
+
+	"github.com/kvroute/kvroute/router/degraded"
 )
 
 func report(pod string, age time.Duration, degraded ...v1alpha1.DegradedReplica) v1alpha1.RouterReport {
@@ -82,6 +85,26 @@ func TestIndexHealthyTransitionWarns(t *testing.T) {
 	}
 }
 
+// While IndexHealthy stays False, a replica or reason that joins (or leaves) the findings is an
+// event of its own; details and router counts that change at every report are not.
+func TestIndexHealthyNewFindingIsAnEvent(t *testing.T) {
+	unhealthy := func(msg string) []metav1.Condition {
+		return []metav1.Condition{{Type: v1alpha1.ConditionIndexHealthy, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonIndexUnhealthy, Message: msg}}
+	}
+	one := unhealthy("e0/0 no-events (1 of 1 routers): 3 requests of at least a block served with no KV event coming, none received in 5s")
+	oneLater := unhealthy("e0/0 no-events (1 of 2 routers): 7 requests of at least a block served with no KV event coming, none received in 15s")
+	two := unhealthy("e0/0 no-events (1 of 2 routers): 7 requests; x; e1/0 hash-mismatch (2 of 2 routers): 1 recomputed block hashes differed (hash seed or algorithm); block hashes also differ from replica e0/0")
+	if tr := Transitions(one, oneLater); len(tr) != 0 {
+		t.Fatalf("details changed only: %+v", tr)
+	}
+	if tr := Transitions(oneLater, two); len(tr) != 1 || !tr[0].Warning || !strings.Contains(tr[0].Message, "e1/0 hash-mismatch") {
+		t.Fatalf("a second replica: %+v", tr)
+	}
+	if tr := Transitions(two, oneLater); len(tr) != 1 {
+		t.Fatalf("a replica recovered: %+v", tr)
+	}
+}
+
 func TestNextReportExpiry(t *testing.T) {
 	m := model(t)
 	if d := NextReportExpiry(m, t0); d != 0 {
@@ -143,6 +166,27 @@ func TestPeersConnected(t *testing.T) {
 		got, msg := peersConnected(Observed{Model: m, Now: t0})
 		if got != tc.want || !strings.Contains(msg, tc.msg) {
 			t.Errorf("%s: %v %q, want %v %q", tc.name, got, msg, tc.want, tc.msg)
+		}
+	}
+}
+
+// The operator's classes of reasons are router/degraded's (the manager does not import the
+// router's packages, so they are kept here as names).
+func TestReasonClassesMatchTheRouter(t *testing.T) {
+	for _, r := range degraded.Reasons {
+		if keyReasons[string(r)] != r.KeyCorrectness() || informationalReasons[string(r)] != r.Informational() {
+			t.Errorf("reason %s: operator key %v informational %v, router %v %v", r, keyReasons[string(r)],
+				informationalReasons[string(r)], r.KeyCorrectness(), r.Informational())
+		}
+	}
+	for name := range keyReasons {
+		if !slices.Contains(degraded.Reasons, degraded.Reason(name)) {
+			t.Errorf("operator reason %s unknown to the router", name)
+		}
+	}
+	for name := range informationalReasons {
+		if !slices.Contains(degraded.Reasons, degraded.Reason(name)) {
+			t.Errorf("operator reason %s unknown to the router", name)
 		}
 	}
 }

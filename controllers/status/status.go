@@ -236,12 +236,14 @@ type Transition struct {
 }
 
 // Transitions lists the conditions of next whose status or reason differs from prev, in
-// next's order. A pass that changes nothing yields none, so events fire on transitions only.
+// next's order, and an unhealthy IndexHealthy whose replicas or reasons changed (a second
+// replica going wrong is news even though the condition was already False). A pass that
+// changes nothing yields none, so events fire on transitions only.
 func Transitions(prev, next []metav1.Condition) []Transition {
 	var out []Transition
 	for _, c := range next {
 		old := meta.FindStatusCondition(prev, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
+		if old != nil && old.Status == c.Status && old.Reason == c.Reason && !indexFindingsChanged(*old, c) {
 			continue
 		}
 		warn := (c.Type == v1alpha1.ConditionDegraded && c.Status == metav1.ConditionTrue) ||

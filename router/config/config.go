@@ -6,6 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/api/v1alpha1"
 	"net"
 	"net/url"
 	"os"
@@ -56,6 +57,15 @@ type Config struct {
 	// EngineAuth, when set, says where the router's engine API key is; nil: engines take no
 	// key (a client's Authorization is then forwarded to them as is).
 	EngineAuth *EngineAuth `json:"engineAuth,omitempty"`
+	// Capture, when enabled, writes the traffic as a Mooncake-format trace (router/capture).
+	Capture *Capture `json:"capture,omitempty"`
+	// Audit, when enabled, samples prompts for spans that vary at the start of otherwise
+	// repeated prompts (router/audit).
+	Audit *Audit `json:"audit,omitempty"`
+	// ShadowPolicy, when set, re-decides every request with this policy on the signals the real
+	// decision saw, without acting on it (router/shadow): what kv would have hit on today's
+	// caches, while production runs another policy.
+	ShadowPolicy string `json:"shadowPolicy,omitempty"`
 	// Peers, when set, makes this router one of several replicas that share their in-flight
 	// load (router/peersync) and start from a peer's index snapshot (docs/router.md, "Several
 	// router replicas"). nil: a router on its own.
@@ -98,6 +108,34 @@ type PeerTLS struct {
 	KeyFile  string `json:"keyFile"`
 	CAFile   string `json:"caFile"`
 }
+
+// Capture bounds the trace capture: files of at most MaxBytes in Dir, Files of them kept.
+type Capture struct {
+	Enabled bool   `json:"enabled"`
+	Dir     string `json:"dir"`
+	// MaxBytes per file (0: 64 MiB); Files kept, the one being written included (0: 4).
+	MaxBytes int64 `json:"maxBytes,omitempty"`
+	Files    int   `json:"files,omitempty"`
+}
+
+// Audit configures the prompt audit.
+type Audit struct {
+	Enabled bool `json:"enabled"`
+	// SampleEvery audits one request in this many (0: 8).
+	SampleEvery int `json:"sampleEvery,omitempty"`
+	// ShowText lets /debug/audit (admin port only) show the detokenized text of a varying
+	// span; off, it shows the span's shape only (e.g. <timestamp>).
+	ShowText bool `json:"showText,omitempty"`
+}
+
+// MinCaptureBytes is the smallest capture.maxBytes: a file must hold a long prompt's line.
+// DefaultCaptureMaxBytes and DefaultCaptureFiles are router/capture's defaults, for the
+// operator to size the capture volume with.
+const (
+	MinCaptureBytes        = 64 << 10
+	DefaultCaptureMaxBytes = 64 << 20
+	DefaultCaptureFiles    = 4
+)
 
 // EngineAuth is where kvrouter reads its credential for engines started with vLLM's
 // --api-key (or VLLM_API_KEY). The key itself is never in the file or on the command line
@@ -264,12 +302,13 @@ var Policies = []string{"kv", "load", "least-loaded", "round-robin", "random", "
 // HashAlgos are vLLM's --prefix-caching-hash-algo values.
 var HashAlgos = []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}
 
-// Default annotation names (the operator's contract on engine pods).
+// Default annotation names: the operator's contract on engine pods, named once in the API
+// package that the operator writes them from.
 const (
-	DefaultEventsPortsAnnotation = "serving.kvroute.io/kv-events-ports"
-	DefaultReplayPortsAnnotation = "serving.kvroute.io/kv-replay-ports"
-	DefaultBlockSizeAnnotation   = "serving.kvroute.io/block-size"
-	DefaultWarmupUntilAnnotation = "serving.kvroute.io/warmup-until"
+	DefaultEventsPortsAnnotation = v1alpha1.AnnotationKVEvents
+	DefaultReplayPortsAnnotation = v1alpha1.AnnotationKVReplay
+	DefaultBlockSizeAnnotation   = v1alpha1.AnnotationBlock
+	DefaultWarmupUntilAnnotation = v1alpha1.AnnotationWarmup
 )
 
 // Default returns the configuration used for every key a file leaves out.
@@ -387,6 +426,23 @@ func (c Config) Validate() error {
 	checkAddr("listen", c.Listen)
 	if !slices.Contains(KVCacheReportModes, c.KVCacheReportMode) {
 		bad("kvCacheReportMode", "%q is not \"full\" or empty", c.KVCacheReportMode)
+	}
+	if cp := c.Capture; cp != nil && cp.Enabled {
+		if cp.Dir == "" {
+			bad("capture.dir", "required when capture is enabled")
+		}
+		if cp.MaxBytes != 0 && cp.MaxBytes < MinCaptureBytes {
+			bad("capture.maxBytes", "%d is below %d", cp.MaxBytes, MinCaptureBytes)
+		}
+		if cp.Files < 0 || cp.Files > 1000 {
+			bad("capture.files", "%d is out of range 0..1000", cp.Files)
+		}
+	}
+	if c.ShadowPolicy != "" && !slices.Contains(Policies, c.ShadowPolicy) {
+		bad("shadowPolicy", "%q is not one of %v", c.ShadowPolicy, Policies)
+	}
+	if a := c.Audit; a != nil && (a.SampleEvery < 0 || a.SampleEvery > 1<<20) {
+		bad("audit.sampleEvery", "%d is out of range 0..%d", a.SampleEvery, 1<<20)
 	}
 	if r := c.Report; r != nil && (r.Namespace == "" || r.KVRoutedModel == "") {
 		bad("report", "needs both namespace and kvRoutedModel")

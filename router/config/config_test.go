@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -231,5 +233,38 @@ engines: [{name: a, url: "http://x:1", replay: ["tcp://x:5600"]}]
 	}
 	if out, _ := Default().Marshal(); strings.Contains(string(out), "bind") {
 		t.Errorf("default config renders a bind address:\n%s", out)
+	}
+}
+
+func TestCaptureAndAuditValidation(t *testing.T) {
+	for _, tc := range []struct {
+		yaml, want string
+	}{
+		{"capture: {enabled: true}", "capture.dir: required"},
+		{"capture: {enabled: true, dir: /x, maxBytes: 10}", "capture.maxBytes: 10 is below"},
+		{"capture: {enabled: true, dir: /x, files: -1}", "capture.files"},
+		{"capture: {enabled: false}", ""},
+		{"capture: {enabled: true, dir: /x, maxBytes: 1048576, files: 2}", ""},
+		{"audit: {enabled: true, sampleEvery: -1}", "audit.sampleEvery"},
+		{"audit: {enabled: true, sampleEvery: 4, showText: true}", ""},
+		{"capture: {enabled: true, dir: /x, maxbytes: 1}", "unknown field"},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: err %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// The router reads engine pods by the annotation names the operator writes: one set of names,
+// the API package's, and every default points at it.
+func TestAnnotationNamesAreTheOperators(t *testing.T) {
+	d := DefaultKubernetesDiscovery("ns", "app=x", 0)
+	got := []string{d.EventsPortsAnnotation, d.ReplayPortsAnnotation, d.BlockSizeAnnotation, d.WarmupUntilAnnotation}
+	want := []string{v1alpha1.AnnotationKVEvents, v1alpha1.AnnotationKVReplay, v1alpha1.AnnotationBlock, v1alpha1.AnnotationWarmup}
+	for i := range want {
+		if got[i] != want[i] || !strings.HasPrefix(got[i], v1alpha1.AnnotationPrefix) {
+			t.Errorf("annotation %d: the router reads %q, the operator writes %q", i, got[i], want[i])
+		}
 	}
 }

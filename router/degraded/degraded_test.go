@@ -1,6 +1,7 @@
 package degraded
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -93,7 +94,7 @@ func TestEvaluate(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, demote := Evaluate(c.prev, c.cur)
+			got, demote := Evaluate([]Sample{c.prev, c.cur})
 			var reasons []Reason
 			for _, f := range got {
 				reasons = append(reasons, f.Reason)
@@ -173,5 +174,144 @@ func TestTrackerBounded(t *testing.T) {
 	}
 	if n := len(tr.reps["a/0"].samples); n > int(Window/tr.Interval)+4 {
 		t.Fatalf("%d samples kept", n)
+	}
+}
+
+// Every reason fires on its evidence, not on the window: after a healthy minute (whose counters
+// would dilute a whole-window trigger) each fault is reported within two sample intervals of
+// its first evidence (stalled-replaying: StalledReplaying plus one), and ends when its
+// counter-evidence arrives or its evidence leaves the window. The clock is the test's.
+func TestEveryReasonFiresOnEvidence(t *testing.T) {
+	const interval = 5 * time.Second
+	flow := func(s *Sample) {
+		s.Received++
+		s.Applied++
+		s.BlocksStored += 4
+		s.Routed++
+		s.QuietRequests = 0
+		s.ExactPredicted += 2048
+		s.ExactActual += 2048
+	}
+	cases := []struct {
+		reason Reason
+		fault  func(*Sample)
+		within time.Duration // from the first faulty sample's interval
+		demote bool
+		// endsAtOnce: the first healthy sample ends it; otherwise it ends once the evidence
+		// left the window.
+		endsAtOnce bool
+	}{
+		{Undecodable, func(s *Sample) { s.Received += 2; s.DecodeErrors += 2 }, interval, false, true},
+		{Stalled, func(s *Sample) { s.Received += 3 }, interval, false, true},
+		{Stalled, func(s *Sample) { s.State = "replaying" }, StalledReplaying + interval, false, true},
+		{Unchained, func(s *Sample) { flow(s); s.BlocksStored -= 2; s.UnknownParent += 8 }, 2 * interval, false, false},
+		{NoEvents, func(s *Sample) { s.Routed += 2; s.QuietRequests += 2 }, 2 * interval, false, true},
+		{Inexact, func(s *Sample) { s.State = "inexact"; s.Received++; s.Applied++ }, InexactFor + interval, false, true},
+		{TokenizerFailing, func(s *Sample) { flow(s); s.TokenizerFailures++; s.TokenizerError = "connection refused" }, interval, false, false},
+		{HashMismatch, func(s *Sample) { flow(s); s.ParityMismatch++ }, interval, false, false},
+		{KeysWrong, func(s *Sample) { flow(s); s.RekeyErrors += 10 }, 2 * interval, true, false},
+		{KeysWrong, func(s *Sample) { flow(s); s.ExactActual -= 2048 }, 2 * interval, true, false},
+		{MultimodalUnkeyed, func(s *Sample) { flow(s); s.MultimodalRouted++ }, interval, false, false},
+		{HybridGroupsSkipped, func(s *Sample) { flow(s); s.SkippedGroups++ }, interval, false, false},
+	}
+	covered := map[Reason]bool{}
+	for i, c := range cases {
+		covered[c.reason] = true
+		t.Run(fmt.Sprintf("%d-%s", i, c.reason), func(t *testing.T) {
+			tr := NewTracker(interval)
+			s := Sample{Events: true, State: "exact"}
+			now := t0
+			step := func(f func(*Sample)) []Change {
+				now = now.Add(interval)
+				f(&s)
+				return tr.Update(now, map[string]Sample{"e0/0": s})
+			}
+			for range int(Window/interval) + 2 {
+				if ch := step(flow); len(ch) != 0 {
+					t.Fatalf("healthy: %+v", ch)
+				}
+			}
+			start := now
+			var began time.Duration
+			for began == 0 {
+				ch := step(c.fault)
+				for _, x := range ch {
+					if x.Reason != c.reason || !x.Began {
+						t.Fatalf("unexpected change %+v", x)
+					}
+					began = now.Sub(start)
+				}
+				if now.Sub(start) > Window {
+					t.Fatalf("%s not reported a minute into the fault", c.reason)
+				}
+			}
+			if began > c.within {
+				t.Fatalf("%s reported %v into the fault, want within %v", c.reason, began, c.within)
+			}
+			if got := tr.Get("e0/0"); got.Demoted != c.demote {
+				t.Fatalf("demoted %v, want %v", got.Demoted, c.demote)
+			}
+			s.State = "exact"
+			healStart := now
+			var ended time.Duration
+			for ended == 0 {
+				for _, x := range step(flow) {
+					if x.Reason == c.reason && !x.Began {
+						ended = now.Sub(healStart)
+					}
+				}
+				if now.Sub(healStart) > Window+2*interval {
+					t.Fatalf("%s still in force %v after the fault ended", c.reason, now.Sub(healStart))
+				}
+			}
+			if c.endsAtOnce && ended != interval {
+				t.Fatalf("%s ended %v after the fault, want at the first healthy sample", c.reason, ended)
+			}
+			if tr.Get("e0/0").Demoted {
+				t.Fatal("still demoted")
+			}
+		})
+	}
+	for _, r := range Reasons {
+		if !covered[r] {
+			t.Errorf("reason %s has no case", r)
+		}
+	}
+}
+
+// no-events needs evidence: quiet requests served while a message arrived in the same interval,
+// or fewer than QuietRequests of them, are not enough; small traffic falls back to a silent
+// whole window.
+func TestNoEventsEvidence(t *testing.T) {
+	at := func(sec int, f func(*Sample)) Sample {
+		s := Sample{At: t0.Add(time.Duration(sec) * time.Second), Events: true, State: "exact", Received: 10, Applied: 10}
+		f(&s)
+		return s
+	}
+	for _, c := range []struct {
+		name string
+		hist []Sample
+		want bool
+	}{
+		{"three quiet requests, nothing received", []Sample{at(0, func(*Sample) {}), at(5, func(s *Sample) { s.QuietRequests = 3 })}, true},
+		{"two are not enough", []Sample{at(0, func(*Sample) {}), at(5, func(s *Sample) { s.QuietRequests = 2 })}, false},
+		{"a message since", []Sample{at(0, func(*Sample) {}), at(5, func(s *Sample) { s.QuietRequests = 3 }),
+			at(10, func(s *Sample) { s.QuietRequests = 3; s.Received++; s.Applied++ })}, false},
+		{"quiet requests before the last message do not count", []Sample{at(0, func(*Sample) {}),
+			at(5, func(s *Sample) { s.QuietRequests = 3; s.Received++; s.Applied++ }),
+			at(10, func(s *Sample) { s.QuietRequests = 4; s.Received++; s.Applied++ })}, false},
+		{"the count restarted after a message: all new", []Sample{at(0, func(s *Sample) { s.QuietRequests = 7 }),
+			at(5, func(s *Sample) { s.QuietRequests = 7; s.Received++ }), at(10, func(s *Sample) { s.QuietRequests = 3; s.Received++ })}, true},
+		{"small traffic, silent whole window", []Sample{at(0, func(*Sample) {}), at(60, func(s *Sample) { s.Routed = 1 })}, true},
+		{"no stream configured", []Sample{{At: t0, QuietRequests: 0}, {At: t0.Add(5 * time.Second), QuietRequests: 9}}, false},
+	} {
+		got, _ := Evaluate(c.hist)
+		has := false
+		for _, f := range got {
+			has = has || f.Reason == NoEvents
+		}
+		if has != c.want {
+			t.Errorf("%s: no-events %v, want %v (%+v)", c.name, has, c.want, got)
+		}
 	}
 }

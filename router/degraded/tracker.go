@@ -82,7 +82,7 @@ func (t *Tracker) Update(now time.Time, samples map[string]Sample) []Change {
 		}
 		var found []Finding
 		if len(h.samples) > 1 {
-			found, h.demoted = Evaluate(h.samples[0], s)
+			found, h.demoted = Evaluate(h.samples)
 		}
 		seen := map[Reason]bool{}
 		for _, f := range found {

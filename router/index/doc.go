@@ -48,7 +48,7 @@
 // of the physical copies.
 //
 //   - Store (use it for parent == nil): the block is present; if it was already present nothing
-//     is counted, only recency is refreshed. A re-announcement can therefore never keep an
+//     is counted and nothing changes. A re-announcement can therefore never keep an
 //     evicted block alive.
 //   - StoreNew (use it for parent != nil, or for every event of a stream known never to carry
 //     full-mode requests): each already-present hash counts one more physical copy.

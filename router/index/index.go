@@ -174,32 +174,42 @@ func (ix *Index) rep(id ReplicaID) (*replica, error) {
 }
 
 // Store records blocks announced with parent == nil: each is present on the replica's tier;
-// one already present only has its recency refreshed and is not counted again, so a full-mode
+// one already present is left as it is and not counted again (the index keeps no per-block
+// time), so a full-mode
 // re-announcement can never keep an evicted block alive. keys[i] is the router key of
 // engineHashes[i].
 func (ix *Index) Store(id ReplicaID, engineHashes []uint64, keys []blockkey.Key, t Tier) error {
+	_, err := ix.store(id, engineHashes, keys, t, false)
+	return err
+}
+
+// StoreHeld is Store, also reporting how many of the blocks the replica already held (left as
+// they are): under kv_cache_report_mode "full" these are the engine's re-announced prefix hits,
+// so their count shows whether the engines honour the mode.
+func (ix *Index) StoreHeld(id ReplicaID, engineHashes []uint64, keys []blockkey.Key, t Tier) (held int, err error) {
 	return ix.store(id, engineHashes, keys, t, false)
 }
 
 // StoreNew records newly cached physical blocks (a BlockStored with a parent): a hash already
 // present counts one more physical copy, which a later BlockRemoved takes away.
 func (ix *Index) StoreNew(id ReplicaID, engineHashes []uint64, keys []blockkey.Key, t Tier) error {
-	return ix.store(id, engineHashes, keys, t, true)
+	_, err := ix.store(id, engineHashes, keys, t, true)
+	return err
 }
 
-func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tier, copies bool) error {
+func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tier, copies bool) (held int, err error) {
 	if len(hashes) != len(keys) {
-		return fmt.Errorf("%w: %d hashes, %d keys", ErrLengthMismatch, len(hashes), len(keys))
+		return 0, fmt.Errorf("%w: %d hashes, %d keys", ErrLengthMismatch, len(hashes), len(keys))
 	}
 	if !t.valid() {
-		return fmt.Errorf("%w: %d", ErrBadTier, t)
+		return 0, fmt.Errorf("%w: %d", ErrBadTier, t)
 	}
 	now := ix.now()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	r, err := ix.rep(id)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	g := ix.groups[int(id)/groupSize]
 	bit := slotBit(id)
@@ -218,13 +228,13 @@ func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tie
 		case !ok:
 			m[h] = k
 			g.set(k, bit, t)
-		case old == k:
-			if copies {
-				if r.extra[t] == nil {
-					r.extra[t] = map[uint64]uint32{}
-				}
-				r.extra[t][h]++
+		case old == k && copies:
+			if r.extra[t] == nil {
+				r.extra[t] = map[uint64]uint32{}
 			}
+			r.extra[t][h]++
+		case old == k:
+			held++
 		default:
 			// The engine hash now names other content (an engine restart the ingester did not
 			// report, or a 64-bit collision): the old mapping is stale, forget it.
@@ -237,9 +247,9 @@ func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tie
 	r.gen += uint64(len(hashes))
 	r.updated = now
 	if refused > 0 {
-		return fmt.Errorf("%w: %d of %d blocks refused on %s", ErrFull, refused, len(hashes), t)
+		return held, fmt.Errorf("%w: %d of %d blocks refused on %s", ErrFull, refused, len(hashes), t)
 	}
-	return nil
+	return held, nil
 }
 
 // SetLimit bounds how many distinct blocks the replica may hold on tier t (0: no bound). A

@@ -10,6 +10,9 @@ type Counter struct {
 	Value  uint64
 	// Gauge: a level that goes up and down (bytes held, messages pending), not a count.
 	Gauge bool
+	// Drop: something was dropped or skipped and nothing logs it where it happens; the router
+	// logs its first increase on each stream (FirstDrops).
+	Drop bool
 }
 
 // counterSpec is one row of the table every exporter reads. TestEveryStatsCounterIsExported
@@ -21,6 +24,29 @@ type counterSpec struct {
 
 // gaugeFields are the rows that are levels, not counts.
 var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true}
+
+// How each counter's movement is told beyond /metrics and /debug/engines: every row is in
+// exactly one of these sets (TestEveryCounterIsToldOnce), so a new counter must choose.
+var (
+	// trafficFields are normal flow (messages, batches, blocks, sampled checks, the repair of a
+	// gap and replay overlap): counted only.
+	trafficFields = map[string]bool{"Received": true, "Applied": true, "QueuedBytes": true, "Pending": true, "Replays": true,
+		"ReplayedBatches": true, "Duplicates": true, "Events": true, "BlocksStored": true, "BlocksReannounced": true, "BlocksRemoved": true, "Clears": true,
+		"ParityChecked": true}
+	// stateFields move with a stream state change (a gap, a restart, a reset, the engine down),
+	// which the router logs once with the counters that moved.
+	stateFields = map[string]bool{"Gaps": true, "Uncoverable": true, "Backwards": true, "Downs": true, "SilentRestarts": true,
+		"Restarts": true, "Resets": true, "SubReconnects": true}
+	// siteLoggedFields are logged where they happen, with the batch's seq and payload head
+	// (logDrop, logPanic) or the requests that showed it (the router's stale mark).
+	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true}
+	// dropFields are dropped or skipped messages, batches and events that nothing logs where
+	// they happen: the router logs the first increase of each on a stream (FirstDrops).
+	dropFields = map[string]bool{"TopicMismatches": true, "MalformedFrames": true, "Overflows": true, "ByteOverflows": true,
+		"ReplayFailures": true, "ReplayShort": true, "UnknownEvents": true, "UnknownParent": true, "RekeyErrors": true,
+		"SkippedGroups": true, "SkippedMedia": true, "UnknownRemoves": true, "IndexErrors": true, "BlockSizeMismatches": true,
+		"ParityMismatches": true, "ParitySkipped": true}
+)
 
 // counterTable lists every counter of Stats. Metric names that dashboards and alerts already
 // use are kept as they were (stream_gaps_total, parity_mismatches_total, ...); the rest are
@@ -55,6 +81,7 @@ var counterTable = []counterSpec{
 	{"Resets", "stream_resets_total", "resets", "Times the replica's entries were dropped (stream inexact).", func(s *Stats) uint64 { return s.Resets }},
 	{"Events", "stream_events_total", "events", "Events applied.", func(s *Stats) uint64 { return s.Events }},
 	{"BlocksStored", "stream_blocks_stored_total", "blocks_stored", "Blocks indexed from BlockStored events.", func(s *Stats) uint64 { return s.BlocksStored }},
+	{"BlocksReannounced", "stream_blocks_reannounced_total", "blocks_reannounced", "Of the blocks stored, those the replica already held (kv_cache_report_mode full: re-announced prefix hits; none under full mode means the engines ignore it).", func(s *Stats) uint64 { return s.BlocksReannounced }},
 	{"BlocksRemoved", "stream_blocks_removed_total", "blocks_removed", "Blocks removed by BlockRemoved events.", func(s *Stats) uint64 { return s.BlocksRemoved }},
 	{"Clears", "stream_clears_total", "clears", "AllBlocksCleared events applied.", func(s *Stats) uint64 { return s.Clears }},
 	{"UnknownEvents", "stream_unknown_events_total", "unknown_events", "Events of a type this version does not know (skipped).", func(s *Stats) uint64 { return s.UnknownEvents }},
@@ -74,7 +101,7 @@ var counterTable = []counterSpec{
 func CounterSpecs() []Counter {
 	out := make([]Counter, len(counterTable))
 	for i, c := range counterTable {
-		out[i] = Counter{Field: c.field, Metric: c.metric, Key: c.key, Help: c.help, Gauge: gaugeFields[c.field]}
+		out[i] = Counter{Field: c.field, Metric: c.metric, Key: c.key, Help: c.help, Gauge: gaugeFields[c.field], Drop: dropFields[c.field]}
 	}
 	return out
 }
@@ -84,6 +111,23 @@ func (s Stats) Counters() []Counter {
 	out := CounterSpecs()
 	for i, c := range counterTable {
 		out[i].Value = c.get(&s)
+	}
+	return out
+}
+
+// FirstDrops returns the drop counters (Counter.Drop) that grew from prev to cur and are not yet
+// in logged, with the increase as Value, and adds them to logged: the router's one WARN per
+// kind of drop on a stream. logged belongs to one stream.
+func FirstDrops(prev, cur Stats, logged map[string]bool) []Counter {
+	var out []Counter
+	pc := prev.Counters()
+	for i, c := range cur.Counters() {
+		if !c.Drop || logged[c.Key] || c.Value <= pc[i].Value {
+			continue
+		}
+		logged[c.Key] = true
+		c.Value -= pc[i].Value
+		out = append(out, c)
 	}
 	return out
 }

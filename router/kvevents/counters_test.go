@@ -47,3 +47,35 @@ func TestEveryStatsCounterIsExported(t *testing.T) {
 		t.Errorf("Stats.%s has no row in counterTable: add one so /metrics and /debug/engines show it", f)
 	}
 }
+
+// Every counter is told one way beyond its metric and debug field: traffic, a state change, a
+// log line where it happens, or the router's first-drop WARN.
+func TestEveryCounterIsToldOnce(t *testing.T) {
+	for _, c := range CounterSpecs() {
+		n := 0
+		for _, set := range []map[string]bool{trafficFields, stateFields, siteLoggedFields, dropFields} {
+			if set[c.Field] {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("counter %s is in %d of the traffic, state, site-logged and drop sets, want exactly 1", c.Field, n)
+		}
+	}
+}
+
+// FirstDrops names each kind of drop once per stream, with how much it grew.
+func TestFirstDrops(t *testing.T) {
+	logged := map[string]bool{}
+	prev := Stats{Received: 10, UnknownParent: 1}
+	cur := Stats{Received: 20, Applied: 5, UnknownParent: 4, SkippedMedia: 2}
+	got := FirstDrops(prev, cur, logged)
+	if len(got) != 2 || got[0].Key != "unknown_parents" || got[0].Value != 3 || got[1].Key != "skipped_media" || got[1].Value != 2 {
+		t.Fatalf("first drops %+v", got)
+	}
+	next := cur
+	next.UnknownParent, next.MalformedFrames = 9, 1
+	if got := FirstDrops(cur, next, logged); len(got) != 1 || got[0].Key != "malformed_frames" {
+		t.Fatalf("second sample %+v, want only the new kind", got)
+	}
+}

@@ -93,6 +93,7 @@ func (g *Ingester) Stats() Stats {
 	in := g.c
 	s.BlockSize = int(in.blockSizeSet.Load())
 	s.Events, s.BlocksStored, s.BlocksRemoved = in.events.Load(), in.blocksStored.Load(), in.blocksRemoved.Load()
+	s.BlocksReannounced = in.blocksReannounced.Load()
 	s.Clears, s.UnknownEvents, s.UnknownParent = in.clears.Load(), in.unknownEvents.Load(), in.unknownParent.Load()
 	s.RekeyErrors, s.SkippedGroups, s.SkippedMedia = in.rekeyErrors.Load(), in.skippedGroups.Load(), in.skippedMedia.Load()
 	s.UnknownRemoves, s.IndexErrors, s.BlockSizeMismatches = in.unknownRemoves.Load(), in.indexErrors.Load(), in.blockSizeMismatches.Load()
@@ -194,7 +195,9 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 		if g.peers != nil && tier == index.GPU {
 			g.peers.Observe(g.keys[0], g.hashes[0], g.id)
 		}
-		err = g.ix.Store(g.id, g.hashes, g.keys, tier)
+		var held int
+		held, err = g.ix.StoreHeld(g.id, g.hashes, g.keys, tier)
+		g.c.blocksReannounced.Add(uint64(held))
 	}
 	if errors.Is(err, index.ErrFull) {
 		g.c.overLimit.Add(1) // what fit was stored; the stream clears the replica

@@ -55,6 +55,7 @@ type ingestCounters struct {
 	unknownParent, rekeyErrors, skippedGroups, skippedMedia      atomic.Uint64
 	unknownRemoves, indexErrors, blockSizeMismatches, overLimit  atomic.Uint64
 	parityChecked, parityMismatches, paritySkipped, blockSizeSet atomic.Uint64
+	blocksReannounced                                            atomic.Uint64
 }
 
 // Stats is a snapshot of one stream: its state and every counter, as plain values.
@@ -108,6 +109,7 @@ type Stats struct {
 	// Ingestion.
 	Events              uint64 // events applied
 	BlocksStored        uint64
+	BlocksReannounced   uint64 // of BlocksStored, blocks the replica already held (full-mode re-announcements of prefix hits)
 	BlocksRemoved       uint64
 	Clears              uint64 // AllBlocksCleared applied
 	UnknownEvents       uint64 // event types this version does not know (skipped)
@@ -149,7 +151,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		Duplicates: c.duplicates.Load(), Backwards: c.backwards.Load(),
 		Restarts: c.restarts.Load(), Resets: c.resets.Load(),
 
-		Events: in.events.Load(), BlocksStored: in.blocksStored.Load(),
+		Events: in.events.Load(), BlocksStored: in.blocksStored.Load(), BlocksReannounced: in.blocksReannounced.Load(),
 		BlocksRemoved: in.blocksRemoved.Load(), Clears: in.clears.Load(),
 		UnknownEvents: in.unknownEvents.Load(), UnknownParent: in.unknownParent.Load(),
 		RekeyErrors: in.rekeyErrors.Load(), SkippedGroups: in.skippedGroups.Load(),

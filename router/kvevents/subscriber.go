@@ -79,10 +79,11 @@ type Subscriber struct {
 	streams map[StreamKey]*stream
 	closed  bool
 
-	cmds   chan command
-	wakeMu sync.Mutex
-	wakeTx *zmq.Socket // callers' end of the inproc PAIR; used under wakeMu
-	done   chan struct{}
+	cmds     chan command
+	wakeMu   sync.Mutex
+	wakeErrs sync.Map    // wake-up errors already logged
+	wakeTx   *zmq.Socket // callers' end of the inproc PAIR; used under wakeMu
+	done     chan struct{}
 
 	monitors map[*zmq.Socket]*source // the poller's: monitor socket -> its source
 
@@ -184,9 +185,15 @@ func (s *Subscriber) send(c command) cmdReply {
 	c.reply = make(chan cmdReply, 1)
 	s.cmds <- c
 	s.wakeMu.Lock()
-	_, err := s.wakeTx.SendBytes([]byte{0}, zmq.DONTWAIT) // a full pipe means a wake-up is pending already
+	_, err := s.wakeTx.SendBytes([]byte{0}, zmq.DONTWAIT)
 	s.wakeMu.Unlock()
-	_ = err
+	// A full pipe (EAGAIN) means a wake-up is pending already. Anything else leaves the command
+	// to the poller's next turn (its poll timeout), later than it should be: said once per error.
+	if err != nil && zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+		if _, seen := s.wakeErrs.LoadOrStore(err.Error(), true); !seen {
+			s.log.Error("kvevents: poller not woken; the command waits for its next poll", "err", err)
+		}
+	}
 	return <-c.reply
 }
 

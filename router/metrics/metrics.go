@@ -18,24 +18,25 @@ const ns = "kvroute_router"
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Requests          *prometheus.CounterVec // engine, policy, code
-	Errors            *prometheus.CounterVec // engine, policy, reason
-	Retries           *prometheus.CounterVec // engine
-	DecisionSeconds   *prometheus.HistogramVec
-	TokenizeSeconds   prometheus.Histogram
-	TokenizeFailures  prometheus.Counter
-	TokenizeSource    *prometheus.CounterVec // source
-	EngineAuth        *prometheus.CounterVec // call: engines refusing the router's credentials
-	PromptTokens      *prometheus.CounterVec // engine
-	PredictedCached   *prometheus.CounterVec // engine
-	ActualCached      *prometheus.CounterVec // engine (responses with usage only)
-	UsageMissing      *prometheus.CounterVec // engine: responses without cached_tokens
-	ApproxDecisions   *prometheus.CounterVec // engine: decisions scored from the approximate index
-	UnkeyedRequests   *prometheus.CounterVec // reason: requests routed by load without keys
-	TTFBSeconds       *prometheus.HistogramVec
-	FirstTokenSeconds *prometheus.HistogramVec // engine: streams only
-	EngineErrors      *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
-	InflightRequests  *prometheus.GaugeVec     // engine, rank
+	Requests             *prometheus.CounterVec // engine, policy, code
+	Errors               *prometheus.CounterVec // engine, policy, reason
+	Retries              *prometheus.CounterVec // engine
+	DecisionSeconds      *prometheus.HistogramVec
+	TokenizeSeconds      prometheus.Histogram
+	TokenizeFailures     prometheus.Counter
+	TokenizeSource       *prometheus.CounterVec // source
+	EngineAuth           *prometheus.CounterVec // call: engines refusing the router's credentials
+	EngineScrapes        *prometheus.CounterVec // engine: /metrics pages not read
+	PromptTokens         *prometheus.CounterVec // engine
+	PredictedCached      *prometheus.CounterVec // engine
+	ActualCached         *prometheus.CounterVec // engine (responses with usage only)
+	UsageMissing         *prometheus.CounterVec // engine: responses without cached_tokens
+	ApproxDecisions      *prometheus.CounterVec // engine: decisions scored from the approximate index
+	UnkeyedRequests      *prometheus.CounterVec // reason: requests routed by load without keys
+	EngineHeadersSeconds *prometheus.HistogramVec
+	FirstTokenSeconds    *prometheus.HistogramVec // engine: streams only
+	EngineErrors         *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
+	InflightRequests     *prometheus.GaugeVec     // engine, rank
 	// Accuracy per scoring mode (exact, predicted, approximate, unkeyed), answers with usage
 	// only: prompt, predicted cached and engine-reported cached tokens. Rates of these over any
 	// window show drift; a lifetime ratio would hide it.
@@ -67,6 +68,9 @@ func New(state prometheus.Collector) *Metrics {
 		EngineAuth: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_auth_failures_total",
 			Help: "Router calls an engine refused with 401/403 (no or wrong engine API key: a router misconfiguration), by call: tokenize, models, health, generate."},
 			[]string{"call"}),
+		EngineScrapes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_metrics_failures_total",
+			Help: "Engine /metrics pages the router could not read or parse (its queue and KV-use signals for the engine keep the last page's values until one is read)."},
+			[]string{"engine"}),
 		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "prompt_tokens_total",
 			Help: "Prompt tokens routed, by engine."}, []string{"engine"}),
 		PredictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "predicted_cached_tokens_total",
@@ -79,7 +83,7 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Decisions where the chosen replica was scored from the approximate index (no healthy event stream)."}, []string{"engine"}),
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
 			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed)."}, []string{"reason"}),
-		TTFBSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_byte_seconds",
+		EngineHeadersSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_byte_seconds",
 			Help: "Time from forwarding to the engine's response headers (for a vLLM stream: its acceptance, not its first token; for a non-streamed answer: the whole answer).", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		FirstTokenSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_token_seconds",
 			Help: "Streams: time from forwarding to the first SSE data event carrying a choice.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
@@ -96,8 +100,8 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Cached tokens the engines reported, by engine and the scoring mode of the decision."}, []string{"engine", "mode"}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
-		m.TokenizeSource, m.EngineAuth, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
-		m.TTFBSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
+		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
+		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {
 		r.MustRegister(state)
@@ -110,9 +114,9 @@ func New(state prometheus.Collector) *Metrics {
 func (m *Metrics) ForgetEngine(name string) {
 	l := prometheus.Labels{"engine": name}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{m.Requests, m.Errors, m.Retries,
-		m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.TTFBSeconds,
+		m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.EngineHeadersSeconds,
 		m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached,
-		m.ModeActualCached} {
+		m.ModeActualCached, m.EngineScrapes} {
 		v.DeletePartialMatch(l)
 	}
 }

@@ -43,7 +43,7 @@ func doStream(p *Proxy, url string, mayRetry bool, onFirst func()) (Outcome, *ht
 const tok = "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"
 
 // Headers and keep-alive comments are not the first token: nothing reaches the client until a
-// data event with a choice does, and TTFT is measured to it, TTFB to the headers.
+// data event with a choice does, and TTFT is measured to it, HeadersAfter to the headers.
 func TestFirstTokenIsFirstChoice(t *testing.T) {
 	url := sseEngine(t, 60*time.Millisecond, ": keep-alive\n\n", ": keep-alive\n\n", tok, "data: [DONE]\n\n")
 	var firstAt time.Duration
@@ -52,8 +52,8 @@ func TestFirstTokenIsFirstChoice(t *testing.T) {
 	if out.Err != nil || !out.Started || out.Cut {
 		t.Fatalf("outcome %+v", out)
 	}
-	if firstAt < 150*time.Millisecond || out.TTFT < 150*time.Millisecond || out.TTFT-out.TTFB < 100*time.Millisecond {
-		t.Fatalf("first token at %v (TTFT %v, TTFB %v): headers or comments counted as the first token", firstAt, out.TTFT, out.TTFB)
+	if firstAt < 150*time.Millisecond || out.TTFT < 150*time.Millisecond || out.TTFT-out.HeadersAfter < 100*time.Millisecond {
+		t.Fatalf("first token at %v (TTFT %v, headers after %v): headers or comments counted as the first token", firstAt, out.TTFT, out.HeadersAfter)
 	}
 	if rec.Body.String() != tok+"data: [DONE]\n\n" {
 		t.Fatalf("client saw %q", rec.Body.String())

@@ -146,6 +146,8 @@ type Request struct {
 // Usage is the engine-reported usage of one answer.
 type Usage struct {
 	PromptTokens int
+	// CompletionTokens is usage.completion_tokens (the trace capture's output length).
+	CompletionTokens int
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens; HasCached is false when the
 	// engine does not report it (vLLM without --enable-prompt-tokens-details).
 	CachedTokens int
@@ -190,9 +192,9 @@ type Outcome struct {
 	Err error
 	// ClientGone: the client disconnected (its context was cancelled).
 	ClientGone bool
-	// TTFB is the time to the engine's response headers: for a vLLM stream that is its
+	// HeadersAfter is the time to the engine's response headers (not a first byte of the answer): for a vLLM stream that is its
 	// acceptance, not its first token.
-	TTFB time.Duration
+	HeadersAfter time.Duration
 	// AuthRejected: the engine answered 401/403 to the router's own engine API key. Nothing
 	// was copied to the client (a 401 would tell it its key is wrong when the router's is);
 	// Err is ErrEngineAuth and Retryable follows MayRetry, since during a key rotation another
@@ -265,7 +267,7 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 		return out
 	}
 	defer resp.Body.Close()
-	out := Outcome{Status: resp.StatusCode, TTFB: time.Since(start)}
+	out := Outcome{Status: resp.StatusCode, HeadersAfter: time.Since(start)}
 	if p.o.EngineAPIKey != "" && IsAuthStatus(resp.StatusCode) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		out.AuthRejected, out.Retryable, out.Err = true, r.MayRetry, ErrEngineAuth
@@ -328,7 +330,7 @@ func (p *Proxy) whole(parent, ctx context.Context, w http.ResponseWriter, r *Req
 	buf, err := io.ReadAll(io.LimitReader(resp.Body, int64(p.o.MaxCaptureBytes)+1))
 	if err != nil {
 		f := failed(parent, ctx, KindReset, err)
-		f.Status, f.TTFB = out.Status, out.TTFB
+		f.Status, f.HeadersAfter = out.Status, out.HeadersAfter
 		f.PodDown = f.Kind == KindReset
 		f.Retryable = f.Retryable && (r.MayRetry || resp.StatusCode < 500)
 		return f
@@ -423,7 +425,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 				kind, err = KindEOF, errors.New("the engine closed the stream before its first token")
 			}
 			f := failed(parent, ctx, kind, err)
-			f.Status, f.TTFB = out.Status, out.TTFB
+			f.Status, f.HeadersAfter = out.Status, out.HeadersAfter
 			f.PodDown = f.Kind == kind
 			return f
 		}
@@ -635,13 +637,14 @@ func classify(ev []byte) eventInfo {
 
 type usageJSON struct {
 	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
 	PromptTokensDetails *struct {
 		CachedTokens *int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
 }
 
 func (u *usageJSON) usage() *Usage {
-	out := &Usage{PromptTokens: u.PromptTokens}
+	out := &Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
 	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
 		out.CachedTokens, out.HasCached = *d.CachedTokens, true
 	}

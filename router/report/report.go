@@ -10,7 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"reflect"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,9 +37,10 @@ type Options struct {
 	// Source returns the degraded replicas now, in a stable order.
 	Source func() []Degraded
 	// Peers, when set, returns the other router pods this one receives load from, sorted
-	// (several router replicas).
+	// (several router replicas); a peer joining or leaving is written at once.
 	Peers func() []string
-	// Interval between looks at Source (5s); a change is written at once.
+	// Interval between looks at Source (1s): a look reads memory only and writes nothing unless
+	// a reason began or ended, so it is short to keep a new reason's way to the API server short.
 	Interval time.Duration
 	// Heartbeat re-confirms an unchanged report (60s); the operator ignores reports older than
 	// two minutes.
@@ -66,7 +67,7 @@ func New(rc *rest.Config, o Options) (*Reporter, error) {
 		return nil, err
 	}
 	if o.Interval <= 0 {
-		o.Interval = 5 * time.Second
+		o.Interval = time.Second
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = time.Minute
@@ -100,7 +101,9 @@ func (r *Reporter) Run(ctx context.Context) {
 	}
 }
 
-// Sync writes the report if it changed or its heartbeat is due.
+// Sync writes the report if a reason began or ended, or its heartbeat is due. A detail alone
+// (its counts move at every sample while a fault lasts) waits for the heartbeat: each write
+// wakes the operator, and a lasting fault would otherwise write every sample.
 func (r *Reporter) Sync(ctx context.Context) error {
 	now := r.o.Now()
 	cur := r.o.Source()
@@ -111,7 +114,7 @@ func (r *Reporter) Sync(ctx context.Context) error {
 			peers = peers[:maxPeers]
 		}
 	}
-	if r.written && reflect.DeepEqual(cur, r.last) && reflect.DeepEqual(peers, r.lastPeers) && now.Sub(r.lastAt) < r.o.Heartbeat {
+	if r.written && sameReasons(cur, r.last) && slices.Equal(peers, r.lastPeers) && now.Sub(r.lastAt) < r.o.Heartbeat {
 		return nil
 	}
 	if err := r.write(ctx, now, cur, peers); err != nil {
@@ -126,6 +129,20 @@ func (r *Reporter) Sync(ctx context.Context) error {
 	}
 	r.failing, r.written, r.last, r.lastPeers, r.lastAt = false, true, cur, peers, now
 	return nil
+}
+
+// sameReasons reports whether a and b hold the same reasons (replica, reason, since), whatever
+// their details.
+func sameReasons(a, b []Degraded) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Replica != b[i].Replica || a[i].Reason != b[i].Reason || !a[i].Since.Equal(b[i].Since) {
+			return false
+		}
+	}
+	return true
 }
 
 type degradedJSON struct {

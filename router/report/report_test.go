@@ -13,8 +13,9 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// The reporter applies its own entry to the status subresource as kvrouter-<pod>, at once on a
-// change and otherwise only when the heartbeat is due.
+// The reporter applies its own entry to the status subresource as kvrouter-<pod>, at once when
+// a reason begins or ends, and otherwise (a detail that moved included) only when the heartbeat
+// is due.
 func TestSyncWritesOnChangeAndHeartbeat(t *testing.T) {
 	var mu sync.Mutex
 	var bodies []map[string]any
@@ -58,9 +59,16 @@ func TestSyncWritesOnChangeAndHeartbeat(t *testing.T) {
 	step(0, 1)             // first: written
 	step(5*time.Second, 1) // unchanged
 	cur = []Degraded{{Replica: "e/0", Reason: "hash-mismatch", Since: now, Detail: "x"}}
-	step(5*time.Second, 2)  // changed: at once
-	step(30*time.Second, 2) // unchanged, heartbeat not due
-	step(31*time.Second, 3) // heartbeat
+	step(5*time.Second, 2) // changed: at once
+	cur = []Degraded{{Replica: "e/0", Reason: "hash-mismatch", Since: cur[0].Since, Detail: "y"}}
+	step(5*time.Second, 2)  // the detail alone: waits for the heartbeat
+	step(25*time.Second, 2) // unchanged, heartbeat not due
+	step(31*time.Second, 3) // heartbeat, with the newest detail
+	if d := bodies[2]["status"].(map[string]any)["routerReports"].([]any)[0].(map[string]any)["degraded"].([]any)[0].(map[string]any); d["detail"] != "y" {
+		t.Fatalf("heartbeat entry %v", d)
+	}
+	cur = append(cur, Degraded{Replica: "e/1", Reason: "no-events", Since: now, Detail: "z"})
+	step(time.Second, 4) // another reason began: at once
 	if q := queries[0]; q != "fieldManager=kvrouter-qwen-router-0&force=true" {
 		t.Fatalf("query %q", q)
 	}

@@ -252,7 +252,10 @@ func (t *Tokenizer) tokenizeChat(ctx context.Context, engineURL string, body []b
 			req[k] = v
 		}
 	}
-	b, _ := json.Marshal(req)
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("tokens: rendering the /tokenize body: %w", err)
+	}
 	var tr struct {
 		Tokens []int64 `json:"tokens"`
 	}
@@ -265,7 +268,10 @@ func (t *Tokenizer) tokenizeChat(ctx context.Context, engineURL string, body []b
 // tokenizeText is the /tokenize completion form (add_special_tokens defaults to true there as in
 // completions).
 func (t *Tokenizer) tokenizeText(ctx context.Context, engineURL string, r *Request) ([]uint32, error) {
-	b, _ := json.Marshal(map[string]any{"model": r.Model, "prompt": r.PromptText})
+	b, err := json.Marshal(map[string]any{"model": r.Model, "prompt": r.PromptText})
+	if err != nil {
+		return nil, fmt.Errorf("tokens: rendering the /tokenize body: %w", err)
+	}
 	var tr struct {
 		Tokens []int64 `json:"tokens"`
 	}
@@ -306,4 +312,36 @@ func (t *Tokenizer) post(ctx context.Context, url string, body []byte, into any)
 		return fmt.Errorf("tokens: %s: bad answer: %w", url, err)
 	}
 	return nil
+}
+
+// MaxDetokenize bounds the ids one Detokenize call sends (the audit sends a varying span,
+// a few dozen ids).
+const MaxDetokenize = 4096
+
+// Detokenize returns the text of ids as engineURL's model decodes them: vLLM's POST
+// /detokenize ({"model", "tokens"} -> {"prompt"}; DetokenizeRequest/DetokenizeResponse in
+// vllm/entrypoints/openai/protocol.py, served by serving_tokenization.py). model may be "".
+func (t *Tokenizer) Detokenize(ctx context.Context, engineURL, model string, ids []uint32) (string, error) {
+	if len(ids) > MaxDetokenize {
+		return "", fmt.Errorf("tokens: detokenize: %d ids over the limit of %d", len(ids), MaxDetokenize)
+	}
+	body, err := json.Marshal(struct {
+		Model  string   `json:"model,omitempty"`
+		Tokens []uint32 `json:"tokens"`
+	}{model, ids})
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	var out struct {
+		Prompt *string `json:"prompt"`
+	}
+	if err := t.post(ctx, engineURL+"/detokenize", body, &out); err != nil {
+		return "", err
+	}
+	if out.Prompt == nil {
+		return "", fmt.Errorf("tokens: %s/detokenize: answer has no prompt", engineURL)
+	}
+	return *out.Prompt, nil
 }

@@ -25,7 +25,7 @@ type Config struct {
 	KV *score.KVParams
 }
 
-// DefaultConfig is the benchmark's configuration (BENCHMARKS.md).
+// DefaultConfig is the benchmark's configuration (docs/benchmarks.md).
 var DefaultConfig = Config{Replicas: 8, CapacityBlocks: 4800, Speed: 1, PrefillTokensPerS: 20000,
 	DecodeMsPerToken: 20, MaxNumSeqs: 32, Seed: 1, WindowSeconds: 60}
 

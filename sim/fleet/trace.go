@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 )
 
@@ -31,14 +32,38 @@ type Trace struct {
 	Requests []Request
 }
 
-// LoadTrace reads a Mooncake JSONL trace from a file.
+// LoadTrace reads a Mooncake JSONL trace from a file, or from a directory kvrouter's capture
+// wrote (router/capture): its kvroute-capture-*.jsonl files, in name order, as one trace.
 func LoadTrace(path string) (*Trace, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+	var r io.Reader
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		names, err := filepath.Glob(filepath.Join(path, "kvroute-capture-*.jsonl"))
+		if err != nil {
+			return nil, err
+		}
+		if len(names) == 0 {
+			return nil, fmt.Errorf("%s: a directory without kvroute-capture-*.jsonl files", path)
+		}
+		sort.Strings(names)
+		var rs []io.Reader
+		for _, n := range names {
+			f, err := os.Open(n)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			rs = append(rs, f)
+		}
+		r = io.MultiReader(rs...)
+	} else {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
 	}
-	defer f.Close()
-	t, err := ReadTrace(f)
+	t, err := ReadTrace(r)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +34,9 @@ type Options struct {
 	Model           string        // the sims' --model
 	SimArgs         []string      // extra vllm-sim flags (timing, blocks) for every engine
 	RouterArgs      []string      // extra kvrouter flags
+	// CaptureUnder names the policies whose routers capture their traffic as a Mooncake trace
+	// (kvrouter --capture-dir <run dir>/capture; RunResult.CaptureDir): the trial's input.
+	CaptureUnder []string
 	LogDir          string        // process logs and engines files (required)
 	Drain           time.Duration // how long a run may take after its last arrival (default 60 s)
 	Progress        io.Writer     // one line per run; nil = quiet
@@ -46,6 +50,8 @@ type RunResult struct {
 	Outcomes []Outcome      `json:"-"`
 	ScaleUp  *ScaleUpResult `json:"scale_up,omitempty"`
 	Engines  []string       `json:"engines"` // engine names in start order (the last ones are added by a scale-up)
+	// CaptureDir holds the router's capture files when Options.CaptureUnder named the policy.
+	CaptureDir string `json:"capture_dir,omitempty"`
 }
 
 // ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
@@ -180,6 +186,11 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	}
 	listen, adminListen := fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", admin)
 	args := append([]string{"--engines-file", enginesFile, "--policy", policy, "--listen", listen, "--admin-listen", adminListen}, o.RouterArgs...)
+	captureDir := ""
+	if slices.Contains(o.CaptureUnder, policy) {
+		captureDir = filepath.Join(dir, "capture")
+		args = append(args, "--capture-dir", captureDir)
+	}
 	rp, err := startProc("kvrouter", o.RouterBin, args, filepath.Join(dir, "kvrouter.log"), nil)
 	if err != nil {
 		return nil, err
@@ -194,7 +205,7 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	}
 
 	// Replay.
-	res = &RunResult{Policy: policy, Seed: seed, Engines: names}
+	res = &RunResult{Policy: policy, Seed: seed, Engines: names, CaptureDir: captureDir}
 	rctx, cancel := context.WithTimeout(ctx, w.Span()+o.Drain)
 	defer cancel()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}

@@ -2,6 +2,8 @@ package ship
 
 import (
 	"encoding/json"
+	"io"
+	"log/slog"
 	"reflect"
 	"regexp"
 	"sort"
@@ -11,9 +13,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvroute/kvroute/router/audit"
+	"github.com/kvroute/kvroute/router/capture"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/peersnap"
 	"github.com/kvroute/kvroute/router/peersync"
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/shadow"
 )
 
 // vllmMetrics are the vLLM /metrics names the assets may use (vLLM >= 0.12; the kv-events
@@ -37,7 +44,21 @@ func routerMetrics(t *testing.T) map[string]string {
 		counters = append(counters, metrics.CounterSpec{Metric: c.Metric, Help: c.Help, Gauge: c.Gauge})
 	}
 	collectors := []prometheus.Collector{metrics.NewStateCollector(nil, nil, nil, nil, counters)}
-	collectors = append(collectors, peersync.Collectors()...)
+	// The trace capture and the prompt audit register their own collectors when enabled.
+	rec, err := capture.New(capture.Options{Dir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	aud := audit.New(audit.Options{})
+	defer aud.Close()
+	pol, err := score.New("kv", score.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collectors = append(append(append(collectors, rec.Collectors()...), aud.Collectors()...), shadow.New(pol).Collectors()...)
+	// Several router replicas: the load sync's and the snapshot's collectors.
+	collectors = append(append(collectors, peersync.Collectors()...), peersnap.NewMetrics().Collectors()...)
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {

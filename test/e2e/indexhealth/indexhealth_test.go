@@ -1,7 +1,11 @@
-// Package indexhealth proves the index-health path end to end: a real control plane (envtest)
-// running the operator, two vllm-sim engines publishing KV events, one of them hashing with the
-// wrong PYTHONHASHSEED, and a kvrouter (in process, static discovery of the two sims) whose
-// report reaches the KVRoutedModel as its router ServiceAccount. The fault must show as
+// Package indexhealth proves the index-health path end to end through a real control plane
+// (envtest) running the operator. TestKVRouterBinaryRaisesAndClearsIndexHealthy is the issue's
+// whole proof at shipped timing: the kvrouter binary with the rendered config and Kubernetes
+// discovery, engines backed by hack/podbacker, a fault provoked and cleared.
+// TestWrongSeedRaisesIndexHealthy is the quicker in-process variant for a key-correctness
+// reason: two vllm-sim engines publishing KV events, one of them hashing with the wrong
+// PYTHONHASHSEED, and a kvrouter (in process, static discovery of the two sims) whose report
+// reaches the KVRoutedModel as its router ServiceAccount. The fault must show as
 // IndexHealthy=False naming the replica, Degraded=True/IndexUnhealthy with Ready untouched, and
 // a Warning Event, read back through the API server.
 package indexhealth
@@ -36,12 +40,12 @@ import (
 	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers"
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/report"
-	"github.com/kvroute/kvroute/router/server"
-	"github.com/kvroute/kvroute/test/envtestenv"
 	"github.com/kvroute/kvroute/sim/vllmsim"
+	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
 func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
@@ -140,7 +144,7 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	rcfg := config.Default()
 	rcfg.BlockSize, rcfg.Hash, rcfg.Events.Replay = 16, rc.Hash, false
 	rcfg.Policy = "round-robin" // both engines get traffic
-	srv, err := server.New(server.Options{Config: rcfg, Source: discovery.NewStatic(engines), Model: rc.ServedModelName,
+	srv, err := app.New(app.Options{Config: rcfg, Source: discovery.NewStatic(engines), Model: rc.ServedModelName,
 		HealthInterval: 250 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +244,7 @@ func wantCondition(m *v1alpha1.KVRoutedModel, typ string, s metav1.ConditionStat
 	return nil
 }
 
-func flatten(srv *server.Server) []report.Degraded {
+func flatten(srv *app.Router) []report.Degraded {
 	var out []report.Degraded
 	for rep, sts := range srv.Degraded() {
 		for _, s := range sts {

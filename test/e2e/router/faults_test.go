@@ -22,9 +22,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/router/server"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -61,14 +61,14 @@ func startRouter(t *testing.T, es []discovery.Engine, mod func(*config.Config)) 
 	return url
 }
 
-func startRouterServer(t *testing.T, es []discovery.Engine, mod func(*config.Config)) (string, *server.Server) {
+func startRouterServer(t *testing.T, es []discovery.Engine, mod func(*config.Config)) (string, *app.Router) {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Events.Enabled = false
 	if mod != nil {
 		mod(&cfg)
 	}
-	s, err := server.New(server.Options{Config: cfg, Source: discovery.NewStatic(es), ProbeInterval: 200 * time.Millisecond,
+	s, err := app.New(app.Options{Config: cfg, Source: discovery.NewStatic(es), ProbeInterval: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

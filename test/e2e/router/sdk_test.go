@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/router/server"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -76,7 +76,7 @@ func TestOpenAISDK(t *testing.T) {
 		es = append(es, discovery.Engine{Name: "e" + string(rune('0'+i)), URL: sim.URL(), Events: sim.EventEndpoints(),
 			Replay: sim.ReplayEndpoints(), Ready: true})
 	}
-	s, err := server.New(server.Options{Config: config.Default(), Source: discovery.NewStatic(es),
+	s, err := app.New(app.Options{Config: config.Default(), Source: discovery.NewStatic(es),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

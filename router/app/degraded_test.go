@@ -1,0 +1,731 @@
+package app
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/degraded"
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/kvevents/kvtest"
+	"github.com/kvroute/kvroute/router/kvwire"
+	"github.com/kvroute/kvroute/sim/vllmsim"
+)
+
+// noHealthLoop keeps the background health loop out of tests that drive healthTick with their
+// own clock.
+func noHealthLoop(o *Options) { o.HealthInterval = time.Hour }
+
+func reasonsOf(rt *router, replica string) []degraded.Reason {
+	var out []degraded.Reason
+	for _, st := range rt.s.Degraded()[replica] {
+		out = append(out, st.Reason)
+	}
+	return out
+}
+
+func hasReason(rt *router, replica string, r degraded.Reason) bool {
+	for _, x := range reasonsOf(rt, replica) {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// A sim hashing with another PYTHONHASHSEED than the router's fails the parity check: the replica
+// is reported hash-mismatch on /debug/engines and /metrics, and not demoted (a parity mismatch
+// alone does not prove its keys wrong). The healthy peer is not degraded.
+func TestDegradedHashMismatch(t *testing.T) {
+	good := startSim(t, vllmsim.Config{KVEventsPort: 0})
+	bad := startSim(t, vllmsim.Config{KVEventsPort: 0, HashSeed: "7"})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", good), simEngine("e1", bad)}), noHealthLoop)
+	rt.waitStreams(t, "exact")
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	for i := range 40 {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(100+i, 64, 0, 0, 1))
+	}
+	eventually(t, "a parity mismatch counted", func() bool {
+		st, _ := rt.s.sub.Stats("e1", 0)
+		return st.ParityMismatches > 0
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e1/0", degraded.HashMismatch) || len(reasonsOf(rt, "e0/0")) != 0 {
+		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+	ri := rt.s.Engines()[1].Ranks[0]
+	if ri.Demoted || ri.Scoring != "exact" || len(ri.Degraded) != 1 || ri.Degraded[0].Detail == "" || !ri.Degraded[0].Since.Equal(t0.Add(5*time.Second)) {
+		t.Fatalf("rank info %+v", ri)
+	}
+	body := scrape(t, rt)
+	if !strings.Contains(body, `kvroute_router_replica_degraded{engine="e1",rank="0",reason="hash-mismatch"} 1`) ||
+		!strings.Contains(body, `kvroute_router_replica_degraded{engine="e0",rank="0",reason="hash-mismatch"} 0`) {
+		t.Fatalf("/metrics lacks replica_degraded:\n%s", grepLines(body, "replica_degraded"))
+	}
+	// The window passes without a new mismatch: the reason ends.
+	rt.s.healthTick(t0.Add(70 * time.Second))
+	rt.s.healthTick(t0.Add(71 * time.Second))
+	if len(reasonsOf(rt, "e1/0")) != 0 {
+		t.Fatalf("still degraded: %+v", rt.s.Degraded())
+	}
+}
+
+// A publisher whose payloads do not decode makes the replica undecodable.
+func TestDegradedUndecodable(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	u, _ := url.Parse(sim.URL())
+	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@" + u.Host + "@m", NoReplay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()}, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) { noHealthLoop(o); o.Model = "m" })
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	eventually(t, "decode errors", func() bool {
+		_, _ = pub.PublishPayload([]byte("not msgpack at all"))
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.DecodeErrors > 0
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.Undecodable) {
+		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+}
+
+// An event endpoint nobody publishes on, with too few requests routed there to prove anything
+// (one, under degraded.QuietRequests), is no-events once a whole window passed; before, it is
+// not.
+func TestDegradedNoEvents(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{"tcp://127.0.0.1:9"}, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 1))
+	rt.s.healthTick(t0.Add(30 * time.Second))
+	if len(reasonsOf(rt, "e0/0")) != 0 {
+		t.Fatalf("degraded before a whole window: %+v", rt.s.Degraded())
+	}
+	rt.s.healthTick(t0.Add(degraded.Window))
+	if !hasReason(rt, "e0/0", degraded.NoEvents) {
+		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+}
+
+// An engine that keeps serving but stopped publishing is no-events at the first sample after
+// QuietRequests block-sized requests (not a whole window later), and no longer once its held
+// batches arrive. The router's stale mark and the reason share the count.
+func TestDegradedNoEventsOnEvidence(t *testing.T) {
+	if staleHits != degraded.QuietRequests {
+		t.Fatalf("staleHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", staleHits, degraded.QuietRequests)
+	}
+	sim := startSim(t, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 1))
+	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
+		t.Fatalf("healthy stream degraded: %v", r)
+	}
+	sim.SetEventsStalled(true)
+	time.Sleep(staleAfter) // each quiet request must come staleAfter past the last applied batch
+	for i := range degraded.QuietRequests {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, 0, 0, 1))
+	}
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.NoEvents) {
+		t.Fatalf("degraded %+v after %d requests with no events", rt.s.Degraded(), degraded.QuietRequests)
+	}
+	sim.SetEventsStalled(false)
+	eventually(t, "the held batches", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 1 })
+	rt.s.healthTick(t0.Add(15 * time.Second))
+	if hasReason(rt, "e0/0", degraded.NoEvents) {
+		t.Fatalf("still no-events after the batches arrived: %+v", rt.s.Degraded())
+	}
+}
+
+// A prompt served again wholly from the prefix cache publishes nothing in incremental mode
+// (vLLM stores no new block for it), so repeats of it, however many and however long after the
+// last batch, are no evidence of a silent publisher: the replica stays exact and not degraded.
+func TestRepeatedCachedPromptIsNotNoEvents(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	prompt := idsPrompt(3, 64, 1, 6, 1) // 70 tokens: a repeat hits all four full blocks, stores none
+	postJSON(t, rt.api.URL+"/v1/completions", prompt)
+	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
+	time.Sleep(staleAfter) // past the last applied batch, as a silent publisher's requests would be
+	for range 2 * degraded.QuietRequests {
+		postJSON(t, rt.api.URL+"/v1/completions", prompt)
+	}
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
+		t.Fatalf("repeats of a cached prompt degraded the replica: %v", r)
+	}
+	if st, _ := rt.s.sub.Stats("e0", 0); st.State != kvevents.Exact {
+		t.Fatalf("stream %v after repeats of a cached prompt; want exact", st.State)
+	}
+}
+
+func TestMustStoreBlock(t *testing.T) {
+	for _, c := range []struct {
+		prompt, cached, bs int
+		want               bool
+	}{
+		{64, 0, 16, true},       // nothing cached: four fresh blocks
+		{64, 48, 16, false},     // a full hit capped at prompt-1 recomputes one stored block
+		{70, 48, 16, true},      // the cap allowed a fourth block, so the fourth is fresh
+		{70, 64, 16, false},     // every full block hit; the partial tail is never stored
+		{31, 0, 16, true},       // the cap allowed the one full block; it missed, so it is fresh
+		{16, 0, 16, false},      // a one-block prompt never hits: its block may be stored already
+		{32, 0, 16, true},       // of two blocks the first could have hit and did not
+		{64, 0, 0, false},       // block size unknown
+		{4096, 4080, 16, false}, // capped full hit of a long prompt
+	} {
+		if got := mustStoreBlock(c.prompt, c.cached, c.bs); got != c.want {
+			t.Errorf("mustStoreBlock(%d, %d, %d) = %v, want %v", c.prompt, c.cached, c.bs, got, c.want)
+		}
+	}
+}
+
+// Render calls failing with 5xx make the engine tokenizer-failing; a client 4xx on render does
+// not count.
+func TestDegradedTokenizerFailing(t *testing.T) {
+	var renderStatus atomic.Int32
+	renderStatus.Store(http.StatusServiceUnavailable)
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/health":
+		case r.URL.Path == "/v1/models":
+			_, _ = io.WriteString(w, `{"data":[{"id":"m"}]}`)
+		case strings.HasSuffix(r.URL.Path, "/render") || r.URL.Path == "/tokenize":
+			http.Error(w, "render says no", int(renderStatus.Load()))
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"choices":[{"text":"x"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+		}
+	}))
+	t.Cleanup(fake.Close)
+	e := discovery.Engine{Name: "e0", URL: fake.URL, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	renderStatus.Store(http.StatusBadRequest)
+	postJSON(t, rt.api.URL+"/v1/completions", `{"model":"m","prompt":"a client's bad prompt"}`)
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if len(reasonsOf(rt, "e0/0")) != 0 {
+		t.Fatalf("a client 4xx on render degraded the engine: %+v", rt.s.Degraded())
+	}
+	renderStatus.Store(http.StatusServiceUnavailable)
+	postJSON(t, rt.api.URL+"/v1/completions", `{"model":"m","prompt":"hello there"}`)
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.TokenizerFailing) {
+		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+}
+
+// Evidence that a replica's keys are wrong (the engine reports far fewer cached tokens than the
+// exact index predicted) demotes it to approximate scoring until the window passes clean.
+func TestDegradedKeysWrongDemotes(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), noHealthLoop)
+	rt.waitStreams(t, "exact")
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	r := rt.s.reps()[0]
+	r.h.exactPred.Add(8192)
+	r.h.exactActual.Add(100)
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.KeysWrong) || !r.h.demoted.Load() || rt.s.exactStream(r) {
+		t.Fatalf("not demoted: %+v", rt.s.Degraded())
+	}
+	if ri := rt.s.Engines()[0].Ranks[0]; !ri.Demoted || ri.Scoring != "approximate" {
+		t.Fatalf("rank info %+v", ri)
+	}
+	rt.s.healthTick(t0.Add(70 * time.Second))
+	rt.s.healthTick(t0.Add(71 * time.Second))
+	if r.h.demoted.Load() || !rt.s.exactStream(r) {
+		t.Fatal("still demoted after a clean window")
+	}
+}
+
+func scrape(t *testing.T, rt *router) string {
+	t.Helper()
+	resp, err := http.Get(rt.admin.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// /debug/engines shows degraded as a list, [] when none.
+func TestDebugEnginesDegradedList(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), noHealthLoop)
+	resp, err := http.Get(rt.admin.URL + "/debug/engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Engines []struct {
+			Ranks []map[string]json.RawMessage `json:"ranks"`
+		} `json:"engines"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(v.Engines[0].Ranks[0]["degraded"]); got != "[]" {
+		t.Fatalf("degraded %s, want []", got)
+	}
+}
+
+// A chat request with an image is routed by load without keys, with the visible reason, and the
+// replica it went to shows multimodal-unkeyed (informational).
+func TestMultimodalRoutedUnkeyed(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	// The simulator is text only and its render refuses images (a client error the router
+	// returns as is, as a text-only vLLM would). In front of it, a render that answers for the
+	// image as a multimodal vLLM does (placeholder tokens), so the request is routed; the
+	// generation call then reaches the simulator, which refuses the image with 400.
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/chat/completions/render" {
+			b, _ := io.ReadAll(r.Body)
+			if strings.Contains(string(b), "image_url") {
+				ids := make([]string, 40)
+				for i := range ids {
+					ids[i] = "7"
+				}
+				_, _ = w.Write([]byte(`{"token_ids":[` + strings.Join(ids, ",") + `]}`))
+				return
+			}
+			r.Body = io.NopCloser(strings.NewReader(string(b)))
+		}
+		sim.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "e0", URL: front.URL, Ready: true}}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	body := `{"model":"vllm-sim","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},` +
+		`{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`
+	resp0, err := http.Post(rt.api.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp0.Body.Close()
+	if n := testutil.ToFloat64(rt.s.met.UnkeyedRequests.WithLabelValues("multimodal")); n != 1 {
+		t.Fatalf("unkeyed multimodal %v, want 1", n)
+	}
+	resp, err := http.Post(rt.admin.URL+"/debug/route", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ans RouteAnswer
+	_ = json.NewDecoder(resp.Body).Decode(&ans)
+	resp.Body.Close()
+	if ans.Unkeyed != "multimodal" || ans.Blocks != 0 {
+		t.Fatalf("/debug/route %+v", ans)
+	}
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.MultimodalUnkeyed) {
+		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+	// A text-only chat is keyed as before.
+	postJSON(t, rt.api.URL+"/v1/chat/completions", `{"model":"vllm-sim","max_tokens":1,"messages":[{"role":"user","content":"hello"}]}`)
+	if n := testutil.ToFloat64(rt.s.met.UnkeyedRequests.WithLabelValues("multimodal")); n != 1 {
+		t.Fatalf("unkeyed multimodal %v after a text chat, want 1", n)
+	}
+}
+
+// Accuracy is counted per scoring mode: a repeated prompt on an exact stream is an exact-mode
+// decision whose predicted and reported cached tokens both grow; the lifetime ratio gauges are gone.
+func TestAccuracyPerMode(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), noHealthLoop)
+	rt.waitStreams(t, "exact")
+	body := idsPrompt(3, 128, 0, 0, 1)
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	eventually(t, "blocks indexed", func() bool { return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] > 0 })
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	pred := testutil.ToFloat64(rt.s.met.ModePredictedCached.WithLabelValues("e0", modeExact))
+	act := testutil.ToFloat64(rt.s.met.ModeActualCached.WithLabelValues("e0", modeExact))
+	prompt := testutil.ToFloat64(rt.s.met.ModePromptTokens.WithLabelValues("e0", modeExact))
+	if pred == 0 || act == 0 || prompt != 256 {
+		t.Fatalf("exact mode: predicted %v actual %v prompt %v", pred, act, prompt)
+	}
+	if h := &rt.s.reps()[0].h; float64(h.exactPred.Load()) != pred || float64(h.exactActual.Load()) != act {
+		t.Fatalf("replica evidence %d/%d, metrics %v/%v", h.exactPred.Load(), h.exactActual.Load(), pred, act)
+	}
+	if body := scrape(t, rt); strings.Contains(body, "hit_ratio") {
+		t.Fatalf("hit ratio gauges still exported:\n%s", grepLines(body, "hit_ratio"))
+	}
+}
+
+// Two replicas that hash the same block 0 differently are both reported hash-mismatch, each
+// naming the other, without either being demoted.
+func TestDegradedPeerMismatch(t *testing.T) {
+	a := startSim(t, vllmsim.Config{KVEventsPort: 0})
+	b := startSim(t, vllmsim.Config{KVEventsPort: 0, HashSeed: "7"})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", a), simEngine("e1", b)}), func(o *Options) {
+		noHealthLoop(o)
+		o.Config.Policy = "round-robin" // the same prompt lands on both
+	})
+	rt.waitStreams(t, "exact")
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	body := idsPrompt(9, 64, 0, 0, 1)
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	postJSON(t, rt.api.URL+"/v1/completions", body)
+	eventually(t, "a cross-replica mismatch", func() bool {
+		n, _, _ := rt.s.peers.Mismatches(rt.s.reps()[0].id)
+		return n > 0
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	for rep, peer := range map[string]string{"e0/0": "e1/0", "e1/0": "e0/0"} {
+		var detail string
+		for _, st := range rt.s.Degraded()[rep] {
+			if st.Reason == degraded.HashMismatch {
+				detail = st.Detail
+			}
+		}
+		if !strings.Contains(detail, "replica "+peer) {
+			t.Errorf("%s hash-mismatch detail %q does not name %s", rep, detail, peer)
+		}
+	}
+	if rt.s.reps()[0].h.demoted.Load() || rt.s.reps()[1].h.demoted.Load() {
+		t.Fatal("a parity mismatch demoted a replica")
+	}
+}
+
+// A stream state change is logged once, with the counters that moved.
+func TestStreamStateChangeLoggedOnce(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	u, _ := url.Parse(sim.URL())
+	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@" + u.Host + "@m", NoReplay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	var logs syncBuffer
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()}, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
+		noHealthLoop(o)
+		o.Model = "m"
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	algo, _ := blockkey.ParseAlgo("sha256")
+	cache, err := kvtest.NewCache(algo, "0", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, 32)
+	for i := range toks {
+		toks[i] = uint32(100 + i)
+	}
+	ev, err := cache.Store(toks, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a first batch applied", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.Applied > 0
+	})
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	_, _ = pub.PublishLost(ev) // a gap the engine cannot replay (no replay socket)
+	eventually(t, "the stream leaves exact", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State != kvevents.Exact
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	out := logs.String()
+	if n := strings.Count(out, "event stream state changed"); n != 1 {
+		t.Fatalf("%d state change lines, want 1:\n%s", n, out)
+	}
+	if !strings.Contains(out, "from=exact") || !strings.Contains(out, "gaps+") {
+		t.Fatalf("state change line lacks from/why:\n%s", grepLines(out, "state changed"))
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// pubRouter is a router in front of one engine whose KV events come from a test publisher
+// (real ZMQ and msgpack) with a first batch already applied, and a cache keyed as the router
+// keys (sha256, seed 0, 16-token blocks).
+func pubRouter(t *testing.T, opts kvtest.Options, replay []string, logs ...*syncBuffer) (*router, *kvtest.Publisher, *kvtest.Cache) {
+	t.Helper()
+	sim := startSim(t, vllmsim.Config{})
+	u, _ := url.Parse(sim.URL())
+	opts.Topic = "kv@" + u.Host + "@m"
+	pub, err := kvtest.NewPublisher(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()}, Replay: replay, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
+		noHealthLoop(o)
+		o.Model = "m"
+		o.Config.Events.Replay = len(replay) > 0
+		if len(logs) > 0 {
+			o.Logger = slog.New(slog.NewTextHandler(logs[0], nil))
+		}
+	})
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	algo, _ := blockkey.ParseAlgo("sha256")
+	cache, err := kvtest.NewCache(algo, "0", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := cache.Store(tokensFrom(1, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a first batch applied", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.Applied > 0
+	})
+	// The batches published while the SUB was joining have all arrived: the test's samples
+	// start from a settled stream.
+	eventually(t, "every published batch applied", func() bool {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.HaveSeq && st.LastSeq+1 == pub.NextSeq()
+	})
+	return rt, pub, cache
+}
+
+// tokensFrom is n distinct token ids from seed.
+func tokensFrom(seed, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(1000 + (seed*7919+i*31)%100000)
+	}
+	return out
+}
+
+// Stored events whose parent the replica never held, more of them than blocks indexed, make
+// it unchained at the next sample; the index is not demoted for it.
+func TestDegradedUnchained(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	for i := range 8 {
+		ev, err := cache.Store(tokensFrom(10+i, 48), 1) // parent: block 0, never published
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pub.Publish(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "unknown parents counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.UnknownParent >= 8 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if !hasReason(rt, "e0/0", degraded.Unchained) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stats %+v", rt.s.Degraded(), st)
+	}
+	ri := rt.s.Engines()[0].Ranks[0]
+	if ri.Demoted || ri.Counters["unknown_parents"] < 4 {
+		t.Fatalf("rank info %+v", ri)
+	}
+	if body := scrape(t, rt); !strings.Contains(body, `kvroute_router_replica_degraded{engine="e0",rank="0",reason="unchained"} 1`) {
+		t.Fatalf("/metrics:\n%s", grepLines(body, "replica_degraded"))
+	}
+}
+
+// Events of a sliding-window group are skipped (counted) and the replica shows the
+// informational hybrid-groups-skipped.
+func TestDegradedHybridGroupsSkipped(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(20, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Stored.GroupIdx, ev.Stored.KVCacheSpecKind = kvwire.Some(int64(1)), kvwire.Some("sliding_window")
+	if _, err := pub.Publish(ev); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the group skipped", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.SkippedGroups > 0 })
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if got := reasonsOf(rt, "e0/0"); len(got) != 1 || got[0] != degraded.HybridGroupsSkipped {
+		t.Fatalf("degraded %v", got)
+	}
+	if !degraded.HybridGroupsSkipped.Informational() {
+		t.Fatal("hybrid-groups-skipped must stay informational")
+	}
+}
+
+// A stream whose replay never answers holds the live batches behind the gap: received, none
+// applied, which is stalled at the next sample (before the replay gives up).
+func TestDegradedStalled(t *testing.T) {
+	// A replay endpoint that accepts connections and never speaks ZMTP: the replay hangs until
+	// its first-reply timeout (the start-up replay too, so the router's first batch waits 5 s).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, []string{"tcp://" + ln.Addr().String()})
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(30, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = pub.PublishLost(ev) // the gap
+	for range 4 {
+		_, _ = pub.Publish(ev)
+	}
+	eventually(t, "live batches held behind the replay", func() bool {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Replaying && st.Pending >= 3
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	if st, _ := rt.s.sub.Stats("e0", 0); st.State != kvevents.Replaying {
+		t.Skipf("the replay gave up before the sample (loaded machine): %s", st.State)
+	}
+	if !hasReason(rt, "e0/0", degraded.Stalled) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stats %+v", rt.s.Degraded(), st)
+	}
+}
+
+// The first of each kind of drop on a stream is logged once (WARN, with the counter and its
+// metric); further drops of that kind, in later samples too, only count.
+func TestFirstDropOfEachKindLoggedOnce(t *testing.T) {
+	var logs syncBuffer
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil, &logs)
+	t0 := time.Now()
+	for i := range 3 {
+		ev, err := cache.Store(tokensFrom(40+i, 48), 1) // unknown parent
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev2, _ := cache.Store(tokensFrom(50+i, 32), 0)
+		ev2.Stored.Medium = kvwire.Some("NVME_OVER_THE_MOON") // a medium this version does not know
+		if _, err := pub.Publish(ev, ev2); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the drops counted", func() bool {
+			st, _ := rt.s.sub.Stats("e0", 0)
+			return st.UnknownParent >= uint64(i+1) && st.SkippedMedia >= uint64(i+1)
+		})
+		rt.s.healthTick(t0.Add(time.Duration(i) * 5 * time.Second))
+	}
+	out := logs.String()
+	for _, key := range []string{"unknown_parents", "skipped_media"} {
+		if n := strings.Count(out, "counter="+key); n != 1 {
+			t.Errorf("%s logged %d times, want once:\n%s", key, n, grepLines(out, "dropped"))
+		}
+	}
+	if !strings.Contains(out, "metric=kvroute_router_stream_unknown_parents_total") {
+		t.Errorf("the line does not name the metric:\n%s", grepLines(out, "dropped"))
+	}
+}
+
+// A gap the engine cannot replay leaves the stream inexact; past degraded.InexactFor the
+// replica is reported inexact, and no longer once the engine's cache reset heals the stream.
+func TestDegradedInexact(t *testing.T) {
+	rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	ev, err := cache.Store(tokensFrom(60, 32), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = pub.PublishLost(ev) // a gap, and no replay socket to fill it
+	eventually(t, "the stream inexact", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Inexact
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	rt.s.healthTick(t0.Add(15 * time.Second))
+	if hasReason(rt, "e0/0", degraded.Inexact) {
+		t.Fatalf("inexact reported before %v: %+v", degraded.InexactFor, rt.s.Degraded())
+	}
+	rt.s.healthTick(t0.Add(5*time.Second + degraded.InexactFor))
+	if !hasReason(rt, "e0/0", degraded.Inexact) {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		t.Fatalf("degraded %+v; stream %s", rt.s.Degraded(), st.State)
+	}
+	eventually(t, "healed by a cache reset", func() bool {
+		_, _ = pub.Publish(cache.Clear())
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.State == kvevents.Exact
+	})
+	rt.s.healthTick(t0.Add(30 * time.Second))
+	if hasReason(rt, "e0/0", degraded.Inexact) {
+		t.Fatalf("still inexact after the reset: %+v", rt.s.Degraded())
+	}
+}

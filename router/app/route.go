@@ -1,0 +1,606 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
+	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/route"
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/tokens"
+)
+
+// decision is one routing decision and what it was based on.
+type decision struct {
+	*route.Decision
+	reps   []*replica
+	chosen int
+	took   time.Duration
+	// id is the request's ledger entry (0: not routed, a dry run).
+	id load.ID
+}
+
+// Where the fleet's block size came from (blockSize).
+const (
+	blockSizeFromConfig    = "config"
+	blockSizeFromDiscovery = "discovery"
+	blockSizeFromEvents    = "events"
+	blockSizeUnknown       = "unknown"
+)
+
+// blockSize is the fleet's block size and where it came from: configured, else announced by
+// discovery, else learned from a validated event. Until one of them says, it is unknown and
+// requests are routed by load without keys: keys at a guessed size would never match the
+// engines' blocks, and would fill the predicted index with entries no event ever confirms.
+func (s *Router) blockSize(reps []*replica) (int, string) {
+	if bs := s.o.Config.BlockSize; bs > 0 {
+		return bs, blockSizeFromConfig
+	}
+	for _, r := range reps {
+		if bs := r.eng.dp.Load().BlockSize; bs > 0 {
+			return bs, blockSizeFromDiscovery
+		}
+	}
+	if s.sub != nil {
+		for _, r := range reps {
+			if bs := s.sub.BlockSize(r.eng.name, r.rank); bs > 0 {
+				return bs, blockSizeFromEvents
+			}
+		}
+	}
+	return 0, blockSizeUnknown
+}
+
+// warmupCredit is the configured credit decaying linearly to 0 at warmup-until over the
+// warm-up duration.
+func (s *Router) warmupCredit(until, now time.Time) float64 {
+	if until.IsZero() || !now.Before(until) {
+		return 0
+	}
+	d := s.o.Config.Warmup.Duration.Duration
+	if d <= 0 {
+		return 0
+	}
+	return s.o.Config.Warmup.Credit * min(1, float64(until.Sub(now))/float64(d))
+}
+
+// views is the decision's read-only view of every replica at now.
+func (s *Router) views(reps []*replica, now time.Time) []route.Replica {
+	out := make([]route.Replica, len(reps))
+	for i, r := range reps {
+		dp := r.eng.dp.Load()
+		out[i] = route.Replica{Name: r.name, ID: r.id, Load: r.ld, Ready: dp.Ready, Healthy: r.eng.health.Healthy(now),
+			Approximate: !s.exactStream(r), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now),
+			Peer: s.peerLoad(r)} // what the other router replicas have in flight there
+		if fig := r.engineFigures.Load(); fig != nil {
+			out[i].Queue, out[i].KVUtil = fig.Waiting, fig.KVUsage
+		}
+	}
+	return out
+}
+
+// decide scores every replica for the prompt (route.Decide) and, when commit is set, routes
+// the request through the ledger (the policy picks, the ledger records the load and the
+// predicted blocks in one step). tried marks replicas this request already failed on. A dry
+// run (commit unset: /debug/route) changes no state: it asks the policy to explain itself and
+// takes the cheapest candidate, or, for a policy without explanations, asks for its pick
+// without recording it. unkeyed, when set, says why the request must not be keyed.
+func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool) (*decision, []score.Explanation, error) {
+	t0 := time.Now()
+	now := s.now()
+	bs, _ := s.blockSize(reps)
+	in := route.Input{Tokens: toks, Identity: id, Session: session, Unkeyed: unkeyed, BlockSize: bs, NowNs: now.UnixNano()}
+	if len(tried) > 0 {
+		in.Tried = make([]bool, len(reps))
+		for i, r := range reps {
+			in.Tried[i] = tried[r]
+		}
+	}
+	rd, err := route.Decide(in, s.views(reps, now), s.ix, s.ledger)
+	if err != nil {
+		return nil, nil, err
+	}
+	d := &decision{Decision: rd, reps: reps}
+	if d.Unkeyed != "" && commit {
+		s.met.UnkeyedRequests.WithLabelValues(d.Unkeyed).Inc()
+		s.logLimited("unkeyed:"+d.Unkeyed, "request routed by load without keys; counted in kvroute_router_unkeyed_requests_total",
+			"reason", d.Unkeyed)
+	}
+	if !commit {
+		ex := s.ledger.Explain(&d.Req, d.Cands)
+		i := route.Cheapest(d.Cands, ex)
+		if ex == nil {
+			i, err = s.ledger.Pick(&d.Req, d.Cands)
+		} else if i < 0 {
+			err = score.ErrNoCandidate
+		}
+		d.took = time.Since(t0)
+		d.chosen = i
+		return d, ex, err
+	}
+	lid, _, err := s.ledger.Decide(&d.Req, d.Cands, func(i int) load.Routing {
+		// Outside the measured decision, still under the ledger's lock: a sibling decided right
+		// after this one must already see it in the predicted side index.
+		d.took = time.Since(t0)
+		d.chosen = i
+		return load.Routing{Replica: reps[i].ld, Keys: d.Req.Keys, Approximate: d.Cands[i].Approximate,
+			Uncached: d.Uncached(i), Held: d.Req.Tokens, Cached: d.Cached[i],
+			Tokens: toks, Identity: id, Multimodal: unkeyed == unkeyedMultimodal}
+	})
+	if err != nil {
+		d.took = time.Since(t0)
+		return d, nil, err
+	}
+	d.id = lid
+	rep := reps[d.chosen]
+	rep.h.routed.Add(1)
+	if d.Unkeyed == unkeyedMultimodal {
+		rep.h.mmRouted.Add(1)
+	}
+	return d, nil, nil
+}
+
+// accessLog logs one routed request in Options.AccessLogSample with the breakdown of its
+// decision (the policy's explanation is not recomputed: what the policy weighed is in the
+// numbers).
+func (s *Router) accessLog(d *decision, p *prepared) {
+	n := s.o.AccessLogSample
+	if n <= 0 || s.routedCount.Add(1)%uint64(n) != 0 {
+		return
+	}
+	s.log.Info("routed", "sample_every", n, "decision", s.routeAnswer(d, nil, p))
+}
+
+// exactStream reports whether the replica's event stream is whole (Exact); every other state,
+// or no stream at all, is scored from the approximate index too.
+func (s *Router) exactStream(r *replica) bool {
+	if s.exactHook != nil {
+		return s.exactHook(r)
+	}
+	if !r.stream || s.sub == nil {
+		return false
+	}
+	st, ok := s.sub.State(r.eng.name, r.rank)
+	return ok && st == kvevents.Exact && !r.h.demoted.Load()
+}
+
+// rollback takes back a decision for an attempt that failed before the engine took the
+// request (load.Ledger.Failed).
+func (s *Router) rollback(d *decision) {
+	if d.id == 0 {
+		return
+	}
+	if _, err := s.ledger.Failed(d.id); err != nil {
+		s.log.Error("routed request missing from the ledger", "replica", d.reps[d.chosen].name, "err", err)
+	}
+	d.id = 0
+}
+
+// identity is what changes KV content besides tokens: a LoRA adapter and the cache salt.
+func (s *Router) identity(tr *tokens.Request, e *engine) blockkey.Identity {
+	id := blockkey.Identity{CacheSalt: tr.CacheSalt}
+	if e != nil && tr.Model != e.model && (e.adapts[tr.Model] || e.model != "") {
+		id.LoRAName = tr.Model
+	}
+	return id
+}
+
+// tokenizer picks the engine that renders a request: the healthy ready engines in turn.
+func (s *Router) tokenizerEngine(reps []*replica) *engine {
+	now := s.now()
+	var es []*engine
+	for _, r := range reps {
+		if r.rank == 0 && r.eng.dp.Load().Ready && r.eng.health.Healthy(now) {
+			es = append(es, r.eng)
+		}
+	}
+	if len(es) == 0 {
+		return nil
+	}
+	return es[s.rr.Add(1)%uint64(len(es))]
+}
+
+// prepared is a parsed, tokenized request.
+type prepared struct {
+	tr       *tokens.Request
+	body     []byte
+	toks     []uint32
+	id       blockkey.Identity
+	session  string
+	degraded bool
+	// unkeyed is why the request is routed without keys (unkeyedMultimodal), "" to key it.
+	unkeyed string
+}
+
+// prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
+// load-only routing instead of failing it.
+func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte, reps []*replica) (*prepared, bool) {
+	tr, err := tokens.Parse(kind, body)
+	if err != nil {
+		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
+		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
+		return nil, false
+	}
+	p := &prepared{tr: tr, body: body, session: r.Header.Get("X-Session-Id")}
+	if tokens.Multimodal(body) {
+		p.unkeyed = unkeyedMultimodal
+	}
+	if p.session == "" {
+		p.session = tr.User
+	}
+	te := s.tokenizerEngine(reps)
+	p.id = s.identity(tr, te)
+	if te == nil && !tr.HasIDs {
+		return p, true // no engine: the decision fails with 503 below
+	}
+	t0 := time.Now()
+	url := ""
+	if te != nil {
+		url = te.dp.Load().URL
+	}
+	toks, src, err := s.tok.Tokens(r.Context(), url, tr, body)
+	s.met.TokenizeSeconds.Observe(time.Since(t0).Seconds())
+	var ce *tokens.ClientError
+	if errors.As(err, &ce) {
+		// The engine refused the request itself (bad max_tokens, unknown model, a prompt over
+		// the context length): every engine would, so the client gets the engine's answer.
+		s.met.Errors.WithLabelValues("", s.policy, "engine_refused").Inc()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(ce.Status)
+		_, _ = w.Write(ce.Body)
+		return nil, false
+	}
+	if err != nil {
+		s.met.TokenizeFailures.Inc()
+		s.tokenizeDegraded.Add(1)
+		s.noteTokenizeFailure(te, err)
+		if tokens.IsEngineAuth(err) {
+			// The router's own call was refused: its configuration, not the client's request,
+			// is wrong. The request still goes out (routed by load); it is not a client error.
+			s.engineAuthFailure(callTokenize, te.name, err)
+		} else {
+			s.logLimited("tokenize:"+te.name, "tokenization failed; routing by load only, counted in kvroute_router_tokenize_failures_total",
+				"engine", te.name, "err", err)
+		}
+		p.degraded = true
+		return p, true
+	}
+	s.met.TokenizeSource.WithLabelValues(src.String()).Inc()
+	p.toks = toks
+	return p, true
+}
+
+// Generate serves one generation request (server.Router): tokenize, decide, forward, retry
+// elsewhere while no token has reached the client, account.
+func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
+	reps, _ := s.table.snapshot()
+	p, ok := s.prepare(w, r, kind, body, reps)
+	if !ok {
+		return
+	}
+	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport}
+	upBody, err := rw.Apply(p.body)
+	if err != nil {
+		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
+		return
+	}
+	path := "/v1/completions"
+	if kind == tokens.Chat {
+		path = "/v1/chat/completions"
+	}
+	excluded := map[*replica]bool{}
+	var last proxy.Outcome
+	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
+		d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
+		if err != nil {
+			if attempt == 0 {
+				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
+				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
+			} else {
+				s.allFailed(w, last)
+			}
+			return
+		}
+		s.met.DecisionSeconds.WithLabelValues(s.policy).Observe(d.took.Seconds())
+		s.accessLog(d, p)
+		rep := d.reps[d.chosen]
+		if d.Cands[d.chosen].Approximate {
+			s.met.ApproxDecisions.WithLabelValues(rep.eng.name).Inc()
+		}
+		healthyLeft := 0
+		for i := range d.Cands {
+			if d.Cands[i].Healthy && i != d.chosen {
+				healthyLeft++
+			}
+		}
+		out := s.forward(ctx, w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
+		if out.Retryable && !out.Started {
+			why := out.Kind
+			if out.Err != nil {
+				why += ": " + out.Err.Error()
+			}
+			s.rollback(d)
+			if out.PodDown {
+				// The engine's HTTP server failed, which all its DP ranks share: no retry may land
+				// on its other ranks. A refused connection takes it out of routing at once.
+				if out.Kind == proxy.KindConnect {
+					rep.eng.health.Unreachable(s.now(), why)
+				} else {
+					rep.eng.health.Failure(s.now(), why)
+				}
+				for _, r := range rep.eng.reps {
+					excluded[r] = true
+				}
+			} else {
+				rep.eng.health.Failure(s.now(), why)
+				excluded[rep] = true
+			}
+			if !rep.eng.gone.Load() {
+				s.met.Retries.WithLabelValues(rep.eng.name).Inc()
+			}
+			rep.retries.Add(1)
+			s.logLimited("retry:"+rep.name+":"+out.Kind, "engine attempt failed before the first token; retrying elsewhere, counted in kvroute_router_retries_total",
+				"engine", rep.name, "why", why)
+			last = out
+			continue
+		}
+		if !out.Started && out.Err != nil && !out.ClientGone {
+			s.rollback(d)
+		}
+		if !out.Started && out.Err != nil {
+			switch {
+			case out.ClientGone:
+			case out.Kind == proxy.KindRequestTimeout:
+				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.TypeServer, out.Err.Error())
+			default:
+				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.name+": "+out.Err.Error())
+			}
+		}
+		if out.Cut {
+			// The client already has the status and some tokens: the proxy wrote an SSE error
+			// event; aborting the connection keeps the chunked terminator (or the rest of a
+			// Content-Length) from reaching it, so no client can take the answer as complete.
+			panic(http.ErrAbortHandler)
+		}
+		return
+	}
+	s.allFailed(w, last)
+}
+
+// allFailed answers a request whose every attempt failed before its first token.
+func (s *Router) allFailed(w http.ResponseWriter, last proxy.Outcome) {
+	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
+	msg := "every engine tried failed"
+	if last.Err != nil {
+		msg += ": " + last.Err.Error()
+	}
+	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, msg)
+}
+
+// forward sends one attempt to the decision's replica and accounts for it. The ledger moves the
+// request's load from prefill to decode at its first token (proxy.Request.OnFirstToken: for a
+// stream the first data event with a choice, for a non-streamed answer the answer itself), and
+// ends it here once the engine took the request; an attempt the engine never took is the
+// caller's to take back (rollback).
+func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, p *prepared, path string, body []byte, rw proxy.Rewrite, mayRetry bool) proxy.Outcome {
+	rep := d.reps[d.chosen]
+	dp := rep.eng.dp.Load()
+	cached := d.Cached[d.chosen]
+	rankLabel := strconv.Itoa(rep.rank)
+	if !rep.eng.gone.Load() {
+		s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Inc()
+	}
+	firstToken := false
+	engineHdr := rep.eng.name
+	if dp.Ranks() > 1 {
+		engineHdr += "/" + rankLabel
+	}
+	rank := rep.rank
+	if dp.Ranks() == 1 {
+		rank = -1 // a single-rank engine needs no pin
+	}
+	out := s.px.Do(ctx, w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
+		Path: path, Body: body, Header: r.Header, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
+		MayRetry: mayRetry,
+		SetHeaders: func(h http.Header) {
+			h.Set("x-kvroute-engine", engineHdr)
+			h.Set("x-kvroute-predicted-cached-tokens", strconv.Itoa(cached))
+		},
+		OnFirstToken: func() {
+			firstToken = true
+			if err := s.ledger.FirstToken(d.id); err != nil {
+				s.log.Error("routed request missing from the ledger", "replica", rep.name, "err", err)
+			}
+		},
+	})
+	if out.Started || out.Err == nil || out.ClientGone {
+		// The engine took the request (or may have: the client left first): it ends here. The
+		// other attempts are taken back by the caller.
+		var u *load.Usage
+		if out.Usage != nil {
+			u = &load.Usage{PromptTokens: out.Usage.PromptTokens, CachedTokens: out.Usage.CachedTokens,
+				HasCached: out.Usage.HasCached, CompletionTokens: out.Usage.CompletionTokens}
+		}
+		if _, err := s.ledger.Done(d.id, u); err != nil {
+			s.log.Error("routed request missing from the ledger", "replica", rep.name, "err", err)
+		}
+		d.id = 0
+	}
+	if rep.eng.gone.Load() {
+		return out // removed meanwhile: its series are deleted and stay so
+	}
+	s.met.InflightRequests.WithLabelValues(rep.eng.name, rankLabel).Dec()
+	if out.AuthRejected {
+		s.engineAuthFailure(callGenerate, rep.eng.name, out.Err)
+	}
+	if out.Status > 0 && !out.AuthRejected {
+		s.met.EngineHeadersSeconds.WithLabelValues(rep.eng.name).Observe(out.HeadersAfter.Seconds())
+	}
+	if out.EngineError != "" {
+		when := "before_first_token"
+		if firstToken {
+			when = "after_first_token"
+		}
+		s.met.EngineErrors.WithLabelValues(rep.eng.name, when).Inc()
+		s.log.Warn("engine sent an in-stream error", "engine", rep.name, "when", when, "message", out.EngineError)
+	}
+	if out.Retryable && !out.Started {
+		return out
+	}
+	if p.tr.Stream && out.TTFT > 0 {
+		s.met.FirstTokenSeconds.WithLabelValues(rep.eng.name).Observe(out.TTFT.Seconds())
+	}
+	switch {
+	case out.ClientGone, out.Kind == proxy.KindRequestTimeout, out.AuthRejected:
+	case out.Cut:
+		rep.eng.health.Failure(s.now(), out.Kind+": "+out.Err.Error())
+	case out.Status > 0 && out.Status < 500 && out.EngineError == "" && out.Err == nil:
+		rep.eng.health.Success()
+	}
+	code := strconv.Itoa(out.Status)
+	if out.Err != nil && !out.Started {
+		code = "error"
+	}
+	s.met.Requests.WithLabelValues(rep.eng.name, s.policy, code).Inc()
+	if out.Err != nil {
+		reason := out.Kind
+		if reason == "" {
+			reason = "upstream"
+		}
+		s.met.Errors.WithLabelValues(rep.eng.name, s.policy, reason).Inc()
+		if out.Cut {
+			s.log.Warn("answer cut after its first token; the client gets an error event and an aborted connection",
+				"engine", rep.name, "kind", out.Kind, "err", out.Err)
+		}
+	}
+	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
+		s.account(rep, d.Req.Tokens, d.Req.BlockSize, cached, out.Usage, d.Mode(d.chosen))
+	}
+	return out
+}
+
+// staleAfter and staleHits: a replica whose engine answers staleHits requests in a row, each of
+// which must have stored a new full block (mustStoreBlock) and each staleAfter or more after
+// the stream's last applied batch, has a publisher that stopped (a prefill stores blocks, and
+// vLLM publishes them within milliseconds). Several in a row, to ride out a batch that is
+// merely late.
+const (
+	staleAfter = 2 * time.Second
+	staleHits  = 3
+)
+
+// mustStoreBlock reports whether serving a prompt of promptTokens, of which cachedTokens were
+// prefix-cache hits, stored at least one new full block, so that an engine publishing events
+// must have sent a BlockStored for it. vLLM's hits are whole blocks from the start, capped so
+// that the last prompt token is computed (vllm/v1/core/kv_cache_manager.py,
+// get_computed_blocks): when the prompt ends on a block boundary, a hit one block short of the
+// prompt may have left out a block that is already stored and is only recomputed, so that block
+// is not counted. A repeat of a cached prompt, which publishes nothing in incremental mode, is
+// therefore never taken for a silent publisher.
+func mustStoreBlock(promptTokens, cachedTokens, blockSize int) bool {
+	if blockSize <= 0 || promptTokens <= 0 {
+		return false
+	}
+	full, hit := promptTokens/blockSize, max(cachedTokens, 0)/blockSize
+	fresh := full - hit
+	if promptTokens%blockSize == 0 && hit == full-1 {
+		fresh-- // possibly a capped hit's recomputed block
+	}
+	return fresh >= 1
+}
+
+// checkPublishing marks the stream stale when the engine serves without publishing. cached is
+// what the engine reported as prefix-cache hits, or the router's own prediction when the
+// engine reports none.
+func (s *Router) checkPublishing(rep *replica, promptTokens, cached, blockSize int) {
+	if !rep.stream || s.sub == nil || !mustStoreBlock(promptTokens, cached, blockSize) {
+		return
+	}
+	st, ok := s.sub.Stats(rep.eng.name, rep.rank)
+	if !ok {
+		return
+	}
+	if !st.LastApplied.IsZero() && time.Since(st.LastApplied) < staleAfter {
+		rep.quiet.Store(0)
+		return
+	}
+	if rep.quiet.Add(1) >= staleHits && st.State == kvevents.Exact {
+		if err := s.sub.Stale(rep.eng.name, rep.rank); err == nil {
+			s.log.Warn("engine serves but publishes no KV events; replica scored approximately until they resume",
+				"engine", rep.eng.name, "rank", rep.rank, "last_event", st.LastApplied)
+		}
+	}
+}
+
+// account compares the prediction with the engine's reported cached tokens.
+func (s *Router) account(rep *replica, promptTokens, blockSize, predicted int, u *proxy.Usage, mode string) {
+	rep.responses.Add(1)
+	if u != nil && u.HasCached {
+		pt := promptTokens
+		if u.PromptTokens > 0 {
+			pt = u.PromptTokens
+		}
+		s.checkPublishing(rep, pt, u.CachedTokens, blockSize)
+	} else {
+		s.checkPublishing(rep, promptTokens, predicted, blockSize)
+	}
+	name := rep.eng.name
+	if u == nil || !u.HasCached {
+		rep.noUsage.Add(1)
+		s.met.UsageMissing.WithLabelValues(name).Inc()
+		return
+	}
+	if u.PromptTokens > 0 {
+		promptTokens = u.PromptTokens
+	}
+	rep.withUsage.Add(1)
+	rep.promptTok.Add(uint64(promptTokens))
+	rep.predictedTok.Add(uint64(predicted))
+	rep.actualTok.Add(uint64(u.CachedTokens))
+	diff := predicted - u.CachedTokens
+	rep.absErrTok.Add(uint64(max(diff, -diff)))
+	s.met.PromptTokens.WithLabelValues(name).Add(float64(promptTokens))
+	s.met.PredictedCached.WithLabelValues(name).Add(float64(predicted))
+	s.met.ActualCached.WithLabelValues(name).Add(float64(u.CachedTokens))
+	s.accountMode(rep, mode, promptTokens, predicted, u.CachedTokens)
+}
+
+// Models forwards GET /v1/models to a healthy engine.
+func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
+	reps, _ := s.table.snapshot()
+	e := s.tokenizerEngine(reps)
+	if e == nil {
+		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.dp.Load().URL+"/v1/models", nil)
+	// The same rule as generation: forwarded as is without an engine API key, replaced by
+	// the router's key (in the client's transport) with one.
+	if a := r.Header.Get("Authorization"); a != "" {
+		req.Header.Set("Authorization", a)
+	}
+	resp, err := s.px.Client().Do(req)
+	if err != nil {
+		e.health.Failure(s.now(), err.Error())
+		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.name+": "+err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	if s.o.EngineAPIKey != "" && proxy.IsAuthStatus(resp.StatusCode) {
+		s.engineAuthFailure(callModels, e.name, proxy.ErrEngineAuth)
+		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.name+": "+proxy.ErrEngineAuth.Error())
+		return
+	}
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}

@@ -1,0 +1,438 @@
+// Package server assembles kvrouter: discovery feeds the engine table, kvevents feeds the exact
+// index, tokens turns requests into token ids, score picks a replica from index overlap and the
+// load this router tracks, and proxy forwards. It serves the OpenAI API and the admin endpoints
+// (/metrics, /debug/engines, /debug/route).
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/degraded"
+	"github.com/kvroute/kvroute/router/discovery"
+	fleetmetrics "github.com/kvroute/kvroute/router/fleet"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
+	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/server"
+	"github.com/kvroute/kvroute/router/tokens"
+)
+
+// Options configure a Server. Config is required (start from config.Default()); the rest
+// have defaults.
+type Options struct {
+	Config config.Config
+	// Source supplies the engines; nil means the static engines of Config.
+	Source discovery.Source
+	// EventsBind, when set, binds one SUB socket there and identifies engines by topic.
+	EventsBind string
+	// Model is the served model name (for topics and LoRA detection); "" reads each engine's
+	// /v1/models.
+	Model string
+	// TopicHostOnly: engines publish with topic <prefix>@<host>@<model> (Kubernetes pods, as the
+	// operator configures them) instead of <prefix>@<host>:<port>@<model>.
+	TopicHostOnly bool
+	// FullReport injects vllm_xargs.kv_cache_report_mode = "full" into every request.
+	FullReport bool
+	// EngineAPIKey is the router's credential for engines started with --api-key: sent on
+	// every call to an engine, replacing a client's Authorization (proxy.Options.EngineAPIKey).
+	EngineAPIKey string
+	// Now is the clock for warm-up credit and side-index TTLs (time.Now); tests move it.
+	Now func() time.Time
+	// ProbeInterval between active /health probes (2s); ProbeTimeout per probe (1s).
+	ProbeInterval, ProbeTimeout time.Duration
+	// IdleTimeout, when set, replaces Config.Limits.IdleTimeout.
+	IdleTimeout time.Duration
+	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL).
+	PredictedTTL time.Duration
+	// TokenizeTimeout bounds one tokenization (2s).
+	TokenizeTimeout time.Duration
+	// ScrapeInterval between reads of every engine's /metrics (fleetmetrics.DefaultInterval).
+	ScrapeInterval time.Duration
+	// HealthInterval between samples of every replica's counters for its degraded reasons (5s).
+	HealthInterval time.Duration
+	// MaxAttempts bounds the engines tried for one request (3).
+	MaxAttempts int
+	// DiscoveryWait is how long a request that arrives before the first engine snapshot waits
+	// for it before a 503 "no engine discovered yet" (10s).
+	DiscoveryWait time.Duration
+	// Observers are told of every routed request's lifecycle (load.Observer).
+	Observers []load.Observer
+	// Policy, when set, replaces the policy Config.Policy names (tests, experiments).
+	Policy score.Policy
+	// AccessLogSample, when N > 0, logs one routed request in N at INFO with its decision's
+	// breakdown (what /debug/route shows); 0 logs none.
+	AccessLogSample int
+	// Seed seeds the policy's random choices.
+	Seed   int64
+	Logger *slog.Logger
+}
+
+// Router is one kvrouter. Start with Run; handlers are usable as soon as New returns.
+type Router struct {
+	o      Options
+	log    *slog.Logger
+	now    func() time.Time
+	policy string
+
+	ix    *index.Index
+	sub   *kvevents.Subscriber
+	bound bool
+	tok   *tokens.Tokenizer
+	px    *proxy.Proxy
+	met   *metrics.Metrics
+	http  *server.Server
+	// scraper is the one reader of the engines' /metrics (queue, running, KV use, GPU blocks).
+	scraper *fleetmetrics.Reader
+	// ledger holds every routed request until it ends, the load it puts on its replica, the
+	// predicted and approximate side indexes, and the policy.
+	ledger *load.Ledger
+
+	syncMu sync.Mutex
+	table  engineTable
+	rr     atomic.Uint64 // tokenization engine rotation
+
+	tokenizeDegraded atomic.Uint64
+	// routedCount numbers routed requests for the sampled access log.
+	routedCount atomic.Uint64
+	closeOnce   sync.Once
+	// authLogged holds the calls whose engine 401/403 was logged: a misconfigured key
+	// fails every call, so it is logged once per call kind and counted every time.
+	authLogged sync.Map
+	// quietLogs rate-limits logs of per-request fallbacks (logLimited): key -> *atomic.Int64,
+	// the unix nanoseconds of the last line.
+	quietLogs sync.Map
+	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
+	exactHook func(*replica) bool
+	readyOnce chan struct{}
+	// debugRouteSlots bounds /debug/route calls in flight (debugRouteConcurrency).
+	debugRouteSlots chan struct{}
+	// tracker decides each replica's degraded reasons (health.go); healthMu serialises ticks.
+	healthMu sync.Mutex
+	tracker  *degraded.Tracker
+	// peers is parity across replicas (nil without events).
+	peers *kvevents.PeerTable
+	// peer is this router's part among several router replicas (peers.go; nil when alone).
+	peer *peerState
+}
+
+// New builds a server; it connects nothing until Run.
+func New(o Options) (*Router, error) {
+	if err := o.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = 2 * time.Second
+	}
+	if o.ProbeTimeout <= 0 {
+		o.ProbeTimeout = time.Second
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	if o.DiscoveryWait <= 0 {
+		o.DiscoveryWait = 10 * time.Second
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = defaultHealthInterval
+	}
+	if o.Model == "" {
+		o.Model = o.Config.ServedModelName
+	}
+	if o.Config.KVCacheReportMode == "full" {
+		o.FullReport = true
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	name := o.Config.Policy
+	if name == "least-loaded" {
+		name = "load"
+	}
+	kv := kvParams(o.Config.Scoring)
+	pol := o.Policy
+	if pol == nil {
+		var err error
+		if pol, err = score.New(name, score.Options{Seed: o.Seed, KV: &kv}); err != nil {
+			return nil, err
+		}
+	} else {
+		name = pol.Name()
+	}
+	s := &Router{o: o, log: o.Logger, now: o.Now, policy: name, readyOnce: make(chan struct{}),
+		debugRouteSlots: make(chan struct{}, debugRouteConcurrency), tracker: degraded.NewTracker(o.HealthInterval)}
+	s.ix = index.New(index.Options{Now: o.Now})
+	observers := o.Observers
+	if o.Config.Peers != nil {
+		// Publishes the ledger's transitions once startPeers below has joined the group.
+		observers = append(append([]load.Observer{}, observers...), peerObserver{s: s})
+	}
+	s.ledger = load.New(load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: observers})
+	lim := o.Config.Limits
+	idle := lim.IdleTimeout.Duration
+	if o.IdleTimeout > 0 {
+		idle = o.IdleTimeout
+	}
+	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstTokenTimeout.Duration,
+		IdleTimeout: idle, EngineAPIKey: o.EngineAPIKey})
+	s.scraper = fleetmetrics.NewReader(fleetmetrics.ReaderOptions{Client: s.px.Client(), Interval: o.ScrapeInterval, Timeout: 2 * time.Second,
+		OnSample: s.engineSample, OnError: s.engineScrapeFailed})
+	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
+	if o.Config.Events.Enabled {
+		s.peers = kvevents.NewPeerTable()
+		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize, Peers: s.peers}
+		// Parity recomputes each sampled event's block 0 at the event's own block size, so it
+		// runs whether the router's block size is configured or learned.
+		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil {
+			ing.Parity = &kvevents.Parity{Algo: algo, Seed: o.Config.Hash.Seed}
+		}
+		var err error
+		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log})
+		if err != nil {
+			return nil, err
+		}
+		if o.EventsBind != "" {
+			if _, err := s.sub.Bind(o.EventsBind); err != nil {
+				_ = s.sub.Close()
+				return nil, fmt.Errorf("--events-bind: %w", err)
+			}
+			s.bound = true
+		}
+	}
+	s.table.engines = map[string]*engine{}
+	state := metrics.NewStateCollector(s.streamMetrics, func() float64 { return float64(s.ix.Keys()) },
+		func() (float64, float64) {
+			st := s.ledger.Stats()
+			return float64(st.Predicted), float64(st.Approximate)
+		},
+		s.unroutableEvents, streamCounterSpecs())
+	state.DegradedReasons = reasonNames()
+	s.met = metrics.New(state)
+	for _, c := range authCalls {
+		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
+	}
+	if pc := o.Config.Peers; pc != nil {
+		if err := s.startPeers(pc); err != nil {
+			if s.sub != nil {
+				_ = s.sub.Close()
+			}
+			return nil, fmt.Errorf("peers: %w", err)
+		}
+	}
+	lim = o.Config.Limits
+	s.http = server.New(s, server.Options{MaxBodyBytes: lim.MaxBodyBytes, BodyReadTimeout: lim.BodyReadTimeout.Duration,
+		HeaderReadTimeout: lim.HeaderReadTimeout.Duration, RequestTimeout: lim.RequestTimeout.Duration, DiscoveryWait: o.DiscoveryWait})
+	return s, nil
+}
+
+// The router's calls to an engine, as counted in engine_auth_failures_total.
+const (
+	callTokenize = "tokenize"
+	callModels   = "models"
+	callHealth   = "health"
+	callGenerate = "generate"
+)
+
+var authCalls = []string{callTokenize, callModels, callHealth, callGenerate}
+
+// fallbackLogEvery is how often a per-request fallback (tokenization failed, an attempt
+// retried elsewhere, a request routed without keys) is logged for the same reason; every one is
+// counted on /metrics in between.
+const fallbackLogEvery = time.Minute
+
+// logLimited logs msg at WARN the first time key is seen and then at most once per
+// fallbackLogEvery, so an outage that fails every request is one line a minute, not one a
+// request.
+func (s *Router) logLimited(key, msg string, args ...any) {
+	now := s.now().UnixNano()
+	v, _ := s.quietLogs.LoadOrStore(key, new(atomic.Int64))
+	last := v.(*atomic.Int64)
+	prev := last.Load()
+	if prev != 0 && now-prev < int64(fallbackLogEvery) || !last.CompareAndSwap(prev, now) {
+		return
+	}
+	s.log.Warn(msg, append(args, "logged_at_most_every", fallbackLogEvery)...)
+}
+
+// engineAuthFailure records an engine refusing one of the router's calls with 401/403. It is
+// the router's misconfiguration, never the client's: counted every time, logged once per call
+// kind with what to fix.
+func (s *Router) engineAuthFailure(call, engine string, err error) {
+	s.met.EngineAuth.WithLabelValues(call).Inc()
+	if _, seen := s.authLogged.LoadOrStore(call, true); seen {
+		return
+	}
+	fix := "the engines require an API key and the router has none: set engineAuth.apiKeyEnv or apiKeyFile (--engine-api-key-env, --engine-api-key-file), or spec.engine.apiKeySecretRef"
+	if s.o.EngineAPIKey != "" {
+		fix = "the engines refused the router's engine API key: it differs from theirs (vLLM --api-key / VLLM_API_KEY)"
+	}
+	s.log.Error("engine refused the router's credentials; logged once, counted in kvroute_router_engine_auth_failures_total",
+		"call", call, "engine", engine, "err", err, "fix", fix)
+}
+
+// Run follows the engine source and probes engines until ctx ends; it then closes the
+// subscriber. The first snapshot is applied before Run reports readiness through Synced.
+func (s *Router) Run(ctx context.Context) error {
+	src := s.o.Source
+	if src == nil {
+		es, err := discovery.FromConfig(s.o.Config.Engines)
+		if err != nil {
+			return err
+		}
+		src = discovery.NewStatic(es)
+	}
+	if s.peer != nil {
+		s.bootstrap(ctx) // a ready peer's snapshot, before the first engines are added
+	}
+	go s.probeLoop(ctx)
+	go s.expireLoop(ctx)
+	go s.healthLoop(ctx)
+	go s.scraper.Run(ctx)
+	err := src.Run(ctx, func(snap []discovery.Engine) {
+		s.apply(ctx, snap)
+		select {
+		case <-s.readyOnce:
+		default:
+			close(s.readyOnce)
+		}
+	})
+	s.Close()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Synced is closed once the first engine snapshot is applied.
+func (s *Router) Synced() <-chan struct{} { return s.readyOnce }
+
+// Close stops the event subscriber (Run does it when its context ends).
+func (s *Router) Close() {
+	s.closeOnce.Do(func() {
+		s.closePeers()
+		if s.sub != nil {
+			_ = s.sub.Close()
+		}
+	})
+}
+
+func (s *Router) expireLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.ledger.Expire()
+		}
+	}
+}
+
+// NotReady says why the router cannot take traffic ("" when it can).
+func (s *Router) NotReady() string { return s.notReady() }
+
+// Ready reports whether the first engine snapshot is applied and at least one engine is ready
+// and healthy.
+func (s *Router) Ready() bool {
+	return s.notReady() == ""
+}
+
+// notReady says why the router is not ready ("" when it is).
+func (s *Router) notReady() string {
+	select {
+	case <-s.readyOnce:
+	default:
+		return server.ErrNotDiscovered
+	}
+	if !s.anyHealthy() {
+		return "no healthy engine"
+	}
+	return s.peerNotReady()
+}
+
+func (s *Router) anyHealthy() bool {
+	reps, _ := s.table.snapshot()
+	now := s.now()
+	for _, r := range reps {
+		if r.eng.dp.Load().Ready && r.eng.health.Healthy(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// Metrics exposes the collectors (for tests and the admin handler).
+func (s *Router) Metrics() *metrics.Metrics { return s.met }
+
+// streamCounterSpecs are the per-stream counters /metrics exports: every one kvevents keeps.
+func streamCounterSpecs() []metrics.CounterSpec {
+	var out []metrics.CounterSpec
+	for _, c := range kvevents.CounterSpecs() {
+		out = append(out, metrics.CounterSpec{Metric: c.Metric, Help: c.Help, Gauge: c.Gauge})
+	}
+	return out
+}
+
+// unroutableEvents counts bound-mode messages whose topic named no engine.
+func (s *Router) unroutableEvents() float64 {
+	if s.sub == nil {
+		return 0
+	}
+	return float64(s.sub.Unroutable())
+}
+
+// APIHandler serves the OpenAI API, /healthz and /readyz (router/server).
+func (s *Router) APIHandler() http.Handler { return s.http.API() }
+
+// ConfigureHTTP sets the API server's connection limits from the configuration
+// (server.Server.Configure).
+func (s *Router) ConfigureHTTP(hs *http.Server) { s.http.Configure(hs) }
+
+// AdminHandler serves /metrics, /debug/engines and /debug/route, and GET /peer/snapshot when
+// this router is one of several replicas.
+func (s *Router) AdminHandler() http.Handler {
+	h := s.http.Admin()
+	if s.peer == nil {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /peer/snapshot", s.serveSnapshot)
+	mux.Handle("/", h)
+	return mux
+}
+
+// MetricsHandler serves /metrics.
+func (s *Router) MetricsHandler() http.Handler { return s.met.Handler() }
+
+// Refused counts a request the HTTP surface refused, by reason.
+func (s *Router) Refused(reason string) { s.met.Errors.WithLabelValues("", s.policy, reason).Inc() }
+
+// kvParams maps the configuration's scoring knobs onto the kv policy's defaults.
+func kvParams(sc config.Scoring) score.KVParams {
+	kv := score.DefaultKV
+	kv.TierWeights = [score.NumTiers]float64{sc.TierWeights.GPU, sc.TierWeights.CPU, sc.TierWeights.Disk}
+	kv.Temperature = sc.Temperature
+	if sc.ImbalanceBound >= 1 {
+		kv.Slack = sc.ImbalanceBound - 1
+	}
+	// loadWeight scales every load term of the cost against the request's own uncached work.
+	kv.QueuedPrefillWeight *= sc.LoadWeight
+	kv.DecodeWeight *= sc.LoadWeight
+	kv.QueueTokens *= sc.LoadWeight
+	return kv
+}

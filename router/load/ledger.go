@@ -1,0 +1,397 @@
+// Package load is the router's ledger of the requests it has routed and not seen finish: one
+// entry per request, keyed by its id, from Routed through FirstToken to Done (or Failed, which
+// takes the request back). Everything a request adds to the router's picture of the fleet lives
+// behind it: the replica's prefill, decode and running counters, the predicted side index (and
+// the approximate one for replicas without a whole event stream), and the scoring policy's
+// time windows (told through OnRouted and Retract). The live router drives it with the wall
+// clock, the fleet model (sim/fleet) with virtual time, so both count load by one code path.
+package load
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/score"
+)
+
+// ID names one routed request in the ledger.
+type ID uint64
+
+// Options configure a Ledger.
+type Options struct {
+	// Now is the ledger's clock (side-index expiry and the time of each record); time.Now
+	// when nil. The fleet model passes its virtual clock.
+	Now func() time.Time
+	// Policy is the scoring policy whose per-request state (time windows) the ledger keeps in
+	// step with its records. Required.
+	Policy score.Policy
+	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL when 0).
+	PredictedTTL time.Duration
+	// Observers are told of every request's lifecycle, outside the ledger's lock.
+	Observers []Observer
+}
+
+// Observer is the seam where a request's lifecycle is watched (trace capture, prompt audit).
+// Calls come in order for one request, from the goroutine that serves it; they must not block.
+type Observer interface {
+	Routed(id ID, r *Record)
+	FirstToken(id ID, r *Record, at time.Time)
+	// Done is called once the engine's answer ended; u is nil when it carried no usage.
+	Done(id ID, r *Record, u *Usage)
+	// Failed is called when the request was taken back (the attempt never reached the engine,
+	// or failed before its first token).
+	Failed(id ID, r *Record)
+}
+
+// Usage is what the engine reported for a finished request.
+type Usage struct {
+	PromptTokens int
+	CachedTokens int
+	// HasCached is false when the engine reported no cached_tokens (CachedTokens is then 0).
+	HasCached bool
+	// CompletionTokens is usage.completion_tokens (the trace capture's output length).
+	CompletionTokens int
+}
+
+// Replica is one replica's load as this router counts it. The counters are read without a
+// lock by every decision; only the ledger writes them.
+type Replica struct {
+	ID   index.ReplicaID
+	Name string // the policy's candidate ID ("engine/rank")
+
+	prefill, decode, running atomic.Int64
+	gone                     atomic.Bool
+}
+
+// Load is a replica's counters at one moment.
+type Load struct {
+	// PrefillTokens: uncached prompt tokens routed there whose first token has not come.
+	PrefillTokens int64 `json:"prefill_tokens"`
+	// DecodeTokens: tokens held by its requests past their first token.
+	DecodeTokens int64 `json:"decode_tokens"`
+	// Running: requests routed there and not finished.
+	Running int64 `json:"running"`
+}
+
+// Load reads the replica's counters.
+func (r *Replica) Load() Load {
+	return Load{PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load(), Running: r.running.Load()}
+}
+
+// Routing is what a decision hands the ledger for the request it routes.
+type Routing struct {
+	Replica *Replica
+	// Keys are the prompt's block keys (nil for a request routed without keys).
+	Keys []blockkey.Key
+	// Approximate: the replica is scored from the approximate index too, so the decision is
+	// recorded there as well.
+	Approximate bool
+	// Uncached is the prompt tokens the router expects the replica to compute (prefill load
+	// until the first token); Held the tokens the request holds while it decodes (the live
+	// router counts its prompt, the fleet model prompt and output).
+	Uncached, Held int
+	// Cached is the prompt tokens the router expects the replica to have (for accounting).
+	Cached int
+	// Req, Cands and Chosen are the policy's view of the decision (told OnRouted/Retract);
+	// Req nil tells the policy nothing.
+	Req    *score.Request
+	Cands  []score.Candidate
+	Chosen int
+	// For observers only (router/capture, router/audit): the prompt's token ids as the engine
+	// renders them (nil when never tokenized), what besides them changes KV content, and
+	// whether media the ids do not show came with it. Shared with the request path: read-only.
+	Tokens     []uint32
+	Identity   blockkey.Identity
+	Multimodal bool
+}
+
+// Record is one request in the ledger.
+type Record struct {
+	Routing
+	// At is when it was routed (the ledger's clock); FirstTokenAt when its first token came.
+	At, FirstTokenAt time.Time
+	// predicted: the decision was entered into the side indexes at At.
+	predicted bool
+	first     bool
+}
+
+// Ledger holds every routed request until it is done. Safe for concurrent use.
+type Ledger struct {
+	now  func() time.Time
+	obs  []Observer
+	next atomic.Uint64
+
+	// mu serialises the policy (Pick, OnRouted, Retract, Forget) with the records, so a
+	// decision made right after another already sees it.
+	mu     sync.Mutex
+	pol    score.Policy
+	live   map[ID]*Record
+	pred   *index.SideIndex
+	approx *index.SideIndex
+}
+
+// ErrUnknown is returned for an id the ledger does not hold (finished, or never routed).
+var ErrUnknown = errors.New("load: unknown request")
+
+// New returns an empty ledger.
+func New(o Options) *Ledger {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Ledger{now: o.Now, obs: o.Observers, pol: o.Policy, live: map[ID]*Record{},
+		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
+		approx: index.NewApproximate(index.SideOptions{})}
+}
+
+// Now reads the ledger's clock.
+func (l *Ledger) Now() time.Time { return l.now() }
+
+// Policy is the policy's name.
+func (l *Ledger) Policy() string { return l.pol.Name() }
+
+// NewReplica starts counting a replica. Requests hold their replica: one in flight when the
+// replica is removed settles on it, not on a newcomer that reuses its index slot.
+func (l *Ledger) NewReplica(id index.ReplicaID, name string) *Replica {
+	return &Replica{ID: id, Name: name}
+}
+
+// Remove forgets everything the ledger and the policy keep about a replica that left the
+// fleet: its side-index entries and the policy's per-replica state. Requests still in flight
+// on it settle on the Replica they hold.
+func (l *Ledger) Remove(r *Replica) {
+	r.gone.Store(true)
+	l.mu.Lock()
+	if f, ok := l.pol.(score.Forgetter); ok {
+		f.Forget(r.Name)
+	}
+	l.mu.Unlock()
+	l.pred.Forget(r.ID)
+	l.approx.Forget(r.ID)
+}
+
+// Match returns, indexed by ReplicaID, the leading keys each replica holds in the predicted
+// side index and (when approx) in the approximate one, at the ledger's now; slots as
+// index.Index.Slots. The slices are reused when their capacity allows.
+func (l *Ledger) Match(keys []blockkey.Key, slots int, approx bool, pred, appr []uint32) ([]uint32, []uint32) {
+	now := l.now()
+	pred = l.pred.Match(keys, now, slots, pred)
+	if approx {
+		appr = l.approx.Match(keys, now, slots, appr)
+	}
+	return pred, appr
+}
+
+// Pick asks the policy for a choice without recording anything (the policy may still draw
+// from its tie-break generator). Decide is the call that routes.
+func (l *Ledger) Pick(req *score.Request, cands []score.Candidate) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pol.Pick(req, cands)
+}
+
+// Explain returns the policy's explanation of every candidate, or nil when the policy does not
+// explain itself (score.Explainer). It changes nothing.
+func (l *Ledger) Explain(req *score.Request, cands []score.Candidate) []score.Explanation {
+	ex, ok := l.pol.(score.Explainer)
+	if !ok {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return ex.Explain(req, cands)
+}
+
+// Decide asks the policy for a replica and routes the request there in one step: rec builds
+// the Routing for the chosen index. A sibling decision made right after already sees this one
+// (its load and predicted blocks).
+func (l *Ledger) Decide(req *score.Request, cands []score.Candidate, rec func(i int) Routing) (ID, *Record, error) {
+	l.mu.Lock()
+	i, err := l.pol.Pick(req, cands)
+	if err != nil {
+		l.mu.Unlock()
+		return 0, nil, err
+	}
+	r := rec(i)
+	r.Req, r.Cands, r.Chosen = req, cands, i
+	id, rc := l.routedLocked(r)
+	l.mu.Unlock()
+	l.notifyRouted(id, rc)
+	return id, rc, nil
+}
+
+// Routed records a request routed to r.Replica (a choice made elsewhere: the fleet model, or a
+// caller's override).
+func (l *Ledger) Routed(r Routing) (ID, *Record) {
+	l.mu.Lock()
+	id, rc := l.routedLocked(r)
+	l.mu.Unlock()
+	l.notifyRouted(id, rc)
+	return id, rc
+}
+
+func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
+	if r.Req != nil {
+		l.pol.OnRouted(r.Req, r.Cands, r.Chosen)
+	}
+	rc := &Record{Routing: r, At: l.now()}
+	if len(r.Keys) > 0 {
+		rc.predicted = true
+		l.pred.Predict(r.Replica.ID, r.Keys, rc.At)
+		// The approximate index stands in for a missing stream; a replica with a whole stream
+		// never reads it, so its decisions are not written there.
+		if r.Approximate {
+			l.approx.Predict(r.Replica.ID, r.Keys, rc.At)
+		}
+	}
+	r.Replica.prefill.Add(int64(r.Uncached))
+	r.Replica.running.Add(1)
+	id := ID(l.next.Add(1))
+	l.live[id] = rc
+	return id, rc
+}
+
+func (l *Ledger) notifyRouted(id ID, rc *Record) {
+	for _, o := range l.obs {
+		o.Routed(id, rc)
+	}
+}
+
+// FirstToken moves the request's load from prefill to decode.
+func (l *Ledger) FirstToken(id ID) error {
+	l.mu.Lock()
+	rc, ok := l.live[id]
+	if ok && !rc.first {
+		rc.first = true
+		rc.FirstTokenAt = l.now()
+		rc.Replica.prefill.Add(-int64(rc.Uncached))
+		rc.Replica.decode.Add(int64(rc.Held))
+	}
+	l.mu.Unlock()
+	if !ok {
+		return ErrUnknown
+	}
+	for _, o := range l.obs {
+		o.FirstToken(id, rc, rc.FirstTokenAt)
+	}
+	return nil
+}
+
+// Done ends a request the engine took: its load leaves the replica; its predictions stay until
+// events confirm them or they expire. u is the engine's usage (nil when none came).
+func (l *Ledger) Done(id ID, u *Usage) (*Record, error) {
+	rc, err := l.end(id, false)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range l.obs {
+		o.Done(id, rc, u)
+	}
+	return rc, nil
+}
+
+// Failed takes a request back: it never reached the engine, or failed before the engine
+// computed anything. Its load leaves the replica, and the policy and the side indexes forget
+// the decision, so the replica that just failed does not attract the next request with the
+// same prefix through blocks it never computed.
+func (l *Ledger) Failed(id ID) (*Record, error) {
+	rc, err := l.end(id, true)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range l.obs {
+		o.Failed(id, rc)
+	}
+	return rc, nil
+}
+
+func (l *Ledger) end(id ID, rollback bool) (*Record, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rc, ok := l.live[id]
+	if !ok {
+		return nil, ErrUnknown
+	}
+	delete(l.live, id)
+	rep := rc.Replica
+	if rc.first {
+		rep.decode.Add(-int64(rc.Held))
+	} else {
+		rep.prefill.Add(-int64(rc.Uncached))
+	}
+	rep.running.Add(-1)
+	if !rollback {
+		return rc, nil
+	}
+	if rt, ok := l.pol.(score.Retractor); ok && rc.Req != nil {
+		rt.Retract(rc.Req, rc.Cands, rc.Chosen)
+	}
+	if rc.predicted && !rep.gone.Load() {
+		l.pred.Unpredict(rep.ID, rc.Keys, rc.At)
+		if rc.Approximate {
+			l.approx.Unpredict(rep.ID, rc.Keys, rc.At)
+		}
+	}
+	return rc, nil
+}
+
+// Unpredict takes a routed request's blocks out of the predicted side index before they expire
+// (the fleet model: the engine started it, so its blocks are in the cache now).
+func (l *Ledger) Unpredict(id ID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if rc, ok := l.live[id]; ok && rc.predicted {
+		l.pred.Unpredict(rc.Replica.ID, rc.Keys, rc.At)
+		rc.predicted = false
+	}
+}
+
+// PredictPeer enters blocks another router replica routed to r into the predicted side index,
+// so that a sibling reaching this router goes where its prefix is being computed. They expire
+// like this router's own predictions; they are never taken back here (the peer's request is not
+// in this ledger, and its failure is the peer's to account).
+func (l *Ledger) PredictPeer(r *Replica, keys []blockkey.Key) {
+	if len(keys) == 0 || r.gone.Load() {
+		return
+	}
+	l.pred.Predict(r.ID, keys, l.now())
+}
+
+// ExportApprox returns at most max of r's unexpired approximate-index entries (a peer's
+// snapshot of the replicas without events).
+func (l *Ledger) ExportApprox(r *Replica, max int) []index.SideEntry {
+	return l.approx.Export(r.ID, l.now(), max)
+}
+
+// ImportApprox loads entries taken from a peer's snapshot into r's approximate index.
+func (l *Ledger) ImportApprox(r *Replica, entries []index.SideEntry) {
+	if r.gone.Load() {
+		return
+	}
+	l.approx.Import(r.ID, entries, l.now())
+}
+
+// Expire drops side-index entries expired at the ledger's now (Routed also does as it goes).
+func (l *Ledger) Expire() {
+	now := l.now()
+	l.pred.Expire(now)
+	l.approx.Expire(now)
+}
+
+// Stats is the ledger's size, for /metrics and state comparisons.
+type Stats struct {
+	InFlight    int `json:"in_flight"`
+	Predicted   int `json:"predicted_entries"`
+	Approximate int `json:"approximate_entries"`
+}
+
+// Stats reads the ledger's size.
+func (l *Ledger) Stats() Stats {
+	l.mu.Lock()
+	n := len(l.live)
+	l.mu.Unlock()
+	return Stats{InFlight: n, Predicted: l.pred.Len(), Approximate: l.approx.Len()}
+}

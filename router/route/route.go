@@ -1,0 +1,294 @@
+// Package route is the routing decision as a pure function: a request and read-only views of
+// the exact index, the fleet and the load ledger go in; the candidates the policy scores, what
+// each one is expected to have cached, and a breakdown of every number behind it come out. It
+// reads no clock and changes nothing; the ledger (router/load) is what routes.
+package route
+
+import (
+	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/load"
+	"github.com/kvroute/kvroute/router/score"
+)
+
+// CapBlockSize is the block size a decision does its arithmetic with while the fleet's is not
+// known yet; no request is keyed with it.
+const CapBlockSize = 16
+
+// Unkeyed reasons set here (the caller may give others, e.g. multimodal).
+const UnkeyedBlockSize = "block_size_unknown"
+
+// Guards that take a replica out of a decision before the policy sees it.
+const (
+	GuardNotReady  = "not_ready" // discovery says the engine is not Ready
+	GuardUnhealthy = "unhealthy" // probes or forwards failed and its backoff runs
+	GuardTried     = "tried"     // this request already failed there
+)
+
+// Replica is the decision's view of one replica, as the fleet published it.
+type Replica struct {
+	Name string
+	ID   index.ReplicaID
+	// Load is the ledger's counters for it.
+	Load *load.Replica
+	// Peer is what the other router replicas have in flight there (router/peersync; zero for a
+	// router on its own). The candidate's load is the sum: every decision sees the fleet's.
+	Peer load.Load
+	// Ready and Healthy are the engine's discovery and health state at the decision's time.
+	Ready, Healthy bool
+	// Approximate: no whole event stream (none, not exact, or demoted), so the approximate
+	// index is read too.
+	Approximate bool
+	// WarmupCredit is the already-decayed warm-up share (0..1).
+	WarmupCredit float64
+	// Queue and KVUtil are the engine's own figures (its /metrics), 0 when not read.
+	Queue  int
+	KVUtil float64
+}
+
+// Input is one request as the decision sees it.
+type Input struct {
+	Tokens   []uint32
+	Identity blockkey.Identity
+	Session  string
+	// Unkeyed, when set, is why the request must be routed without keys.
+	Unkeyed string
+	// BlockSize is the fleet's block size, 0 when not known yet (the request goes unkeyed).
+	BlockSize int
+	// NowNs is the decision's time (the policy's windows use it).
+	NowNs int64
+	// Tried marks replicas (by position) this request already failed on; nil for none.
+	Tried []bool
+}
+
+// IndexView is the read side of the exact index.
+type IndexView interface {
+	Match(keys []blockkey.Key, out []index.Match) []index.Match
+	Slots() int
+}
+
+// LedgerView is the read side of the ledger's side indexes.
+type LedgerView interface {
+	Match(keys []blockkey.Key, slots int, approx bool, pred, appr []uint32) ([]uint32, []uint32)
+}
+
+// Decision is what the policy is asked and what the answer is based on.
+type Decision struct {
+	Req   score.Request
+	Cands []score.Candidate
+	// Cached is, per candidate, the prompt tokens it is expected to have cached.
+	Cached []int
+	// Guards is, per candidate, the router guards that took it out (nil when none).
+	Guards [][]string
+	// Raw is, per candidate, the overlap before the cap to the prompt's computable blocks.
+	Raw []Overlap
+	// CapBlocks is the most blocks that can hit (the engine recomputes the last token).
+	CapBlocks int
+	// Unkeyed is why the request goes without keys ("" when keyed).
+	Unkeyed string
+	// Peer is, per candidate, the part of its load the other router replicas put there (nil
+	// when no replica has any).
+	Peer []load.Load
+}
+
+// Overlap is one replica's raw overlap, in blocks.
+type Overlap struct {
+	Tiers       [score.NumTiers]int `json:"tiers"`
+	Approximate int                 `json:"approximate"`
+	Predicted   int                 `json:"predicted"`
+}
+
+// Decide builds the decision for in over reps. It is pure: the same views give the same
+// decision.
+func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, error) {
+	bs := in.BlockSize
+	d := &Decision{Unkeyed: in.Unkeyed}
+	if bs <= 0 {
+		bs = CapBlockSize
+		if d.Unkeyed == "" {
+			d.Unkeyed = UnkeyedBlockSize
+		}
+	}
+	d.Req = score.Request{Tokens: len(in.Tokens), BlockSize: bs, SessionKey: in.Session, LoRA: in.Identity.LoRAName, NowNs: in.NowNs}
+	if len(in.Tokens) > 0 && d.Unkeyed == "" {
+		keys, err := blockkey.AppendPromptKeys(nil, in.Tokens, bs, in.Identity)
+		if err != nil {
+			return nil, err
+		}
+		d.Req.Keys = keys
+	}
+	// The engine recomputes the last prompt token, so at most tokens-1 can hit, in whole blocks.
+	if len(in.Tokens) > 0 {
+		d.CapBlocks = (len(in.Tokens) - 1) / bs
+	}
+	anyApprox := false
+	for i := range reps {
+		anyApprox = anyApprox || reps[i].Approximate
+	}
+	var exact []index.Match
+	var pred, appr []uint32
+	if len(d.Req.Keys) > 0 {
+		exact = ix.Match(d.Req.Keys, nil)
+		// The approximate index is only read for replicas without a whole stream.
+		pred, appr = led.Match(d.Req.Keys, ix.Slots(), anyApprox, nil, nil)
+	}
+	d.Cands = make([]score.Candidate, len(reps))
+	d.Cached = make([]int, len(reps))
+	d.Guards = make([][]string, len(reps))
+	d.Raw = make([]Overlap, len(reps))
+	for i := range reps {
+		r := &reps[i]
+		var g []string
+		if !r.Ready {
+			g = append(g, GuardNotReady)
+		}
+		if !r.Healthy {
+			g = append(g, GuardUnhealthy)
+		}
+		if i < len(in.Tried) && in.Tried[i] {
+			g = append(g, GuardTried)
+		}
+		d.Guards[i] = g
+		ld := r.Load.Load()
+		if r.Peer != (load.Load{}) {
+			if d.Peer == nil {
+				d.Peer = make([]load.Load, len(reps))
+			}
+			d.Peer[i] = r.Peer
+			ld.PrefillTokens += r.Peer.PrefillTokens
+			ld.DecodeTokens += r.Peer.DecodeTokens
+			ld.Running += r.Peer.Running
+		}
+		c := score.Candidate{ID: r.Name, Healthy: len(g) == 0,
+			PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
+			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate}
+		if int(r.ID) < len(exact) {
+			m := exact[r.ID]
+			c.ExactBlocks = int(m.Blocks)
+			c.TierBlocks = [score.NumTiers]int{int(m.Blocks - m.CPU - m.Disk), int(m.CPU), int(m.Disk)}
+			d.Raw[i].Tiers = c.TierBlocks
+			if c.Approximate {
+				a := int(appr[r.ID])
+				d.Raw[i].Approximate = a
+				if a > c.ExactBlocks {
+					c.ExactBlocks, c.TierBlocks = a, [score.NumTiers]int{a, 0, 0}
+				}
+			}
+			c.PredictedBlocks = int(pred[r.ID])
+			d.Raw[i].Predicted = c.PredictedBlocks
+		}
+		capCandidate(&c, d.CapBlocks)
+		d.Cached[i] = max(c.ExactBlocks, c.PredictedBlocks) * bs
+		d.Cands[i] = c
+	}
+	return d, nil
+}
+
+// capCandidate limits every overlap to capBlocks, taking the excess off the slowest tier first.
+func capCandidate(c *score.Candidate, capBlocks int) {
+	c.PredictedBlocks = min(c.PredictedBlocks, capBlocks)
+	over := c.ExactBlocks - capBlocks
+	if over <= 0 {
+		return
+	}
+	c.ExactBlocks = capBlocks
+	for t := score.NumTiers - 1; t >= 0 && over > 0; t-- {
+		n := min(over, c.TierBlocks[t])
+		c.TierBlocks[t] -= n
+		over -= n
+	}
+}
+
+// Uncached is the prompt tokens candidate i is expected to compute.
+func (d *Decision) Uncached(i int) int { return max(d.Req.Tokens-d.Cached[i], 0) }
+
+// Mode is the scoring mode behind candidate i's expected cached tokens, as the accuracy
+// counters label it.
+func (d *Decision) Mode(i int) string {
+	c := &d.Cands[i]
+	switch {
+	case d.Unkeyed != "":
+		return ModeUnkeyed
+	case c.Approximate:
+		return ModeApproximate
+	case c.PredictedBlocks > c.ExactBlocks:
+		return ModePredicted
+	}
+	return ModeExact
+}
+
+// Scoring modes of a decision.
+const (
+	ModeExact       = "exact"       // the chosen replica's exact index gave the overlap
+	ModePredicted   = "predicted"   // the predicted side index gave more than the exact one
+	ModeApproximate = "approximate" // the replica has no whole stream (or is demoted)
+	ModeUnkeyed     = "unkeyed"     // no keys: block size unknown, multimodal
+)
+
+// Breakdown is why one candidate stands where it does: every number the decision weighed.
+type Breakdown struct {
+	// Overlap is the raw overlap in blocks per tier (GPU, CPU, disk), from the approximate
+	// index and from the predicted side index, before the cap.
+	Overlap Overlap `json:"overlap"`
+	// ExactBlocks, PredictedBlocks: what the policy was given (capped, approximate folded in).
+	ExactBlocks     int `json:"exact_blocks"`
+	PredictedBlocks int `json:"predicted_blocks"`
+	// CachedTokens and UncachedTokens: the prompt split the router expects there.
+	CachedTokens   int     `json:"cached_tokens"`
+	UncachedTokens int     `json:"uncached_tokens"`
+	WarmupCredit   float64 `json:"warmup_credit"`
+	// Load terms: the ledger's (prefill, decode, running; other routers' share included) and
+	// the engine's (queue, KV use).
+	PrefillTokens int     `json:"prefill_tokens"`
+	DecodeTokens  int     `json:"decode_tokens"`
+	Running       int     `json:"running"`
+	Queue         int     `json:"queue"`
+	KVUtil        float64 `json:"kv_util"`
+	// PeerLoad is the part of the load terms the other router replicas put there (absent for a
+	// router on its own, or when they have nothing there).
+	PeerLoad *load.Load `json:"peer_load,omitempty"`
+	// Guards are the router guards that excluded it (not_ready, unhealthy, tried); the
+	// policy's own guard is Policy.Excluded.
+	Guards []string `json:"guards,omitempty"`
+	// Policy is the policy's explanation (its cost and terms), when it gives one.
+	Policy *score.Explanation `json:"policy,omitempty"`
+}
+
+// Breakdowns returns every candidate's breakdown; ex is the policy's explanations (nil when it
+// gives none).
+func (d *Decision) Breakdowns(ex []score.Explanation) []Breakdown {
+	out := make([]Breakdown, len(d.Cands))
+	for i := range d.Cands {
+		c := &d.Cands[i]
+		b := Breakdown{Overlap: d.Raw[i], ExactBlocks: c.ExactBlocks, PredictedBlocks: c.PredictedBlocks,
+			CachedTokens: d.Cached[i], UncachedTokens: d.Uncached(i), WarmupCredit: c.WarmupCredit,
+			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, Running: c.Running, Queue: c.Queue, KVUtil: c.KVUtil,
+			Guards: d.Guards[i]}
+		if i < len(d.Peer) && d.Peer[i] != (load.Load{}) {
+			p := d.Peer[i]
+			b.PeerLoad = &p
+		}
+		if i < len(ex) {
+			e := ex[i]
+			b.Policy = &e
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// Cheapest is the pick an explanation implies: the lowest cost among candidates no guard
+// excluded (the first on a tie); -1 when there is none. /debug/route answers with it for a
+// policy that explains itself, so asking never draws from the policy's tie-break generator.
+func Cheapest(cands []score.Candidate, ex []score.Explanation) int {
+	best := -1
+	for i := range cands {
+		if i >= len(ex) || !cands[i].Healthy || ex[i].Excluded != "" {
+			continue
+		}
+		if best < 0 || ex[i].Cost < ex[best].Cost {
+			best = i
+		}
+	}
+	return best
+}

@@ -1,0 +1,148 @@
+package replay
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/sim/fleet"
+)
+
+// The trial's acceptance (issue 23): traffic captured by a real kvrouter under round-robin in
+// front of vllm-sim engines, run through the fleet model (kvbench cache) for kv, load,
+// round-robin and prefix-char, must name the same top policy as live runs of every policy on
+// the same traffic, with trial/live hit-rate ratios within 10%.
+//
+// The short form (make test) runs two regimes small; KVROUTE_TRIAL_LONG=1 (make trial) runs
+// every regime at the replay's default size.
+func TestTrialAgreesWithLiveRuns(t *testing.T) {
+	long := os.Getenv("KVROUTE_TRIAL_LONG") != ""
+	regimes := []string{"siblings", "hot-prefix"}
+	requests, timeScale := 48, 4.0
+	if long {
+		regimes, requests, timeScale = RegimeNames(), 160, 1
+	}
+	dir := buildBinaries(t)
+	for _, regime := range regimes {
+		t.Run(regime, func(t *testing.T) {
+			live, trial := runTrial(t, dir, regime, requests, timeScale)
+			a := CompareTrial(live, trial)
+			t.Logf("%s: live %v", regime, fmtRates(live))
+			t.Logf("%s: trial %v", regime, fmtRates(trial))
+			t.Logf("%s: %s", regime, a)
+			if !a.SameTop {
+				t.Errorf("trial top %v, live top %v", a.TrialTop, a.LiveTop)
+			}
+			if math.Abs(a.WorstRatio-1) > 0.10 {
+				t.Errorf("a trial/live hit-rate ratio is %.3f, outside 10%%", a.WorstRatio)
+			}
+		})
+	}
+}
+
+func fmtRates(m map[string]float64) map[string]string {
+	out := map[string]string{}
+	for k, v := range m {
+		out[k] = strconv.FormatFloat(v, 'f', 3, 64)
+	}
+	return out
+}
+
+// runTrial replays a regime live under every policy (capturing under round-robin) and runs the
+// captured trace through the fleet model configured like the engines.
+func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64) (live, trial map[string]float64) {
+	t.Helper()
+	const (
+		replicas      = 4
+		blockSize     = 16
+		prefillPerS   = 20000.0 // engine time; the fleet model gets the same rate in wall time
+		decodeMs      = 20.0
+		maxSeqs       = 32
+		traceBlocksPR = 600 // KV per replica, in 512-token trace blocks (BENCHMARKS.md's 8 x 600)
+	)
+	policies := []string{"kv", "load", "round-robin", "prefix-char"}
+	w, err := Regime(regime, RegimeOptions{Requests: requests, Rate: 40, Replicas: replicas, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{SimBin: filepath.Join(dir, "vllm-sim"), RouterBin: filepath.Join(dir, "kvrouter"), Replicas: replicas,
+		Policies: policies, Seeds: 1, Concurrency: 64,
+		// Unscaled prompts: the capture's 512-token chunks are the regime's trace blocks.
+		Tokens: Tokenizer{PerBlock: fleet.TraceBlockTokens}, OutputScale: 0.1, MaxOutputTokens: 32,
+		// The block size is given, as the operator does: a router learning it from the first
+		// event routes the first requests without keys, which a short run would notice.
+		RouterArgs: []string{"--block-size", strconv.Itoa(blockSize)},
+		Model:      "vllm-sim", LogDir: t.TempDir(), Drain: 30 * time.Second, CaptureUnder: []string{"round-robin"},
+		SimArgs: []string{"--prefill-tokens-per-s", ftoa(prefillPerS), "--decode-ms-per-token", ftoa(decodeMs),
+			"--time-scale", ftoa(timeScale), "--block-size", strconv.Itoa(blockSize),
+			"--num-gpu-blocks", strconv.Itoa(traceBlocksPR*fleet.TraceBlockTokens/blockSize + 1),
+			"--max-num-seqs", strconv.Itoa(maxSeqs), "--max-model-len", "1048576"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	runs, err := Replay(ctx, o, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live = map[string]float64{}
+	captured := ""
+	for _, s := range Summarize(runs) {
+		if s.Errors != 0 {
+			t.Fatalf("%s: %d errors: %v", s.Policy, s.Errors, s.FirstErrors)
+		}
+		live[s.Policy] = s.CachedRatio.Mean
+	}
+	for _, r := range runs {
+		if r.CaptureDir != "" {
+			captured = r.CaptureDir
+		}
+	}
+	tr, err := LoadCapture(captured)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Requests) != len(w.Requests) {
+		t.Fatalf("captured %d requests of %d", len(tr.Requests), len(w.Requests))
+	}
+	// kvbench replay reads the capture too: replayed live under round-robin, the captured
+	// traffic gives the hit rate the original traffic gave.
+	cw, err := TraceSlice(tr, 0, 0, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro := o
+	ro.Policies, ro.CaptureUnder, ro.LogDir = []string{"round-robin"}, nil, t.TempDir()
+	rruns, err := Replay(ctx, ro, cw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := Summarize(rruns)[0]
+	t.Logf("%s: round-robin live %.3f, the capture replayed live %.3f", regime, live["round-robin"], rs.CachedRatio.Mean)
+	if rs.Errors != 0 || !within(rs.CachedRatio.Mean, live["round-robin"], 0.10) {
+		t.Errorf("the capture replayed under round-robin: hit %.3f (%d errors), the original %.3f", rs.CachedRatio.Mean, rs.Errors, live["round-robin"])
+	}
+	cfg := fleet.Config{Replicas: replicas, CapacityBlocks: replicas * traceBlocksPR,
+		PrefillTokensPerS: prefillPerS * timeScale, DecodeMsPerToken: decodeMs / timeScale, MaxNumSeqs: maxSeqs, Seed: 1}
+	trial = map[string]float64{}
+	for _, p := range policies {
+		res, err := fleet.Run(tr, cfg, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trial[p] = res.HitRateTokens
+	}
+	return live, trial
+}
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// within: a and b agree within a relative tol, or are both below Floor.
+func within(a, b, tol float64) bool {
+	if a < Floor && b < Floor {
+		return true
+	}
+	return math.Abs(a/b-1) <= tol
+}
