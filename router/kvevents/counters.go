@@ -38,8 +38,10 @@ var (
 	stateFields = map[string]bool{"Gaps": true, "Uncoverable": true, "Backwards": true, "Downs": true, "SilentRestarts": true,
 		"Restarts": true, "Resets": true, "SubReconnects": true}
 	// siteLoggedFields are logged where they happen, with the batch's seq and payload head
-	// (logDrop, logPanic) or the requests that showed it (the router's stale mark).
-	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true}
+	// (logDrop, logPanic), the requests that showed it (the router's stale mark), or the reason a
+	// peer's snapshot was not used (seedRejected).
+	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true,
+		"SeedRejected": true}
 	// dropFields are dropped or skipped messages, batches and events that nothing logs where
 	// they happen: the router logs the first increase of each on a stream (FirstDrops).
 	dropFields = map[string]bool{"TopicMismatches": true, "MalformedFrames": true, "Overflows": true, "ByteOverflows": true,
