@@ -12,10 +12,10 @@
 // which go into the receiver's predicted side index so siblings split across routers still
 // co-locate. A peer whose batches stop (dead, partitioned) is dropped after PeerTimeout.
 //
-// The ledger (router/load, per request: Routed -> FirstToken -> Done/Failed) is the intended
-// producer and consumer: it calls Node.Record for each transition of a local request and
-// implements LoadSink to fold peers' batches into the load a decision reads. Until then
-// router/server records from its per-replica counters and Share is the sink.
+// The ledger (router/load, per request: Routed -> FirstToken -> Done/Failed) is the producer:
+// router/app observes it (a load.Observer) and calls Node.Record for each transition of a
+// local request. The sink is router/app's too: Share holds the peers' totals a decision adds
+// to its own, and the routed keys go to the ledger's predicted index.
 package peersync
 
 import (

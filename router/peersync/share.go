@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// LoadSink takes peers' batches. The load ledger implements it (and Share does until then);
+// LoadSink takes peers' batches (router/app's, over a Share and the ledger's predicted index);
 // ApplyPeer is called on NATS's delivery goroutine, so it must not block.
 type LoadSink interface {
 	// ApplyPeer folds one batch of a peer into the sink.
