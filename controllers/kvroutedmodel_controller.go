@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -308,12 +309,15 @@ type optionalChild struct {
 // optionalChildren are the children that exist for some specs only (besides the autoscaler,
 // handled on its own): deleted when the spec stops wanting them — the network policies when
 // spec.networkPolicy.enabled turns false, the events Service and the router's policy when
-// spec.engine.kvEvents.mode goes back to RouterConnects.
+// spec.engine.kvEvents.mode goes back to RouterConnects, the router peers' headless Service and
+// disruption budget when spec.router.replicas goes back to 1.
 func optionalChildren(m *v1alpha1.KVRoutedModel) []optionalChild {
 	np := networkingv1.SchemeGroupVersion.WithKind("NetworkPolicy")
 	return []optionalChild{
 		{np, render.EngineName(m)},
 		{np, render.RouterName(m)},
 		{corev1.SchemeGroupVersion.WithKind("Service"), render.EventsServiceName(m)},
+		{corev1.SchemeGroupVersion.WithKind("Service"), render.RouterPeersName(m)},
+		{policyv1.SchemeGroupVersion.WithKind("PodDisruptionBudget"), render.RouterName(m)},
 	}
 }

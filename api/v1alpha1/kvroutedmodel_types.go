@@ -413,6 +413,12 @@ type RouterSpec struct {
 	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
 	// +optional
 	ShadowPolicy string `json:"shadowPolicy,omitempty"`
+
+	// Sync is how router replicas share their in-flight load and start from each other's index
+	// (used when replicas > 1). Unset: each router embeds a NATS server and they cluster through
+	// the router's headless Service.
+	// +optional
+	Sync *RouterSync `json:"sync,omitempty"`
 }
 
 // RouterCaptureSpec bounds the trace capture. Files are written to
@@ -453,6 +459,21 @@ type RouterAuditSpec struct {
 	// the metrics port then needs the same care as the prompts). Off, it shows its shape only.
 	// +optional
 	ShowText bool `json:"showText,omitempty"`
+}
+
+// RouterSync configures the load sync between router replicas (NATS core publish/subscribe).
+type RouterSync struct {
+	// NATSURL, when set, is an external NATS server (nats:// or tls://) the routers share
+	// instead of embedding one each; no cluster port or headless Service is rendered then.
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^(nats|tls)://[^\s]+$`
+	// +optional
+	NATSURL string `json:"natsURL,omitempty"`
+	// TLSSecretName names a Secret in the model's namespace with tls.crt, tls.key and ca.crt:
+	// mutual TLS on the routes between the routers' embedded servers (or to NATSURL).
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	TLSSecretName string `json:"tlsSecretName,omitempty"`
 }
 
 // RouterTimeouts bound the request path (the limits.*Timeout keys of the router's config).
@@ -656,6 +677,13 @@ type RouterReport struct {
 	// +kubebuilder:validation:MaxItems=32
 	// +optional
 	Degraded []DegradedReplica `json:"degraded,omitempty"`
+	// Peers are the other router pods whose load this router receives (several router
+	// replicas); empty when alone or cut off.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=253
+	// +optional
+	Peers []string `json:"peers,omitempty"`
 }
 
 // DegradedReplica is one degraded reason in force on one engine replica (engine pod and DP rank).
@@ -698,6 +726,19 @@ type RouterStatus struct {
 	// Endpoint is the in-cluster URL a gateway points at.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+	// Replicas and ReadyReplicas of the router Deployment.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// PeersConnected, with several router replicas, is whether every reporting router receives
+	// the load of every other one (status.routerReports[].peers); unset with one router.
+	// +optional
+	PeersConnected *bool `json:"peersConnected,omitempty"`
+	// PeersMessage names the routers that do not see each other.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	PeersMessage string `json:"peersMessage,omitempty"`
 }
 
 // AutoscalerStatus names the autoscaler object.

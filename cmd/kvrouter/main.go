@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -268,6 +269,16 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 		fmt.Fprintln(stderr, "kvrouter: --admin-listen:", err)
 		return 1
 	}
+	if pc := st.cfg.Peers; pc != nil {
+		u := pc.SnapshotURL
+		if u == "" {
+			u = snapshotURL(adminLn.Addr())
+		}
+		if u == "" {
+			st.logger.Warn("peers: no snapshot URL (admin address is a wildcard and POD_IP is unset); peers cannot start from this router's index")
+		}
+		srv.SetSnapshotURL(u)
+	}
 	// No WriteTimeout: it would cut long streams. limits.headerReadTimeout and
 	// limits.bodyReadTimeout guard against slow clients holding connections.
 	api := &http.Server{Handler: srv.APIHandler()}
@@ -303,4 +314,21 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	_ = adm.Shutdown(sctx)
 	srv.Close()
 	return code
+}
+
+// snapshotURL is where peers fetch this router's snapshot: the admin address, with $POD_IP for a
+// wildcard host ("" when neither names this pod).
+func snapshotURL(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	host := tcp.IP.String()
+	if tcp.IP.IsUnspecified() {
+		host = os.Getenv("POD_IP")
+	}
+	if host == "" {
+		return ""
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port)) + "/peer/snapshot"
 }

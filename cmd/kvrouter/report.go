@@ -25,7 +25,7 @@ func startReporter(ctx context.Context, st *settings, srv *app.Router) {
 		return
 	}
 	r, err := report.New(rc, report.Options{Namespace: st.cfg.Report.Namespace, Model: st.cfg.Report.KVRoutedModel, Pod: pod,
-		Source: func() []report.Degraded { return degradedReport(srv) }, Logger: st.logger})
+		Source: func() []report.Degraded { return degradedReport(srv) }, Peers: peerNames(srv), Logger: st.logger})
 	if err != nil {
 		st.logger.Warn("index health is not reported to the KVRoutedModel", "err", err)
 		return
@@ -48,4 +48,18 @@ func degradedReport(srv *app.Router) []report.Degraded {
 		return out[i].Reason < out[j].Reason
 	})
 	return out
+}
+
+// peerNames lists the peers this router receives load from (nil without peers configured).
+func peerNames(srv *app.Router) func() []string {
+	if !srv.HasPeers() {
+		return nil
+	}
+	return func() []string {
+		var out []string
+		for _, p := range srv.Peers() {
+			out = append(out, p.Name)
+		}
+		return out // Peers is sorted by name
+	}
 }

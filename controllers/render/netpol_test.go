@@ -222,3 +222,27 @@ func TestNetworkPolicyDisabled(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// With several routers the route port (NATS) admits the model's router pods only: not the
+// gateway, not another pod of the namespace, not monitoring.
+func TestRouterPeersNetworkPolicy(t *testing.T) {
+	m := sample(t, "routers3")
+	np := render.RouterNetworkPolicy(m)
+	router, _ := render.RouterDeployment(m, testOpts)
+	ns := m.Namespace
+	nsLabels := map[string]string{"kubernetes.io/metadata.name": ns}
+	routerPod := endpoint{ns, nsLabels, router.Spec.Template.Labels}
+	cports := router.Spec.Template.Spec.Containers[0].Ports
+	sameNS := endpoint{ns, nsLabels, map[string]string{"app": "curl"}}
+	gateway := endpoint{"gateway", map[string]string{"kubernetes.io/metadata.name": "gateway"}, map[string]string{"app": "litellm"}}
+	for _, c := range []check{
+		{"router -> peers", routerPod, render.RouterPeersPort, true},
+		{"router -> admin (snapshot)", routerPod, render.RouterAdminPort, true},
+		{"same namespace -> peers", sameNS, render.RouterPeersPort, false},
+		{"gateway elsewhere -> peers", gateway, render.RouterPeersPort, false},
+	} {
+		if got := allowed(t, np, c.src, routerPod, cports, c.port); got != c.allow {
+			t.Errorf("%s (port %d): allowed = %v, want %v", c.name, c.port, got, c.allow)
+		}
+	}
+}

@@ -84,6 +84,9 @@ func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy 
 		{Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterHTTPPort)}}, // no `from`: every source
 		{From: allowFrom(m, podsLabelled(nil)), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterAdminPort)}},
 	}
+	if r, ok := routerPeersRule(m); ok {
+		rules = append(rules, r)
+	}
 	if EnginesConnect(m) {
 		rules = append(rules, networkingv1.NetworkPolicyIngressRule{
 			From:  []networkingv1.NetworkPolicyPeer{podsLabelled(EngineSelector(m))},

@@ -132,6 +132,12 @@ func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 		objs = append(objs, np)
 	}
 	objs = append(objs, router, RouterService(m))
+	if svc := RouterPeersService(m); svc != nil {
+		objs = append(objs, svc)
+	}
+	if pdb := RouterPodDisruptionBudget(m); pdb != nil {
+		objs = append(objs, pdb)
+	}
 	if svc := EventsService(m); svc != nil {
 		objs = append(objs, svc)
 	}

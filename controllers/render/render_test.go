@@ -494,6 +494,51 @@ func TestRouterPodNameFromDownwardAPI(t *testing.T) {
 	t.Fatal("no POD_NAME in the router container")
 }
 
+// spec.router.replicas > 1 renders the clustering; one router renders none of it, and an
+// external NATS URL renders no route port or headless Service.
+func TestRouterPeersRendering(t *testing.T) {
+	m := sample(t, "routers3")
+	svc := render.RouterPeersService(m)
+	if svc == nil || svc.Spec.ClusterIP != "None" || !svc.Spec.PublishNotReadyAddresses || svc.Spec.Ports[0].Port != render.RouterPeersPort {
+		t.Fatalf("headless Service: %+v", svc)
+	}
+	if pdb := render.RouterPodDisruptionBudget(m); pdb == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Fatalf("router PDB: %+v", pdb)
+	}
+	c, err := render.RouterConfig(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.Peers; p == nil || p.ClusterListen != ":6222" || len(p.Routes) != 1 || p.Routes[0] != "qwen-routers-router-peers.llm.svc:6222" ||
+		p.Subject != "kvroute.load.llm.qwen-routers" || p.TLS == nil {
+		t.Fatalf("peers config: %+v", c.Peers)
+	}
+	d, _ := render.RouterDeployment(m, testOpts)
+	env := map[string]bool{}
+	for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+		env[e.Name] = true
+	}
+	if !env["POD_IP"] || !env["POD_NAME"] {
+		t.Fatalf("router env %v: POD_IP (snapshot URL) and POD_NAME (peer id) needed", env)
+	}
+
+	m.Spec.Router.Sync.NATSURL = "tls://nats.infra:4222"
+	if render.RouterPeersService(m) != nil {
+		t.Fatal("headless Service rendered with an external NATS server")
+	}
+	if c, _ := render.RouterConfig(m); c.Peers.URL != "tls://nats.infra:4222" || c.Peers.ClusterListen != "" {
+		t.Fatalf("external NATS config: %+v", c.Peers)
+	}
+
+	one := sample(t, "minimal")
+	if render.RouterPeersService(one) != nil || render.RouterPodDisruptionBudget(one) != nil {
+		t.Fatal("clustering rendered for one router")
+	}
+	if c, _ := render.RouterConfig(one); c.Peers != nil {
+		t.Fatalf("peers config for one router: %+v", c.Peers)
+	}
+}
+
 // Capture on a claim: the claim is mounted at the capture directory and the pod's fsGroup makes
 // it writable; the router config points the capture there. Off, neither appears.
 func TestRouterCaptureOnAClaim(t *testing.T) {

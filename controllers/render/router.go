@@ -72,6 +72,7 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 			c.Audit.SampleEvery = int(*a.SampleEvery)
 		}
 	}
+	c.Peers = routerPeersConfig(m)
 	if err := c.Validate(); err != nil {
 		return config.Config{}, err
 	}
@@ -212,6 +213,7 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 			podSec.FSGroup = ptr(int64(routerUID)) // a claim's root directory is not writable by the router's user otherwise
 		}
 	}
+	routerPeersPod(m, &container, &volumes)
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),

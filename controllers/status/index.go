@@ -71,6 +71,9 @@ func indexCondition(o Observed) (metav1.Condition, *Problem) {
 		routers        map[string]bool
 	}
 	byReplica := map[string]map[string]*finding{}
+	// Reports in pod order, so the detail shown (the first router's) does not depend on the
+	// order of the list: with several routers the message stays the same from pass to pass.
+	sort.Slice(fresh, func(i, j int) bool { return fresh[i].Pod < fresh[j].Pod })
 	for _, r := range fresh {
 		for _, d := range r.Degraded {
 			m := byReplica[d.Replica]
@@ -182,4 +185,34 @@ func NextReportExpiry(m *v1alpha1.KVRoutedModel, now time.Time) time.Duration {
 		return 0
 	}
 	return next + time.Second
+}
+
+// peersConnected says whether every fresh router report lists every other reporting router
+// among its peers (several router replicas sharing their load), and names the pairs that do not.
+func peersConnected(o Observed) (bool, string) {
+	fresh := freshReports(o)
+	if len(fresh) < 2 {
+		return false, fmt.Sprintf("%d router(s) reporting; their peers are known once two report", len(fresh))
+	}
+	sort.Slice(fresh, func(i, j int) bool { return fresh[i].Pod < fresh[j].Pod })
+	var missing []string
+	for _, r := range fresh {
+		sees := map[string]bool{}
+		for _, p := range r.Peers {
+			sees[p] = true
+		}
+		for _, other := range fresh {
+			if other.Pod != r.Pod && !sees[other.Pod] {
+				missing = append(missing, r.Pod+" does not see "+other.Pod)
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return true, fmt.Sprintf("%d routers see each other", len(fresh))
+	}
+	msg := strings.Join(missing, "; ")
+	if len(msg) > 1024 {
+		msg = msg[:1021] + "..."
+	}
+	return false, msg
 }

@@ -116,6 +116,60 @@ func TestNextReportExpiry(t *testing.T) {
 	}
 }
 
+// With several routers reporting, IndexHealthy does not depend on the order of their entries
+// (each router applies its own entry; the list order moves as routers come and go): the same
+// reports in any order give the same condition, details included.
+func TestIndexHealthyStableAcrossReportOrder(t *testing.T) {
+	mk := func(pod, detail string) v1alpha1.RouterReport {
+		d := deg("e-0/0", "stalled")
+		d.Detail = detail
+		return report(pod, 0, d)
+	}
+	a, b, c := mk("r1", "no batch for 7s"), mk("r2", "no batch for 9s"), mk("r3", "no batch for 8s")
+	var first metav1.Condition
+	for i, order := range [][]v1alpha1.RouterReport{{a, b, c}, {c, b, a}, {b, c, a}} {
+		m := &v1alpha1.KVRoutedModel{}
+		m.Status.RouterReports = order
+		got, _ := indexCondition(Observed{Model: m, Now: t0})
+		if i == 0 {
+			first = got
+			if !strings.Contains(got.Message, "(3 of 3 routers): no batch for 7s") {
+				t.Fatalf("message %q: want r1's detail, the first pod by name", got.Message)
+			}
+			continue
+		}
+		if got.Status != first.Status || got.Reason != first.Reason || got.Message != first.Message {
+			t.Fatalf("order %d: %+v, first order gave %+v", i, got, first)
+		}
+	}
+}
+
+// status.router.peersConnected: every fresh report lists every other reporting router.
+func TestPeersConnected(t *testing.T) {
+	withPeers := func(pod string, peers ...string) v1alpha1.RouterReport {
+		r := report(pod, 0)
+		r.Peers = peers
+		return r
+	}
+	for _, tc := range []struct {
+		name    string
+		reports []v1alpha1.RouterReport
+		want    bool
+		msg     string
+	}{
+		{"all see each other", []v1alpha1.RouterReport{withPeers("r1", "r2", "r3"), withPeers("r2", "r1", "r3"), withPeers("r3", "r1", "r2")}, true, "3 routers see each other"},
+		{"partitioned", []v1alpha1.RouterReport{withPeers("r1", "r2"), withPeers("r2", "r1"), withPeers("r3")}, false, "r1 does not see r3; r2 does not see r3; r3 does not see r1; r3 does not see r2"},
+		{"one reporting", []v1alpha1.RouterReport{withPeers("r1")}, false, "1 router(s) reporting"},
+	} {
+		m := &v1alpha1.KVRoutedModel{}
+		m.Status.RouterReports = tc.reports
+		got, msg := peersConnected(Observed{Model: m, Now: t0})
+		if got != tc.want || !strings.Contains(msg, tc.msg) {
+			t.Errorf("%s: %v %q, want %v %q", tc.name, got, msg, tc.want, tc.msg)
+		}
+	}
+}
+
 // The operator's classes of reasons are router/degraded's (the manager does not import the
 // router's packages, so they are kept here as names).
 func TestReasonClassesMatchTheRouter(t *testing.T) {

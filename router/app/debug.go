@@ -52,7 +52,11 @@ type RankInfo struct {
 	Blocks    map[string]int    `json:"blocks"`
 	LastEvent *time.Time        `json:"last_event,omitempty"`
 	Inflight  Inflight          `json:"inflight"`
-	Accuracy  Accuracy          `json:"accuracy"`
+	// PeerInflight is what the other router replicas have in flight there (absent when alone).
+	PeerInflight *Inflight `json:"peer_inflight,omitempty"`
+	// Seeded: the stream started from a peer router's snapshot, confirmed by the engine.
+	Seeded   bool     `json:"seeded,omitempty"`
+	Accuracy Accuracy `json:"accuracy"`
 	// Degraded is every reason in force on the replica (see router/degraded), [] when none.
 	Degraded []degraded.Status `json:"degraded"`
 	// Demoted: evidence says its keys are wrong, so it is scored approximately.
@@ -113,6 +117,7 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 				ri.LastSeq = &seq
 			}
 			ri.Partial, ri.Gaps, ri.Replays, ri.Resets, ri.TopicMismatches = st.Partial, st.Gaps, st.Replays, st.Resets, st.TopicMismatches
+			ri.Seeded = st.Seeded
 			ri.DecodeErrors, ri.Panics = st.DecodeErrors, st.Panics
 			ri.Counters = map[string]uint64{}
 			for _, c := range st.Counters() {
@@ -137,6 +142,10 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 	ri.Retries = r.C.Retries.Load()
 	ld := r.Load.Load()
 	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens}
+	if s.peer != nil {
+		p := s.peerLoad(r)
+		ri.PeerInflight = &Inflight{Running: p.Running, PrefillTokens: p.PrefillTokens, DecodeTokens: p.DecodeTokens}
+	}
 	c := &r.C
 	ri.Accuracy = Accuracy{Responses: c.Responses.Load(), WithUsage: c.WithUsage.Load(), NoUsage: c.NoUsage.Load(),
 		PromptTokens: c.PromptTokens.Load(), PredictedCached: c.PredictedTokens.Load(), ActualCached: c.ActualTokens.Load(),
@@ -156,10 +165,14 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	bs, bsFrom := s.blockSize(s.reps())
-	_ = enc.Encode(map[string]any{"policy": s.policy, "block_size": bs, "block_size_source": bsFrom, "engines": s.Engines(),
+	out := map[string]any{"policy": s.policy, "block_size": bs, "block_size_source": bsFrom, "engines": s.Engines(),
 		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats(),
 		// Bound mode: messages whose topic named no engine, so no engine's counters hold them.
-		"events_unroutable": uint64(s.unroutableEvents())})
+		"events_unroutable": uint64(s.unroutableEvents())}
+	if s.peer != nil {
+		out["router_peers"] = s.peerInfo()
+	}
+	_ = enc.Encode(out)
 }
 
 // RouteCandidate is one replica's signals and predicted hit in POST /debug/route.

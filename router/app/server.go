@@ -118,6 +118,8 @@ type Router struct {
 	debugRouteSlots chan struct{}
 	// peers is parity across replicas (nil without events; the fleet forgets removed replicas).
 	peers *kvevents.PeerTable
+	// peer is this router's part among several router replicas (peers.go; nil when alone).
+	peer *peerState
 }
 
 // New builds a server; it connects nothing until Run.
@@ -169,7 +171,12 @@ func New(o Options) (*Router, error) {
 	s := &Router{o: o, log: o.Logger, now: o.Now, policy: name, readyOnce: make(chan struct{}),
 		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
 	s.ix = index.New(index.Options{Now: o.Now})
-	s.ledger = load.New(load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: o.Observers})
+	observers := o.Observers
+	if o.Config.Peers != nil {
+		// Publishes the ledger's transitions once startPeers below has joined the group.
+		observers = append(append([]load.Observer{}, observers...), peerObserver{s: s})
+	}
+	s.ledger = load.New(load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: observers})
 	lim := o.Config.Limits
 	idle := lim.IdleTimeout.Duration
 	if o.IdleTimeout > 0 {
@@ -213,7 +220,16 @@ func New(o Options) (*Router, error) {
 	s.fleet = fleet.New(fleet.Options{Config: o.Config, Client: s.px.Client(), Sub: s.sub, Bound: s.bound, Peers: s.peers,
 		Index: s.ix, Ledger: s.ledger, Metrics: s.met, Model: o.Model, TopicHostOnly: o.TopicHostOnly,
 		ProbeInterval: o.ProbeInterval, ProbeTimeout: o.ProbeTimeout, HealthInterval: o.HealthInterval, ScrapeInterval: o.ScrapeInterval,
-		Now: o.Now, Logger: s.log, AuthFailure: s.engineAuthFailure, LogLimited: s.logLimited})
+		Now: o.Now, Logger: s.log, AuthFailure: s.engineAuthFailure, LogLimited: s.logLimited,
+		SeedStream: s.seedFor, SeedApprox: s.seedApprox})
+	if pc := o.Config.Peers; pc != nil {
+		if err := s.startPeers(pc); err != nil {
+			if s.sub != nil {
+				_ = s.sub.Close()
+			}
+			return nil, fmt.Errorf("peers: %w", err)
+		}
+	}
 	lim = o.Config.Limits
 	s.http = server.New(s, server.Options{MaxBodyBytes: lim.MaxBodyBytes, BodyReadTimeout: lim.BodyReadTimeout.Duration,
 		HeaderReadTimeout: lim.HeaderReadTimeout.Duration, RequestTimeout: lim.RequestTimeout.Duration, DiscoveryWait: o.DiscoveryWait})
@@ -276,6 +292,9 @@ func (s *Router) Run(ctx context.Context) error {
 		}
 		src = discovery.NewStatic(es)
 	}
+	if s.peer != nil {
+		s.bootstrap(ctx) // a ready peer's snapshot, before the first engines are added
+	}
 	go s.expireLoop(ctx)
 	go s.fleet.Run(ctx)
 	err := src.Run(ctx, func(snap []discovery.Engine) {
@@ -299,6 +318,7 @@ func (s *Router) Synced() <-chan struct{} { return s.readyOnce }
 // Close stops the event subscriber (Run does it when its context ends).
 func (s *Router) Close() {
 	s.closeOnce.Do(func() {
+		s.closePeers()
 		if s.sub != nil {
 			_ = s.sub.Close()
 		}
@@ -337,7 +357,7 @@ func (s *Router) notReady() string {
 	if !s.anyHealthy() {
 		return "no healthy engine"
 	}
-	return ""
+	return s.peerNotReady()
 }
 
 func (s *Router) anyHealthy() bool {
@@ -377,8 +397,18 @@ func (s *Router) APIHandler() http.Handler { return s.http.API() }
 // (server.Server.Configure).
 func (s *Router) ConfigureHTTP(hs *http.Server) { s.http.Configure(hs) }
 
-// AdminHandler serves /metrics, /debug/engines and /debug/route.
-func (s *Router) AdminHandler() http.Handler { return s.http.Admin() }
+// AdminHandler serves /metrics, /debug/engines and /debug/route, and GET /peer/snapshot when
+// this router is one of several replicas.
+func (s *Router) AdminHandler() http.Handler {
+	h := s.http.Admin()
+	if s.peer == nil {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /peer/snapshot", s.serveSnapshot)
+	mux.Handle("/", h)
+	return mux
+}
 
 // MetricsHandler serves /metrics.
 func (s *Router) MetricsHandler() http.Handler { return s.met.Handler() }

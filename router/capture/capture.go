@@ -107,8 +107,8 @@ type Recorder struct {
 
 	records, bytes, unremembered, rotations, multimodal prometheus.Counter
 	nonce                                               atomic.Uint64 // multimodal requests' own chains
-	dropped                                 *prometheus.CounterVec
-	queued                                  prometheus.GaugeFunc
+	dropped                                             *prometheus.CounterVec
+	queued                                              prometheus.GaugeFunc
 }
 
 type record struct {

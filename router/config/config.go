@@ -66,6 +66,47 @@ type Config struct {
 	// decision saw, without acting on it (router/shadow): what kv would have hit on today's
 	// caches, while production runs another policy.
 	ShadowPolicy string `json:"shadowPolicy,omitempty"`
+	// Peers, when set, makes this router one of several replicas that share their in-flight
+	// load (router/peersync) and start from a peer's index snapshot (docs/router.md, "Several
+	// router replicas"). nil: a router on its own.
+	Peers *Peers `json:"peers,omitempty"`
+}
+
+// Peers configures the router replicas' load sync and start from a peer.
+type Peers struct {
+	// ID names this router among its peers; "" takes $POD_NAME, else the host name.
+	ID string `json:"id,omitempty"`
+	// Subject is the NATS subject the routers of one model share ("kvroute.load.<model>" as the
+	// operator renders it); routers on one NATS server must use one subject per model.
+	Subject string `json:"subject,omitempty"`
+	// URL, when set, is an external NATS server (nats://, tls://); otherwise each router embeds
+	// one and they cluster through ClusterListen and Routes.
+	URL string `json:"url,omitempty"`
+	// ClusterListen is the embedded server's route port (host:port; the operator: 0.0.0.0:6222).
+	ClusterListen string `json:"clusterListen,omitempty"`
+	// Routes are the peers' route addresses (host:port or nats-route://host:port); the router's
+	// headless Service name reaches every router pod.
+	Routes []string `json:"routes,omitempty"`
+	// TLS, when set, is mutual TLS between the embedded servers (or to the external URL).
+	TLS *PeerTLS `json:"tls,omitempty"`
+	// SnapshotURL is where peers fetch this router's snapshot; "" derives it from adminListen
+	// ($POD_IP when the admin address is a wildcard).
+	SnapshotURL string `json:"snapshotURL,omitempty"`
+	// PeerTimeout is how long a silent peer's load counts (3s).
+	PeerTimeout metav1.Duration `json:"peerTimeout,omitempty"`
+	// ReadyTimeout bounds how long a router that took a peer's snapshot waits for every stream
+	// to be exact or approximate-with-snapshot before /readyz follows the single-router rule
+	// (10s), so one dead engine cannot hold readiness.
+	ReadyTimeout metav1.Duration `json:"readyTimeout,omitempty"`
+	// MaxSnapshotBytes bounds a snapshot taken from a peer (512 MiB).
+	MaxSnapshotBytes int64 `json:"maxSnapshotBytes,omitempty"`
+}
+
+// PeerTLS are PEM files mounted from a Secret.
+type PeerTLS struct {
+	CertFile string `json:"certFile"`
+	KeyFile  string `json:"keyFile"`
+	CAFile   string `json:"caFile"`
 }
 
 // Capture bounds the trace capture: files of at most MaxBytes in Dir, Files of them kept.
@@ -511,6 +552,23 @@ func (c Config) Validate() error {
 			bad("engineAuth", "set exactly one of apiKeyEnv and apiKeyFile")
 		case a.APIKeyEnv != "" && !envName.MatchString(a.APIKeyEnv):
 			bad("engineAuth.apiKeyEnv", "%q is not an environment variable name", a.APIKeyEnv)
+		}
+	}
+	if p := c.Peers; p != nil {
+		if p.URL == "" && p.ClusterListen == "" && len(p.Routes) > 0 {
+			bad("peers.routes", "need peers.clusterListen (the embedded server's route port)")
+		}
+		if p.URL != "" && (p.ClusterListen != "" || len(p.Routes) > 0) {
+			bad("peers.url", "an external NATS server excludes clusterListen and routes")
+		}
+		if p.ClusterListen != "" {
+			checkAddr("peers.clusterListen", p.ClusterListen)
+		}
+		if t := p.TLS; t != nil && (t.CertFile == "" || t.KeyFile == "" || t.CAFile == "") {
+			bad("peers.tls", "needs certFile, keyFile and caFile")
+		}
+		if p.PeerTimeout.Duration < 0 || p.ReadyTimeout.Duration < 0 || p.MaxSnapshotBytes < 0 {
+			bad("peers", "timeouts and maxSnapshotBytes must be >= 0")
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/peersnap"
 	"github.com/kvroute/kvroute/router/proxy"
 )
 
@@ -55,6 +56,11 @@ type Options struct {
 	AuthFailure func(call, engine string, err error)
 	// LogLimited logs a recurring fallback at most once a minute per key.
 	LogLimited func(key, msg string, args ...any)
+	// SeedStream, when set, hands a new stream a peer router's snapshot of it (nil: replay the
+	// engine's ring from seq 0); SeedApprox loads a new replica without events from the
+	// snapshot's approximate index. Several router replicas (router/app's peers) set them.
+	SeedStream func(engine string, rank int, incarnation string) *peersnap.Stream
+	SeedApprox func(rep *Replica)
 }
 
 // Fleet owns the router's engines: membership from discovery, per-engine health and probes,
@@ -395,6 +401,9 @@ func (f *Fleet) addEngine(d discovery.Engine, mi modelInfo) (*Engine, error) {
 			if f.o.Bound {
 				sc.Endpoint = ""
 			}
+			if f.o.SeedStream != nil {
+				sc.Seed = f.o.SeedStream(d.Name, r, d.Incarnation)
+			}
 			// Stream is set before Add: the stream's first OnChange may come before Add returns.
 			rep.Stream = true
 			if err := f.o.Sub.Add(sc); err != nil {
@@ -415,6 +424,9 @@ func (f *Fleet) addEngine(d discovery.Engine, mi modelInfo) (*Engine, error) {
 		}
 		rep.ID = id
 		rep.Load = f.o.Ledger.NewReplica(id, rep.Name)
+		if !rep.Stream && f.o.SeedApprox != nil {
+			f.o.SeedApprox(rep)
+		}
 		rep.update(func(*View) {}) // Exact from the state the stream may already have pushed
 		e.Reps = append(e.Reps, rep)
 	}

@@ -406,3 +406,73 @@ func TestManyGroups(t *testing.T) {
 		}
 	}
 }
+
+func TestExportRestore(t *testing.T) {
+	a := New(Options{})
+	id, _ := a.AddReplica("e", 0)
+	if err := a.Store(id, []uint64{1, 2}, []blockkey.Key{10, 20}, GPU); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.StoreNew(id, []uint64{2}, []blockkey.Key{20}, GPU); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Store(id, []uint64{3}, []blockkey.Key{30}, CPU); err != nil {
+		t.Fatal(err)
+	}
+	tiers, err := a.Export(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := New(Options{})
+	bid, _ := b.AddReplica("e", 0)
+	_ = b.Store(bid, []uint64{99}, []blockkey.Key{990}, GPU) // replaced by the restore
+	if err := b.Restore(bid, tiers); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := a.Stats(id)
+	sb, _ := b.Stats(bid)
+	if sa.Blocks != sb.Blocks || sa.Copies != sb.Copies {
+		t.Fatalf("restored %+v, exported %+v", sb, sa)
+	}
+	if m := b.Match([]blockkey.Key{10, 20}, nil); m[bid].Blocks != 2 {
+		t.Fatalf("match after restore: %+v", m[bid])
+	}
+	if m := b.Match([]blockkey.Key{990}, nil); len(m) > int(bid) && m[bid].Blocks != 0 {
+		t.Fatal("restore kept a block the snapshot did not hold")
+	}
+	// One copy removed leaves the block (two copies); the second removes it.
+	for range 2 {
+		if _, err := b.Remove(bid, []uint64{2}, GPU); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s, _ := b.Stats(bid); s.Blocks[GPU] != 1 {
+		t.Fatalf("after removing both copies: %d GPU blocks, want 1", s.Blocks[GPU])
+	}
+	_ = b.SetLimit(bid, GPU, 1)
+	if err := b.Restore(bid, tiers); !errors.Is(err, ErrFull) {
+		t.Fatalf("restore over the limit: %v", err)
+	}
+}
+
+func TestSideExportImport(t *testing.T) {
+	now := time.Unix(1000, 0)
+	a := NewApproximate(SideOptions{})
+	a.Predict(3, []blockkey.Key{1, 2, 3}, now)
+	es := a.Export(3, now.Add(time.Second), 0)
+	if len(es) != 3 {
+		t.Fatalf("exported %d entries, want 3", len(es))
+	}
+	b := NewApproximate(SideOptions{})
+	b.Import(5, es, now.Add(2*time.Second))
+	if got := b.Match([]blockkey.Key{1, 2, 3}, now.Add(3*time.Second), 6, nil); got[5] != 3 {
+		t.Fatalf("imported match %v", got)
+	}
+	// The entries keep their expiry: gone after the original TTL.
+	if got := b.Match([]blockkey.Key{1}, now.Add(DefaultApproximateTTL+time.Second), 6, nil); got[5] != 0 {
+		t.Fatalf("imported entries outlived their expiry: %v", got)
+	}
+	if got := a.Export(3, now.Add(time.Second), 2); len(got) != 2 {
+		t.Fatalf("export bounded at 2 gave %d", len(got))
+	}
+}

@@ -241,3 +241,70 @@ func (s *SideIndex) Match(keys []blockkey.Key, now time.Time, slots int, out []u
 	}
 	return out
 }
+
+// SideEntry is one unexpired decision of a SideIndex for one replica: a key and when it expires
+// (unix nanoseconds), as a peer snapshot carries the approximate index.
+type SideEntry struct {
+	Key blockkey.Key
+	Exp int64
+}
+
+// Export returns replica id's unexpired entries at now, at most max (0: no bound), newest
+// expiry first dropped last: when max cuts, the entries that expire soonest are left out.
+func (s *SideIndex) Export(id ReplicaID, now time.Time, max int) []SideEntry {
+	t := now.UnixNano()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []SideEntry
+	// The ring is in expiry order; walking it from the newest end keeps the freshest under max.
+	seen := map[blockkey.Key]bool{}
+	for i := s.n - 1; i >= 0; i-- {
+		r := s.ring[(s.head+i)%len(s.ring)]
+		if r.id != id || r.exp <= t || seen[r.key] {
+			continue
+		}
+		for _, h := range s.keys[r.key] {
+			if h.id == id && h.exp == r.exp {
+				out = append(out, SideEntry{Key: r.key, Exp: r.exp})
+				seen[r.key] = true
+				break
+			}
+		}
+		if max > 0 && len(out) >= max {
+			break
+		}
+	}
+	return out
+}
+
+// Import records a peer's entries for replica id with their own expiries (entries already
+// expired at now are skipped; an expiry is never set further than the TTL from now, so a peer's
+// clock ahead of this one cannot keep an entry longer than a decision made here would live).
+func (s *SideIndex) Import(id ReplicaID, entries []SideEntry, now time.Time) {
+	t := now.UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expire(t)
+	// Oldest first, so the ring stays in expiry order as far as the peer's clock allows.
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := entries[i]
+		exp := min(e.Exp, t+s.ttl)
+		if exp <= t {
+			continue
+		}
+		hs := s.keys[e.Key]
+		found := false
+		for j := range hs {
+			if hs[j].id == id {
+				hs[j].exp = max(hs[j].exp, exp)
+				exp = hs[j].exp
+				found = true
+				break
+			}
+		}
+		if !found {
+			s.keys[e.Key] = append(hs, sideHolder{id: id, exp: exp})
+		}
+		s.push(sideRecord{key: e.Key, exp: exp, id: id})
+	}
+}

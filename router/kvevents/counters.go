@@ -38,8 +38,10 @@ var (
 	stateFields = map[string]bool{"Gaps": true, "Uncoverable": true, "Backwards": true, "Downs": true, "SilentRestarts": true,
 		"Restarts": true, "Resets": true, "SubReconnects": true}
 	// siteLoggedFields are logged where they happen, with the batch's seq and payload head
-	// (logDrop, logPanic) or the requests that showed it (the router's stale mark).
-	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true}
+	// (logDrop, logPanic), the requests that showed it (the router's stale mark), or the reason a
+	// peer's snapshot was not used (seedRejected).
+	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true,
+		"SeedRejected": true}
 	// dropFields are dropped or skipped messages, batches and events that nothing logs where
 	// they happen: the router logs the first increase of each on a stream (FirstDrops).
 	dropFields = map[string]bool{"TopicMismatches": true, "MalformedFrames": true, "Overflows": true, "ByteOverflows": true,
@@ -76,6 +78,7 @@ var counterTable = []counterSpec{
 	{"SilentRestarts", "stream_silent_restarts_total", "silent_restarts", "Engine restarts found by a seq jump after an outage or the identity check on return.", func(s *Stats) uint64 { return s.SilentRestarts }},
 	{"OverCap", "stream_over_limit_total", "over_limit", "Times the replica went past its block limit (cleared, stream inexact).", func(s *Stats) uint64 { return s.OverCap }},
 	{"StaleMarks", "stream_stale_marks_total", "stale_marks", "Times the engine served requests with no events coming (stream taken out of exact).", func(s *Stats) uint64 { return s.StaleMarks }},
+	{"SeedRejected", "stream_seed_rejected_total", "seed_rejected", "Peer snapshots not used for the stream (another engine process, the ring wrapped past them, no replay socket, over the block limit); its ring was replayed from seq 0.", func(s *Stats) uint64 { return s.SeedRejected }},
 	{"Restarts", "stream_restarts_total", "restarts", "Engine restarts reported by discovery.", func(s *Stats) uint64 { return s.Restarts }},
 	{"Resets", "stream_resets_total", "resets", "Times the replica's entries were dropped (stream inexact).", func(s *Stats) uint64 { return s.Resets }},
 	{"Events", "stream_events_total", "events", "Events applied.", func(s *Stats) uint64 { return s.Events }},

@@ -5,10 +5,12 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvwire"
+	"github.com/kvroute/kvroute/router/peersnap"
 )
 
 // DefaultParityEvery is how many eligible BlockStored events pass per parity check: one hash of
@@ -272,4 +274,23 @@ func (g *Ingester) removed(r *kvwire.BlockRemoved) {
 	}
 	g.c.unknownRemoves.Add(uint64(unknown))
 	g.c.blocksRemoved.Add(uint64(len(g.hashes) - unknown))
+}
+
+// export writes what the ingester learned (block size, KV cache groups) into a snapshot.
+func (g *Ingester) export(sn *peersnap.Stream) {
+	sn.BlockSize = uint32(g.c.blockSizeSet.Load())
+	for idx, full := range g.groups {
+		sn.Groups = append(sn.Groups, peersnap.Group{Idx: idx, Full: full})
+	}
+	sort.Slice(sn.Groups, func(i, j int) bool { return sn.Groups[i].Idx < sn.Groups[j].Idx })
+}
+
+// restore takes what a peer's ingester learned, within this one's bounds.
+func (g *Ingester) restore(sn *peersnap.Stream) {
+	if sn.BlockSize > 0 && g.c.blockSizeSet.Load() == 0 {
+		g.c.blockSizeSet.Store(uint64(sn.BlockSize))
+	}
+	for _, gr := range sn.Groups {
+		g.noteGroup(gr.Idx, gr.Full)
+	}
 }

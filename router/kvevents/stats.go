@@ -41,7 +41,8 @@ type counters struct {
 	overflows, gaps, replays, replayFailures, replayedBatches, uncoverable atomic.Uint64
 	duplicates, backwards, restarts, resets                                atomic.Uint64
 	panics, byteOverflows, replayShort, tooLarge, downs, silentRestarts    atomic.Uint64
-	overCap, subReconnects, staleMarks                                     atomic.Uint64
+	overCap, subReconnects, staleMarks, seedRejects                        atomic.Uint64
+	seeded                                                                 atomic.Bool
 	pending                                                                atomic.Int64
 	lastApplied                                                            atomic.Int64 // unix ns
 
@@ -67,6 +68,9 @@ type Stats struct {
 	// LastSeq is the last applied sequence number (valid when HaveSeq).
 	LastSeq uint64
 	HaveSeq bool
+	// Seeded: the stream started from a peer's snapshot, confirmed by the engine's ring (the
+	// same process), and has applied in order since.
+	Seeded bool
 	// BlockSize is the block size learned from the stream's first indexed BlockStored (0: none yet).
 	BlockSize int
 
@@ -100,6 +104,7 @@ type Stats struct {
 	StaleMarks      uint64    // times the engine served requests with no events coming (Subscriber.Stale)
 	LastApplied     time.Time // when the last batch was applied (zero: none)
 	Resets          uint64    // times the replica's entries were cleared because the stream became inexact
+	SeedRejected    uint64    // peer snapshots not used: another engine process, the ring wrapped past them, no replay socket, over the block limit
 
 	// Ingestion.
 	Events              uint64 // events applied
@@ -130,7 +135,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		LastApplied: last,
 		Engine:      engine, Rank: rank,
 		State:   StreamState(c.state.Load()),
-		Partial: c.partial.Load(),
+		Partial: c.partial.Load(), Seeded: c.seeded.Load(), SeedRejected: c.seedRejects.Load(),
 		LastSeq: c.lastSeq.Load(), HaveSeq: c.haveSeq.Load(),
 		BlockSize: int(in.blockSizeSet.Load()),
 

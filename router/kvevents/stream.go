@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"net"
 	"runtime/debug"
 	"strings"
@@ -12,9 +11,11 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvwire"
+	"github.com/kvroute/kvroute/router/peersnap"
 )
 
 // StreamKey names one event stream: an engine and one of its DP ranks.
@@ -47,6 +48,12 @@ type StreamConfig struct {
 	// them into the replica's view so a decision reads them without asking the subscriber. It
 	// must not block or call back into the Subscriber.
 	OnChange func(state StreamState, blockSize int)
+	// Seed, when set, starts the stream from a peer router's snapshot of it instead of the
+	// engine's ring from seq 0: its blocks are restored, and the ring is asked for the
+	// snapshot's last batch; the same bytes (the same engine process) confirm it and the replay
+	// goes on from there, anything else throws it away and replays from seq 0 (see seed). The
+	// caller checks the engine's incarnation and the snapshot's key scheme first.
+	Seed *peersnap.Stream
 }
 
 // MaxBlocksFor is the replica block limit for an engine with numGPUBlocks blocks: an engine
@@ -102,8 +109,11 @@ type stream struct {
 	down    bool   // the engine's health probe fails: not exact meanwhile
 	stale   bool   // the engine serves requests but publishes nothing (Subscriber.Stale)
 	suspect bool   // the engine was unreachable since the last batch known to be its process's
-	lastSum uint64 // maphash of the last applied batch's payload, to recognise the process
+	lastSum uint64 // XXH3-64 of the last applied batch's payload, to recognise the process
 	haveSum bool
+	// seeding: the stream was started from a peer's snapshot that the engine has not confirmed
+	// yet (the identity replay is in flight).
+	seeding bool
 
 	lastPanicLog time.Time
 	logged       [numDropKinds]bool
@@ -213,9 +223,14 @@ func (st *stream) run() {
 	defer st.cancelReplay()
 	st.fresh = true
 	st.base = Approximate // unknown until the first message or the start-up replay decides
-	if st.cfg.ReplayEndpoint != "" {
+	switch {
+	case st.cfg.Seed != nil && st.seed(st.cfg.Seed):
+		// Started from a peer's snapshot: the identity replay (startReplay with verify) confirms
+		// the engine process and brings what followed the snapshot.
+	case st.cfg.ReplayEndpoint != "":
 		st.startReplay(0, false)
 	}
+	st.cfg.Seed = nil // the snapshot's blocks are in the index; do not hold them twice
 	st.setState()
 	for {
 		var out <-chan replayChunk
@@ -380,7 +395,7 @@ func (st *stream) apply(m kvwire.Message) {
 	st.c.lastSeq.Store(m.Seq)
 	st.c.haveSeq.Store(true)
 	st.c.lastApplied.Store(time.Now().UnixNano())
-	st.lastSum, st.haveSum = maphash.Bytes(st.sub.sumSeed, m.Payload), true
+	st.lastSum, st.haveSum = payloadSum(m.Payload), true
 	fresh := st.fresh
 	st.fresh = false
 	over := st.c.ingest.overLimit.Load()
@@ -455,11 +470,12 @@ msgs:
 	for _, m := range c.msgs {
 		if r.verify {
 			r.verify = false
-			if m.Seq != r.from || !st.haveSum || maphash.Bytes(st.sub.sumSeed, m.Payload) != st.lastSum {
+			if m.Seq != r.from || !st.haveSum || payloadSum(m.Payload) != st.lastSum {
 				st.identityLost()
 				return
 			}
 			st.suspect = false
+			st.seedConfirmed()
 		}
 		switch {
 		case m.Seq < st.next:
@@ -491,7 +507,11 @@ msgs:
 // identityLost: after an outage the engine's ring no longer holds the last applied batch as it
 // was: a new process. Its ring is taken from seq 0.
 func (st *stream) identityLost() {
-	st.c.silentRestarts.Add(1)
+	if st.seeding {
+		st.seedRejected("the engine's ring no longer holds the snapshot's last batch as it was (another process, or the ring wrapped)")
+	} else {
+		st.c.silentRestarts.Add(1)
+	}
 	st.restart()
 	if st.cfg.ReplayEndpoint != "" {
 		st.startReplay(0, false)
@@ -812,4 +832,81 @@ func pollUntil(p *zmq.Poller, deadline time.Time, stops ...<-chan struct{}) ([]z
 			return polled, err
 		}
 	}
+}
+
+// payloadSum identifies a batch by its payload: XXH3-64, the same on every router, so a peer's
+// snapshot can name the batch it ends with.
+func payloadSum(b []byte) uint64 { return xxh3.Hash(b) }
+
+// seed starts the stream from a peer's snapshot (StreamConfig.Seed). It reports false, leaving
+// the stream as it was, when the snapshot cannot be used here: no batch in it, no replay socket
+// to confirm the engine process with, or more blocks than the replica may hold.
+func (st *stream) seed(sn *peersnap.Stream) bool {
+	switch {
+	case !sn.HaveSeq:
+		st.seedRejected("the peer had applied no batch of the stream")
+		return false
+	case st.cfg.ReplayEndpoint == "":
+		st.seedRejected("no replay socket to confirm the engine process with")
+		return false
+	}
+	if err := st.ix.Restore(st.id, sn.Tiers); err != nil {
+		st.seedRejected(err.Error())
+		_ = st.ix.Clear(st.id)
+		return false
+	}
+	if g, ok := st.ing.(*Ingester); ok {
+		g.restore(sn)
+	}
+	st.next = sn.LastSeq + 1
+	st.lastSum, st.haveSum = sn.Identity, true
+	st.fresh = false
+	st.base = Approximate
+	st.c.partial.Store(!sn.Exact)
+	if sn.Exact {
+		st.base = Exact
+	}
+	st.seeding = true
+	st.c.lastSeq.Store(sn.LastSeq)
+	st.c.haveSeq.Store(true)
+	st.startReplay(sn.LastSeq, true)
+	return true
+}
+
+// seedConfirmed: the engine's ring returned the snapshot's last batch with the same bytes.
+func (st *stream) seedConfirmed() {
+	if st.seeding {
+		st.seeding = false
+		st.c.seeded.Store(true)
+	}
+}
+
+// seedRejected counts a snapshot not used, and logs the first.
+func (st *stream) seedRejected(why string) {
+	st.seeding = false
+	st.c.seeded.Store(false)
+	if st.c.seedRejects.Add(1) == 1 {
+		st.sub.log.Warn("peer snapshot not used for the stream; its ring is replayed from seq 0 instead (counted in stream_seed_rejected_total)",
+			"engine", st.key.Engine, "rank", st.key.Rank, "why", why)
+	}
+}
+
+// export returns the stream's snapshot as the worker holds it (run on the worker: no batch is
+// applied meanwhile, so the blocks match LastSeq). ok is false when the stream has nothing a
+// peer could use: no batch applied, the engine seen down or stale, or a snapshot of its own not
+// yet confirmed.
+func (st *stream) export() (peersnap.Stream, bool) {
+	if !st.haveSum || st.down || st.stale || st.suspect || st.seeding || st.base == Inexact {
+		return peersnap.Stream{}, false
+	}
+	tiers, err := st.ix.Export(st.id)
+	if err != nil {
+		return peersnap.Stream{}, false
+	}
+	sn := peersnap.Stream{Engine: st.key.Engine, Rank: st.key.Rank, Exact: st.base == Exact,
+		HaveSeq: true, LastSeq: st.next - 1, Identity: st.lastSum, Tiers: tiers}
+	if g, ok := st.ing.(*Ingester); ok {
+		g.export(&sn)
+	}
+	return sn, true
 }

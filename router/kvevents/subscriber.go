@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"sort"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvwire"
+	"github.com/kvroute/kvroute/router/peersnap"
 )
 
 // Options configure a Subscriber. Zero values take the defaults named.
@@ -71,10 +71,9 @@ var ErrClosed = errors.New("kvevents: subscriber closed")
 // Subscriber receives the event streams of many engines, from one polling goroutine, and feeds
 // the index. Safe for concurrent use.
 type Subscriber struct {
-	opts    Options
-	ctx     *zmq.Context
-	log     *slog.Logger
-	sumSeed maphash.Seed
+	opts Options
+	ctx  *zmq.Context
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	streams map[StreamKey]*stream
@@ -161,7 +160,7 @@ func New(opts Options) (*Subscriber, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Subscriber{opts: opts, ctx: ctx, log: log, sumSeed: maphash.MakeSeed(), streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
+	s := &Subscriber{opts: opts, ctx: ctx, log: log, streams: map[StreamKey]*stream{}, cmds: make(chan command, 64), done: make(chan struct{})}
 	addr := fmt.Sprintf("inproc://kvevents-wake-%d", wakeSeq.Add(1))
 	rx, err := ctx.NewSocket(zmq.PAIR)
 	if err == nil {
@@ -670,4 +669,29 @@ func (s *Subscriber) deliver(src *source, frames [][]byte, byTopic map[string]*s
 		return
 	}
 	st.enqueue(m)
+}
+
+// Snapshot returns every stream a peer could start from (see stream.export), each taken on its
+// worker so its blocks match its last sequence number. Streams are taken one after another, not
+// at one instant: each is consistent with itself, which is all a receiver needs (it confirms and
+// continues each stream on its own).
+func (s *Subscriber) Snapshot() []peersnap.Stream {
+	s.mu.Lock()
+	keys := make([]StreamKey, 0, len(s.streams))
+	for k := range s.streams {
+		keys = append(keys, k)
+	}
+	s.mu.Unlock()
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].Engine < keys[j].Engine || keys[i].Engine == keys[j].Engine && keys[i].Rank < keys[j].Rank
+	})
+	var out []peersnap.Stream
+	for _, k := range keys {
+		var sn peersnap.Stream
+		var ok bool
+		if err := s.do(k.Engine, k.Rank, func(st *stream) { sn, ok = st.export() }); err == nil && ok {
+			out = append(out, sn)
+		}
+	}
+	return out
 }

@@ -354,6 +354,31 @@ func (l *Ledger) Unpredict(id ID) {
 	}
 }
 
+// PredictPeer enters blocks another router replica routed to r into the predicted side index,
+// so that a sibling reaching this router goes where its prefix is being computed. They expire
+// like this router's own predictions; they are never taken back here (the peer's request is not
+// in this ledger, and its failure is the peer's to account).
+func (l *Ledger) PredictPeer(r *Replica, keys []blockkey.Key) {
+	if len(keys) == 0 || r.gone.Load() {
+		return
+	}
+	l.pred.Predict(r.ID, keys, l.now())
+}
+
+// ExportApprox returns at most max of r's unexpired approximate-index entries (a peer's
+// snapshot of the replicas without events).
+func (l *Ledger) ExportApprox(r *Replica, max int) []index.SideEntry {
+	return l.approx.Export(r.ID, l.now(), max)
+}
+
+// ImportApprox loads entries taken from a peer's snapshot into r's approximate index.
+func (l *Ledger) ImportApprox(r *Replica, entries []index.SideEntry) {
+	if r.gone.Load() {
+		return
+	}
+	l.approx.Import(r.ID, entries, l.now())
+}
+
 // Expire drops side-index entries expired at the ledger's now (Routed also does as it goes).
 func (l *Ledger) Expire() {
 	now := l.now()

@@ -323,3 +323,48 @@ func TestConcurrentSettle(t *testing.T) {
 		t.Fatalf("after every request ended: %+v %+v", r.Load(), l.Stats())
 	}
 }
+
+// A peer router's routed keys enter the predicted index as this router's own would (a sibling
+// reaching this router matches them), add no load, expire with the TTL, and are not entered for
+// a replica that left.
+func TestPredictPeer(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}, PredictedTTL: 10 * time.Second})
+	r := l.NewReplica(0, "e0/0")
+	l.PredictPeer(r, keys(4))
+	pred, _ := l.Match(keys(6), 1, false, nil, nil)
+	if pred[0] != 4 {
+		t.Fatalf("predicted match %d after a peer's 4 keys, want 4", pred[0])
+	}
+	if ld := r.Load(); ld != (Load{}) || l.Stats().InFlight != 0 {
+		t.Fatalf("a peer's prediction added load %+v or a record %+v", ld, l.Stats())
+	}
+	c.t = c.t.Add(11 * time.Second)
+	if pred, _ = l.Match(keys(6), 1, false, nil, nil); pred[0] != 0 {
+		t.Fatalf("predicted match %d past the TTL, want 0", pred[0])
+	}
+	l.Remove(r)
+	l.PredictPeer(r, keys(4))
+	if st := l.Stats(); st.Predicted != 0 {
+		t.Fatalf("%d predicted entries for a removed replica", st.Predicted)
+	}
+}
+
+// The approximate index of a replica moves between routers through ExportApprox and
+// ImportApprox (a peer's snapshot), expiries kept.
+func TestApproxExportImport(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	src := New(Options{Now: c.now, Policy: &recorder{}})
+	r := src.NewReplica(0, "e0/0")
+	src.Routed(Routing{Replica: r, Keys: keys(3), Approximate: true, Uncached: 48, Held: 48})
+	es := src.ExportApprox(r, 0)
+	if len(es) != 3 {
+		t.Fatalf("exported %d approximate entries, want 3", len(es))
+	}
+	dst := New(Options{Now: c.now, Policy: &recorder{}})
+	r2 := dst.NewReplica(0, "e0/0")
+	dst.ImportApprox(r2, es)
+	if _, appr := dst.Match(keys(5), 1, true, nil, nil); appr[0] != 3 {
+		t.Fatalf("approximate match %d after the import, want 3", appr[0])
+	}
+}

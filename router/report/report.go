@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +36,9 @@ type Options struct {
 	Namespace, Model, Pod string
 	// Source returns the degraded replicas now, in a stable order.
 	Source func() []Degraded
+	// Peers, when set, returns the other router pods this one receives load from, sorted
+	// (several router replicas); a peer joining or leaving is written at once.
+	Peers func() []string
 	// Interval between looks at Source (1s): a look reads memory only and writes nothing unless
 	// a reason began or ended, so it is short to keep a new reason's way to the API server short.
 	Interval time.Duration
@@ -47,12 +51,13 @@ type Options struct {
 
 // Reporter writes the report.
 type Reporter struct {
-	o       Options
-	client  dynamic.ResourceInterface
-	last    []Degraded
-	lastAt  time.Time
-	written bool
-	failing bool
+	o         Options
+	client    dynamic.ResourceInterface
+	last      []Degraded
+	lastPeers []string
+	lastAt    time.Time
+	written   bool
+	failing   bool
 }
 
 // New returns a Reporter over a REST config.
@@ -102,10 +107,17 @@ func (r *Reporter) Run(ctx context.Context) {
 func (r *Reporter) Sync(ctx context.Context) error {
 	now := r.o.Now()
 	cur := r.o.Source()
-	if r.written && sameReasons(cur, r.last) && now.Sub(r.lastAt) < r.o.Heartbeat {
+	var peers []string
+	if r.o.Peers != nil {
+		peers = r.o.Peers()
+		if len(peers) > maxPeers {
+			peers = peers[:maxPeers]
+		}
+	}
+	if r.written && sameReasons(cur, r.last) && slices.Equal(peers, r.lastPeers) && now.Sub(r.lastAt) < r.o.Heartbeat {
 		return nil
 	}
-	if err := r.write(ctx, now, cur); err != nil {
+	if err := r.write(ctx, now, cur, peers); err != nil {
 		if !r.failing {
 			r.o.Logger.Warn("router report not written to the KVRoutedModel status", "model", r.o.Model, "err", err)
 		}
@@ -115,7 +127,7 @@ func (r *Reporter) Sync(ctx context.Context) error {
 	if r.failing {
 		r.o.Logger.Info("router report written again", "model", r.o.Model)
 	}
-	r.failing, r.written, r.last, r.lastAt = false, true, cur, now
+	r.failing, r.written, r.last, r.lastPeers, r.lastAt = false, true, cur, peers, now
 	return nil
 }
 
@@ -144,9 +156,10 @@ type degradedJSON struct {
 const (
 	maxDetail  = 256
 	maxEntries = 32
+	maxPeers   = 16
 )
 
-func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded) error {
+func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded, peers []string) error {
 	ds := make([]degradedJSON, 0, len(cur))
 	for i, d := range cur {
 		if i == maxEntries {
@@ -158,13 +171,15 @@ func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded) err
 		}
 		ds = append(ds, degradedJSON{Replica: d.Replica, Reason: d.Reason, Since: metav1.NewTime(d.Since), Detail: detail})
 	}
+	entry := map[string]any{"pod": r.o.Pod, "observedAt": metav1.NewTime(now), "degraded": ds}
+	if r.o.Peers != nil {
+		entry["peers"] = append([]string{}, peers...)
+	}
 	patch := map[string]any{
 		"apiVersion": GVR.GroupVersion().String(),
 		"kind":       "KVRoutedModel",
 		"metadata":   map[string]any{"name": r.o.Model, "namespace": r.o.Namespace},
-		"status": map[string]any{"routerReports": []any{map[string]any{
-			"pod": r.o.Pod, "observedAt": metav1.NewTime(now), "degraded": ds,
-		}}},
+		"status":     map[string]any{"routerReports": []any{entry}},
 	}
 	body, err := json.Marshal(patch)
 	if err != nil {

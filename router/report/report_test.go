@@ -77,3 +77,38 @@ func TestSyncWritesOnChangeAndHeartbeat(t *testing.T) {
 		t.Fatalf("entry %v", st)
 	}
 }
+
+// With peers the entry lists them, and a change of peers is written at once.
+func TestSyncWritesPeers(t *testing.T) {
+	var mu sync.Mutex
+	var peers [][]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var v map[string]any
+		_ = json.Unmarshal(b, &v)
+		e := v["status"].(map[string]any)["routerReports"].([]any)[0].(map[string]any)
+		mu.Lock()
+		p, _ := e["peers"].([]any)
+		peers = append(peers, p)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	}))
+	defer srv.Close()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cur := []string{"r2"}
+	r, err := New(&rest.Config{Host: srv.URL}, Options{Namespace: "llm", Model: "qwen", Pod: "r1",
+		Source: func() []Degraded { return nil }, Peers: func() []string { return cur }, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Sync(context.Background())
+	cur = []string{"r2", "r3"}
+	now = now.Add(5 * time.Second)
+	_ = r.Sync(context.Background())
+	mu.Lock()
+	defer mu.Unlock()
+	if len(peers) != 2 || len(peers[0]) != 1 || len(peers[1]) != 2 || peers[1][1] != "r3" {
+		t.Fatalf("peers written: %v", peers)
+	}
+}

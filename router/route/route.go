@@ -31,6 +31,9 @@ type Replica struct {
 	ID   index.ReplicaID
 	// Load is the ledger's counters for it.
 	Load *load.Replica
+	// Peer is what the other router replicas have in flight there (router/peersync; zero for a
+	// router on its own). The candidate's load is the sum: every decision sees the fleet's.
+	Peer load.Load
 	// Ready and Healthy are the engine's discovery and health state at the decision's time.
 	Ready, Healthy bool
 	// Approximate: no whole event stream (none, not exact, or demoted), so the approximate
@@ -83,6 +86,9 @@ type Decision struct {
 	CapBlocks int
 	// Unkeyed is why the request goes without keys ("" when keyed).
 	Unkeyed string
+	// Peer is, per candidate, the part of its load the other router replicas put there (nil
+	// when no replica has any).
+	Peer []load.Load
 }
 
 // Overlap is one replica's raw overlap, in blocks.
@@ -144,6 +150,15 @@ func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, 
 		}
 		d.Guards[i] = g
 		ld := r.Load.Load()
+		if r.Peer != (load.Load{}) {
+			if d.Peer == nil {
+				d.Peer = make([]load.Load, len(reps))
+			}
+			d.Peer[i] = r.Peer
+			ld.PrefillTokens += r.Peer.PrefillTokens
+			ld.DecodeTokens += r.Peer.DecodeTokens
+			ld.Running += r.Peer.Running
+		}
 		c := score.Candidate{ID: r.Name, Healthy: len(g) == 0,
 			PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate}
@@ -222,12 +237,16 @@ type Breakdown struct {
 	CachedTokens   int     `json:"cached_tokens"`
 	UncachedTokens int     `json:"uncached_tokens"`
 	WarmupCredit   float64 `json:"warmup_credit"`
-	// Load terms: the ledger's (prefill, decode, running) and the engine's (queue, KV use).
+	// Load terms: the ledger's (prefill, decode, running; other routers' share included) and
+	// the engine's (queue, KV use).
 	PrefillTokens int     `json:"prefill_tokens"`
 	DecodeTokens  int     `json:"decode_tokens"`
 	Running       int     `json:"running"`
 	Queue         int     `json:"queue"`
 	KVUtil        float64 `json:"kv_util"`
+	// PeerLoad is the part of the load terms the other router replicas put there (absent for a
+	// router on its own, or when they have nothing there).
+	PeerLoad *load.Load `json:"peer_load,omitempty"`
 	// Guards are the router guards that excluded it (not_ready, unhealthy, tried); the
 	// policy's own guard is Policy.Excluded.
 	Guards []string `json:"guards,omitempty"`
@@ -245,6 +264,10 @@ func (d *Decision) Breakdowns(ex []score.Explanation) []Breakdown {
 			CachedTokens: d.Cached[i], UncachedTokens: d.Uncached(i), WarmupCredit: c.WarmupCredit,
 			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, Running: c.Running, Queue: c.Queue, KVUtil: c.KVUtil,
 			Guards: d.Guards[i]}
+		if i < len(d.Peer) && d.Peer[i] != (load.Load{}) {
+			p := d.Peer[i]
+			b.PeerLoad = &p
+		}
 		if i < len(ex) {
 			e := ex[i]
 			b.Policy = &e

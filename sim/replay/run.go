@@ -38,9 +38,9 @@ type Options struct {
 	// CaptureUnder names the policies whose routers capture their traffic as a Mooncake trace
 	// (kvrouter --capture-dir <run dir>/capture; RunResult.CaptureDir): the trial's input.
 	CaptureUnder []string
-	LogDir          string        // process logs and engines files (required)
-	Drain           time.Duration // how long a run may take after its last arrival (default 60 s)
-	Progress        io.Writer     // one line per run; nil = quiet
+	LogDir       string        // process logs and engines files (required)
+	Drain        time.Duration // how long a run may take after its last arrival (default 60 s)
+	Progress     io.Writer     // one line per run; nil = quiet
 }
 
 // Run is one (policy, seed) replay.

@@ -1,0 +1,181 @@
+package peersync
+
+import (
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/router/blockkey"
+)
+
+// waitFor polls cond until it holds or 15 seconds pass (a bound, not a synchronisation sleep).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// testRouter is one router's load picture: local counters it publishes and the share of its
+// peers it applies.
+type testRouter struct {
+	node  *Node
+	share *Share
+	mu    sync.Mutex
+	local map[string]Load
+}
+
+func (r *testRouter) totals() []Total {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Total
+	for rep, l := range r.local {
+		out = append(out, Total{Replica: rep, Load: l})
+	}
+	return out
+}
+
+func (r *testRouter) route(req uint64, replica string, prefill int64) {
+	r.mu.Lock()
+	r.local[replica] = r.local[replica].Add(Load{Prefill: prefill, Running: 1})
+	r.mu.Unlock()
+	r.node.Record(Delta{Kind: Routed, Request: req, Replica: replica, Prefill: prefill, Tokens: prefill, Keys: []blockkey.Key{1, 2}})
+}
+
+func startRouter(t *testing.T, id string, routes ...string) *testRouter {
+	t.Helper()
+	r := &testRouter{share: NewShare(), local: map[string]Load{}}
+	n, err := Start(Options{ID: id, ClusterListen: "127.0.0.1:0", Routes: routes, Sink: r.share, Totals: r.totals,
+		Flush: 10 * time.Millisecond, Heartbeat: 100 * time.Millisecond, PeerTimeout: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.node = n
+	t.Cleanup(n.Close)
+	return r
+}
+
+// Three embedded servers clustered over loopback routes: a request routed on one router is in
+// the others' load within the flush interval; a router that stops is dropped by the others after
+// the peer timeout.
+func TestThreeRoutersShareLoad(t *testing.T) {
+	a := startRouter(t, "a")
+	b := startRouter(t, "b", a.node.ClusterAddr())
+	c := startRouter(t, "c", a.node.ClusterAddr(), b.node.ClusterAddr())
+	for _, r := range []*testRouter{a, b, c} {
+		waitFor(t, "every router sees two peers", func() bool { return len(r.node.Peers()) == 2 })
+	}
+	a.route(1, "e0/0", 700)
+	waitFor(t, "b and c see a's request", func() bool {
+		return b.share.Of("e0/0") == (Load{Prefill: 700, Running: 1}) && c.share.Of("e0/0") == (Load{Prefill: 700, Running: 1})
+	})
+	c.route(2, "e0/0", 300)
+	waitFor(t, "b sees both", func() bool { return b.share.Of("e0/0") == (Load{Prefill: 1000, Running: 2}) })
+	if got := a.share.Of("e0/0"); got.Running > 1 {
+		// a's share is its peers' only; its own request is local
+		t.Fatalf("a counts its own request among its peers': %+v", got)
+	}
+	a.node.Close()
+	waitFor(t, "a's share expires on b", func() bool { return b.share.Of("e0/0") == (Load{Prefill: 300, Running: 1}) })
+	if per1k := c.node.SentBytesPer1kRouted(); per1k <= 0 {
+		t.Fatalf("bytes per 1k routed: %v", per1k)
+	}
+}
+
+// proxy is a TCP relay that can be cut: while cut it closes every connection and refuses new
+// ones (accepts and closes at once), like a network partition that resets.
+type proxy struct {
+	ln     net.Listener
+	target string
+	cut    atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close(); p.cutAll() })
+	go p.serve()
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.cut.Load() {
+			c.Close()
+			continue
+		}
+		u, err := net.DialTimeout("tcp", p.target, time.Second)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(u, c); u.Close() }()
+		go func() { _, _ = io.Copy(c, u); c.Close() }()
+	}
+}
+
+func (p *proxy) cutAll() {
+	p.cut.Store(true)
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+}
+
+// A partition between two routers (their route cut by a proxy): each drops the other's share
+// after the peer timeout and decides on its own load; when the network is back the route is
+// re-established by the router that dialled it and the shares return.
+func TestPartitionHeals(t *testing.T) {
+	a := startRouter(t, "a")
+	px := newProxy(t, a.node.ClusterAddr())
+	b := startRouter(t, "b", px.addr())
+	waitFor(t, "b sees a", func() bool { return len(b.node.Peers()) == 1 && len(a.node.Peers()) == 1 })
+	a.route(1, "e0/0", 100)
+	waitFor(t, "b sees a's load", func() bool { return b.share.Of("e0/0").Running == 1 })
+
+	px.cutAll()
+	waitFor(t, "b drops a", func() bool { return len(b.node.Peers()) == 0 && b.share.Of("e0/0") == (Load{}) })
+	waitFor(t, "a drops b", func() bool { return len(a.node.Peers()) == 0 })
+
+	px.cut.Store(false)
+	waitFor(t, "the route comes back", func() bool { return len(b.node.Peers()) == 1 && len(a.node.Peers()) == 1 })
+	waitFor(t, "b sees a's load again", func() bool { return b.share.Of("e0/0").Running == 1 })
+}
+
+// Messages on the subject that are not batches are counted and dropped, never applied.
+func TestForeignMessagesDropped(t *testing.T) {
+	a := startRouter(t, "a")
+	if err := a.node.nc.Publish(a.node.o.Subject, []byte("not a batch")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "decode error counted", func() bool { return testutil.ToFloat64(a.node.met.decodeErrors) == 1 })
+	if n := len(a.node.Peers()); n != 0 {
+		t.Fatalf("%d peers from a foreign message", n)
+	}
+}

@@ -1,0 +1,372 @@
+package peers
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// bins builds kvrouter and vllm-sim once per test binary.
+func bins(t *testing.T) (kvrouter, sim string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "kvroute-peers-")
+		if buildErr != nil {
+			return
+		}
+		for _, b := range []string{"kvrouter", "vllm-sim"} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, b), "../../cmd/"+b).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", b, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "kvrouter"), filepath.Join(binDir, "vllm-sim")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// waitFor polls cond until it holds or timeout passes (a bound, not a synchronisation sleep).
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// proc is a process started by a test, killed at its end.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	mu   sync.Mutex
+	log  strings.Builder
+}
+
+func start(t *testing.T, bin string, onLine func(string), args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.log.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			if onLine != nil {
+				onLine(sc.Text())
+			}
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(p.kill)
+	return p
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+	default:
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// engine is one vllm-sim.
+type engine struct {
+	name                 string
+	http, events, replay int
+}
+
+func startEngines(t *testing.T, n int, args ...string) []engine {
+	t.Helper()
+	_, sim := bins(t)
+	var out []engine
+	for i := range n {
+		e := engine{name: fmt.Sprintf("e%d", i), http: freePort(t), events: freePort(t), replay: freePort(t)}
+		start(t, sim, nil, append([]string{"--port", fmt.Sprint(e.http), "--kv-events-port", fmt.Sprint(e.events),
+			"--kv-replay-port", fmt.Sprint(e.replay), "--num-gpu-blocks", "2048"}, args...)...)
+		out = append(out, e)
+	}
+	for _, e := range out {
+		waitFor(t, 30*time.Second, "vllm-sim "+e.name+" up", func() bool {
+			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", e.http))
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		})
+	}
+	return out
+}
+
+// router is one kvrouter process.
+type router struct {
+	t          *testing.T
+	id         string
+	p          *proc
+	api, admin string
+	cluster    string // its NATS route address
+}
+
+// routerConfig writes a kvrouter config for the engines, with peers when cluster is set.
+func routerConfig(t *testing.T, id string, es []engine, cluster string, routes []string) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("blockSize: 16\nengines:\n")
+	for _, e := range es {
+		fmt.Fprintf(&b, "- name: %s\n  url: http://127.0.0.1:%d\n  events: [tcp://127.0.0.1:%d]\n  replay: [tcp://127.0.0.1:%d]\n",
+			e.name, e.http, e.events, e.replay)
+	}
+	if cluster != "" {
+		fmt.Fprintf(&b, "peers:\n  id: %s\n  subject: kvroute.load.test\n  clusterListen: %s\n  peerTimeout: 1s\n  readyTimeout: 10s\n", id, cluster)
+		if len(routes) > 0 {
+			fmt.Fprintf(&b, "  routes: [%s]\n", strings.Join(routes, ", "))
+		}
+	}
+	path := filepath.Join(t.TempDir(), id+".yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startRouter runs kvrouter with its config; peers when cluster is set ("" alone).
+func startRouter(t *testing.T, id string, es []engine, cluster string, routes ...string) *router {
+	t.Helper()
+	kv, _ := bins(t)
+	cfg := routerConfig(t, id, es, cluster, routes)
+	addrs := make(chan [2]string, 1)
+	p := start(t, kv, func(line string) {
+		var rec struct{ Msg, API, Admin string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "kvrouter listening" {
+			addrs <- [2]string{rec.API, rec.Admin}
+		}
+	}, "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json")
+	r := &router{t: t, id: id, p: p, cluster: cluster}
+	select {
+	case a := <-addrs:
+		r.api, r.admin = a[0], a[1]
+	case <-p.done:
+		t.Fatalf("kvrouter %s exited before listening:\n%s", id, p.logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("kvrouter %s did not listen in 30s:\n%s", id, p.logs())
+	}
+	return r
+}
+
+func (r *router) ready() bool {
+	resp, err := http.Get("http://" + r.api + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == 200
+}
+
+// debugEngines is what the tests read of GET /debug/engines.
+type debugEngines struct {
+	Engines []struct {
+		Name  string `json:"name"`
+		Ranks []struct {
+			Stream       string         `json:"stream"`
+			Seeded       bool           `json:"seeded"`
+			Partial      bool           `json:"partial"`
+			LastSeq      *uint64        `json:"last_seq"`
+			Blocks       map[string]int `json:"blocks"`
+			Inflight     inflight       `json:"inflight"`
+			PeerInflight *inflight      `json:"peer_inflight"`
+		} `json:"ranks"`
+	} `json:"engines"`
+	RouterPeers *struct {
+		ID         string `json:"id"`
+		SeededFrom string `json:"seeded_from"`
+		Peers      []struct {
+			Name string `json:"name"`
+		} `json:"peers"`
+	} `json:"router_peers"`
+}
+
+type inflight struct {
+	Running       int64 `json:"running"`
+	PrefillTokens int64 `json:"prefill_tokens"`
+	DecodeTokens  int64 `json:"decode_tokens"`
+}
+
+func (r *router) engines() debugEngines {
+	r.t.Helper()
+	var d debugEngines
+	resp, err := http.Get("http://" + r.admin + "/debug/engines")
+	if err != nil {
+		r.t.Fatalf("%s /debug/engines: %v", r.id, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		r.t.Fatalf("%s /debug/engines: %v", r.id, err)
+	}
+	return d
+}
+
+// peers is how many peers the router sees.
+func (r *router) peers() int {
+	d := r.engines()
+	if d.RouterPeers == nil {
+		return 0
+	}
+	return len(d.RouterPeers.Peers)
+}
+
+// running sums the requests in flight the router sees: its own, and its peers'.
+func (r *router) running() (own, peers int64) {
+	for _, e := range r.engines().Engines {
+		for _, rk := range e.Ranks {
+			own += rk.Inflight.Running
+			if rk.PeerInflight != nil {
+				peers += rk.PeerInflight.Running
+			}
+		}
+	}
+	return own, peers
+}
+
+// index is each replica's GPU blocks and last seq, by engine name.
+func (r *router) index() map[string]string {
+	out := map[string]string{}
+	for _, e := range r.engines().Engines {
+		for _, rk := range e.Ranks {
+			seq := "none"
+			if rk.LastSeq != nil {
+				seq = fmt.Sprint(*rk.LastSeq)
+			}
+			out[e.Name] = fmt.Sprintf("%s seq=%s gpu=%d", rk.Stream, seq, rk.Blocks["GPU"])
+		}
+	}
+	return out
+}
+
+// prompt is n token ids that share their first shared ids with every prompt of the same group.
+func prompt(group, i, shared, n int) []uint32 {
+	out := make([]uint32, n)
+	for j := range out {
+		if j < shared {
+			out[j] = uint32(1000 + (group*7919+j)%40000)
+		} else {
+			out[j] = uint32(50000 + (i*131+j)%100000)
+		}
+	}
+	return out
+}
+
+// completion sends one completion of the prompt through the router and reads it to the end;
+// it returns the engine that served it and the cached tokens the engine reported.
+func (r *router) completion(toks []uint32, maxTokens int) (engine string, cached int, err error) {
+	body, _ := json.Marshal(map[string]any{"model": "vllm-sim", "prompt": toks, "max_tokens": maxTokens, "stream": false})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+r.api+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return "", 0, fmt.Errorf("%s: %d %s", r.id, resp.StatusCode, b)
+	}
+	var out struct {
+		Usage struct {
+			Details *struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	_ = json.Unmarshal(b, &out)
+	if out.Usage.Details != nil {
+		cached = out.Usage.Details.Cached
+	}
+	return resp.Header.Get("x-kvroute-engine"), cached, nil
+}
+
+// burst sends n requests through the routers in turn, conc at a time, and waits for them.
+func burst(t *testing.T, rs []*router, n, conc int, mk func(i int) []uint32, maxTokens int) (failed int64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, conc)
+	var bad atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if _, _, err := rs[i%len(rs)].completion(mk(i), maxTokens); err != nil {
+				if bad.Add(1) == 1 {
+					t.Logf("first failed request: %v", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return bad.Load()
+}
