@@ -692,7 +692,7 @@ type DegradedReplica struct {
 	// +kubebuilder:validation:MaxLength=300
 	Replica string `json:"replica"`
 	// Reason is undecodable, unchained, no-events, stalled, inexact, tokenizer-failing,
-	// hash-mismatch, keys-wrong, multimodal-unkeyed or hybrid-groups-skipped (docs/operations.md).
+	// hash-mismatch, keys-wrong, multimodal-unkeyed, hybrid-groups-skipped or partial (docs/operations.md).
 	// +kubebuilder:validation:MaxLength=64
 	Reason string `json:"reason"`
 	// Since is when the router first saw the reason.

@@ -20,7 +20,7 @@ const ReportTTL = 2 * time.Minute
 // model Degraded (IndexUnhealthy). informational ones are known limits, shown but healthy.
 var (
 	keyReasons           = map[string]bool{"undecodable": true, "unchained": true, "hash-mismatch": true, "keys-wrong": true}
-	informationalReasons = map[string]bool{"multimodal-unkeyed": true, "hybrid-groups-skipped": true}
+	informationalReasons = map[string]bool{"multimodal-unkeyed": true, "hybrid-groups-skipped": true, "partial": true}
 )
 
 // maxIndexMessage bounds the condition message (the API allows 32768).

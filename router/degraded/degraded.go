@@ -78,6 +78,11 @@ const (
 	// HybridGroupsSkipped: events of non-attention KV groups (sliding window, Mamba) were
 	// skipped in the window; the index holds the full-attention group only.
 	HybridGroupsSkipped Reason = "hybrid-groups-skipped"
+	// Partial: the stream is approximate because the engine's ring had already dropped its
+	// first batches when the router asked (a router started after the ring wrapped, with no peer
+	// snapshot to start from): blocks stored before the ring's oldest batch are unknown until the
+	// engine's cache is reset. A known limit of starting late, not a fault: informational.
+	Partial Reason = "partial"
 	// KeysWrong: re-keying failed for more stored events than blocks were indexed, or the
 	// engines reported under DivergenceRatio of the cached tokens the exact index predicted
 	// (MinDivergenceTokens at least), over the window or the last Recent seconds. The replica is
@@ -87,7 +92,7 @@ const (
 
 // Reasons lists every reason, in the order reports show them.
 var Reasons = []Reason{Undecodable, Unchained, NoEvents, Stalled, Inexact, TokenizerFailing, HashMismatch, KeysWrong,
-	MultimodalUnkeyed, HybridGroupsSkipped}
+	MultimodalUnkeyed, HybridGroupsSkipped, Partial}
 
 // KeyCorrectness reports whether the reason means the replica's keys may be wrong (as opposed
 // to missing, stale or informational). The operator raises Degraded for these.
@@ -101,7 +106,9 @@ func (r Reason) KeyCorrectness() bool {
 
 // Informational reports whether the reason is a known limit rather than a fault: it is shown
 // but does not make the index unhealthy.
-func (r Reason) Informational() bool { return r == MultimodalUnkeyed || r == HybridGroupsSkipped }
+func (r Reason) Informational() bool {
+	return r == MultimodalUnkeyed || r == HybridGroupsSkipped || r == Partial
+}
 
 // Thresholds below which a trigger does not fire.
 const (
@@ -120,6 +127,8 @@ type Sample struct {
 	Events bool
 	// State is the stream's state ("exact", "replaying", ...; "" without a stream).
 	State string
+	// Partial: the stream began after the engine's ring had dropped its first batches.
+	Partial bool
 
 	Received, Applied, DecodeErrors, Panics uint64
 	// Dropped are received messages never meant to be applied: duplicates (replay overlap),
@@ -280,6 +289,9 @@ func Evaluate(hist []Sample) (out []Finding, demote bool) {
 	}
 	if n := d(hist[0].MultimodalRouted, cur.MultimodalRouted); n > 0 {
 		add(MultimodalUnkeyed, "%d multimodal requests routed here by load, without keys, in %s", n, whole.dur())
+	}
+	if cur.Events && cur.Partial && cur.State == "approximate" {
+		add(Partial, "the engine's ring had dropped its first batches when the router asked: blocks stored before them are unknown (scored approximately until the engine's cache is reset)")
 	}
 	if n := d(hist[0].SkippedGroups, cur.SkippedGroups); n > 0 {
 		add(HybridGroupsSkipped, "%d events of non-attention KV groups skipped in %s", n, whole.dur())

@@ -213,6 +213,7 @@ func TestEveryReasonFiresOnEvidence(t *testing.T) {
 		{KeysWrong, func(s *Sample) { flow(s); s.ExactActual -= 2048 }, 2 * interval, true, false},
 		{MultimodalUnkeyed, func(s *Sample) { flow(s); s.MultimodalRouted++ }, interval, false, false},
 		{HybridGroupsSkipped, func(s *Sample) { flow(s); s.SkippedGroups++ }, interval, false, false},
+		{Partial, func(s *Sample) { flow(s); s.State = "approximate"; s.Partial = true }, interval, false, true},
 	}
 	covered := map[Reason]bool{}
 	for i, c := range cases {

@@ -66,7 +66,7 @@ func (f *Fleet) HealthTick(now time.Time) {
 		}
 		if r.Stream && f.o.Sub != nil {
 			if st, ok := f.o.Sub.Stats(r.Eng.Name, r.Rank); ok {
-				smp.State = st.State.String()
+				smp.State, smp.Partial = st.State.String(), st.Partial
 				smp.Received, smp.Applied, smp.DecodeErrors, smp.Panics = st.Received, st.Applied, st.DecodeErrors, st.Panics
 				smp.Dropped = st.Duplicates + st.TopicMismatches + st.MalformedFrames
 				smp.BlocksStored, smp.UnknownParent, smp.RekeyErrors = st.BlocksStored, st.UnknownParent, st.RekeyErrors
