@@ -182,8 +182,9 @@ func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) 
 	// The ring's records of the decision find no holder with their expiry when popped.
 }
 
-// Forget drops every entry of one replica (it left, or its event stream became healthy).
-func (s *SideIndex) Forget(id ReplicaID) {
+// DropReplica drops every entry of a replica that left the fleet (load.Ledger.Remove). Named
+// apart from score.Forgetter.Forget, which drops a policy's per-replica state.
+func (s *SideIndex) DropReplica(id ReplicaID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, hs := range s.keys {

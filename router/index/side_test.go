@@ -82,7 +82,7 @@ func TestSideForget(t *testing.T) {
 	keys, _ := chain(1, 3)
 	s.Predict(0, keys, t0)
 	s.Predict(1, keys, t0)
-	s.Forget(0)
+	s.DropReplica(0)
 	got := s.Match(keys, t0, 2, nil)
 	if got[0] != 0 || got[1] != 3 {
 		t.Fatalf("after Forget(0): %v", got)

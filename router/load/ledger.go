@@ -169,8 +169,8 @@ func (l *Ledger) Remove(r *Replica) {
 		f.Forget(r.Name)
 	}
 	l.mu.Unlock()
-	l.pred.Forget(r.ID)
-	l.approx.Forget(r.ID)
+	l.pred.DropReplica(r.ID)
+	l.approx.DropReplica(r.ID)
 }
 
 // Match returns, indexed by ReplicaID, the leading keys each replica holds in the predicted
