@@ -35,23 +35,8 @@ func (s *Sim) handleCompletionsRender(w http.ResponseWriter, r *http.Request) {
 
 // handleChatRender answers vLLM's /v1/chat/completions/render: one GenerateRequest.
 func (s *Sim) handleChatRender(w http.ResponseWriter, r *http.Request) {
-	var req chatRequest
-	if err := decodeBody(w, r, &req); err != nil {
-		writeError(w, err)
-		return
-	}
-	prompt, err := s.chatPrompt(&req)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	maxTokens := req.MaxCompletionTokens
-	if maxTokens == nil {
-		maxTokens = req.MaxTokens
-	}
-	j, err := s.newJob(true, req.commonParams, maxTokens, [][]uint32{prompt})
-	if err != nil {
-		writeError(w, err)
+	req, prompt, j, ok := s.chatJob(w, r)
+	if !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.generateRequest(s.requestID("chatcmpl"), prompt, j, req.commonParams))

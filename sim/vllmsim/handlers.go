@@ -182,16 +182,19 @@ func (s *Sim) chatPrompt(req *chatRequest) ([]uint32, error) {
 	return Tokenize(text), nil
 }
 
-func (s *Sim) handleChat(w http.ResponseWriter, r *http.Request) {
+// chatJob reads a chat request, renders its prompt and validates it as vLLM does before it
+// answers: the same steps for /v1/chat/completions and its render endpoint. On an error it has
+// already written the answer.
+func (s *Sim) chatJob(w http.ResponseWriter, r *http.Request) (*chatRequest, []uint32, *genJob, bool) {
 	var req chatRequest
 	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
-		return
+		return nil, nil, nil, false
 	}
 	prompt, err := s.chatPrompt(&req)
 	if err != nil {
 		writeError(w, err)
-		return
+		return nil, nil, nil, false
 	}
 	maxTokens := req.MaxCompletionTokens
 	if maxTokens == nil {
@@ -200,6 +203,14 @@ func (s *Sim) handleChat(w http.ResponseWriter, r *http.Request) {
 	j, err := s.newJob(true, req.commonParams, maxTokens, [][]uint32{prompt})
 	if err != nil {
 		writeError(w, err)
+		return nil, nil, nil, false
+	}
+	return &req, prompt, j, true
+}
+
+func (s *Sim) handleChat(w http.ResponseWriter, r *http.Request) {
+	_, _, j, ok := s.chatJob(w, r)
+	if !ok {
 		return
 	}
 	j.id = s.requestID("chatcmpl")
