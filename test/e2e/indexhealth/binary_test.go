@@ -1,7 +1,6 @@
 package indexhealth
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -266,29 +264,11 @@ func buildBinaries(t *testing.T, names ...string) string {
 	return dir
 }
 
-// procOutput collects a process's output.
-type procOutput struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (p *procOutput) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.b.Write(b)
-}
-
-func (p *procOutput) String() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.b.String()
-}
-
 // startProc runs a binary until the test ends: SIGTERM, then SIGKILL after 5 s. Its output is
 // kept and shown if the test fails.
-func startProc(t *testing.T, name, bin string, env []string, args ...string) *procOutput {
+func startProc(t *testing.T, name, bin string, env []string, args ...string) *lockedBuffer {
 	t.Helper()
-	out := &procOutput{}
+	out := &lockedBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = out, out
