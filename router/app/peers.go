@@ -449,6 +449,8 @@ type PeerInfo struct {
 	Peers      []peersync.Peer `json:"peers"`
 	// Routes is how many NATS routes the embedded server holds.
 	Routes int `json:"routes"`
+	// SyncFaults: load changes dropped, batches not published, lost or undecodable.
+	SyncFaults peersync.SyncFaults `json:"sync_faults"`
 }
 
 func (s *Router) peerInfo() PeerInfo {
@@ -456,5 +458,5 @@ func (s *Router) peerInfo() PeerInfo {
 	p.mu.Lock()
 	from := p.seededFrom
 	p.mu.Unlock()
-	return PeerInfo{ID: p.id, SeededFrom: from, Peers: p.node.Peers(), Routes: p.node.Routes()}
+	return PeerInfo{ID: p.id, SeededFrom: from, Peers: p.node.Peers(), Routes: p.node.Routes(), SyncFaults: p.node.Faults()}
 }

@@ -86,10 +86,50 @@ type Node struct {
 	stop chan struct{}
 	done chan struct{}
 
-	met          nodeMetrics
-	routed       atomic.Uint64
-	sentBytes    atomic.Uint64
-	droppedLocal atomic.Uint64
+	met       nodeMetrics
+	routed    atomic.Uint64
+	sentBytes atomic.Uint64
+	faults    [numFaults]atomic.Uint64
+	logged    [numFaults]atomic.Bool
+}
+
+// The sync's faults, each counted on its metric, in /debug/engines (Faults) and logged once.
+const (
+	faultDropped = iota // changes not published: the pending queue full, or a batch over NATS's payload
+	faultPublish        // a batch NATS refused to publish
+	faultDecode         // a peer's batch that did not decode
+	faultLost           // a peer's batches that never arrived (sequence gaps)
+	numFaults
+)
+
+var faultWhy = [numFaults]string{
+	"load changes not published (queue full or batch too large); peers see this router's totals only, counted in kvroute_router_peer_sync_dropped_total",
+	"a load batch was not published; peers keep the last share until it expires, counted in kvroute_router_peer_sync_publish_errors_total",
+	"a peer's load batch did not decode (version skew?); counted in kvroute_router_peer_sync_decode_errors_total",
+	"a peer's load batches were lost in transit; its next totals correct the share, counted in kvroute_router_peer_sync_lost_batches_total",
+}
+
+// SyncFaults is what went wrong in the sync since start, for /debug/engines.
+type SyncFaults struct {
+	DroppedChanges uint64 `json:"dropped_changes"`
+	PublishErrors  uint64 `json:"publish_errors"`
+	DecodeErrors   uint64 `json:"decode_errors"`
+	LostBatches    uint64 `json:"lost_batches"`
+}
+
+// fault counts n of one kind (the metric c too) and logs the first of each kind.
+func (n *Node) fault(kind int, c prometheus.Counter, count uint64, args ...any) {
+	n.faults[kind].Add(count)
+	c.Add(float64(count))
+	if !n.logged[kind].Swap(true) {
+		n.log.Warn(faultWhy[kind]+"; further ones are counted, not logged", args...)
+	}
+}
+
+// Faults returns the sync's fault counts.
+func (n *Node) Faults() SyncFaults {
+	return SyncFaults{DroppedChanges: n.faults[faultDropped].Load(), PublishErrors: n.faults[faultPublish].Load(),
+		DecodeErrors: n.faults[faultDecode].Load(), LostBatches: n.faults[faultLost].Load()}
 }
 
 type peerInfo struct {
@@ -295,8 +335,7 @@ func (n *Node) Record(d Delta) {
 	n.mu.Lock()
 	if len(n.pending) >= n.o.MaxPending {
 		n.mu.Unlock()
-		n.droppedLocal.Add(1)
-		n.met.dropped.Inc()
+		n.fault(faultDropped, n.met.dropped, 1, "pending", n.o.MaxPending)
 		return
 	}
 	n.pending = append(n.pending, d)
@@ -341,7 +380,7 @@ func (n *Node) flush(now time.Time) {
 	// Over NATS's max payload the batch is split: the totals go out alone and the changes are
 	// dropped (counted); peers lose only the predicted blocks of those requests.
 	if len(n.buf) > 1<<20-4096 {
-		n.met.dropped.Add(float64(len(b.Deltas)))
+		n.fault(faultDropped, n.met.dropped, uint64(len(b.Deltas)), "batch_bytes", len(n.buf))
 		b.Deltas = nil
 		n.buf = EncodeBatch(n.buf[:0], &b)
 	}
@@ -349,7 +388,7 @@ func (n *Node) flush(now time.Time) {
 	err := n.nc.Publish(n.o.Subject, payload)
 	n.mu.Unlock()
 	if err != nil {
-		n.met.publishErrors.Inc()
+		n.fault(faultPublish, n.met.publishErrors, 1, "err", err)
 		return
 	}
 	n.sentBytes.Add(uint64(len(payload)))
@@ -363,7 +402,7 @@ func (n *Node) receive(m *nats.Msg) {
 	n.met.bytes.WithLabelValues("received").Add(float64(len(m.Data)))
 	b, err := DecodeBatch(m.Data)
 	if err != nil {
-		n.met.decodeErrors.Inc()
+		n.fault(faultDecode, n.met.decodeErrors, 1, "err", err)
 		return
 	}
 	if b.Peer == n.o.ID && b.Epoch == n.epoch {
@@ -380,7 +419,7 @@ func (n *Node) receive(m *nats.Msg) {
 		p = &peerInfo{epoch: b.Epoch}
 		n.peers[b.Peer] = p
 	} else if b.Seq > p.seq+1 {
-		n.met.lost.Add(float64(b.Seq - p.seq - 1))
+		n.fault(faultLost, n.met.lost, b.Seq-p.seq-1, "peer", b.Peer)
 	}
 	p.seq, p.seen, p.url, p.ready = max(p.seq, b.Seq), now, b.SnapshotURL, b.Ready
 	n.met.peers.Set(float64(len(n.peers)))

@@ -178,4 +178,12 @@ func TestForeignMessagesDropped(t *testing.T) {
 	if n := len(a.node.Peers()); n != 0 {
 		t.Fatalf("%d peers from a foreign message", n)
 	}
+	// The same count for /debug/engines, and the kind logged once: a second one is not.
+	if err := a.node.nc.Publish(a.node.o.Subject, []byte("nor this")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "second decode error counted", func() bool { return a.node.Faults().DecodeErrors == 2 })
+	if !a.node.logged[faultDecode].Load() || testutil.ToFloat64(a.node.met.decodeErrors) != 2 {
+		t.Fatalf("decode errors: logged %v, metric %v", a.node.logged[faultDecode].Load(), testutil.ToFloat64(a.node.met.decodeErrors))
+	}
 }
