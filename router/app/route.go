@@ -86,7 +86,10 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 		d.chosen = i
 		return d, ex, err
 	}
-	lid, _, err := s.ledger.Decide(&d.Req, d.Cands, func(i int) load.Routing {
+	// The candidates were built outside the ledger's lock; siblings routed since then are
+	// re-read under it (route.Decision.Refresh), or concurrent siblings would scatter.
+	refresh := func() { d.Refresh(views, s.ledger) }
+	lid, _, err := s.ledger.Decide(&d.Req, d.Cands, refresh, func(i int) load.Routing {
 		// Outside the measured decision, still under the ledger's lock: a sibling decided right
 		// after this one must already see it in the predicted side index.
 		d.took = time.Since(t0)

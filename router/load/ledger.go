@@ -124,6 +124,9 @@ type Ledger struct {
 	now  func() time.Time
 	obs  []Observer
 	next atomic.Uint64
+	// gen moves after every change a decision reads (load counters, side indexes), so a
+	// decision built earlier knows whether it must re-read them (Generation).
+	gen atomic.Uint64
 
 	// mu serialises the policy (Pick, OnRouted, Retract, Forget) with the records, so a
 	// decision made right after another already sees it.
@@ -146,6 +149,11 @@ func New(o Options) *Ledger {
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
 		approx: index.NewApproximate(index.SideOptions{})}
 }
+
+// Generation is a number that moves after every change to what a decision reads from the ledger
+// (a replica's load counters, the side indexes; expiry aside, which Match applies by time). Read
+// it before reading them: if it is unchanged later, so are they.
+func (l *Ledger) Generation() uint64 { return l.gen.Load() }
 
 // Now reads the ledger's clock.
 func (l *Ledger) Now() time.Time { return l.now() }
@@ -171,6 +179,7 @@ func (l *Ledger) Remove(r *Replica) {
 	l.mu.Unlock()
 	l.pred.DropReplica(r.ID)
 	l.approx.DropReplica(r.ID)
+	l.gen.Add(1)
 }
 
 // Match returns, indexed by ReplicaID, the leading keys each replica holds in the predicted
@@ -206,10 +215,15 @@ func (l *Ledger) Explain(req *score.Request, cands []score.Candidate) []score.Ex
 }
 
 // Decide asks the policy for a replica and routes the request there in one step: rec builds
-// the Routing for the chosen index. A sibling decision made right after already sees this one
-// (its load and predicted blocks).
-func (l *Ledger) Decide(req *score.Request, cands []score.Candidate, rec func(i int) Routing) (ID, *Record, error) {
+// the Routing for the chosen index. refresh, when set, runs first under the same lock and
+// re-reads into cands what the ledger owns (load counters, side indexes: route.Decision.Refresh),
+// so a sibling decided just before this one is seen even when cands were built while it was
+// being decided.
+func (l *Ledger) Decide(req *score.Request, cands []score.Candidate, refresh func(), rec func(i int) Routing) (ID, *Record, error) {
 	l.mu.Lock()
+	if refresh != nil {
+		refresh()
+	}
 	i, err := l.pol.Pick(req, cands)
 	if err != nil {
 		l.mu.Unlock()
@@ -249,6 +263,7 @@ func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 	}
 	r.Replica.prefill.Add(int64(r.Uncached))
 	r.Replica.running.Add(1)
+	l.gen.Add(1)
 	id := ID(l.next.Add(1))
 	l.live[id] = rc
 	return id, rc
@@ -271,6 +286,7 @@ func (l *Ledger) FirstToken(id ID) error {
 		rc.FirstTokenAt = l.now()
 		rc.Replica.prefill.Add(-int64(rc.Uncached))
 		rc.Replica.decode.Add(int64(rc.Held))
+		l.gen.Add(1)
 	}
 	l.mu.Unlock()
 	if !ok {
@@ -328,6 +344,7 @@ func (l *Ledger) end(id ID, rollback bool) (*Record, error) {
 		rep.prefill.Add(-int64(rc.Uncached))
 	}
 	rep.running.Add(-1)
+	defer l.gen.Add(1) // after the side indexes too, when rolled back
 	if !rollback {
 		return rc, nil
 	}
@@ -351,6 +368,7 @@ func (l *Ledger) Unpredict(id ID) {
 	if rc, ok := l.live[id]; ok && rc.predicted {
 		l.pred.Unpredict(rc.Replica.ID, rc.Keys, rc.At)
 		rc.predicted = false
+		l.gen.Add(1)
 	}
 }
 
@@ -363,6 +381,7 @@ func (l *Ledger) PredictPeer(r *Replica, keys []blockkey.Key) {
 		return
 	}
 	l.pred.Predict(r.ID, keys, l.now())
+	l.gen.Add(1)
 }
 
 // ExportApprox returns at most max of r's unexpired approximate-index entries (a peer's
@@ -377,6 +396,7 @@ func (l *Ledger) ImportApprox(r *Replica, entries []index.SideEntry) {
 		return
 	}
 	l.approx.Import(r.ID, entries, l.now())
+	l.gen.Add(1)
 }
 
 // Expire drops side-index entries expired at the ledger's now (Routed also does as it goes).

@@ -58,7 +58,7 @@ func TestLifecycle(t *testing.T) {
 	r := l.NewReplica(0, "e0/0")
 	req := &score.Request{Keys: keys(4), Tokens: 64, BlockSize: 16}
 	cands := []score.Candidate{{ID: "e0/0", Healthy: true}}
-	id, rc, err := l.Decide(req, cands, func(i int) Routing {
+	id, rc, err := l.Decide(req, cands, nil, func(i int) Routing {
 		return Routing{Replica: r, Keys: req.Keys, Uncached: 48, Held: 64, Cached: 16}
 	})
 	if err != nil || rc.Chosen != 0 || pol.routed != 1 {
@@ -105,7 +105,7 @@ func TestFailedRollsBack(t *testing.T) {
 	l := New(Options{Now: c.now, Policy: pol})
 	r := l.NewReplica(3, "e1/0")
 	req := &score.Request{Keys: keys(8), Tokens: 128, BlockSize: 16}
-	id, _, err := l.Decide(req, []score.Candidate{{ID: "e1/0", Healthy: true}}, func(int) Routing {
+	id, _, err := l.Decide(req, []score.Candidate{{ID: "e1/0", Healthy: true}}, nil, func(int) Routing {
 		return Routing{Replica: r, Keys: req.Keys, Approximate: true, Uncached: 128, Held: 128}
 	})
 	if err != nil {
@@ -289,7 +289,7 @@ func TestPolicyErrorRecordsNothing(t *testing.T) {
 	l := New(Options{Policy: pol})
 	r := l.NewReplica(0, "e0/0")
 	called := false
-	_, _, err := l.Decide(&score.Request{Keys: keys(2)}, []score.Candidate{{ID: "e0/0", Healthy: true}}, func(int) Routing {
+	_, _, err := l.Decide(&score.Request{Keys: keys(2)}, []score.Candidate{{ID: "e0/0", Healthy: true}}, nil, func(int) Routing {
 		called = true
 		return Routing{Replica: r, Keys: keys(2), Uncached: 5}
 	})

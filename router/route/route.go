@@ -67,9 +67,11 @@ type IndexView interface {
 	Slots() int
 }
 
-// LedgerView is the read side of the ledger's side indexes.
+// LedgerView is the read side of the ledger's side indexes (load.Ledger).
 type LedgerView interface {
 	Match(keys []blockkey.Key, slots int, approx bool, pred, appr []uint32) ([]uint32, []uint32)
+	// Generation moves after every change to the load counters or side indexes.
+	Generation() uint64
 }
 
 // Decision is what the policy is asked and what the answer is based on.
@@ -89,6 +91,16 @@ type Decision struct {
 	// Peer is, per candidate, the part of its load the other router replicas put there (nil
 	// when no replica has any).
 	Peer []load.Load
+
+	// What Refresh re-reads against: the exact index's match and its slot count (read once),
+	// whether any replica reads the approximate index, and the side-index buffers it reuses.
+	exact      []index.Match
+	slots      int
+	anyApprox  bool
+	pred, appr []uint32
+	// read: Refresh has read the ledger, at generation gen.
+	read bool
+	gen  uint64
 }
 
 // Overlap is one replica's raw overlap, in blocks.
@@ -121,16 +133,12 @@ func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, 
 	if len(in.Tokens) > 0 {
 		d.CapBlocks = (len(in.Tokens) - 1) / bs
 	}
-	anyApprox := false
+	d.anyApprox = false
 	for i := range reps {
-		anyApprox = anyApprox || reps[i].Approximate
+		d.anyApprox = d.anyApprox || reps[i].Approximate
 	}
-	var exact []index.Match
-	var pred, appr []uint32
 	if len(d.Req.Keys) > 0 {
-		exact = ix.Match(d.Req.Keys, nil)
-		// The approximate index is only read for replicas without a whole stream.
-		pred, appr = led.Match(d.Req.Keys, ix.Slots(), anyApprox, nil, nil)
+		d.exact = ix.Match(d.Req.Keys, nil)
 	}
 	d.Cands = make([]score.Candidate, len(reps))
 	d.Cached = make([]int, len(reps))
@@ -149,6 +157,35 @@ func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, 
 			g = append(g, GuardTried)
 		}
 		d.Guards[i] = g
+	}
+	d.slots = ix.Slots()
+	d.Refresh(reps, led)
+	return d, nil
+}
+
+// Refresh (re)reads what the ledger owns into every candidate: the load counters (other
+// routers' share added) and the side indexes' overlap, capped to the computable blocks. Decide
+// calls it once; the router calls it again under the ledger's lock just before the policy picks
+// (load.Ledger.Decide's refresh), because candidates built before the lock miss every sibling
+// routed in between: eight siblings arriving together would each see the prefix nowhere and
+// every replica idle, and scatter. The exact index is engine truth and is not re-read. reps must
+// be the ones Decide was given. Nothing is re-read when the ledger has not changed since the
+// last read (its Generation), so a decision made alone pays for one read.
+func (d *Decision) Refresh(reps []Replica, led LedgerView) {
+	g := led.Generation()
+	if d.read && g == d.gen {
+		return
+	}
+	d.read, d.gen = true, g
+	var pred, appr []uint32
+	if len(d.Req.Keys) > 0 {
+		// The approximate index is only read for replicas without a whole stream.
+		pred, appr = led.Match(d.Req.Keys, d.slots, d.anyApprox, d.pred, d.appr)
+		d.pred, d.appr = pred, appr
+	}
+	d.Peer = nil
+	for i := range reps {
+		r := &reps[i]
 		ld := r.Load.Load()
 		if r.Peer != (load.Load{}) {
 			if d.Peer == nil {
@@ -159,29 +196,31 @@ func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, 
 			ld.DecodeTokens += r.Peer.DecodeTokens
 			ld.Running += r.Peer.Running
 		}
-		c := score.Candidate{ID: r.Name, Healthy: len(g) == 0,
+		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
 			PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate}
-		if int(r.ID) < len(exact) {
-			m := exact[r.ID]
+		d.Raw[i] = Overlap{}
+		if int(r.ID) < len(d.exact) {
+			m := d.exact[r.ID]
 			c.ExactBlocks = int(m.Blocks)
 			c.TierBlocks = [score.NumTiers]int{int(m.Blocks - m.CPU - m.Disk), int(m.CPU), int(m.Disk)}
 			d.Raw[i].Tiers = c.TierBlocks
-			if c.Approximate {
+			if c.Approximate && int(r.ID) < len(appr) {
 				a := int(appr[r.ID])
 				d.Raw[i].Approximate = a
 				if a > c.ExactBlocks {
 					c.ExactBlocks, c.TierBlocks = a, [score.NumTiers]int{a, 0, 0}
 				}
 			}
-			c.PredictedBlocks = int(pred[r.ID])
-			d.Raw[i].Predicted = c.PredictedBlocks
+			if int(r.ID) < len(pred) { // Slots read after the exact match: a replica may have come or gone
+				c.PredictedBlocks = int(pred[r.ID])
+				d.Raw[i].Predicted = c.PredictedBlocks
+			}
 		}
 		capCandidate(&c, d.CapBlocks)
-		d.Cached[i] = max(c.ExactBlocks, c.PredictedBlocks) * bs
+		d.Cached[i] = max(c.ExactBlocks, c.PredictedBlocks) * d.Req.BlockSize
 		d.Cands[i] = c
 	}
-	return d, nil
 }
 
 // capCandidate limits every overlap to capBlocks, taking the excess off the slowest tier first.

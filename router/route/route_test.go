@@ -234,3 +234,40 @@ func TestCheapest(t *testing.T) {
 		t.Fatalf("all excluded: %d, want -1", i)
 	}
 }
+
+// Two siblings decided from candidates built at the same moment: the second, refreshed under
+// the ledger's lock as the router does, sees the first one's predicted blocks and load; without
+// the refresh it sees an idle fleet with the prefix nowhere (the TestSiblingsColocate flake:
+// eight concurrent siblings scattered over the fleet).
+func TestRefreshSeesSiblingRoutedSinceBuilt(t *testing.T) {
+	w := newWorld(t)
+	reps := w.reps[3:] // the replica with a whole stream and nothing exact
+	in := Input{Tokens: w.toks, BlockSize: bs}
+	first, err := Decide(in, reps, w.ix, w.led)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Decide(in, reps, w.ix, w.led)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := second.Cands[0]
+	if _, _, err := w.led.Decide(&first.Req, first.Cands, func() { first.Refresh(reps, w.led) }, func(i int) load.Routing {
+		return load.Routing{Replica: reps[i].Load, Keys: first.Req.Keys, Uncached: first.Uncached(i), Held: first.Req.Tokens}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if second.Cands[0] != before {
+		t.Fatalf("candidates changed without a refresh: %+v -> %+v", before, second.Cands[0])
+	}
+	second.Refresh(reps, w.led)
+	got := second.Cands[0]
+	if got.PredictedBlocks != second.CapBlocks || got.Running != before.Running+1 ||
+		got.PrefillTokens != before.PrefillTokens+first.Uncached(0) {
+		t.Fatalf("refreshed candidate %+v; want the sibling's %d predicted blocks (cap), one more running and %d more prefill tokens than %+v",
+			got, second.CapBlocks, first.Uncached(0), before)
+	}
+	if second.Cached[0] != second.CapBlocks*bs || second.Raw[0].Predicted != 10 {
+		t.Fatalf("refreshed cached %d raw %+v; want %d cached and 10 raw predicted", second.Cached[0], second.Raw[0], second.CapBlocks*bs)
+	}
+}

@@ -201,7 +201,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 				Queue: len(rep.queue), Running: int(ld.Running),
 				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true}
 		}
-		id, rc, err := s.ledger.Decide(req, cands, func(r int) load.Routing {
+		id, rc, err := s.ledger.Decide(req, cands, nil, func(r int) load.Routing {
 			if r < 0 || r >= len(s.reps) {
 				return load.Routing{Replica: &load.Replica{}}
 			}
