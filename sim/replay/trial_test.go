@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,8 +19,8 @@ import (
 // the same traffic, with trial/live hit-rate ratios within 10%.
 //
 // The short form (make test) runs two regimes small; KVROUTE_TRIAL_LONG=1 (make trial) runs
-// every regime at the replay's default size. The short form leaves out siblings: there `load`
-// under bursts of overload is where the fleet model and live engines part (live vLLM batches
+// every regime at the replay's default size; KVROUTE_TRIAL_REGIMES=a,b runs only those. The
+// short form leaves out siblings: there `load` under bursts of overload is where the fleet model and live engines part (live vLLM batches
 // the burst's prefills, the model serves them one at a time), its trial/live ratio measured
 // 0.74-0.83 over runs, a known gap docs/should-you-route.md states; the long form still runs it.
 func TestTrialAgreesWithLiveRuns(t *testing.T) {
@@ -28,6 +29,9 @@ func TestTrialAgreesWithLiveRuns(t *testing.T) {
 	requests, timeScale := 48, 4.0
 	if long {
 		regimes, requests, timeScale = RegimeNames(), 160, 1
+	}
+	if only := os.Getenv("KVROUTE_TRIAL_REGIMES"); only != "" { // e.g. siblings,tenants
+		regimes = strings.Split(only, ",")
 	}
 	dir := buildBinaries(t)
 	for _, regime := range regimes {
