@@ -92,6 +92,9 @@ func StartCmd(ctx context.Context, cmd *exec.Cmd, opts Options) (*Sim, error) {
 	if cmd.Stdout != nil || cmd.Stderr != nil {
 		return nil, fmt.Errorf("%s: the command's output is read by simproc; leave Stdout and Stderr nil", s.name)
 	}
+	if len(cmd.Args) == 0 { // an exec.Cmd literal: Args[0] is the program's name
+		cmd.Args = []string{cmd.Path}
+	}
 	cmd.Args = slices.Concat(cmd.Args[:1], freePortArgs, cmd.Args[1:])
 	if opts.Env != nil {
 		cmd.Env = append(cmd.Environ(), opts.Env...)
