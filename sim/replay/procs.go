@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,11 +9,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kvroute/kvroute/sim/simproc"
 )
 
 // proc is a child process whose output goes to a log file.
@@ -26,18 +26,13 @@ type proc struct {
 	err  error
 }
 
-func startProc(name, bin string, args []string, logPath string, stderr io.Writer) (*proc, error) {
+func startProc(name, bin string, args []string, logPath string) (*proc, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout = f
-	if stderr != nil {
-		cmd.Stderr = stderr
-	} else {
-		cmd.Stderr = f
-	}
+	cmd.Stdout, cmd.Stderr = f, f
 	// Its own process group, so a Ctrl-C to kvbench is not delivered twice and stop() ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -73,58 +68,30 @@ func (p *proc) exited() bool {
 	}
 }
 
-// sim is one running vllm-sim process.
+// sim is one running vllm-sim process, its output in a log file.
 type sim struct {
-	*proc
-	URL    string
-	Events []string
-	Replay []string
+	*simproc.Sim
+	log *os.File
 }
 
-// simLine is the line vllm-sim prints once its sockets are bound.
-var simLine = regexp.MustCompile(`serving .* on (http://\S+) \(\d+ ranks, topic ".*", events \[([^\]]*)\], replay \[([^\]]*)\]\)`)
-
-// startSim runs vllm-sim with free ports (--port 0, events and replay -1) and reads the bound
-// addresses from its start-up line, so no port is guessed.
+// startSim runs vllm-sim on ports the kernel picks (simproc.Start) with its output in logPath.
 func startSim(ctx context.Context, bin, name string, args []string, logPath string) (*sim, error) {
-	pr, pw, err := os.Pipe()
+	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	p, err := startProc(name, bin, args, logPath, pw)
-	pw.Close()
+	s, err := simproc.Start(ctx, bin, args, simproc.Options{Name: name, Log: f, StartTimeout: 10 * time.Second})
 	if err != nil {
-		pr.Close()
-		return nil, err
+		f.Close()
+		return nil, fmt.Errorf("%w\n(log: %s)", err, logPath)
 	}
-	found := make(chan []string, 1)
-	go func() {
-		defer pr.Close()
-		sc := bufio.NewScanner(pr)
-		sent := false
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(p.log, line)
-			if !sent {
-				if m := simLine.FindStringSubmatch(line); m != nil {
-					found <- m[1:]
-					sent = true
-				}
-			}
-		}
-	}()
-	select {
-	case m := <-found:
-		return &sim{proc: p, URL: m[0], Events: strings.Fields(m[1]), Replay: strings.Fields(m[2])}, nil
-	case <-p.done:
-		return nil, fmt.Errorf("%s exited before serving (see %s): %v", name, logPath, p.err)
-	case <-time.After(10 * time.Second):
-		p.stop()
-		return nil, fmt.Errorf("%s did not report its addresses within 10 s (see %s)", name, logPath)
-	case <-ctx.Done():
-		p.stop()
-		return nil, ctx.Err()
-	}
+	return &sim{Sim: s, log: f}, nil
+}
+
+// stop sends SIGTERM, and SIGKILL if the process is still there after two seconds.
+func (s *sim) stop() {
+	s.Stop()
+	s.log.Close()
 }
 
 // EngineLine is the engines-file / --engine entry of a sim (the syntax in docs/router.md).

@@ -143,10 +143,10 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	var procs []*proc
+	var stops []func() // the processes started, stopped in reverse order
 	defer func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
 	}()
 	// Engines.
@@ -154,8 +154,7 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	names := make([]string, o.Replicas)
 	for i := range sims {
 		names[i] = fmt.Sprintf("engine-%d", i)
-		args := []string{"--host", "127.0.0.1", "--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1",
-			"--model", o.Model, "--seed", strconv.Itoa(seed*100 + i)}
+		args := []string{"--host", "127.0.0.1", "--model", o.Model, "--seed", strconv.Itoa(seed*100 + i)}
 		if len(w.Adapters) > 0 {
 			args = append(args, "--lora-modules", strings.Join(w.Adapters, ","))
 		}
@@ -164,13 +163,8 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		if err != nil {
 			return nil, err
 		}
-		procs = append(procs, s.proc)
+		stops = append(stops, s.stop)
 		sims[i] = s
-	}
-	for _, s := range sims {
-		if err := waitHTTP(ctx, s.proc, s.URL+"/health", 10*time.Second); err != nil {
-			return nil, err
-		}
 	}
 	// The router, on the engines file.
 	enginesFile := filepath.Join(dir, "engines.txt")
@@ -196,11 +190,11 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		captureDir = filepath.Join(dir, "capture")
 		args = append(args, "--capture-dir", captureDir)
 	}
-	rp, err := startProc("kvrouter", o.RouterBin, args, filepath.Join(dir, "kvrouter.log"), nil)
+	rp, err := startProc("kvrouter", o.RouterBin, args, filepath.Join(dir, "kvrouter.log"))
 	if err != nil {
 		return nil, err
 	}
-	procs = append(procs, rp)
+	stops = append(stops, rp.stop)
 	base := "http://" + listen
 	if err := waitHTTP(ctx, rp, base+"/readyz", 15*time.Second); err != nil {
 		return nil, err

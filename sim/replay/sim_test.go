@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -62,16 +63,19 @@ func TestSimProcessAndClient(t *testing.T) {
 	bin := filepath.Join(buildBinaries(t), "vllm-sim")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := startSim(ctx, bin, "engine-0", []string{"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1",
-		"--data-parallel-size", "2", "--decode-ms-per-token", "1", "--time-scale", "10"}, filepath.Join(t.TempDir(), "sim.log"))
+	logPath := filepath.Join(t.TempDir(), "sim.log")
+	s, err := startSim(ctx, bin, "engine-0", []string{"--data-parallel-size", "2", "--decode-ms-per-token", "1", "--time-scale", "10"}, logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.stop()
+	if b, err := os.ReadFile(logPath); err != nil || !strings.Contains(string(b), "vllm-sim: serving") {
+		t.Fatalf("the sim's log holds no start-up line: %v %q", err, b)
+	}
 	if len(s.Events) != 2 || len(s.Replay) != 2 {
 		t.Fatalf("events %v replay %v, want two of each", s.Events, s.Replay)
 	}
-	if err := waitHTTP(ctx, s.proc, s.URL+"/health", 5*time.Second); err != nil {
+	if err := waitHTTP(ctx, nil, s.URL+"/health", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	e, err := discovery.ParseEngineFlag(s.EngineLine("engine-0", time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)))

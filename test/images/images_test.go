@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,6 +30,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,6 +41,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/sim/simproc"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
@@ -327,53 +328,82 @@ func TestBundleImage(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// lockedBuffer holds a process's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// listeningAPI is the API address in kvrouter's JSON "kvrouter listening" line, "" before it.
+func listeningAPI(log string) string {
+	for _, line := range strings.Split(log, "\n") {
+		var rec struct{ Msg, API string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "kvrouter listening" {
+			return rec.API
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ""
 }
 
 // kvrouter from its image routes a completion to vllm-sim from its image, over HTTP and ZMQ.
+// Both listen on ports the kernel picks and report them in their logs.
 func TestRouteUnderChroot(t *testing.T) {
 	need(t)
 	sim, router := unpack(t, "vllm-sim"), unpack(t, "kvrouter")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	simPort, evPort, replayPort := freePort(t), freePort(t), freePort(t)
-	apiPort, adminPort := freePort(t), freePort(t)
-	var simLog, routerLog bytes.Buffer
-	s := sim.cmd(ctx, t, "--host", "127.0.0.1", "--port", strconv.Itoa(simPort), "--model", "m",
-		"--kv-events-port", strconv.Itoa(evPort), "--kv-replay-port", strconv.Itoa(replayPort))
-	s.Stdout, s.Stderr = &simLog, &simLog
-	if err := s.Start(); err != nil {
+	s, err := simproc.StartCmd(ctx, sim.cmd(ctx, t, "--host", "127.0.0.1", "--model", "m"), simproc.Options{Name: "vllm-sim (image)"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { s.Process.Kill(); s.Wait() }()
-	eng := fmt.Sprintf("sim=http://127.0.0.1:%d;events=tcp://127.0.0.1:%d;replay=tcp://127.0.0.1:%d", simPort, evPort, replayPort)
-	r := router.cmd(ctx, t, "--listen", fmt.Sprintf("127.0.0.1:%d", apiPort), "--admin-listen",
-		fmt.Sprintf("127.0.0.1:%d", adminPort), "--engine", eng)
+	defer s.Stop()
+	eng := "sim=" + s.URL + ";events=" + strings.Join(s.Events, ",") + ";replay=" + strings.Join(s.Replay, ",")
+	var routerLog lockedBuffer
+	r := router.cmd(ctx, t, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json", "--engine", eng)
 	r.Stdout, r.Stderr = &routerLog, &routerLog
 	if err := r.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { r.Process.Kill(); r.Wait() }()
-	base := fmt.Sprintf("http://127.0.0.1:%d", apiPort)
+	var routerErr error
+	routerDone := make(chan struct{})
+	go func() { routerErr = r.Wait(); close(routerDone) }()
+	defer func() { _ = r.Process.Kill(); <-routerDone }()
+	base := ""
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
+		if base == "" {
+			if api := listeningAPI(routerLog.String()); api != "" {
+				base = "http://" + api
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kvrouter never ready\nkvrouter:\n%s\nvllm-sim:\n%s", &routerLog, &simLog)
+		if base != "" {
+			resp, err := http.Get(base + "/readyz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					break
+				}
+			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-routerDone:
+			t.Fatalf("kvrouter exited (%v)\nkvrouter:\n%s\nvllm-sim:\n%s", routerErr, routerLog.String(), s.Output())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvrouter never ready\nkvrouter:\n%s\nvllm-sim:\n%s", routerLog.String(), s.Output())
+		}
 	}
 	resp, err := http.Post(base+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"m","prompt":"hello from an image","max_tokens":2}`))
@@ -386,7 +416,7 @@ func TestRouteUnderChroot(t *testing.T) {
 		Choices []json.RawMessage `json:"choices"`
 	}
 	if resp.StatusCode != 200 || resp.Header.Get("x-kvroute-engine") != "sim" || json.Unmarshal(body, &out) != nil || len(out.Choices) == 0 {
-		t.Fatalf("%d engine=%q %s\nkvrouter:\n%s\nvllm-sim:\n%s", resp.StatusCode, resp.Header.Get("x-kvroute-engine"), body, &routerLog, &simLog)
+		t.Fatalf("%d engine=%q %s\nkvrouter:\n%s\nvllm-sim:\n%s", resp.StatusCode, resp.Header.Get("x-kvroute-engine"), body, routerLog.String(), s.Output())
 	}
 }
 

@@ -18,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/sim/simproc"
+	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 )
 
 var (
@@ -110,9 +113,18 @@ func start(t *testing.T, bin string, onLine func(string), args ...string) *proc 
 				onLine(sc.Text())
 			}
 		}
+		_, _ = io.Copy(io.Discard, stderr) // past a line over 1 MiB: keep the child unblocked
+		// Wait only after the last line is read (it closes the pipe), so the log of a process
+		// that exited holds its last words.
+		_ = cmd.Wait()
+		close(p.done)
 	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	t.Cleanup(p.kill)
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("%s %v log:\n%s", filepath.Base(bin), args, p.logs())
+		}
+	})
 	return p
 }
 
@@ -131,31 +143,21 @@ func (p *proc) logs() string {
 	return p.log.String()
 }
 
-// engine is one vllm-sim.
+// engine is one vllm-sim and the addresses it bound.
 type engine struct {
-	name                 string
-	http, events, replay int
+	name string
+	sim  *simproc.Sim
 }
 
+// startEngines starts n vllm-sim processes on ports the kernel picks; each is serving on return.
 func startEngines(t *testing.T, n int, args ...string) []engine {
 	t.Helper()
-	_, sim := bins(t)
+	_, bin := bins(t)
 	var out []engine
 	for i := range n {
-		e := engine{name: fmt.Sprintf("e%d", i), http: freePort(t), events: freePort(t), replay: freePort(t)}
-		start(t, sim, nil, append([]string{"--port", fmt.Sprint(e.http), "--kv-events-port", fmt.Sprint(e.events),
-			"--kv-replay-port", fmt.Sprint(e.replay), "--num-gpu-blocks", "2048"}, args...)...)
-		out = append(out, e)
-	}
-	for _, e := range out {
-		waitFor(t, 30*time.Second, "vllm-sim "+e.name+" up", func() bool {
-			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/health", e.http))
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == 200
-		})
+		name := fmt.Sprintf("e%d", i)
+		s := simproctest.Start(t, bin, simproc.Options{Name: "vllm-sim " + name}, append([]string{"--num-gpu-blocks", "2048"}, args...)...)
+		out = append(out, engine{name: name, sim: s})
 	}
 	return out
 }
@@ -175,8 +177,8 @@ func routerConfig(t *testing.T, id string, es []engine, cluster string, routes [
 	var b strings.Builder
 	b.WriteString("blockSize: 16\nengines:\n")
 	for _, e := range es {
-		fmt.Fprintf(&b, "- name: %s\n  url: http://127.0.0.1:%d\n  events: [tcp://127.0.0.1:%d]\n  replay: [tcp://127.0.0.1:%d]\n",
-			e.name, e.http, e.events, e.replay)
+		fmt.Fprintf(&b, "- name: %s\n  url: %s\n  events: [%s]\n  replay: [%s]\n",
+			e.name, e.sim.URL, strings.Join(e.sim.Events, ", "), strings.Join(e.sim.Replay, ", "))
 	}
 	if cluster != "" {
 		fmt.Fprintf(&b, "peers:\n  id: %s\n  subject: kvroute.load.test\n  clusterListen: %s\n  peerTimeout: 1s\n  readyTimeout: 10s\n", id, cluster)
@@ -215,7 +217,20 @@ func startRouter(t *testing.T, id string, es []engine, cluster string, routes ..
 	return r
 }
 
+// alive fails the test at once, with the router's log, when its process has exited: a wait on
+// a dead router would otherwise run to its timeout and say nothing of why.
+func (r *router) alive() {
+	r.t.Helper()
+	select {
+	case <-r.p.done:
+		r.t.Fatalf("kvrouter %s exited:\n%s", r.id, r.p.logs())
+	default:
+	}
+}
+
 func (r *router) ready() bool {
+	r.t.Helper()
+	r.alive()
 	resp, err := http.Get("http://" + r.api + "/readyz")
 	if err != nil {
 		return false
@@ -255,6 +270,7 @@ type inflight struct {
 
 func (r *router) engines() debugEngines {
 	r.t.Helper()
+	r.alive()
 	var d debugEngines
 	resp, err := http.Get("http://" + r.admin + "/debug/engines")
 	if err != nil {

@@ -5,10 +5,10 @@ package perf
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,8 +21,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/sim/simproc"
+	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 )
 
+// freePort picks a port for kvrouter. The measured routers run at --log-level error, which
+// hides the "kvrouter listening" line that would report a kernel-picked one; a port taken in
+// between fails the start at once, with the router's output (waitUp).
 func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -33,17 +39,34 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func start(t *testing.T, bin string, args ...string) {
+// proc is a process the test started, killed at its end; its output is kept for failures.
+type proc struct {
+	name string
+	done chan struct{} // closed once it has exited and its output is copied
+	err  error
+	mu   sync.Mutex
+	out  bytes.Buffer
+}
+
+func (p *proc) Write(b []byte) (int, error) { p.mu.Lock(); defer p.mu.Unlock(); return p.out.Write(b) }
+
+func (p *proc) output() string { p.mu.Lock(); defer p.mu.Unlock(); return p.out.String() }
+
+func start(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	p := &proc{name: name, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p, p
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-p.done })
+	return p
 }
 
-func waitUp(t *testing.T, url string) {
+// waitUp polls url until it answers 200; it fails at once, with the output, if p exits first.
+func waitUp(t *testing.T, p *proc, url string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -53,9 +76,13 @@ func waitUp(t *testing.T, url string) {
 				return
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited (%v) before %s answered:\n%s", p.name, p.err, url, p.output())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	t.Fatalf("%s not up", url)
+	t.Fatalf("%s not up:\n%s", url, p.output())
 }
 
 func build(t *testing.T, dir, pkg, out string) string {
@@ -143,20 +170,18 @@ func TestProxyOverhead(t *testing.T) {
 	if routers == "" {
 		routers = "this=../.."
 	}
-	simPort := freePort(t)
-	start(t, sim, "--port", strconv.Itoa(simPort), "--max-num-seqs", "512", "--kv-events-port", "0", "--kv-replay-port", "0",
+	engine := simproctest.Start(t, sim, simproc.Options{}, "--max-num-seqs", "512", "--kv-events-port", "0", "--kv-replay-port", "0",
 		"--decode-ms-per-token", "10", "--step-model", "flat", "--prefill-tokens-per-s", "200000", "--max-batched-tokens", "65536")
-	direct := fmt.Sprintf("http://127.0.0.1:%d", simPort)
-	waitUp(t, direct+"/health")
+	direct := engine.URL
 	targets := []struct{ name, url string }{{"direct", direct}}
 	for _, nd := range strings.Split(routers, ",") {
 		name, dir, _ := strings.Cut(nd, "=")
 		bin := build(t, dir, "./cmd/kvrouter", filepath.Join(tmp, "kvrouter-"+name))
 		api, adm := freePort(t), freePort(t)
-		start(t, bin, "--listen", fmt.Sprintf("127.0.0.1:%d", api), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adm),
+		p := start(t, "kvrouter "+name, bin, "--listen", fmt.Sprintf("127.0.0.1:%d", api), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adm),
 			"--engine", "e0="+direct, "--block-size", "16", "--no-events", "--log-level", "error")
 		url := fmt.Sprintf("http://127.0.0.1:%d", api)
-		waitUp(t, url+"/readyz")
+		waitUp(t, p, url+"/readyz")
 		targets = append(targets, struct{ name, url string }{name, url})
 	}
 	d := 4 * time.Second

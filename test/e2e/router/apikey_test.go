@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/sim/simproc"
+	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 )
 
 // The done-when check of the engine API key (issue 17): real vllm-sim processes started with
@@ -32,26 +34,25 @@ func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 	const key = "e2e-engine-key-7f3a"
 	bins := buildBinaries(t)
 	var engines []string
-	var sims []simProc
+	var sims []*simproc.Sim
 	for i := range 3 {
-		s := startSimProc(t, filepath.Join(bins, "vllm-sim"), []string{"VLLM_API_KEY=" + key},
-			"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1", "--lora-modules", "ad1",
-			"--time-scale", "20", "--decode-ms-per-token", "2")
+		s := simproctest.Start(t, filepath.Join(bins, "vllm-sim"), simproc.Options{Name: fmt.Sprintf("vllm-sim e%d", i), Env: []string{"VLLM_API_KEY=" + key}},
+			"--lora-modules", "ad1", "--time-scale", "20", "--decode-ms-per-token", "2")
 		sims = append(sims, s)
-		engines = append(engines, "--engine", fmt.Sprintf("e%d=%s;events=%s;replay=%s", i, s.url,
-			strings.Join(s.events, ","), strings.Join(s.replay, ",")))
+		engines = append(engines, "--engine", fmt.Sprintf("e%d=%s;events=%s;replay=%s", i, s.URL,
+			strings.Join(s.Events, ","), strings.Join(s.Replay, ",")))
 		if i == 0 {
 			// The engines really are guarded: the render endpoint refuses a caller without it.
-			if a := call(t, http.MethodPost, s.url+"/v1/completions/render", `{"model":"vllm-sim","prompt":"x"}`, ""); a.status != 401 {
+			if a := call(t, http.MethodPost, s.URL+"/v1/completions/render", `{"model":"vllm-sim","prompt":"x"}`, ""); a.status != 401 {
 				t.Fatalf("vllm-sim without a key: %d %s", a.status, a.body)
 			}
 		}
 	}
-	api, admin := freeAddr(t), freeAddr(t)
-	args := append([]string{"--listen", api, "--admin-listen", admin, "--engine-api-key-env", "KVR_ENGINE_KEY"}, engines...)
-	router := startProc(t, "kvrouter", filepath.Join(bins, "kvrouter"), []string{"KVR_ENGINE_KEY=" + key}, nil, args...)
+	router, api, admin := startRouterProc(t, filepath.Join(bins, "kvrouter"), []string{"KVR_ENGINE_KEY=" + key},
+		append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY"}, engines...)...)
 	base, adm := "http://"+api, "http://"+admin
 	waitFor(t, "every stream exact and every model read", 20*time.Second, func() bool {
+		router.alive(t)
 		a := call(t, http.MethodGet, adm+"/debug/engines", "", "")
 		var dbg struct {
 			Engines []struct {
@@ -78,7 +79,7 @@ func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 	n := 0
 	sibling := func(what, path, warm, body string, on int) {
 		t.Helper()
-		if a := call(t, http.MethodPost, sims[on].url+path, warm, "Bearer "+key); a.status != 200 {
+		if a := call(t, http.MethodPost, sims[on].URL+path, warm, "Bearer "+key); a.status != 200 {
 			t.Fatalf("%s warm-up on e%d: %d %s", what, on, a.status, a.body)
 		}
 		var a answer
@@ -88,6 +89,7 @@ func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 		// Chosen alone is not enough: before the events arrive every candidate scores alike and
 		// the tie may fall on the wanted engine by chance, so its exact blocks must show too.
 		waitFor(t, what+" warm-up indexed", 10*time.Second, func() bool {
+			router.alive(t)
 			var rt struct {
 				Chosen     string `json:"chosen"`
 				Candidates []struct {
@@ -246,8 +248,11 @@ func TestMain(m *testing.M) {
 
 // proc is a child process whose output is kept (and shown if the test fails).
 type proc struct {
-	mu  sync.Mutex
-	out bytes.Buffer
+	name string
+	done chan struct{} // closed once it has exited and its output is read
+	err  error         // how it exited, set before done closes
+	mu   sync.Mutex
+	out  bytes.Buffer
 }
 
 func (p *proc) output() string { p.mu.Lock(); defer p.mu.Unlock(); return p.out.String() }
@@ -268,7 +273,7 @@ func startProc(t *testing.T, name, bin string, env []string, onLine func(string)
 		t.Fatal(err)
 	}
 	pw.Close()
-	p := &proc{}
+	p := &proc{name: name, done: make(chan struct{})}
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
@@ -283,17 +288,19 @@ func startProc(t *testing.T, name, bin string, env []string, onLine func(string)
 			}
 		}
 	}()
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	go func() {
+		p.err = cmd.Wait()
+		<-drained // the child's end of the pipe closed with it
+		close(p.done)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-done:
+		case <-p.done:
 		case <-time.After(3 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-p.done
 		}
-		<-drained
 		pr.Close()
 		if t.Failed() {
 			t.Logf("%s output:\n%s", name, p.output())
@@ -302,38 +309,35 @@ func startProc(t *testing.T, name, bin string, env []string, onLine func(string)
 	return p
 }
 
-type simProc struct {
-	url            string
-	events, replay []string
-}
-
-var simLine = regexp.MustCompile(`serving .* on (http://\S+) \(\d+ ranks, topic ".*", events \[([^\]]*)\], replay \[([^\]]*)\]\)`)
-
-// startSimProc runs vllm-sim on free ports and reads the bound addresses from its start line.
-func startSimProc(t *testing.T, bin string, env []string, args ...string) simProc {
+// alive fails the test at once, with the process's output, when it has exited.
+func (p *proc) alive(t *testing.T) {
 	t.Helper()
-	found := make(chan simProc, 1)
-	var once sync.Once
-	startProc(t, "vllm-sim", bin, env, func(line string) {
-		if m := simLine.FindStringSubmatch(line); m != nil {
-			once.Do(func() { found <- simProc{m[1], strings.Fields(m[2]), strings.Fields(m[3])} })
-		}
-	}, args...)
 	select {
-	case s := <-found:
-		return s
-	case <-time.After(15 * time.Second):
-		t.Fatal("vllm-sim did not report its addresses")
-		return simProc{}
+	case <-p.done:
+		t.Fatalf("%s exited (%v):\n%s", p.name, p.err, p.output())
+	default:
 	}
 }
 
-func freeAddr(t *testing.T) string {
+// startRouterProc runs kvrouter on ports the kernel picks and returns once it listens, with
+// the API and admin addresses its "kvrouter listening" line reports.
+func startRouterProc(t *testing.T, bin string, env []string, args ...string) (p *proc, api, admin string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	addrs := make(chan [2]string, 1)
+	var once sync.Once
+	p = startProc(t, "kvrouter", bin, env, func(line string) {
+		var rec struct{ Msg, API, Admin string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "kvrouter listening" {
+			once.Do(func() { addrs <- [2]string{rec.API, rec.Admin} })
+		}
+	}, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"}, args...)...)
+	select {
+	case a := <-addrs:
+		return p, a[0], a[1]
+	case <-p.done:
+		t.Fatalf("kvrouter exited before listening (%v):\n%s", p.err, p.output())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("kvrouter did not listen within 30 s:\n%s", p.output())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return nil, "", ""
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +23,8 @@ import (
 	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/sim/simproc"
+	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -182,15 +182,6 @@ func buildSim(t *testing.T) string {
 	return bin
 }
 
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // streamOutcome classifies what a plain HTTP client saw of one stream.
 func streamOutcome(url, body string) string {
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
@@ -236,30 +227,13 @@ func TestKill9UnderLoad(t *testing.T) {
 	}
 	bin := buildSim(t)
 	var es []discovery.Engine
-	var procs []*exec.Cmd
+	var sims []*simproc.Sim
 	for i := range 3 {
-		port := freePort(t)
-		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--sse-keep-alive-interval", "0.02",
-			"--time-scale", "5", "--prefill-tokens-per-s", "4000")
-		cmd.Stderr = io.Discard
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		procs = append(procs, cmd)
-		url := fmt.Sprintf("http://127.0.0.1:%d", port)
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			if resp, err := http.Get(url + "/health"); err == nil {
-				resp.Body.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("vllm-sim did not come up")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		es = append(es, discovery.Engine{Name: fmt.Sprintf("e%d", i), URL: url, Ready: true})
+		name := fmt.Sprintf("e%d", i)
+		s := simproctest.Start(t, bin, simproc.Options{Name: "vllm-sim " + name}, "--kv-events-port", "0", "--kv-replay-port", "0",
+			"--sse-keep-alive-interval", "0.02", "--time-scale", "5", "--prefill-tokens-per-s", "4000")
+		sims = append(sims, s)
+		es = append(es, discovery.Engine{Name: name, URL: s.URL, Ready: true})
 	}
 	api, srv := startRouterServer(t, es, nil)
 	const n = 90
@@ -271,7 +245,7 @@ func TestKill9UnderLoad(t *testing.T) {
 		if i == 30 {
 			// Under load: about 15 streams in flight, some still in prefill, some decoding.
 			time.Sleep(60 * time.Millisecond)
-			once.Do(func() { _ = procs[1].Process.Signal(syscall.SIGKILL) })
+			once.Do(sims[1].Kill)
 		}
 		wg.Add(1)
 		sem <- struct{}{}
