@@ -293,8 +293,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(api, a
 	if st.cfg.Report != nil {
 		startReporter(ctx, st, srv)
 	}
-	st.logger.Info("kvrouter listening", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
-		"engine_api_key", st.engineKey != "")
+	attrs := []any{"api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
+		"engine_api_key", st.engineKey != ""}
+	if c := srv.PeerClusterAddr(); c != "" {
+		// The route address the embedded NATS server bound: a peers.clusterListen port 0 is
+		// chosen by the kernel, and tools that start several routers (kvbench replay --routers)
+		// read it here to name it in the next router's routes.
+		attrs = append(attrs, "peer_cluster", c)
+	}
+	st.logger.Info("kvrouter listening", attrs...)
 	if ready != nil {
 		ready(apiLn.Addr().String(), adminLn.Addr().String())
 	}
