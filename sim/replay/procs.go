@@ -1,11 +1,11 @@
 package replay
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,30 +17,64 @@ import (
 	"github.com/kvroute/kvroute/sim/simproc"
 )
 
-// proc is a child process whose output goes to a log file.
+// proc is a child process whose output goes to a log file, line by line.
 type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
-	err  error
+	name    string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{} // closed once the process has exited and its output is in the log
+	err     error
 }
 
-func startProc(name, bin string, args []string, logPath string) (*proc, error) {
+// startProc runs bin with its stdout and stderr copied line by line into logPath; onLine, when
+// set, sees every line (from the copying goroutine, so it must not block).
+func startProc(name, bin string, args []string, logPath string, onLine func(string)) (*proc, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Stdout, cmd.Stderr = pw, pw
 	// Its own process group, so a Ctrl-C to kvbench is not delivered twice and stop() ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		pr.Close()
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, log: f, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
+	p := &proc{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		defer pr.Close()
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			_, _ = f.Write(append(sc.Bytes(), '\n'))
+			if onLine != nil {
+				onLine(sc.Text())
+			}
+		}
+		_, _ = io.Copy(f, pr) // past a line over 1 MiB: keep the rest, unsplit, and the child unblocked
+	}()
+	go func() {
+		p.err = cmd.Wait()
+		// The child's end of the pipe closed with it; wait briefly for the last lines, unless a
+		// grandchild still holds the pipe open.
+		select {
+		case <-drained:
+		case <-time.After(time.Second):
+		}
+		f.Close()
+		close(p.done)
+	}()
 	return p, nil
 }
 
@@ -56,7 +90,6 @@ func (p *proc) stop() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
-	p.log.Close()
 }
 
 func (p *proc) exited() bool {
@@ -66,6 +99,19 @@ func (p *proc) exited() bool {
 	default:
 		return false
 	}
+}
+
+// logTail is the end of the process's log, for an error message.
+func (p *proc) logTail() string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	const max = 4 << 10
+	if len(b) > max {
+		b = append([]byte("[...]\n"), b[len(b)-max:]...)
+	}
+	return string(b)
 }
 
 // sim is one running vllm-sim process, its output in a log file.
@@ -108,17 +154,6 @@ func (s *sim) EngineLine(name string, warmupUntil time.Time) string {
 		b.WriteString(";warmup-until=" + warmupUntil.UTC().Format(time.RFC3339Nano))
 	}
 	return b.String()
-}
-
-// freePort asks the kernel for a free loopback port. It is released before the child binds it;
-// the window is tiny and a clash shows as a start-up error, not a wrong result.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // waitHTTP polls url until it answers 200, the process exits, or the timeout passes.

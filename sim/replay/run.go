@@ -34,9 +34,16 @@ type Options struct {
 	Jitter          time.Duration // per-seed arrival jitter (Workload.Jittered)
 	Model           string        // the sims' --model
 	SimArgs         []string      // extra vllm-sim flags (timing, blocks) for every engine
-	RouterArgs      []string      // extra kvrouter flags
+	RouterArgs      []string      // extra kvrouter flags (not --listen/--admin-listen: the kernel picks those)
+	// Routers is how many kvrouter replicas front the engines (default 1). With more than one
+	// they run as peers (docs/router.md, "Several router replicas": an embedded NATS server each,
+	// clustered on loopback, sharing their in-flight load), and request i goes to router i mod
+	// Routers.
+	Routers int
 	// CaptureUnder names the policies whose routers capture their traffic as a Mooncake trace
-	// (kvrouter --capture-dir <run dir>/capture; RunResult.CaptureDir): the trial's input.
+	// (kvrouter --capture-dir <run dir>/capture; RunResult.CaptureDir): the trial's input. Only
+	// with one router: each of several would capture its own share of the traffic, and no one
+	// file would be the workload.
 	CaptureUnder []string
 	LogDir       string        // process logs and engines files (required)
 	Drain        time.Duration // how long a run may take after its last arrival (default 60 s)
@@ -53,6 +60,9 @@ type RunResult struct {
 	Engines  []string       `json:"engines"` // engine names in start order (the last ones are added by a scale-up)
 	// CaptureDir holds the router's capture files when Options.CaptureUnder named the policy.
 	CaptureDir string `json:"capture_dir,omitempty"`
+	Routers    int    `json:"routers"`
+	// RouterSync is each router's peers and load-sync cost at the end of the run (Routers > 1).
+	RouterSync []RouterSync `json:"router_sync,omitempty"`
 }
 
 // ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
@@ -85,8 +95,12 @@ func Replay(ctx context.Context, o Options, w Workload) ([]*RunResult, error) {
 			runs = append(runs, r)
 			if o.Progress != nil {
 				s := summarize([]*RunResult{r})
-				fmt.Fprintf(o.Progress, "replay: %-20s seed %d: %d requests in %.1fs, ttft p90 %.3fs, cached %.2f, errors %d\n",
-					pol, seed, len(r.Outcomes), r.Wall, s.TTFTP90.Mean, s.CachedRatio.Mean, s.Errors)
+				routers := ""
+				if o.Routers > 1 {
+					routers = fmt.Sprintf(" through %d routers", o.Routers)
+				}
+				fmt.Fprintf(o.Progress, "replay: %-20s seed %d%s: %d requests in %.1fs, ttft p90 %.3fs, cached %.2f, errors %d\n",
+					pol, seed, routers, len(r.Outcomes), r.Wall, s.TTFTP90.Mean, s.CachedRatio.Mean, s.Errors)
 			}
 		}
 	}
@@ -111,6 +125,14 @@ func (o *Options) check(w Workload) error {
 		return errors.New("output scale must be > 0")
 	case o.LogDir == "":
 		return errors.New("a log directory is required")
+	case o.Routers < 0:
+		return errors.New("routers must be >= 1 (0: one)")
+	case o.Routers > 1 && len(o.CaptureUnder) > 0:
+		return errors.New("capture needs one router: with several, each would capture only its share of the traffic")
+	case o.Routers > 1 && hasFlag(o.RouterArgs, "config"):
+		return errors.New("with several routers the replay writes each one's --config (its peers block); give the other settings as flags")
+	case hidesListening(o.RouterArgs):
+		return errors.New("a --log-level above info hides the \"kvrouter listening\" line the replay reads the routers' ports from")
 	case len(w.Requests) == 0:
 		return errors.New("the workload has no requests")
 	case w.ScaleUp != nil && (w.ScaleUp.From < 1 || w.ScaleUp.To != o.Replicas || w.ScaleUp.From >= w.ScaleUp.To):
@@ -123,6 +145,9 @@ func (o *Options) check(w Workload) error {
 	}
 	if o.FirstSeed < 1 {
 		o.FirstSeed = 1
+	}
+	if o.Routers == 0 {
+		o.Routers = 1
 	}
 	if o.Drain <= 0 {
 		o.Drain = 60 * time.Second
@@ -175,36 +200,21 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	if err := writeEngines(enginesFile, sims[:initial], names, time.Time{}, 0); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	admin, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	listen, adminListen := fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", admin)
-	args := append([]string{"--engines-file", enginesFile, "--policy", policy, "--listen", listen, "--admin-listen", adminListen}, o.RouterArgs...)
 	captureDir := ""
 	if slices.Contains(o.CaptureUnder, policy) {
 		captureDir = filepath.Join(dir, "capture")
-		args = append(args, "--capture-dir", captureDir)
 	}
-	rp, err := startProc("kvrouter", o.RouterBin, args, filepath.Join(dir, "kvrouter.log"))
+	routers, err := startRouters(ctx, o, dir, enginesFile, policy, captureDir, names[:initial], &stops)
 	if err != nil {
 		return nil, err
 	}
-	stops = append(stops, rp.stop)
-	base := "http://" + listen
-	if err := waitHTTP(ctx, rp, base+"/readyz", 15*time.Second); err != nil {
-		return nil, err
-	}
-	if err := waitEngines(ctx, "http://"+adminListen, names[:initial], 5*time.Second); err != nil {
-		return nil, err
+	bases := make([]string, len(routers))
+	for i, r := range routers {
+		bases[i] = "http://" + r.api
 	}
 
 	// Replay.
-	res = &RunResult{Policy: policy, Seed: seed, Engines: names, CaptureDir: captureDir}
+	res = &RunResult{Policy: policy, Seed: seed, Engines: names, CaptureDir: captureDir, Routers: len(routers)}
 	rctx, cancel := context.WithTimeout(ctx, w.Span()+o.Drain)
 	defer cancel()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}
@@ -244,7 +254,10 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 			defer wg.Done()
 			defer func() { <-sem }()
 			sent := time.Since(start)
-			oc := complete(rctx, client, base, o.Model, r, prompt, o.maxTokens(r))
+			// Request i to router i mod N: the even spread a Kubernetes Service gives over many
+			// client connections, here per request, so every router routes the same share and the
+			// peers' shared load is what keeps their decisions consistent.
+			oc := complete(rctx, client, bases[i%len(bases)], o.Model, r, prompt, o.maxTokens(r))
 			oc.Index, oc.SentAt = i, sent
 			out[i] = oc
 		}(i)
@@ -252,10 +265,66 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	wg.Wait()
 	res.Wall = time.Since(start).Seconds()
 	res.Outcomes = out
+	if len(routers) > 1 {
+		for _, r := range routers {
+			s, err := r.syncFigures()
+			if err != nil {
+				s.Err = err.Error()
+			}
+			res.RouterSync = append(res.RouterSync, s)
+		}
+	}
 	if w.ScaleUp != nil {
 		res.ScaleUp = scaleUpResult(out, names[initial:], w.ScaleUp, initial)
 	}
 	return res, ctx.Err()
+}
+
+// startRouters starts o.Routers kvrouters on the engines file, one after another (with several,
+// each names the route ports of those before it), and waits until each is ready, knows the
+// engines and, with several, sees every other router. Each is stopped through stops.
+func startRouters(ctx context.Context, o Options, dir, enginesFile, policy, captureDir string, engines []string, stops *[]func()) ([]*routerProc, error) {
+	var routers []*routerProc
+	var routes []string
+	for i := range o.Routers {
+		id, logName := fmt.Sprintf("router-%d", i), "kvrouter.log"
+		args := append([]string{"--engines-file", enginesFile, "--policy", policy}, o.RouterArgs...)
+		if captureDir != "" {
+			args = append(args, "--capture-dir", captureDir)
+		}
+		if o.Routers > 1 {
+			logName = fmt.Sprintf("kvrouter-%d.log", i)
+			cfg := filepath.Join(dir, id+".yaml")
+			if err := peersConfig(cfg, id, routes); err != nil {
+				return nil, err
+			}
+			args = append(args, "--config", cfg)
+		}
+		r, err := startRouter(ctx, o.RouterBin, id, args, filepath.Join(dir, logName), 15*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		*stops = append(*stops, r.stop)
+		if o.Routers > 1 && r.cluster == "" {
+			return nil, fmt.Errorf("kvrouter %s logged no peer_cluster address (log: %s)", id, r.logPath)
+		}
+		routers = append(routers, r)
+		routes = append(routes, r.cluster)
+	}
+	for _, r := range routers {
+		if err := waitHTTP(ctx, r.proc, "http://"+r.api+"/readyz", 15*time.Second); err != nil {
+			return nil, err
+		}
+		if err := waitEngines(ctx, "http://"+r.admin, engines, 5*time.Second); err != nil {
+			return nil, err
+		}
+		if o.Routers > 1 {
+			if err := r.waitPeers(ctx, o.Routers-1, 15*time.Second); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return routers, nil
 }
 
 func writeEngines(path string, sims []*sim, names []string, warmupUntil time.Time, warmFrom int) error {
