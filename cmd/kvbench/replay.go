@@ -28,6 +28,7 @@ import (
 type replayOutput struct {
 	Workload string              `json:"workload"`
 	Replicas int                 `json:"replicas"`
+	Routers  int                 `json:"routers"`
 	Seeds    int                 `json:"seeds"`
 	Requests int                 `json:"requests"`
 	Interval string              `json:"interval"`
@@ -43,6 +44,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	trace := fs.String("trace", "", "Mooncake JSONL trace or a kvrouter capture directory (this or --regime)")
 	regime := fs.String("regime", "", "generated workload instead of a trace: "+strings.Join(replay.RegimeNames(), ", "))
 	replicas := fs.Int("replicas", 4, "vllm-sim engines (scale-up: the final size; it starts at half)")
+	routers := fs.Int("routers", 1, "kvrouter replicas, clustered as peers sharing their in-flight load; request i goes to router i mod N")
 	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed")
 	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+")")
 	seeds := fs.Int("seeds", 3, "repetitions; the seed moves arrival jitter, regime draws and the sims' seeds")
@@ -81,8 +83,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if (*trace == "") == (*regime == "") {
 		return errors.New("give exactly one of --trace and --regime")
 	}
-	if *speed <= 0 || *tpb < 1 || *firstSeed < 1 || *timeScale <= 0 || *replicas < 1 || *seeds < 1 || *conc < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
-		return errors.New("--speed, --rate, --sim-time-scale must be > 0; --replicas, --seeds, --first-seed, --concurrency, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
+	if *speed <= 0 || *tpb < 1 || *firstSeed < 1 || *timeScale <= 0 || *replicas < 1 || *routers < 1 || *seeds < 1 || *conc < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
+		return errors.New("--speed, --rate, --sim-time-scale must be > 0; --replicas, --routers, --seeds, --first-seed, --concurrency, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
 	}
 	names := splitList(*policies)
 	if len(names) == 0 {
@@ -93,7 +95,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	o := replay.Options{Replicas: *replicas, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
+	o := replay.Options{Replicas: *replicas, Routers: *routers, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
 		Tokens: replay.Tokenizer{PerBlock: *tpb}, OutputScale: *outScale, MaxOutputTokens: *maxOut,
 		Jitter: *jitter, Model: "vllm-sim", Progress: stderr}
 	if o.OutputScale == 0 {
@@ -148,8 +150,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	o.LogDir = *logDir
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs, %d replicas, %d policies x %d seeds; logs in %s\n",
-		w.Name, len(w.Requests), w.Span().Seconds(), *replicas, len(names), *seeds, o.LogDir)
+	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs, %d replicas, %d routers, %d policies x %d seeds; logs in %s\n",
+		w.Name, len(w.Requests), w.Span().Seconds(), *replicas, *routers, len(names), *seeds, o.LogDir)
 	runs, err := replay.Replay(ctx, o, w)
 	if err != nil {
 		return fmt.Errorf("%w (logs kept in %s)", err, o.LogDir)
@@ -157,7 +159,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if !keep {
 		os.RemoveAll(o.LogDir)
 	}
-	out := replayOutput{Workload: w.Name, Replicas: *replicas, Seeds: *seeds, Requests: len(w.Requests),
+	out := replayOutput{Workload: w.Name, Replicas: *replicas, Routers: *routers, Seeds: *seeds, Requests: len(w.Requests),
 		Interval: "mean over seeds of each per-seed figure, 95% Student-t interval", Results: replay.Summarize(runs), Runs: runs}
 	if *report != "" {
 		if err := writeReplayReport(*report, &out, "kvbench replay "+strings.Join(args, " ")); err != nil {
@@ -252,8 +254,12 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 	case out.Seeds < 2:
 		spread = "one seed: no spread"
 	}
-	fmt.Fprintf(w, "%s: %d requests, %d replicas, %d seeds; %s\n",
-		out.Workload, out.Requests, out.Replicas, out.Seeds, spread)
+	routers := ""
+	if out.Routers > 1 {
+		routers = fmt.Sprintf(", %d routers", out.Routers)
+	}
+	fmt.Fprintf(w, "%s: %d requests, %d replicas%s, %d seeds; %s\n",
+		out.Workload, out.Requests, out.Replicas, routers, out.Seeds, spread)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	scale := false
 	for _, r := range out.Results {
@@ -280,7 +286,44 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 			fmt.Fprintf(w, "  %s error: %s\n", r.Policy, e)
 		}
 	}
+	writeSyncLines(w, out)
 	return nil
+}
+
+// writeSyncLines sums, per policy over its runs, what the routers' load sync cost: bytes every
+// router published per request replayed, the mean lag, and the peers each router saw at the
+// end (a run where one saw fewer than the others is a cluster that did not hold).
+func writeSyncLines(w io.Writer, out *replayOutput) {
+	for _, pol := range out.Results {
+		var bytes, lagSum, lost, dropped float64
+		var requests, lagN, fewest int
+		fewest = math.MaxInt
+		for _, r := range out.Runs {
+			if r.Policy != pol.Policy || len(r.RouterSync) == 0 {
+				continue
+			}
+			requests += len(r.Outcomes)
+			for _, s := range r.RouterSync {
+				bytes += s.SentBytes
+				lost += s.LostBatches
+				dropped += s.Dropped
+				fewest = min(fewest, s.Peers)
+				if s.MeanLagMs > 0 {
+					lagSum += s.MeanLagMs
+					lagN++
+				}
+			}
+		}
+		if requests == 0 {
+			continue
+		}
+		lag := "-"
+		if lagN > 0 {
+			lag = fmt.Sprintf("%.1f ms", lagSum/float64(lagN))
+		}
+		fmt.Fprintf(w, "  %s load sync: %.0f bytes published per request (all routers), mean lag %s, fewest peers seen %d, %.0f lost batches, %.0f dropped changes\n",
+			pol.Policy, bytes/float64(requests), lag, fewest, lost, dropped)
+	}
 }
 
 // writeReplayReport writes index.html with the table, TTFT CDFs (all seeds pooled), cached

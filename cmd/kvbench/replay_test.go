@@ -23,6 +23,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"--trace", "x", "--regime", "no-reuse"}, "exactly one"},
 		{[]string{"--regime", "no-reuse", "--speed", "0"}, "--speed"},
 		{[]string{"--regime", "no-reuse", "--first-seed", "0"}, "--first-seed"},
+		{[]string{"--regime", "no-reuse", "--routers", "0"}, "--routers"},
 		{[]string{"--regime", "no-reuse", "--sim-step-model", "steep"}, "--sim-step-model"},
 		{[]string{"--regime", "no-reuse", "--policies", "nope"}, "nope"},
 		{[]string{"--regime", "no-reuse", "--bin-dir", "/nonexistent"}, "no vllm-sim binary"},
@@ -84,6 +85,28 @@ func TestReplayTableAndReport(t *testing.T) {
 	var back map[string]any
 	if err := json.Unmarshal(j, &back); err != nil || back["workload"] != "w<1>" {
 		t.Fatalf("JSON round trip: %v %v", err, back["workload"])
+	}
+}
+
+// With several routers the table says so and sums what their load sync cost.
+func TestReplayTableRouters(t *testing.T) {
+	out := fakeOutput()
+	out.Routers = 2
+	out.Runs[0].RouterSync = []replay.RouterSync{
+		{ID: "router-0", Peers: 1, SentBytes: 300, MeanLagMs: 1},
+		{ID: "router-1", Peers: 1, SentBytes: 500, MeanLagMs: 3, LostBatches: 1}}
+	var b bytes.Buffer
+	if err := writeReplayTable(&b, out); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	for _, want := range []string{"2 replicas, 2 routers", "kv load sync: 400 bytes published per request (all routers), mean lag 2.0 ms, fewest peers seen 1, 1 lost batches"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("table lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "round-robin load sync") {
+		t.Errorf("a policy without sync figures got a line:\n%s", s)
 	}
 }
 
