@@ -43,10 +43,12 @@ type routersRun struct {
 	TTFTP90  float64 `json:"ttft_p90_s"`
 	Errors   int     `json:"errors"`
 	// The load sync, all routers: bytes published per request replayed, mean lag, fewest peers
-	// a router saw at the end.
+	// a router saw at the end, batches lost in transit and changes dropped unpublished.
 	SyncBytesPerRequest float64 `json:"sync_bytes_per_request"`
 	SyncLagMs           float64 `json:"sync_lag_ms"`
 	FewestPeers         int     `json:"fewest_peers"`
+	LostBatches         float64 `json:"lost_batches"`
+	DroppedChanges      float64 `json:"dropped_changes"`
 }
 
 // TestRoutersOneAndThree is issue 24's paired comparison: every replay regime and two trace
@@ -95,8 +97,8 @@ func TestRoutersOneAndThree(t *testing.T) {
 		for _, c := range cases {
 			for _, n := range order {
 				r := replayRouters(t, binDir, c, seed, n)
-				t.Logf("%s seed %d, %d routers: cached %.4f, max_share %.3f, ttft p90 %.3fs, errors %d, sync %.0f B/request, lag %.2f ms",
-					c.name, seed, n, r.Cached, r.MaxShare, r.TTFTP90, r.Errors, r.SyncBytesPerRequest, r.SyncLagMs)
+				t.Logf("%s seed %d, %d routers: cached %.4f, max_share %.3f, ttft p90 %.3fs, errors %d, sync %.0f B/request, lag %.2f ms, fewest peers %d, %.0f lost batches, %.0f dropped changes",
+					c.name, seed, n, r.Cached, r.MaxShare, r.TTFTP90, r.Errors, r.SyncBytesPerRequest, r.SyncLagMs, r.FewestPeers, r.LostBatches, r.DroppedChanges)
 				runs = append(runs, r)
 				if resultsFile != "" {
 					appendJSONLine(t, resultsFile, r)
@@ -132,6 +134,8 @@ func replayRouters(t *testing.T, binDir string, c routersCase, seed, n int) rout
 		bytes += rs.SentBytes
 		lag += rs.MeanLagMs / float64(len(run.RouterSync))
 		r.FewestPeers = min(r.FewestPeers, rs.Peers)
+		r.LostBatches += rs.LostBatches
+		r.DroppedChanges += rs.Dropped
 	}
 	if requests := s.Requests; requests > 0 {
 		r.SyncBytesPerRequest = bytes / float64(requests)
