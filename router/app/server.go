@@ -120,6 +120,9 @@ type Router struct {
 	peers *kvevents.PeerTable
 	// peer is this router's part among several router replicas (peers.go; nil when alone).
 	peer *peerState
+	// debugSections are router-wide parts of GET /debug/engines that live outside the server
+	// (the trace capture's counts), by key; set before serving (AddDebugSection).
+	debugSections map[string]func() any
 }
 
 // New builds a server; it connects nothing until Run.
