@@ -216,6 +216,10 @@ func New(o Options) (*Router, error) {
 		},
 		s.unroutableEvents, streamCounterSpecs())
 	state.DegradedReasons = reasonNames()
+	state.SideEvicted = func() (float64, float64) {
+		st := s.ledger.Stats()
+		return float64(st.PredictedEvicted), float64(st.ApproximateEvicted)
+	}
 	s.met = metrics.New(state)
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start

@@ -53,6 +53,9 @@ type RunResult struct {
 	Engines  []string       `json:"engines"` // engine names in start order (the last ones are added by a scale-up)
 	// CaptureDir holds the router's capture files when Options.CaptureUnder named the policy.
 	CaptureDir string `json:"capture_dir,omitempty"`
+	// CPU is what the run cost the machine while requests were replayed; a run over MaxHostCPU
+	// is invalid (its latencies measure the machine).
+	CPU CPUUse `json:"cpu"`
 }
 
 // ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
@@ -215,6 +218,12 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		out[i] = Outcome{Index: i, Err: "not sent: the run's time bound was reached"}
 	}
 	var wg sync.WaitGroup
+	// Every engine (those a scale-up adds included) and the router.
+	pids := []int{rp.cmd.Process.Pid}
+	for _, s := range sims {
+		pids = append(pids, s.Pid())
+	}
+	cpu0, cpuErr := snapshotCPU(pids)
 	start := time.Now()
 	scaled := w.ScaleUp == nil
 	for i := range w.Requests {
@@ -251,6 +260,9 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	}
 	wg.Wait()
 	res.Wall = time.Since(start).Seconds()
+	if cpu1, err := snapshotCPU(pids); err == nil && cpuErr == nil {
+		res.CPU = cpuUse(cpu0, cpu1, res.Wall, numCPU())
+	}
 	res.Outcomes = out
 	if w.ScaleUp != nil {
 		res.ScaleUp = scaleUpResult(out, names[initial:], w.ScaleUp, initial)
