@@ -374,9 +374,10 @@ type RouterSpec struct {
 	// +optional
 	Service RouterServiceSpec `json:"service,omitempty"`
 
-	// Policy picks a replica per request (see the kvrouter --policy flag).
+	// Policy picks a replica per request: the production policies (router/score
+	// ProductionPolicies). kvrouter --policy also takes the peers' emulations, for benchmarks.
 	// +kubebuilder:default=kv
-	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
+	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;session
 	// +optional
 	Policy string `json:"policy,omitempty"`
 

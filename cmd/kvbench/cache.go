@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/sim/fleet"
+	"github.com/kvroute/kvroute/sim/replay"
 )
 
 // cacheOutput is the JSON shape of `kvbench cache --json` (docs/benchmarks.md; main_test.go pins
@@ -36,7 +37,10 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("cache", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	d := fleet.DefaultConfig
-	trace := fs.String("trace", "", "Mooncake JSONL trace, or a kvrouter capture directory (required)")
+	trace := fs.String("trace", "", "Mooncake JSONL trace, or a kvrouter capture directory (this or --regime is required)")
+	regime := fs.String("regime", "", "generated regime instead of a trace ("+strings.Join(replay.RegimeNames(), ", ")+")")
+	regimeRequests := fs.Int("regime-requests", 4000, "--regime: requests")
+	regimeRate := fs.Float64("regime-rate", 16, "--regime: mean arrivals per second")
 	replicas := fs.Int("replicas", d.Replicas, "replicas in the fleet")
 	capacity := fs.Int("capacity-blocks", d.CapacityBlocks, "KV capacity of the whole fleet in 512-token blocks")
 	policies := fs.String("policies", defaultPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+")")
@@ -53,8 +57,8 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *trace == "" {
-		return errors.New("--trace is required")
+	if (*trace == "") == (*regime == "") {
+		return errors.New("exactly one of --trace and --regime is required")
 	}
 	if *speed <= 0 || *prefill <= 0 || *decode < 0 || *seqs < 1 {
 		return errors.New("--speed and --prefill-tokens-per-s must be > 0, --decode-ms-per-token >= 0, --max-num-seqs >= 1")
@@ -68,8 +72,20 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	tr, err := fleet.LoadTrace(*trace)
-	if err != nil {
+	var tr *fleet.Trace
+	var err error
+	if *regime != "" {
+		w, err := replay.Regime(*regime, replay.RegimeOptions{Requests: *regimeRequests, Rate: *regimeRate,
+			Replicas: *replicas, Seed: uint64(*seed)})
+		if err != nil {
+			return err
+		}
+		if w.ScaleUp != nil {
+			return fmt.Errorf("regime %s grows the fleet mid-run, which the fleet model does not", *regime)
+		}
+		tr = w.Trace()
+		*trace = "regime " + *regime
+	} else if tr, err = fleet.LoadTrace(*trace); err != nil {
 		return err
 	}
 	cfg := fleet.Config{Replicas: *replicas, CapacityBlocks: *capacity, Speed: *speed,

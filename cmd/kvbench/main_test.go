@@ -84,15 +84,45 @@ func TestCacheTableAndReport(t *testing.T) {
 	}
 }
 
+// A generated regime runs through the fleet model: on hot-prefix every policy's hit rate is the
+// shared prefix's share of each prompt once every replica holds it (12 of 15 blocks).
+func TestCacheRunsARegime(t *testing.T) {
+	out, stderr, rc := kvbench(t, "cache", "--regime", "hot-prefix", "--regime-requests", "400", "--policies", "kv,round-robin", "--json")
+	if rc != 0 {
+		t.Fatalf("rc %d: %s", rc, stderr)
+	}
+	var got struct {
+		Trace   string `json:"trace"`
+		Results []struct {
+			Policy string  `json:"policy"`
+			Hit    float64 `json:"hit_rate_blocks"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Trace != "regime hot-prefix" || len(got.Results) != 2 {
+		t.Fatalf("output %s", out)
+	}
+	for _, r := range got.Results {
+		if r.Hit < 0.7 || r.Hit > 0.8 {
+			t.Errorf("%s: hit rate %v on hot-prefix, want 0.7-0.8 (12 of 15 blocks less the first copies)", r.Policy, r.Hit)
+		}
+	}
+}
+
 func TestBadInvocations(t *testing.T) {
 	for name, args := range map[string][]string{
-		"no subcommand":  {},
-		"unknown":        {"nope"},
-		"no trace":       {"cache"},
-		"missing file":   {"cache", "--trace", "does-not-exist.jsonl"},
-		"unknown policy": {"cache", "--trace", testTrace, "--policies", "kv,bogus"},
-		"zero speed":     {"cache", "--trace", testTrace, "--speed", "0"},
-		"bad flag":       {"cache", "--frobnicate"},
+		"no subcommand":    {},
+		"unknown":          {"nope"},
+		"no trace":         {"cache"},
+		"missing file":     {"cache", "--trace", "does-not-exist.jsonl"},
+		"unknown policy":   {"cache", "--trace", testTrace, "--policies", "kv,bogus"},
+		"zero speed":       {"cache", "--trace", testTrace, "--speed", "0"},
+		"bad flag":         {"cache", "--frobnicate"},
+		"trace and regime": {"cache", "--trace", testTrace, "--regime", "no-reuse"},
+		"unknown regime":   {"cache", "--regime", "bogus"},
+		"scale-up regime":  {"cache", "--regime", "scale-up"},
 	} {
 		if _, _, rc := kvbench(t, args...); rc == 0 {
 			t.Errorf("%s: exit 0", name)

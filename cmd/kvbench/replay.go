@@ -73,6 +73,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	binDir := fs.String("bin-dir", "", "directory with vllm-sim and kvrouter (default: next to kvbench, then bin/)")
 	simBin := fs.String("vllm-sim", "", "vllm-sim binary (overrides --bin-dir)")
 	routerBin := fs.String("kvrouter", "", "kvrouter binary (overrides --bin-dir)")
+	capacity := fs.Bool("capacity", false, "search each policy's highest rate (regimes: --rate; traces: --speed) with TTFT p99 under --slo and no failed request; seeds added up to --seeds (at most 10) until kv / best other is known within 3%")
+	slo := fs.Duration("slo", 2*time.Second, "--capacity: TTFT p99 bound in trace time (wall time x --sim-time-scale)")
 	logDir := fs.String("log-dir", "", "keep process logs here (default: a temporary directory, removed unless a run fails)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -118,6 +120,17 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	if *capacity {
+		if *logDir == "" {
+			if *logDir, err = os.MkdirTemp("", "kvbench-capacity-"); err != nil {
+				return err
+			}
+		}
+		o.LogDir = *logDir
+		return runCapacity(o, *trace, *regime, *offset, *maxReq, *duration, *speed, *rate, *replicas, *warmup,
+			replay.CapacityOptions{Policy: "kv", SLO: slo.Seconds(), TimeScale: *timeScale, MaxSeeds: *seeds,
+				Target: 0.03, Precision: 0.05, MaxProbes: 10}, *asJSON, stdout, stderr)
+	}
 	var w replay.Workload
 	if *trace != "" {
 		tr, err := fleet.LoadTrace(*trace)
@@ -406,4 +419,70 @@ func enginesOverTime(r *replay.RunResult) []series {
 		out = append(out, s)
 	}
 	return out
+}
+
+// runCapacity is `kvbench replay --capacity`: the workload is rebuilt at each probed rate (a
+// regime's arrival rate, or a trace's replay speed).
+func runCapacity(o replay.Options, trace, regime string, offset, maxReq int, duration time.Duration, speed, rate float64,
+	replicas int, warmup time.Duration, c replay.CapacityOptions, asJSON bool, stdout, stderr io.Writer) error {
+	var tr *fleet.Trace
+	c.Start = rate
+	if trace != "" {
+		var err error
+		if tr, err = fleet.LoadTrace(trace); err != nil {
+			return err
+		}
+		c.Start = speed
+	}
+	workload := func(r float64, seed int) (replay.Workload, error) {
+		if tr != nil {
+			return replay.TraceSlice(tr, offset, maxReq, r, duration)
+		}
+		n := maxReq
+		if n <= 0 {
+			n = 160
+		}
+		if duration > 0 {
+			n = min(n, max(int(duration.Seconds()*r), 1))
+		}
+		return replay.Regime(regime, replay.RegimeOptions{Requests: n, Rate: r, Replicas: replicas, Warmup: warmup, Seed: uint64(seed)})
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(stderr, "capacity: %d policies, up to %d seeds, SLO %.2fs trace time; logs in %s\n", len(o.Policies), c.MaxSeeds, c.SLO, o.LogDir)
+	res, err := replay.Capacity(ctx, o, c, workload)
+	if err != nil {
+		return fmt.Errorf("%w (logs kept in %s)", err, o.LogDir)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	return writeCapacityTable(stdout, res, o.Policies, c)
+}
+
+func writeCapacityTable(w io.Writer, res *replay.CapacityResult, policies []string, c replay.CapacityOptions) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tcapacity (mean, 95% CI)\tper seed\t")
+	for _, p := range policies {
+		fmt.Fprintf(tw, "%s\t%s\t%v\t\n", p, ci(res.CapacityMean[p], 3), res.Capacity[p])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	hw := "n/a (under 3 seeds)"
+	if res.HalfWidth != nil {
+		hw = fmt.Sprintf("%.1f%%", 100**res.HalfWidth)
+	}
+	fmt.Fprintf(w, "%s / best other: %s, relative half-width %s; best other per seed %v\n", c.Policy, ci(res.RatioCI, 3), hw, res.BestOther)
+	host, invalid := 0.0, 0
+	for _, p := range res.Probes {
+		host = max(host, p.CPU.Host)
+		if p.CPU.Invalid {
+			invalid++
+		}
+	}
+	fmt.Fprintf(w, "%d runs, %d invalid (host CPU over %.0f%%); highest host CPU %.0f%%\n", len(res.Probes), invalid, 100*replay.MaxHostCPU, 100*host)
+	return nil
 }

@@ -59,6 +59,10 @@ func (o *observers) attach(srv *app.Router, st *settings) error {
 	var cs []prometheus.Collector
 	if o.rec != nil {
 		cs = append(cs, o.rec.Collectors()...)
+		// Its drops are router-wide, so they are shown beside the engines, not in one of them.
+		if err := srv.AddDebugSection("capture", func() any { return o.rec.Stats() }); err != nil {
+			return err
+		}
 	}
 	if o.aud != nil {
 		o.decode = srv.Detokenize

@@ -117,6 +117,19 @@ func TestCaptureAndAuditThroughTheRouter(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// The capture's counts are router-wide, in /debug/engines beside the engines.
+	de, err := http.Get("http://" + a[1] + "/debug/engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dbg struct {
+		Capture *capture.Stats `json:"capture"`
+	}
+	err = json.NewDecoder(de.Body).Decode(&dbg)
+	de.Body.Close()
+	if err != nil || dbg.Capture == nil || dbg.Capture.Records != uint64(n) || dbg.Capture.Dir != dir {
+		t.Errorf("/debug/engines capture section %+v (%v); want %d records in %s", dbg.Capture, err, n, dir)
+	}
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d", code)

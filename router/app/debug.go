@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -172,7 +173,31 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 	if s.peer != nil {
 		out["router_peers"] = s.peerInfo()
 	}
+	for key, section := range s.debugSections {
+		out[key] = section()
+	}
 	_ = enc.Encode(out)
+}
+
+// debugEnginesKeys are the keys DebugEngines itself writes (a test holds it to the answer).
+var debugEnginesKeys = []string{"policy", "block_size", "block_size_source", "engines", "index_entries",
+	"tokenize_degraded", "tokenizer", "events_unroutable", "router_peers"}
+
+// AddDebugSection adds a router-wide section to GET /debug/engines under key, read on every
+// call (e.g. the trace capture's written and dropped counts, which live in cmd/kvrouter's
+// observers). Call it before serving; a key the answer already uses is refused.
+func (s *Router) AddDebugSection(key string, read func() any) error {
+	if key == "" || slices.Contains(debugEnginesKeys, key) {
+		return fmt.Errorf("debug section %q: the key is taken", key)
+	}
+	if _, dup := s.debugSections[key]; dup {
+		return fmt.Errorf("debug section %q added twice", key)
+	}
+	if s.debugSections == nil {
+		s.debugSections = map[string]func() any{}
+	}
+	s.debugSections[key] = read
+	return nil
 }
 
 // RouteCandidate is one replica's signals and predicted hit in POST /debug/route.

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -312,6 +313,39 @@ func TestDebugEnginesDegradedList(t *testing.T) {
 	}
 	if got := string(v.Engines[0].Ranks[0]["degraded"]); got != "[]" {
 		t.Fatalf("degraded %s, want []", got)
+	}
+}
+
+// A router-wide section (the capture's counts, added by cmd/kvrouter) shows in /debug/engines;
+// a key the answer already has is refused, and the list of those keys is the answer's.
+func TestDebugEnginesSections(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), noHealthLoop)
+	if err := rt.s.AddDebugSection("capture", func() any { return map[string]int{"records": 3} }); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"capture", "engines", ""} {
+		if err := rt.s.AddDebugSection(key, func() any { return nil }); err == nil {
+			t.Fatalf("section %q accepted; want it refused (taken)", key)
+		}
+	}
+	resp, err := http.Get(rt.admin.URL + "/debug/engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]json.RawMessage
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	var capture map[string]int
+	if err := json.Unmarshal(v["capture"], &capture); err != nil || capture["records"] != 3 {
+		t.Fatalf("capture section %s (%v); want records 3", v["capture"], err)
+	}
+	for key := range v {
+		if key != "capture" && !slices.Contains(debugEnginesKeys, key) {
+			t.Fatalf("/debug/engines writes %q, missing from debugEnginesKeys (a section could overwrite it)", key)
+		}
 	}
 }
 

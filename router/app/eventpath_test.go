@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -184,5 +185,34 @@ func TestReplicaLimitFromEngineMetrics(t *testing.T) {
 	rt.waitStreams(t, "exact")
 	if n := rt.s.gpuBlocks(context.Background(), sim.URL()); n != sim.Config().NumGPUBlocks {
 		t.Fatalf("num_gpu_blocks %d, want %d", n, sim.Config().NumGPUBlocks)
+	}
+}
+
+// The engine's capacity bounds its replica's guesses: vllm-sim with 65 blocks (64 usable, one
+// is vLLM's null block) and no events; four prompts of 32 blocks each leave the predicted and
+// approximate side indexes at 64 entries, the first two prompts evicted and counted on /metrics.
+func TestSideIndexesEvictAtTheEngineCapacity(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{NumGPUBlocks: 65, KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "e", URL: sim.URL(), Ready: true}}),
+		func(o *Options) { o.PredictedTTL = time.Hour })
+	for i := range 4 {
+		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(130_000+i, 512, i, 1, 1)); a.status != 200 {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+	}
+	if st := rt.s.ledger.Stats(); st.Predicted != 64 || st.Approximate != 64 || st.PredictedEvicted != 64 || st.ApproximateEvicted != 64 {
+		t.Fatalf("ledger %+v, want 64 entries and 64 evicted in each side index", st)
+	}
+	resp, err := http.Get(rt.admin.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{`kvroute_router_side_index_evicted_total{index="predicted"} 64`,
+		`kvroute_router_side_index_evicted_total{index="approximate"} 64`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }

@@ -120,6 +120,9 @@ type Router struct {
 	peers *kvevents.PeerTable
 	// peer is this router's part among several router replicas (peers.go; nil when alone).
 	peer *peerState
+	// debugSections are router-wide parts of GET /debug/engines that live outside the server
+	// (the trace capture's counts), by key; set before serving (AddDebugSection).
+	debugSections map[string]func() any
 }
 
 // New builds a server; it connects nothing until Run.
@@ -213,6 +216,10 @@ func New(o Options) (*Router, error) {
 		},
 		s.unroutableEvents, streamCounterSpecs())
 	state.DegradedReasons = reasonNames()
+	state.SideEvicted = func() (float64, float64) {
+		st := s.ledger.Stats()
+		return float64(st.PredictedEvicted), float64(st.ApproximateEvicted)
+	}
 	s.met = metrics.New(state)
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start

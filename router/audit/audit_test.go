@@ -118,3 +118,31 @@ func TestAuditBoundedAnchors(t *testing.T) {
 		t.Fatalf("%d anchors, over 100", n)
 	}
 }
+
+// The documented limit (docs/should-you-route.md, "What it misses"): a varying lead whose token
+// count varies shifts every later block boundary, so no block recurs at the same position and
+// nothing is reported, while the same lead at a fixed width is found.
+func TestAuditMissesALeadOfVaryingLength(t *testing.T) {
+	prompts := func(width func(i int) int) [][]uint32 {
+		var out [][]uint32
+		for i := 0; i < 12; i++ {
+			lead := strings.Repeat("x ", width(i)) // a lead of width(i) tokens, different each time
+			out = append(out, vllmsim.Tokenize(fmt.Sprintf("Visitor %d %s. ", i, lead)+strings.Repeat(system, 3)))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name  string
+		width func(int) int
+		want  int
+	}{{"fixed width", func(int) int { return 4 }, 1}, {"varying width", func(i int) int { return 1 + i%5 }, 0}} {
+		a := New(Options{SampleEvery: 1, Decode: simDecode})
+		for _, p := range prompts(c.width) {
+			a.Observe(p)
+		}
+		a.Close()
+		if got := len(a.Patterns()); got != c.want {
+			t.Fatalf("%s: %d patterns, want %d: %+v", c.name, got, c.want, a.Patterns())
+		}
+	}
+}

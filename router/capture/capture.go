@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Options configure a Recorder. Dir is required; the rest have defaults.
@@ -183,6 +184,39 @@ func newRecorder(o Options, beforeWrite func()) (*Recorder, error) {
 // Collectors are the recorder's metrics, for the router's registry.
 func (r *Recorder) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{r.records, r.bytes, r.rotations, r.unremembered, r.multimodal, r.dropped, r.queued}
+}
+
+// Stats is what the capture has written and dropped, for /debug/engines (the same counts as
+// its metrics, read from them).
+type Stats struct {
+	Dir          string            `json:"dir"`
+	Records      uint64            `json:"records"`
+	Bytes        uint64            `json:"bytes"`
+	Files        uint64            `json:"files"`
+	Queued       int               `json:"queued"`
+	Multimodal   uint64            `json:"multimodal"`
+	Unremembered uint64            `json:"ids_unremembered"`
+	Dropped      map[string]uint64 `json:"dropped"`
+}
+
+// Stats reads the recorder's counters.
+func (r *Recorder) Stats() Stats {
+	st := Stats{Dir: r.o.Dir, Records: counterValue(r.records), Bytes: counterValue(r.bytes), Files: counterValue(r.rotations),
+		Queued: len(r.queue), Multimodal: counterValue(r.multimodal), Unremembered: counterValue(r.unremembered),
+		Dropped: make(map[string]uint64, len(dropReasons))}
+	for _, why := range dropReasons {
+		st.Dropped[why] = counterValue(r.dropped.WithLabelValues(why))
+	}
+	return st
+}
+
+// counterValue reads a counter through its own Write (the metric is the one count kept).
+func counterValue(c prometheus.Counter) uint64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil || m.Counter == nil {
+		return 0
+	}
+	return uint64(m.Counter.GetValue())
 }
 
 // Observe hashes one finished request's prompt and queues it for the writer; it never blocks

@@ -230,6 +230,12 @@ func TestCaptureCountsRequestsWithoutTokensAndBoundsIDs(t *testing.T) {
 	if got := testutil.ToFloat64(r.unremembered); got != 2 {
 		t.Fatalf("ids_unremembered = %v, want 2", got)
 	}
+	// /debug/engines' capture section reads the same counts.
+	st := r.Stats()
+	if st.Records != 2 || st.Dropped[DropNoTokens] != 1 || st.Unremembered != 2 || st.Files != 1 || st.Bytes == 0 ||
+		st.Dir != dir || len(st.Dropped) != len(dropReasons) {
+		t.Fatalf("stats %+v; want 2 records, 1 no_tokens drop, 2 unremembered ids, 1 file, bytes, every reason listed", st)
+	}
 }
 
 func BenchmarkObserve8kTokens(b *testing.B) {

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvroute/kvroute/router/score"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
@@ -295,9 +297,9 @@ type Limits struct {
 	RequestTimeout metav1.Duration `json:"requestTimeout"`
 }
 
-// Policies are the names --policy accepts (least-loaded is an alias of load).
-var Policies = []string{"kv", "load", "least-loaded", "round-robin", "random", "session",
-	"prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
+// Policies are the names --policy accepts: score's one list, production policies first
+// (least-loaded is an alias of load).
+var Policies = score.Names()
 
 // HashAlgos are vLLM's --prefix-caching-hash-algo values.
 var HashAlgos = []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}

@@ -424,6 +424,10 @@ func (f *Fleet) addEngine(d discovery.Engine, mi modelInfo) (*Engine, error) {
 		}
 		rep.ID = id
 		rep.Load = f.o.Ledger.NewReplica(id, rep.Name)
+		// The side indexes evict a replica's guesses as its engine evicts blocks, before a peer's
+		// snapshot is loaded into them: num_gpu_blocks less the null block vLLM reserves
+		// (vllm/v1/core/block_pool.py); 0 when not shown, the default.
+		f.o.Ledger.SetCapacity(rep.Load, max(mi.gpuBlocks-1, 0))
 		if !rep.Stream && f.o.SeedApprox != nil {
 			f.o.SeedApprox(rep)
 		}

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/kvroute/kvroute/router/blockkey"
 )
 
@@ -14,6 +15,9 @@ type SideOptions struct {
 	// MaxEntries caps the records kept (one per block per decision); the oldest go first.
 	// Zero takes the constructor's default.
 	MaxEntries int
+	// CapacityBlocks bounds the blocks one replica holds here until SetCapacity gives its own
+	// (the engine's num_gpu_blocks); zero takes DefaultCapacityBlocks.
+	CapacityBlocks int
 }
 
 // Defaults: the predicted index bridges the gap between a decision and the engine's first
@@ -25,15 +29,30 @@ const (
 	DefaultPredictedMaxEntries = 1 << 20
 	DefaultApproximateTTL      = 120 * time.Second
 	DefaultApproximateMax      = 4 << 20
+	// DefaultCapacityBlocks is a replica's block capacity when its engine's is not known (the
+	// exact index's per-replica limit for the same case, router/kvevents).
+	DefaultCapacityBlocks = 1 << 20
 )
 
 // SideIndex holds router decisions, not engine truth: key -> replicas it was sent to, each with
-// an expiry. Entries expire after the TTL and the oldest are dropped beyond MaxEntries. It is
-// the machinery of both the predicted side index and the approximate index. Safe for
+// an expiry. Entries expire after the TTL and the oldest are dropped beyond MaxEntries. Each
+// replica's keys are also kept the way its engine keeps blocks: least recently used first out
+// once the replica holds its KV capacity in blocks, a request's tail before its head (vLLM frees
+// a finished request's blocks tail first, so they are evicted first; vllm/v1/core/
+// kv_cache_manager.py free, block_pool.py), so a guess never outlives what the engine can hold.
+// It is the machinery of both the predicted side index and the approximate index. Safe for
 // concurrent use.
 type SideIndex struct {
 	ttl int64
 	max int
+	// defCap is a replica's capacity until SetCapacity; caps and lrus are per replica.
+	defCap int
+	caps   map[ReplicaID]int
+	lrus   map[ReplicaID]*simplelru.LRU[blockkey.Key, struct{}]
+	// dropping is set while the index itself removes a key from an LRU, so the eviction
+	// callback (which simplelru also calls on Remove) acts on capacity evictions only.
+	dropping bool
+	evicted  uint64
 
 	mu   sync.RWMutex
 	keys map[blockkey.Key][]sideHolder
@@ -73,7 +92,84 @@ func newSide(o SideOptions, ttl time.Duration, max int) *SideIndex {
 	if o.MaxEntries > 0 {
 		max = o.MaxEntries
 	}
-	return &SideIndex{ttl: int64(ttl), max: max, keys: map[blockkey.Key][]sideHolder{}}
+	c := DefaultCapacityBlocks
+	if o.CapacityBlocks > 0 {
+		c = o.CapacityBlocks
+	}
+	return &SideIndex{ttl: int64(ttl), max: max, defCap: c, caps: map[ReplicaID]int{},
+		lrus: map[ReplicaID]*simplelru.LRU[blockkey.Key, struct{}]{}, keys: map[blockkey.Key][]sideHolder{}}
+}
+
+// SetCapacity sets a replica's KV capacity in blocks (its engine's num_gpu_blocks); blocks <= 0
+// goes back to the default. A smaller capacity evicts at once.
+func (s *SideIndex) SetCapacity(id ReplicaID, blocks int) {
+	if blocks <= 0 {
+		blocks = s.defCap
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.caps[id] = blocks
+	if l := s.lrus[id]; l != nil {
+		l.Resize(blocks)
+	}
+}
+
+// Evicted is how many (key, replica) entries were dropped because the replica's capacity was
+// full.
+func (s *SideIndex) Evicted() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.evicted
+}
+
+// capacity is the replica's capacity in blocks.
+func (s *SideIndex) capacity(id ReplicaID) int {
+	if c, ok := s.caps[id]; ok {
+		return c
+	}
+	return s.defCap
+}
+
+// lru returns the replica's LRU of keys, made on first use.
+func (s *SideIndex) lru(id ReplicaID) *simplelru.LRU[blockkey.Key, struct{}] {
+	if l := s.lrus[id]; l != nil {
+		return l
+	}
+	c := s.capacity(id)
+	l, _ := simplelru.NewLRU[blockkey.Key, struct{}](c, func(k blockkey.Key, _ struct{}) {
+		if !s.dropping {
+			s.evicted++
+			s.dropHolder(k, id)
+		}
+	}) // c > 0: cannot fail
+	s.lrus[id] = l
+	return l
+}
+
+// dropHolder removes id from key k's holders.
+func (s *SideIndex) dropHolder(k blockkey.Key, id ReplicaID) {
+	hs := s.keys[k]
+	for j := range hs {
+		if hs[j].id == id {
+			hs[j] = hs[len(hs)-1]
+			hs = hs[:len(hs)-1]
+			if len(hs) == 0 {
+				delete(s.keys, k)
+			} else {
+				s.keys[k] = hs
+			}
+			return
+		}
+	}
+}
+
+// untrack takes a key out of the replica's LRU (its holder went by expiry or retraction).
+func (s *SideIndex) untrack(k blockkey.Key, id ReplicaID) {
+	if l := s.lrus[id]; l != nil {
+		s.dropping = true
+		l.Remove(k)
+		s.dropping = false
+	}
 }
 
 // TTL returns how long a decision counts.
@@ -87,7 +183,17 @@ func (s *SideIndex) Predict(id ReplicaID, keys []blockkey.Key, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(t)
+	// Tail first, so the request's head is the most recently used, as in the engine.
+	l := s.lru(id)
+	for j := len(keys) - 1; j >= 0; j-- {
+		l.Add(keys[j], struct{}{})
+	}
+	// Only a request longer than the replica's capacity evicts its own keys.
+	longer := len(keys) > s.capacity(id)
 	for _, k := range keys {
+		if longer && !l.Contains(k) {
+			continue // evicted by this very request
+		}
 		hs := s.keys[k]
 		found := false
 		for j := range hs {
@@ -143,13 +249,8 @@ func (s *SideIndex) pop() {
 	for j := range hs {
 		if hs[j].id == r.id {
 			if hs[j].exp == r.exp {
-				hs[j] = hs[len(hs)-1]
-				hs = hs[:len(hs)-1]
-				if len(hs) == 0 {
-					delete(s.keys, r.key)
-				} else {
-					s.keys[r.key] = hs
-				}
+				s.dropHolder(r.key, r.id)
+				s.untrack(r.key, r.id)
 			}
 			return
 		}
@@ -167,13 +268,8 @@ func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) 
 		for j := range hs {
 			if hs[j].id == id {
 				if hs[j].exp == exp {
-					hs[j] = hs[len(hs)-1]
-					hs = hs[:len(hs)-1]
-					if len(hs) == 0 {
-						delete(s.keys, k)
-					} else {
-						s.keys[k] = hs
-					}
+					s.dropHolder(k, id)
+					s.untrack(k, id)
 				}
 				break
 			}
@@ -187,6 +283,8 @@ func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) 
 func (s *SideIndex) DropReplica(id ReplicaID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	delete(s.lrus, id)
+	delete(s.caps, id)
 	for k, hs := range s.keys {
 		kept := hs[:0]
 		for _, h := range hs {
@@ -286,13 +384,17 @@ func (s *SideIndex) Import(id ReplicaID, entries []SideEntry, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(t)
-	// Oldest first, so the ring stays in expiry order as far as the peer's clock allows.
+	l := s.lru(id)
+	// Oldest first, so the ring stays in expiry order as far as the peer's clock allows, and the
+	// freshest entries are the replica's most recently used (the first out when it is full are
+	// the oldest, as Predict leaves them).
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
 		exp := min(e.Exp, t+s.ttl)
 		if exp <= t {
 			continue
 		}
+		l.Add(e.Key, struct{}{})
 		hs := s.keys[e.Key]
 		found := false
 		for j := range hs {

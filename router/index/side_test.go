@@ -3,6 +3,8 @@ package index
 import (
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/router/blockkey"
 )
 
 func TestSideTTLExpiry(t *testing.T) {
@@ -132,4 +134,108 @@ func TestSideUnpredict(t *testing.T) {
 	if s.Len() != 0 {
 		t.Fatalf("Len %d after expiry", s.Len())
 	}
+}
+
+// A replica's keys leave the way its engine's blocks do: once it holds its capacity, least
+// recently used first, a request's tail before its head.
+func TestSideIndexEvictsAtTheReplicaCapacity(t *testing.T) {
+	s := NewApproximate(SideOptions{})
+	s.SetCapacity(0, 10)
+	now := time.Unix(1000, 0)
+	a, b := ks(1, 2, 3, 4, 5, 6, 7, 8), ks(101, 102, 103, 104, 105, 106, 107, 108)
+	s.Predict(0, a, now)
+	s.Predict(1, a, now) // another replica, default capacity: untouched
+	s.Predict(0, b, now)
+	got := s.Match(a, now, 2, nil)
+	if got[0] != 2 || got[1] != 8 {
+		t.Errorf("after 16 blocks into 10: a's match = %v, want its head (2) on replica 0 and all 8 on replica 1", got)
+	}
+	if got := s.Match(b, now, 2, nil); got[0] != 8 {
+		t.Errorf("b's match on replica 0 = %d, want 8", got[0])
+	}
+	if e := s.Evicted(); e != 6 {
+		t.Errorf("evicted %d entries, want 6", e)
+	}
+	// Using a's head again makes it the most recent: the next request evicts b's tail instead.
+	s.Predict(0, a[:2], now)
+	s.Predict(0, ks(201, 202), now)
+	if got := s.Match(a, now, 1, nil); got[0] != 2 {
+		t.Errorf("a's head after reuse: %d, want 2", got[0])
+	}
+	if got := s.Match(b, now, 1, nil); got[0] != 6 {
+		t.Errorf("b after two more blocks: %d, want 6 (its tail went)", got[0])
+	}
+	// Shrinking the capacity evicts at once; expiry and Unpredict keep the LRU in step.
+	s.SetCapacity(0, 4)
+	if n := s.Len(); n != 4+8 {
+		t.Errorf("entries after shrinking replica 0 to 4: %d, want 4 + replica 1's 8", n)
+	}
+	s.Expire(now.Add(DefaultApproximateTTL))
+	if n := s.Len(); n != 0 {
+		t.Errorf("entries after the TTL: %d", n)
+	}
+	s.Predict(0, ks(301, 302, 303, 304), now)
+	if got := s.Match(ks(301, 302, 303, 304), now, 1, nil); got[0] != 4 {
+		t.Errorf("after expiry freed the LRU, a new request of 4 = capacity: match %d, want 4", got[0])
+	}
+}
+
+// A retracted decision frees its room in the replica's capacity (no phantom blocks are left to
+// evict real guesses later), and a replica that left starts over empty.
+func TestSideIndexCapacityFollowsUnpredictAndDrop(t *testing.T) {
+	s := NewPredicted(SideOptions{})
+	s.SetCapacity(0, 4)
+	now := time.Unix(1000, 0)
+	a, b := ks(1, 2, 3, 4), ks(11, 12, 13, 14)
+	s.Predict(0, a, now)
+	s.Unpredict(0, a, now)
+	s.Predict(0, b, now)
+	if e := s.Evicted(); e != 0 {
+		t.Errorf("evicted %d after a retracted decision and one of capacity size, want 0", e)
+	}
+	if got := s.Match(b, now, 1, nil); got[0] != 4 {
+		t.Errorf("b's match %d, want 4", got[0])
+	}
+	s.DropReplica(0)
+	s.Predict(0, a, now)
+	if e := s.Evicted(); e != 0 {
+		t.Errorf("evicted %d after the replica was dropped, want 0 (its LRU starts empty)", e)
+	}
+	if got := s.Match(a, now, 1, nil); got[0] != 4 {
+		t.Errorf("a's match after the drop: %d, want 4", got[0])
+	}
+}
+
+// A peer's snapshot loads no more than the replica holds: the freshest entries stay.
+func TestSideImportBoundedByCapacity(t *testing.T) {
+	now := time.Unix(1000, 0)
+	src := NewApproximate(SideOptions{})
+	for i := range 6 {
+		src.Predict(0, ks(uint64(i+1)), now.Add(time.Duration(i)*time.Second))
+	}
+	es := src.Export(0, now.Add(6*time.Second), 0) // freshest first: 6, 5, ..., 1
+	dst := NewApproximate(SideOptions{CapacityBlocks: 3})
+	dst.Import(0, es, now.Add(6*time.Second))
+	if n, e := dst.Len(), dst.Evicted(); n != 3 || e != 3 {
+		t.Fatalf("imported %d entries, %d evicted; want 3 and 3", n, e)
+	}
+	for i := uint64(1); i <= 6; i++ {
+		got := dst.Match(ks(i), now.Add(6*time.Second), 1, nil)[0]
+		if want := uint32(0); i > 3 {
+			want = 1
+			if got != want {
+				t.Errorf("key %d: match %d, want %d (the freshest three stay)", i, got, want)
+			}
+		} else if got != want {
+			t.Errorf("key %d: match %d, want %d (the oldest went)", i, got, want)
+		}
+	}
+}
+
+func ks(ids ...uint64) []blockkey.Key {
+	out := make([]blockkey.Key, len(ids))
+	for i, id := range ids {
+		out[i] = blockkey.Key(id)
+	}
+	return out
 }

@@ -155,6 +155,15 @@ func New(o Options) *Ledger {
 // it before reading them: if it is unchanged later, so are they.
 func (l *Ledger) Generation() uint64 { return l.gen.Load() }
 
+// SetCapacity bounds the replica's entries in the side indexes by its engine's KV capacity in
+// blocks (num_gpu_blocks; 0 when not known: index.DefaultCapacityBlocks), so its predictions are
+// evicted as the engine's cache would evict those blocks. A smaller capacity evicts at once.
+func (l *Ledger) SetCapacity(r *Replica, blocks int) {
+	l.pred.SetCapacity(r.ID, blocks)
+	l.approx.SetCapacity(r.ID, blocks)
+	l.gen.Add(1)
+}
+
 // Now reads the ledger's clock.
 func (l *Ledger) Now() time.Time { return l.now() }
 
@@ -411,6 +420,10 @@ type Stats struct {
 	InFlight    int `json:"in_flight"`
 	Predicted   int `json:"predicted_entries"`
 	Approximate int `json:"approximate_entries"`
+	// PredictedEvicted and ApproximateEvicted count the side indexes' entries dropped because
+	// their replica's KV capacity was full (SetCapacity), as the engine evicts.
+	PredictedEvicted   uint64 `json:"predicted_evicted"`
+	ApproximateEvicted uint64 `json:"approximate_evicted"`
 }
 
 // Stats reads the ledger's size.
@@ -418,5 +431,6 @@ func (l *Ledger) Stats() Stats {
 	l.mu.Lock()
 	n := len(l.live)
 	l.mu.Unlock()
-	return Stats{InFlight: n, Predicted: l.pred.Len(), Approximate: l.approx.Len()}
+	return Stats{InFlight: n, Predicted: l.pred.Len(), Approximate: l.approx.Len(),
+		PredictedEvicted: l.pred.Evicted(), ApproximateEvicted: l.approx.Evicted()}
 }

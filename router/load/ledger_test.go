@@ -129,6 +129,30 @@ func TestFailedRollsBack(t *testing.T) {
 	}
 }
 
+// A replica's predictions are bounded by its engine's KV capacity: a request beyond it evicts
+// the least recently used, counted in Stats; the capacity change moves the generation.
+func TestSetCapacityEvictsPredictions(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}})
+	r := l.NewReplica(2, "e0/0")
+	g := l.Generation()
+	l.SetCapacity(r, 6)
+	if l.Generation() == g {
+		t.Fatal("SetCapacity left the generation unchanged")
+	}
+	first := keys(4)
+	second := []blockkey.Key{101, 102, 103, 104}
+	l.Routed(Routing{Replica: r, Keys: first, Approximate: true, Uncached: 64, Held: 64})
+	l.Routed(Routing{Replica: r, Keys: second, Approximate: true, Uncached: 64, Held: 64})
+	pred, appr := l.Match(first, 3, true, nil, nil)
+	if pred[2] != 2 || appr[2] != 2 {
+		t.Fatalf("first request after 8 blocks into 6: predicted %d, approximate %d; want its head (2) in both", pred[2], appr[2])
+	}
+	if st := l.Stats(); st.PredictedEvicted != 2 || st.ApproximateEvicted != 2 || st.Predicted != 6 || st.Approximate != 6 {
+		t.Fatalf("stats %+v, want 6 entries and 2 evicted in each side index", st)
+	}
+}
+
 func TestRemoveForgetsAndInFlightSettlesOnOldReplica(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	pol := &recorder{}

@@ -163,6 +163,10 @@ type StateCollector struct {
 	states       *prometheus.Desc
 	keys, side   *prometheus.Desc
 	unroutable   *prometheus.Desc
+	// SideEvicted, when set, reads how many entries each side index (predicted, approximate)
+	// dropped because a replica's KV capacity was full.
+	SideEvicted func() (predicted, approximate float64)
+	sideEvicted *prometheus.Desc
 
 	// DegradedReasons are every degraded reason: replica_degraded is exported 1/0 for each.
 	DegradedReasons []string
@@ -191,6 +195,8 @@ func NewStateCollector(streams func() []Stream, keys func() float64, side func()
 		states: prometheus.NewDesc(ns+"_stream_state", "1 for the stream's current state.", []string{"engine", "rank", "state"}, nil),
 		keys:   prometheus.NewDesc(ns+"_index_entries", "Distinct router keys in the exact index.", nil, nil),
 		side:   prometheus.NewDesc(ns+"_side_index_entries", "Records in the side indexes.", []string{"index"}, nil),
+		sideEvicted: prometheus.NewDesc(ns+"_side_index_evicted_total",
+			"Side-index entries dropped because the replica's KV capacity (num_gpu_blocks) was full, as the engine evicts.", []string{"index"}, nil),
 		unroutable: prometheus.NewDesc(ns+"_events_unroutable_total",
 			"Messages on the bound events socket whose topic names no known engine (dropped).", nil, nil),
 		degradedDesc: prometheus.NewDesc(ns+"_replica_degraded",
@@ -220,6 +226,7 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.states
 	ch <- c.keys
 	ch <- c.side
+	ch <- c.sideEvicted
 }
 
 // Collect implements prometheus.Collector.
@@ -256,6 +263,11 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 	p, a := c.SideLen()
 	ch <- prometheus.MustNewConstMetric(c.side, g, p, "predicted")
 	ch <- prometheus.MustNewConstMetric(c.side, g, a, "approximate")
+	if c.SideEvicted != nil {
+		p, a := c.SideEvicted()
+		ch <- prometheus.MustNewConstMetric(c.sideEvicted, ctr, p, "predicted")
+		ch <- prometheus.MustNewConstMetric(c.sideEvicted, ctr, a, "approximate")
+	}
 }
 
 func b2f(b bool) float64 {

@@ -13,6 +13,7 @@ func TestStateCollector(t *testing.T) {
 		return []Stream{{Engine: "e0", Rank: "1", State: "inexact", Counters: []float64{2, 0}, BlocksGPU: 7, Healthy: true},
 			{Engine: "e1", Rank: "0", State: "none"}} // no stream: no counter series
 	}, func() float64 { return 42 }, func() (float64, float64) { return 3, 4 }, func() float64 { return 5 }, specs)
+	sc.SideEvicted = func() (float64, float64) { return 6, 0 }
 	m := New(sc)
 	m.Requests.WithLabelValues("e0", "kv", "200").Inc()
 	want := `
@@ -42,10 +43,15 @@ kvroute_router_stream_panics_total{engine="e0",rank="1"} 0
 # HELP kvroute_router_events_unroutable_total Messages on the bound events socket whose topic names no known engine (dropped).
 # TYPE kvroute_router_events_unroutable_total counter
 kvroute_router_events_unroutable_total 5
+# HELP kvroute_router_side_index_evicted_total Side-index entries dropped because the replica's KV capacity (num_gpu_blocks) was full, as the engine evicts.
+# TYPE kvroute_router_side_index_evicted_total counter
+kvroute_router_side_index_evicted_total{index="approximate"} 0
+kvroute_router_side_index_evicted_total{index="predicted"} 6
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want),
 		"kvroute_router_stream_state", "kvroute_router_index_entries", "kvroute_router_index_blocks_gpu",
-		"kvroute_router_stream_resets_total", "kvroute_router_stream_panics_total", "kvroute_router_events_unroutable_total"); err != nil {
+		"kvroute_router_stream_resets_total", "kvroute_router_stream_panics_total", "kvroute_router_events_unroutable_total",
+		"kvroute_router_side_index_evicted_total"); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := testutil.GatherAndCount(m.Registry, "kvroute_router_requests_total"); err != nil || n != 1 {

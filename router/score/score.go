@@ -6,7 +6,6 @@ package score
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/kvroute/kvroute/router/blockkey"
@@ -136,6 +135,15 @@ type Options struct {
 
 type factory func(Options) Policy
 
+// The one list of policy names. Production policies are what the CRD's spec.router.policy
+// offers (its kubebuilder enum must list exactly these; policies_test.go checks it); the
+// benchmark policies (random and the peers' emulations) stay selectable in kvrouter --policy and
+// kvbench for comparisons. least-loaded is an alias of load.
+var (
+	ProductionPolicies = []string{"kv", "load", "least-loaded", "round-robin", "session"}
+	BenchmarkPolicies  = []string{"random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
+)
+
 var registry = map[string]factory{
 	"kv":                 func(o Options) Policy { return newKV(o) },
 	"load":               func(o Options) Policy { return newLoad("load", o) },
@@ -149,14 +157,9 @@ var registry = map[string]factory{
 	"dynamo-kv":          func(o Options) Policy { return newDynamo(o) },
 }
 
-// Names lists every registered policy name, sorted.
+// Names lists every policy, production first, in the lists' order.
 func Names() []string {
-	out := make([]string, 0, len(registry))
-	for n := range registry {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return append(append([]string(nil), ProductionPolicies...), BenchmarkPolicies...)
 }
 
 // New returns a fresh policy (with its own state) by name.

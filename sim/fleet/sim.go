@@ -169,6 +169,8 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	for i := 0; i < cfg.Replicas; i++ {
 		id := "r" + strconv.Itoa(i)
 		s.reps = append(s.reps, &replica{id: id, ld: s.ledger.NewReplica(index.ReplicaID(i), id), cache: newBlockCache(s.perRep)})
+		// The side indexes evict the replica's guesses as its modelled cache evicts blocks.
+		s.ledger.SetCapacity(s.reps[i].ld, s.perRep)
 	}
 	cands := make([]score.Candidate, cfg.Replicas)
 	keys := make([]blockkey.Key, 0, 256)

@@ -120,6 +120,14 @@ func trimSpace(b []byte) []byte {
 	return b
 }
 
+// NewTrace makes a trace of generated requests (in timestamp order), with session keys assigned
+// as the loader does.
+func NewTrace(name string, reqs []Request) *Trace {
+	t := &Trace{Name: name, Requests: reqs}
+	assignSessions(t.Requests)
+	return t
+}
+
 // assignSessions sets each request's session key to its first block id that fewer than 1% of
 // requests share: shared system prompts are skipped, the conversation's own first block is kept.
 // A request whose every block is common falls back to its last block.

@@ -3,6 +3,7 @@ package replay
 import (
 	"encoding/json"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -207,6 +208,50 @@ func TestRegimes(t *testing.T) {
 	}
 	if _, err := Regime("nope", RegimeOptions{}); err == nil || !strings.Contains(err.Error(), "no-reuse") {
 		t.Fatalf("unknown regime error %v does not list the known ones", err)
+	}
+}
+
+// A regime as a fleet-model trace: arrivals in milliseconds, lengths and block ids kept; a
+// tenant's adapter and salt give it its own copy of the shared prefix, which no other tenant's
+// request shares, while one tenant's requests still share theirs.
+func TestWorkloadTrace(t *testing.T) {
+	w, err := Regime("hot-prefix", RegimeOptions{Requests: 40, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := w.Trace()
+	if tr.Name != "hot-prefix" || len(tr.Requests) != 40 {
+		t.Fatalf("trace %q of %d requests", tr.Name, len(tr.Requests))
+	}
+	for i, q := range tr.Requests {
+		r := w.Requests[i]
+		if q.TimestampMs != r.At.Milliseconds() || q.InputLength != r.InputLength || q.OutputLength != r.OutputLength ||
+			!slices.Equal(q.HashIDs, r.HashIDs) {
+			t.Fatalf("request %d: %+v from %+v", i, q, r)
+		}
+	}
+	w, err = Regime("tenants", RegimeOptions{Requests: 80, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr = w.Trace()
+	firstBlock := map[string]uint64{} // tenant -> its copy of the shared prefix's first block
+	owner := map[uint64]string{}      // block id -> the tenant using it
+	for i, q := range tr.Requests {
+		tenant := w.Requests[i].Model
+		if f, ok := firstBlock[tenant]; ok && q.HashIDs[0] != f {
+			t.Fatalf("tenant %s: request %d starts at block %d, its first began at %d", tenant, i, q.HashIDs[0], f)
+		}
+		firstBlock[tenant] = q.HashIDs[0]
+		for _, id := range q.HashIDs {
+			if o, ok := owner[id]; ok && o != tenant {
+				t.Fatalf("block %d shared by tenants %s and %s", id, o, tenant)
+			}
+			owner[id] = tenant
+		}
+	}
+	if len(firstBlock) != tenantCount {
+		t.Fatalf("%d tenants in the trace, want %d", len(firstBlock), tenantCount)
 	}
 }
 

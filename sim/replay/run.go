@@ -63,6 +63,9 @@ type RunResult struct {
 	Routers    int    `json:"routers"`
 	// RouterSync is each router's peers and load-sync cost at the end of the run (Routers > 1).
 	RouterSync []RouterSync `json:"router_sync,omitempty"`
+	// CPU is what the run cost the machine while requests were replayed; a run over MaxHostCPU
+	// is invalid (its latencies measure the machine).
+	CPU CPUUse `json:"cpu"`
 }
 
 // ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
@@ -225,6 +228,15 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		out[i] = Outcome{Index: i, Err: "not sent: the run's time bound was reached"}
 	}
 	var wg sync.WaitGroup
+	// Every engine (those a scale-up adds included) and every router.
+	var pids []int
+	for _, r := range routers {
+		pids = append(pids, r.cmd.Process.Pid)
+	}
+	for _, s := range sims {
+		pids = append(pids, s.Pid())
+	}
+	cpu0, cpuErr := snapshotCPU(pids)
 	start := time.Now()
 	scaled := w.ScaleUp == nil
 	for i := range w.Requests {
@@ -264,6 +276,9 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	}
 	wg.Wait()
 	res.Wall = time.Since(start).Seconds()
+	if cpu1, err := snapshotCPU(pids); err == nil && cpuErr == nil {
+		res.CPU = cpuUse(cpu0, cpu1, res.Wall, numCPU())
+	}
 	res.Outcomes = out
 	if len(routers) > 1 {
 		for _, r := range routers {

@@ -73,6 +73,45 @@ func TraceSlice(t *fleet.Trace, offset, maxRequests int, speed float64, duration
 	return w, nil
 }
 
+// Trace is the workload as a fleet-model trace (arrival offsets as millisecond timestamps), so
+// the fleet model can run the generated regimes. The fleet model has one model and no salts, so
+// a request's LoRA adapter and cache salt are folded into its block ids: each (adapter, salt)
+// gets its own copy of every id it uses, as the engine keys those blocks apart (the tenants
+// regime shares no block across tenants here either).
+func (w *Workload) Trace() *fleet.Trace {
+	var top uint64
+	for _, r := range w.Requests {
+		for _, id := range r.HashIDs {
+			top = max(top, id)
+		}
+	}
+	type scoped struct {
+		model, salt string
+		id          uint64
+	}
+	own := map[scoped]uint64{}
+	reqs := make([]fleet.Request, len(w.Requests))
+	for i, r := range w.Requests {
+		ids := r.HashIDs
+		if r.Model != "" || r.CacheSalt != "" {
+			ids = make([]uint64, len(r.HashIDs))
+			for j, id := range r.HashIDs {
+				k := scoped{r.Model, r.CacheSalt, id}
+				n, ok := own[k]
+				if !ok {
+					top++
+					n = top
+					own[k] = n
+				}
+				ids[j] = n
+			}
+		}
+		reqs[i] = fleet.Request{TimestampMs: r.At.Milliseconds(), InputLength: r.InputLength,
+			OutputLength: r.OutputLength, HashIDs: ids}
+	}
+	return fleet.NewTrace(w.Name, reqs)
+}
+
 // Jittered returns a copy of the workload for one seed: each arrival moves by a uniform offset in
 // [0, jitter), which reorders requests that arrive closer together than that (the trace's own
 // order is kept where it is further apart). Seed 0 with jitter 0 is the workload itself.

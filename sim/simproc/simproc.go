@@ -206,6 +206,9 @@ func (s *Sim) Output() string {
 	return string(s.tail)
 }
 
+// Pid is the process's id (to read its CPU time from /proc).
+func (s *Sim) Pid() int { return s.cmd.Process.Pid }
+
 // Exited is closed once the process has exited (and its output is read).
 func (s *Sim) Exited() <-chan struct{} { return s.done }
 

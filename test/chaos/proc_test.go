@@ -83,7 +83,9 @@ func startRouter(t *testing.T, args ...string) *router {
 	}
 	r := &router{t: t, cmd: cmd, done: make(chan struct{})}
 	addrs := make(chan [2]string, 1)
+	drained := make(chan struct{})
 	go func() {
+		defer close(drained)
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -99,7 +101,9 @@ func startRouter(t *testing.T, args ...string) *router {
 			}
 		}
 	}()
-	go func() { r.err = cmd.Wait(); close(r.done) }()
+	// Wait closes the pipe: it must come after the last read (os/exec), or a dying router's
+	// last lines (its reason) are lost.
+	go func() { <-drained; r.err = cmd.Wait(); close(r.done) }()
 	t.Cleanup(r.kill)
 	select {
 	case a := <-addrs:
