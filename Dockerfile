@@ -19,6 +19,7 @@ COPY controllers/ controllers/
 COPY cmd/manager/ cmd/manager/
 COPY router/config/ router/config/
 COPY router/blockkey/ router/blockkey/
+COPY router/score/ router/score/
 # BUILD: manager
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags="-s -w" -o /out/manager ./cmd/manager
 
