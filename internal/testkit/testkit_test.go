@@ -70,3 +70,30 @@ func TestEventuallyReturnsOnceNil(t *testing.T) {
 	})
 	WaitFor(t, 5*time.Second, "fifth try", func() bool { n++; return n >= 5 })
 }
+
+func TestMetric(t *testing.T) {
+	const text = `# HELP x_total a counter
+# TYPE x_total counter
+x_total_more 9
+x_total{agree="false",policy="kv"} 3
+x_total{agree="true",policy="kv"} 5
+y 2.5
+`
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		want   float64
+		ok     bool
+	}{
+		{"x_total", []string{`agree="true"`}, 5, true},
+		{"x_total", []string{`policy="kv"`, `agree="false"`}, 3, true},
+		{"x_total", []string{`agree="maybe"`}, 0, false},
+		{"x_total", nil, 3, true}, // the first series of the name, not x_total_more
+		{"y", nil, 2.5, true},
+		{"z", nil, 0, false},
+	} {
+		if got, ok := Metric(text, tc.name, tc.labels...); got != tc.want || ok != tc.ok {
+			t.Errorf("Metric(%s, %v) = %v, %v; want %v, %v", tc.name, tc.labels, got, ok, tc.want, tc.ok)
+		}
+	}
+}
