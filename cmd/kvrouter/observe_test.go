@@ -8,11 +8,11 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/capture"
 	"github.com/kvroute/kvroute/sim/fleet"
 	"github.com/kvroute/kvroute/sim/vllmsim"
@@ -162,19 +162,13 @@ func TestCaptureAndAuditThroughTheRouter(t *testing.T) {
 	}
 }
 
-func metricValue(t *testing.T, scrape []byte, series string) float64 {
+func metricValue(t *testing.T, scrape []byte, name string, labels ...string) float64 {
 	t.Helper()
-	for _, line := range strings.Split(string(scrape), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
+	v, ok := testkit.Metric(string(scrape), name, labels...)
+	if !ok {
+		t.Fatalf("no series %s%v", name, labels)
 	}
-	t.Fatalf("no series %s", series)
-	return 0
+	return v
 }
 
 // A kv shadow beside round-robin on two engines: documents sent twice, the second time always
@@ -242,9 +236,9 @@ func TestShadowThroughTheRouter(t *testing.T) {
 	m, _ := http.Get("http://" + a[1] + "/metrics")
 	mb, _ := io.ReadAll(m.Body)
 	m.Body.Close()
-	disagree := metricValue(t, mb, `kvroute_router_shadow_decisions_total{agree="false",policy="kv"}`)
-	sh := metricValue(t, mb, `kvroute_router_shadow_cached_tokens_total{pick="shadow",policy="kv"}`)
-	pr := metricValue(t, mb, `kvroute_router_shadow_cached_tokens_total{pick="production",policy="kv"}`)
+	disagree := metricValue(t, mb, "kvroute_router_shadow_decisions_total", `agree="false"`, `policy="kv"`)
+	sh := metricValue(t, mb, "kvroute_router_shadow_cached_tokens_total", `pick="shadow"`, `policy="kv"`)
+	pr := metricValue(t, mb, "kvroute_router_shadow_cached_tokens_total", `pick="production"`, `policy="kv"`)
 	if disagree < docs || sh < 10*pr || sh < docs*200 {
 		t.Errorf("shadow: %v disagreements, cached on its picks %v, on production's %v; want >= %d, and the documents' tokens on the shadow's side", disagree, sh, pr, docs)
 	}

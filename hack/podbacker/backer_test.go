@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +15,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
+
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // engineDeployment is the operator's rendered engine Deployment for the DP-2 sample (the
 // render golden file), so the backer is tested on what it will really see.
@@ -64,10 +65,7 @@ func TestSimArgsFromRenderedContainer(t *testing.T) {
 // their sims answer, map to engines through kvrouter's discovery, follow a scale 2 -> 3 -> 1,
 // and go when the Deployment goes.
 func TestBackerAgainstAPIServer(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "vllm-sim")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/vllm-sim").CombinedOutput(); err != nil {
-		t.Fatalf("build vllm-sim: %v\n%s", err, out)
-	}
+	bin := testkit.Build(t, "./cmd/vllm-sim")
 	env, cfg, err := envtestenv.Start()
 	if err != nil {
 		t.Fatal(err)

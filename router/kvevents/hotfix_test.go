@@ -1,16 +1,15 @@
 package kvevents
 
 import (
-	"bytes"
 	"encoding/hex"
 	"log/slog"
 	"math"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
@@ -88,7 +87,7 @@ func TestGroupsAreBounded(t *testing.T) {
 // The batch that crashed kvrouter, published over a real PUB socket: it is counted as a decode
 // error, and the stream applies the batches around it (issue 15).
 func TestOversizedBlockSizeBatchIsSkipped(t *testing.T) {
-	var logBuf syncBuffer
+	var logBuf testkit.LockedBuffer
 	r := newRig(t, Options{Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
 	p := newPub(t, kvtest.Options{})
 	c := newCache(t)
@@ -138,7 +137,7 @@ func (p *panicky) Apply(b *kvwire.Batch) bool {
 // A panic in the ingest path is recovered per batch: the batch is skipped and counted, logged
 // once with its seq and the start of its payload, and later batches are applied.
 func TestPanickingIngesterIsRecovered(t *testing.T) {
-	var logBuf syncBuffer
+	var logBuf testkit.LockedBuffer
 	var pk *panicky
 	opts := Options{Logger: slog.New(slog.NewTextHandler(&logBuf, nil))}
 	opts.wrapApplier = func(g *Ingester) batchApplier { pk = &panicky{g: g, panicAt: 1}; return pk }
@@ -166,22 +165,4 @@ func TestPanickingIngesterIsRecovered(t *testing.T) {
 		!strings.Contains(log, head) || !strings.Contains(log, "index out of range") {
 		t.Fatalf("want one ERROR with seq %d, payload hex containing %s and the panic; got:\n%s", panicSeq, head, log)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger on the stream's goroutine and a test reading it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

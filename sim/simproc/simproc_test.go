@@ -1,7 +1,6 @@
 package simproc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -11,10 +10,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testkit"
 )
 
 func TestParseLine(t *testing.T) {
@@ -53,30 +53,12 @@ func script(t *testing.T, body string) string {
 	return p
 }
 
-// syncBuffer is a bytes.Buffer safe for the reader goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 func TestStartReadsLineThenKill(t *testing.T) {
 	bin := script(t, `echo "args: $*"
 echo "env: $SIMPROC_TEST" >&2
 echo 'vllm-sim: serving m on http://127.0.0.1:1 (1 ranks, topic "", events [tcp://127.0.0.1:2], replay [])'
 exec sleep 60`)
-	var log syncBuffer
+	var log testkit.LockedBuffer
 	s, err := Start(context.Background(), bin, []string{"--model", "m"}, Options{Env: []string{"SIMPROC_TEST=on"}, Log: &log})
 	if err != nil {
 		t.Fatal(err)
@@ -157,39 +139,10 @@ func TestOutputKeepsTheTail(t *testing.T) {
 	}
 }
 
-var (
-	buildOnce sync.Once
-	simBin    string
-	buildErr  error
-)
-
 // vllmSim builds cmd/vllm-sim once for the package's tests.
-func vllmSim(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "simproc-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		simBin = filepath.Join(dir, "vllm-sim")
-		if out, err := exec.Command("go", "build", "-o", simBin, "../../cmd/vllm-sim").CombinedOutput(); err != nil {
-			buildErr = errors.New("go build vllm-sim: " + err.Error() + "\n" + string(out))
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return simBin
-}
+func vllmSim(t *testing.T) string { return testkit.Build(t, "./cmd/vllm-sim") }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if simBin != "" {
-		_ = os.RemoveAll(filepath.Dir(simBin))
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // A real vllm-sim with two DP ranks: the addresses it reports answer (HTTP /health, and a TCP
 // connection to every event and replay socket), and SIGTERM ends it cleanly.

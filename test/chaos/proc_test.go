@@ -4,24 +4,15 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-)
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
+	"github.com/kvroute/kvroute/internal/testkit"
 )
 
 // kvrouterBin builds cmd/kvrouter once per test binary, or returns $KVROUTER_BIN when set (to
@@ -31,29 +22,10 @@ func kvrouterBin(t *testing.T) string {
 	if bin := os.Getenv("KVROUTER_BIN"); bin != "" {
 		return bin
 	}
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "kvroute-chaos-")
-		if buildErr != nil {
-			return
-		}
-		out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, "kvrouter"), "../../cmd/kvrouter").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build kvrouter: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(binDir, "kvrouter")
+	return testkit.Build(t, "./cmd/kvrouter")
 }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // router is one running kvrouter process.
 type router struct {
@@ -63,8 +35,7 @@ type router struct {
 	api   string
 	done  chan struct{}
 	err   error
-	logMu sync.Mutex
-	log   strings.Builder
+	log   testkit.LockedBuffer
 }
 
 // startRouter runs kvrouter with args on free loopback ports and waits until it listens.
@@ -90,9 +61,7 @@ func startRouter(t *testing.T, args ...string) *router {
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
-			r.logMu.Lock()
-			r.log.WriteString(line + "\n")
-			r.logMu.Unlock()
+			_, _ = r.log.Write([]byte(line + "\n"))
 			var rec struct {
 				Msg, API, Admin string
 			}
@@ -116,11 +85,7 @@ func startRouter(t *testing.T, args ...string) *router {
 	return r
 }
 
-func (r *router) logs() string {
-	r.logMu.Lock()
-	defer r.logMu.Unlock()
-	return r.log.String()
-}
+func (r *router) logs() string { return r.log.String() }
 
 // alive fails the test if the process has exited.
 func (r *router) alive() {
@@ -168,25 +133,11 @@ func (r *router) metric(name string, labels ...string) (float64, bool) {
 		return 0, false
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-next:
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		for _, l := range labels {
-			if !strings.Contains(line, l) {
-				continue next
-			}
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err == nil {
-			return v, true
-		}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, false
 	}
-	return 0, false
+	return testkit.Metric(string(b), name, labels...)
 }
 
 // waitMetric polls until cond holds for the series' value, or fails after timeout.

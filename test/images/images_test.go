@@ -30,7 +30,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,6 +40,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/sim/simproc"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
@@ -328,24 +328,6 @@ func TestBundleImage(t *testing.T) {
 	}
 }
 
-// lockedBuffer holds a process's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // listeningAPI is the API address in kvrouter's JSON "kvrouter listening" line, "" before it.
 func listeningAPI(log string) string {
 	for _, line := range strings.Split(log, "\n") {
@@ -370,7 +352,7 @@ func TestRouteUnderChroot(t *testing.T) {
 	}
 	defer s.Stop()
 	eng := "sim=" + s.URL + ";events=" + strings.Join(s.Events, ",") + ";replay=" + strings.Join(s.Replay, ",")
-	var routerLog lockedBuffer
+	var routerLog testkit.LockedBuffer
 	r := router.cmd(ctx, t, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json", "--engine", eng)
 	r.Stdout, r.Stderr = &routerLog, &routerLog
 	if err := r.Start(); err != nil {

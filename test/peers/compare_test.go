@@ -1,34 +1,28 @@
 package peers
 
 import (
-	"bufio"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testkit"
 )
 
-// metric reads one unlabelled series from the router's /metrics (0 when absent).
-func (r *router) metric(name string) float64 {
+// metric reads one series from the router's /metrics (0 when absent); labels as in testkit.Metric.
+func (r *router) metric(name string, labels ...string) float64 {
 	resp, err := http.Get("http://" + r.admin + "/metrics")
 	if err != nil {
 		return 0
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
-			v, _ := strconv.ParseFloat(f[1], 64)
-			return v
-		}
-	}
-	return 0
+	b, _ := io.ReadAll(resp.Body)
+	v, _ := testkit.Metric(string(b), name, labels...)
+	return v
 }
 
 type runResult struct {
@@ -73,7 +67,7 @@ func runWorkload(t *testing.T, rs []*router, seed int) runResult {
 	res := runResult{hit: float64(cached) / float64(promptToks), balance: float64(most) / (float64(n) / 4)}
 	var bytes, lagSum, lagN float64
 	for _, r := range rs {
-		bytes += r.metric("kvroute_router_peer_sync_bytes_total{direction=\"sent\"}")
+		bytes += r.metric("kvroute_router_peer_sync_bytes_total", `direction="sent"`)
 		lagSum += r.metric("kvroute_router_peer_sync_lag_seconds_sum")
 		lagN += r.metric("kvroute_router_peer_sync_lag_seconds_count")
 	}
@@ -110,7 +104,7 @@ func TestCompareOneAndThreeRouters(t *testing.T) {
 				es := startEngines(t, 4, "--decode-ms-per-token", "5", "--prefill-tokens-per-s", "40000", "--num-gpu-blocks", "400")
 				rs := c.mk(es)
 				for _, r := range rs {
-					waitFor(t, 20*time.Second, r.id+" ready", r.ready)
+					testkit.WaitFor(t, 20*time.Second, r.id+" ready", r.ready)
 				}
 				res := runWorkload(t, rs, seed)
 				results[c.name] = append(results[c.name], res)

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,74 +18,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/sim/simproc"
 	"github.com/kvroute/kvroute/sim/simproc/simproctest"
-)
-
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
 )
 
 // bins builds kvrouter and vllm-sim once per test binary.
 func bins(t *testing.T) (kvrouter, sim string) {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "kvroute-peers-")
-		if buildErr != nil {
-			return
-		}
-		for _, b := range []string{"kvrouter", "vllm-sim"} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, b), "../../cmd/"+b).CombinedOutput()
-			if err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", b, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(binDir, "kvrouter"), filepath.Join(binDir, "vllm-sim")
+	return testkit.Build(t, "./cmd/kvrouter"), testkit.Build(t, "./cmd/vllm-sim")
 }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// waitFor polls cond until it holds or timeout passes (a bound, not a synchronisation sleep).
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // proc is a process started by a test, killed at its end.
 type proc struct {
 	cmd  *exec.Cmd
 	done chan struct{}
-	mu   sync.Mutex
-	log  strings.Builder
+	log  testkit.LockedBuffer
 }
 
 func start(t *testing.T, bin string, onLine func(string), args ...string) *proc {
@@ -106,9 +55,7 @@ func start(t *testing.T, bin string, onLine func(string), args ...string) *proc 
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
-			p.mu.Lock()
-			p.log.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
+			_, _ = p.log.Write([]byte(sc.Text() + "\n"))
 			if onLine != nil {
 				onLine(sc.Text())
 			}
@@ -137,11 +84,7 @@ func (p *proc) kill() {
 	}
 }
 
-func (p *proc) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+func (p *proc) logs() string { return p.log.String() }
 
 // engine is one vllm-sim and the addresses it bound.
 type engine struct {

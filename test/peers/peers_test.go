@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testkit"
 )
 
-func cluster(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
+func cluster(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)) }
 
 // threeRouters starts three clustered routers in front of es and waits until each sees the
 // other two and is ready.
@@ -23,7 +25,7 @@ func threeRouters(t *testing.T, es []engine) []*router {
 	c := startRouter(t, "rc", es, cc, ca, cb)
 	rs := []*router{a, b, c}
 	for _, r := range rs {
-		waitFor(t, 20*time.Second, r.id+" sees two peers and is ready", func() bool { return r.peers() == 2 && r.ready() })
+		testkit.WaitFor(t, 20*time.Second, r.id+" sees two peers and is ready", func() bool { return r.peers() == 2 && r.ready() })
 	}
 	return rs
 }
@@ -51,8 +53,8 @@ func TestLoadSharedAndRouterKilled(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 5*time.Second, "A has six requests in flight", func() bool { own, _ := a.running(); return own == 6 })
-	waitFor(t, 2*time.Second, "B and C see A's six requests", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "A has six requests in flight", func() bool { own, _ := a.running(); return own == 6 })
+	testkit.WaitFor(t, 2*time.Second, "B and C see A's six requests", func() bool {
 		_, pb := b.running()
 		_, pc := c.running()
 		return pb == 6 && pc == 6
@@ -62,19 +64,19 @@ func TestLoadSharedAndRouterKilled(t *testing.T) {
 	if failed.Load() > 0 {
 		t.Fatalf("%d of A's requests failed", failed.Load())
 	}
-	waitFor(t, 2*time.Second, "the share goes back to 0 when A's requests end", func() bool { _, pb := b.running(); return pb == 0 })
+	testkit.WaitFor(t, 2*time.Second, "the share goes back to 0 when A's requests end", func() bool { _, pb := b.running(); return pb == 0 })
 
 	// Keep two requests in flight on A and kill it: its share must go within the peer timeout.
 	for i := range 2 {
 		wg.Add(1)
 		go func() { defer wg.Done(); _, _, _ = a.completion(prompt(10+i, i, 64, 128), 400) }()
 	}
-	waitFor(t, 5*time.Second, "B sees A's two requests", func() bool { _, pb := b.running(); return pb == 2 })
+	testkit.WaitFor(t, 5*time.Second, "B sees A's two requests", func() bool { _, pb := b.running(); return pb == 2 })
 	before := b.index()
 	a.p.kill()
 	wg.Wait()
 	killed := time.Now()
-	waitFor(t, 5*time.Second, "B and C drop the killed router's share", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "B and C drop the killed router's share", func() bool {
 		_, pb := b.running()
 		_, pc := c.running()
 		return pb == 0 && pc == 0 && b.peers() == 1 && c.peers() == 1
@@ -94,7 +96,7 @@ func TestLoadSharedAndRouterKilled(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _, _, _ = c.completion(prompt(30+i, i, 64, 128), 200) }()
 	}
-	waitFor(t, 5*time.Second, "B sees C's requests", func() bool { _, pb := b.running(); return pb == 3 })
+	testkit.WaitFor(t, 5*time.Second, "B sees C's requests", func() bool { _, pb := b.running(); return pb == 3 })
 	wg.Wait()
 }
 
@@ -109,7 +111,7 @@ func TestStartAfterRingsWrapped(t *testing.T) {
 	a := startRouter(t, "ra", es, ca)
 	b := startRouter(t, "rb", es, cb, ca)
 	for _, r := range []*router{a, b} {
-		waitFor(t, 20*time.Second, r.id+" ready with a peer", func() bool { return r.peers() == 1 && r.ready() })
+		testkit.WaitFor(t, 20*time.Second, r.id+" ready with a peer", func() bool { return r.peers() == 1 && r.ready() })
 	}
 	// Well over 40 batches per engine: every request stores blocks, evictions follow. How the
 	// policy spreads the 12 prefixes decides how many batches each engine publishes, so rounds
@@ -141,7 +143,7 @@ func TestStartAfterRingsWrapped(t *testing.T) {
 
 	// Alone: the rings have wrapped, so the new router's streams are approximate (partial).
 	alone := startRouter(t, "alone", es, "")
-	waitFor(t, 20*time.Second, "the lone router's streams settle", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the lone router's streams settle", func() bool {
 		for _, e := range alone.engines().Engines {
 			if s := e.Ranks[0].Stream; s == "replaying" {
 				return false
@@ -157,7 +159,7 @@ func TestStartAfterRingsWrapped(t *testing.T) {
 
 	t0 := time.Now()
 	c := startRouter(t, "rc", es, cluster(t), ca, cb)
-	waitFor(t, 5*time.Second, "the new router is ready", c.ready)
+	testkit.WaitFor(t, 5*time.Second, "the new router is ready", c.ready)
 	took := time.Since(t0)
 	d := c.engines()
 	if d.RouterPeers == nil || d.RouterPeers.SeededFrom == "" {
@@ -247,7 +249,7 @@ func TestPartitionBetweenRoutersHeals(t *testing.T) {
 	a := startRouter(t, "ra", es, ca)
 	px := newTCPProxy(t, ca)
 	b := startRouter(t, "rb", es, cluster(t), px.ln.Addr().String())
-	waitFor(t, 20*time.Second, "the routers see each other", func() bool { return a.peers() == 1 && b.peers() == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the routers see each other", func() bool { return a.peers() == 1 && b.peers() == 1 })
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -258,11 +260,11 @@ func TestPartitionBetweenRoutersHeals(t *testing.T) {
 		}
 	}
 	inflight(2)
-	waitFor(t, 5*time.Second, "B sees A's requests", func() bool { _, pb := b.running(); return pb == 2 })
+	testkit.WaitFor(t, 5*time.Second, "B sees A's requests", func() bool { _, pb := b.running(); return pb == 2 })
 
 	px.partition()
 	cut := time.Now()
-	waitFor(t, 5*time.Second, "both sides drop the other", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "both sides drop the other", func() bool {
 		_, pb := b.running()
 		return a.peers() == 0 && b.peers() == 0 && pb == 0
 	})
@@ -273,8 +275,8 @@ func TestPartitionBetweenRoutersHeals(t *testing.T) {
 
 	px.heal()
 	healed := time.Now()
-	waitFor(t, 15*time.Second, "the route comes back", func() bool { return a.peers() == 1 && b.peers() == 1 })
+	testkit.WaitFor(t, 15*time.Second, "the route comes back", func() bool { return a.peers() == 1 && b.peers() == 1 })
 	inflight(2)
-	waitFor(t, 5*time.Second, "B sees A's load again", func() bool { _, pb := b.running(); return pb >= 2 })
+	testkit.WaitFor(t, 5*time.Second, "B sees A's load again", func() bool { _, pb := b.running(); return pb >= 2 })
 	t.Logf("partition healed: peers back %v after the network", time.Since(healed).Round(10*time.Millisecond))
 }

@@ -5,11 +5,9 @@ package perf
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,41 +20,28 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/sim/simproc"
 	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 )
 
-// freePort picks a port for kvrouter. The measured routers run at --log-level error, which
-// hides the "kvrouter listening" line that would report a kernel-picked one; a port taken in
-// between fails the start at once, with the router's output (waitUp).
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // proc is a process the test started, killed at its end; its output is kept for failures.
 type proc struct {
 	name string
 	done chan struct{} // closed once it has exited and its output is copied
 	err  error
-	mu   sync.Mutex
-	out  bytes.Buffer
+	out  testkit.LockedBuffer
 }
 
-func (p *proc) Write(b []byte) (int, error) { p.mu.Lock(); defer p.mu.Unlock(); return p.out.Write(b) }
-
-func (p *proc) output() string { p.mu.Lock(); defer p.mu.Unlock(); return p.out.String() }
+func (p *proc) output() string { return p.out.String() }
 
 func start(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	p := &proc{name: name, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p, p
+	cmd.Stdout, cmd.Stderr = &p.out, &p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +70,7 @@ func waitUp(t *testing.T, p *proc, url string) {
 	t.Fatalf("%s not up:\n%s", url, p.output())
 }
 
+// build builds pkg of the module in dir (a router under comparison may be another checkout).
 func build(t *testing.T, dir, pkg, out string) string {
 	t.Helper()
 	cmd := exec.Command("go", "build", "-o", out, pkg)
@@ -165,7 +151,7 @@ func TestProxyOverhead(t *testing.T) {
 		t.Skip("set KVROUTE_OVERHEAD=1 to measure (minutes of CPU)")
 	}
 	tmp := t.TempDir()
-	sim := build(t, "../..", "./cmd/vllm-sim", filepath.Join(tmp, "vllm-sim"))
+	sim := testkit.Build(t, "./cmd/vllm-sim")
 	routers := os.Getenv("KVROUTE_ROUTERS")
 	if routers == "" {
 		routers = "this=../.."
@@ -177,7 +163,10 @@ func TestProxyOverhead(t *testing.T) {
 	for _, nd := range strings.Split(routers, ",") {
 		name, dir, _ := strings.Cut(nd, "=")
 		bin := build(t, dir, "./cmd/kvrouter", filepath.Join(tmp, "kvrouter-"+name))
-		api, adm := freePort(t), freePort(t)
+		// Ports picked before the start: the measured routers run at --log-level error, which
+		// hides the "kvrouter listening" line that would report kernel-picked ones; a port taken
+		// in between fails the start at once, with the router's output (waitUp).
+		api, adm := testkit.FreePort(t), testkit.FreePort(t)
 		p := start(t, "kvrouter "+name, bin, "--listen", fmt.Sprintf("127.0.0.1:%d", api), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", adm),
 			"--engine", "e0="+direct, "--block-size", "16", "--no-events", "--log-level", "error")
 		url := fmt.Sprintf("http://127.0.0.1:%d", api)

@@ -34,6 +34,7 @@ import (
 	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers"
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
@@ -49,7 +50,7 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries and starts a control plane")
 	}
-	bins := buildBinaries(t, "kvrouter", "vllm-sim", "podbacker")
+	routerBin, simBin, backerBin := testkit.Build(t, "./cmd/kvrouter"), testkit.Build(t, "./cmd/vllm-sim"), testkit.Build(t, "./hack/podbacker")
 	op := startOperator(t)
 	ctx, k8s := op.ctx, op.k8s
 
@@ -70,7 +71,7 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := &corev1.ConfigMap{}
-	eventually(t, 30*time.Second, "the router ConfigMap", func() error {
+	testkit.Eventually(t, 30*time.Second, "the router ConfigMap", func() error {
 		return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: render.RouterName(m)}, cm)
 	})
 	dir := t.TempDir()
@@ -83,12 +84,12 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 		fmt.Sprintf("system:serviceaccount:%s:%s", ns, render.RouterName(m)))
 
 	api, adm := freeAddr(t), freeAddr(t)
-	startProc(t, "podbacker", filepath.Join(bins, "podbacker"), nil,
+	startProc(t, "podbacker", backerBin, nil,
 		"--kubeconfig", admin, "--namespace", ns, "--selector", "app.kubernetes.io/part-of=kvroute,serving.kvroute.io/model=qwen",
-		"--vllm-sim", filepath.Join(bins, "vllm-sim"), "--sim-arg=--time-scale=20", "--log-dir", dir, "--interval", "200ms",
+		"--vllm-sim", simBin, "--sim-arg=--time-scale=20", "--log-dir", dir, "--interval", "200ms",
 		"--ready-url", "kvrouter=http://"+api+"/readyz")
 	var routerPod string
-	eventually(t, 60*time.Second, "the router pod", func() error {
+	testkit.Eventually(t, 60*time.Second, "the router pod", func() error {
 		pods := &corev1.PodList{}
 		if err := k8s.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels(render.RouterSelector(m))); err != nil {
 			return err
@@ -99,14 +100,14 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 		routerPod = pods.Items[0].Name
 		return nil
 	})
-	logs := startProc(t, "kvrouter", filepath.Join(bins, "kvrouter"), []string{"KUBECONFIG=" + asRouter, "POD_NAME=" + routerPod},
+	logs := startProc(t, "kvrouter", routerBin, []string{"KUBECONFIG=" + asRouter, "POD_NAME=" + routerPod},
 		"--config", cfgPath, "--listen", api, "--admin-listen", adm, "--log-format", "json")
 	base, admURL := "http://"+api, "http://"+adm
 
 	// Both engines discovered from their pods, traffic through both, both streams exact.
 	var engines []engineDebug
 	n := 0
-	eventually(t, 60*time.Second, "two engines with exact streams", func() error {
+	testkit.Eventually(t, 60*time.Second, "two engines with exact streams", func() error {
 		post(t, base+"/v1/completions", completion(n))
 		n++
 		var err error
@@ -123,7 +124,7 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "IndexHealthy=True from the router's report", func() error {
+	testkit.Eventually(t, 30*time.Second, "IndexHealthy=True from the router's report", func() error {
 		got := getModel(t, ctx, k8s, m)
 		if len(got.Status.RouterReports) == 0 || got.Status.RouterReports[0].Pod != routerPod {
 			return fmt.Errorf("reports %+v", got.Status.RouterReports)
@@ -137,7 +138,7 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 	stall(t, bad.URL, true)
 	faultAt := time.Now()
 	var got *v1alpha1.KVRoutedModel
-	eventually(t, 60*time.Second, "IndexHealthy=False naming "+replica, func() error {
+	testkit.Eventually(t, 60*time.Second, "IndexHealthy=False naming "+replica, func() error {
 		post(t, base+"/v1/completions", completion(n))
 		n++
 		got = getModel(t, ctx, k8s, m)
@@ -154,7 +155,7 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 	if raised > 60*time.Second {
 		t.Fatalf("IndexHealthy=False %v after the fault, want within 60 s", raised)
 	}
-	eventually(t, 60*time.Second-raised, "a Warning IndexUnhealthy Event naming "+replica, func() error {
+	testkit.Eventually(t, 60*time.Second-raised, "a Warning IndexUnhealthy Event naming "+replica, func() error {
 		return wantEvent(ctx, k8s, m, corev1.EventTypeWarning, v1alpha1.ReasonIndexUnhealthy, replica)
 	})
 	t.Logf("no-events on %s: IndexHealthy=False and its Event %v after the engine stopped publishing", replica, time.Since(faultAt).Round(100*time.Millisecond))
@@ -173,13 +174,13 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 	// The fault clears: the held batches go out, and the condition recovers.
 	stall(t, bad.URL, false)
 	clearedAt := time.Now()
-	eventually(t, 60*time.Second, "IndexHealthy=True again", func() error {
+	testkit.Eventually(t, 60*time.Second, "IndexHealthy=True again", func() error {
 		post(t, base+"/v1/completions", completion(n))
 		n++
 		return wantCondition(getModel(t, ctx, k8s, m), v1alpha1.ConditionIndexHealthy, metav1.ConditionTrue)
 	})
 	t.Logf("IndexHealthy=True %v after the engine published again", time.Since(clearedAt).Round(100*time.Millisecond))
-	eventually(t, 30*time.Second, "a Normal IndexHealthy Event", func() error {
+	testkit.Eventually(t, 30*time.Second, "a Normal IndexHealthy Event", func() error {
 		return wantEvent(ctx, k8s, m, corev1.EventTypeNormal, v1alpha1.ReasonIndexHealthy, "")
 	})
 	if err := wantDegraded(admURL, bad.Name, "no-events", false); err != nil {
@@ -239,36 +240,11 @@ func runOperator(t *testing.T, ctx context.Context, cfg *rest.Config) client.Cli
 	return k8s
 }
 
-// buildBinaries builds the named commands (cmd/NAME, or hack/NAME) into a temporary directory.
-func buildBinaries(t *testing.T, names ...string) string {
-	t.Helper()
-	root, err := envtestenv.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for _, name := range names {
-		pkg := "./cmd/" + name
-		if _, err := os.Stat(filepath.Join(root, "hack", name)); err == nil {
-			pkg = "./hack/" + name
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, name), pkg)
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		cancel()
-		if err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
-	return dir
-}
-
 // startProc runs a binary until the test ends: SIGTERM, then SIGKILL after 5 s. Its output is
 // kept and shown if the test fails.
-func startProc(t *testing.T, name, bin string, env []string, args ...string) *lockedBuffer {
+func startProc(t *testing.T, name, bin string, env []string, args ...string) *testkit.LockedBuffer {
 	t.Helper()
-	out := &lockedBuffer{}
+	out := &testkit.LockedBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -314,15 +290,7 @@ func writeKubeconfig(t *testing.T, cfg *rest.Config, path, impersonate string) s
 	return path
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)) }
 
 // freePortsOnPodIPs returns n distinct ports free on 127.0.0.1 and on the first pod IPs the
 // backer hands out (127.0.0.2 to 127.0.0.5).

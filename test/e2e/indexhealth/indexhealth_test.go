@@ -19,7 +19,6 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,6 +39,7 @@ import (
 	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers"
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -63,20 +63,7 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Sim {
 	return sim
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: after %v: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	if testing.Short() {
@@ -120,7 +107,7 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	if err := k8s.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the router Role", func() error {
+	testkit.Eventually(t, 30*time.Second, "the router Role", func() error {
 		return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: render.RouterName(m)}, &rbacv1.Role{})
 	})
 	routerPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "qwen-router-0", Namespace: ns, Labels: render.RouterSelector(m)},
@@ -140,7 +127,7 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 
 	// The router, configured as the operator renders it but with static engines, reporting as its
 	// ServiceAccount.
-	var logs lockedBuffer
+	var logs testkit.LockedBuffer
 	rcfg := config.Default()
 	rcfg.BlockSize, rcfg.Hash, rcfg.Events.Replay = 16, rc.Hash, false
 	rcfg.Policy = "round-robin" // both engines get traffic
@@ -162,13 +149,13 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 		t.Fatal(err)
 	}
 	go rep.Run(ctx)
-	eventually(t, 30*time.Second, "IndexHealthy=True from the first report", func() error {
+	testkit.Eventually(t, 30*time.Second, "IndexHealthy=True from the first report", func() error {
 		return wantCondition(getModel(t, ctx, k8s, m), v1alpha1.ConditionIndexHealthy, metav1.ConditionTrue)
 	})
 
 	// The fault: traffic makes both engines store blocks; e1's hashes fail the parity check.
 	var faultAt time.Time
-	eventually(t, 30*time.Second, "a parity mismatch on e1", func() error {
+	testkit.Eventually(t, 30*time.Second, "a parity mismatch on e1", func() error {
 		for i := 0; i < 8; i++ {
 			body := fmt.Sprintf(`{"model":"vllm-sim","max_tokens":1,"prompt":[%s]}`, prompt(i+int(time.Now().UnixNano()%1000)*8))
 			resp, err := http.Post(api.URL+"/v1/completions", "application/json", strings.NewReader(body))
@@ -188,7 +175,7 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	})
 	var got *v1alpha1.KVRoutedModel
 	// The issue's bound: within 60 s of the fault (here the intervals are short, so about a second).
-	eventually(t, 60*time.Second, "IndexHealthy=False naming e1/0", func() error {
+	testkit.Eventually(t, 60*time.Second, "IndexHealthy=False naming e1/0", func() error {
 		got = getModel(t, ctx, k8s, m)
 		if err := wantCondition(got, v1alpha1.ConditionIndexHealthy, metav1.ConditionFalse); err != nil {
 			return fmt.Errorf("%v; router degraded %+v; reports %+v; e1 %+v; logs:\n%s", err, srv.Degraded(), got.Status.RouterReports, srv.Engines()[1].Ranks[0].Counters, logs.String())
@@ -205,7 +192,7 @@ func TestWrongSeedRaisesIndexHealthy(t *testing.T) {
 	if rd := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady); rd != nil && rd.Reason == v1alpha1.ReasonIndexUnhealthy {
 		t.Fatalf("Ready took the index reason: %+v", rd)
 	}
-	eventually(t, 30*time.Second, "a Warning IndexUnhealthy Event", func() error {
+	testkit.Eventually(t, 30*time.Second, "a Warning IndexUnhealthy Event", func() error {
 		evs := &eventsv1.EventList{}
 		if err := k8s.List(ctx, evs, client.InNamespace(ns)); err != nil {
 			return err
@@ -255,21 +242,4 @@ func flatten(srv *app.Router) []report.Degraded {
 		return out[i].Replica+string(out[i].Reason) < out[j].Replica+string(out[j].Reason)
 	})
 	return out
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

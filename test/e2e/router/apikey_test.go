@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/sim/simproc"
 	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 )
@@ -32,11 +32,11 @@ import (
 // client itself sends (none, a gateway's, the engine key).
 func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 	const key = "e2e-engine-key-7f3a"
-	bins := buildBinaries(t)
+	simBin, routerBin := testkit.Build(t, "./cmd/vllm-sim"), testkit.Build(t, "./cmd/kvrouter")
 	var engines []string
 	var sims []*simproc.Sim
 	for i := range 3 {
-		s := simproctest.Start(t, filepath.Join(bins, "vllm-sim"), simproc.Options{Name: fmt.Sprintf("vllm-sim e%d", i), Env: []string{"VLLM_API_KEY=" + key}},
+		s := simproctest.Start(t, simBin, simproc.Options{Name: fmt.Sprintf("vllm-sim e%d", i), Env: []string{"VLLM_API_KEY=" + key}},
 			"--lora-modules", "ad1", "--time-scale", "20", "--decode-ms-per-token", "2")
 		sims = append(sims, s)
 		engines = append(engines, "--engine", fmt.Sprintf("e%d=%s;events=%s;replay=%s", i, s.URL,
@@ -48,10 +48,10 @@ func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 			}
 		}
 	}
-	router, api, admin := startRouterProc(t, filepath.Join(bins, "kvrouter"), []string{"KVR_ENGINE_KEY=" + key},
+	router, api, admin := startRouterProc(t, routerBin, []string{"KVR_ENGINE_KEY=" + key},
 		append([]string{"--engine-api-key-env", "KVR_ENGINE_KEY"}, engines...)...)
 	base, adm := "http://"+api, "http://"+admin
-	waitFor(t, "every stream exact and every model read", 20*time.Second, func() bool {
+	testkit.WaitFor(t, 20*time.Second, "every stream exact and every model read", func() bool {
 		router.alive(t)
 		a := call(t, http.MethodGet, adm+"/debug/engines", "", "")
 		var dbg struct {
@@ -88,7 +88,7 @@ func TestAPIKeyFleetRoutesExactly(t *testing.T) {
 		// again (read-only) until the router sees the warm-up, then the request is sent.
 		// Chosen alone is not enough: before the events arrive every candidate scores alike and
 		// the tie may fall on the wanted engine by chance, so its exact blocks must show too.
-		waitFor(t, what+" warm-up indexed", 10*time.Second, func() bool {
+		testkit.WaitFor(t, 10*time.Second, what+" warm-up indexed", func() bool {
 			router.alive(t)
 			var rt struct {
 				Chosen     string `json:"chosen"`
@@ -200,62 +200,17 @@ func call(t *testing.T, method, url, body, auth string) answer {
 	return answer{resp.StatusCode, resp.Header, b}
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
-
-// buildBinaries builds vllm-sim and kvrouter once per test binary (removed in TestMain).
-func buildBinaries(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		if binDir, buildErr = os.MkdirTemp("", "e2e-router-bin-"); buildErr != nil {
-			return
-		}
-		for _, c := range []string{"vllm-sim", "kvrouter"} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, c), "../../../cmd/"+c).CombinedOutput()
-			if err != nil {
-				buildErr = fmt.Errorf("build %s: %v\n%s", c, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binDir
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testkit.Main(m) }
 
 // proc is a child process whose output is kept (and shown if the test fails).
 type proc struct {
 	name string
 	done chan struct{} // closed once it has exited and its output is read
 	err  error         // how it exited, set before done closes
-	mu   sync.Mutex
-	out  bytes.Buffer
+	out  testkit.LockedBuffer
 }
 
-func (p *proc) output() string { p.mu.Lock(); defer p.mu.Unlock(); return p.out.String() }
+func (p *proc) output() string { return p.out.String() }
 
 // startProc runs a child with extra environment and stops it (SIGTERM, then SIGKILL) when the
 // test ends. Its output is drained line by line into onLine (may be nil) and kept.
@@ -280,9 +235,7 @@ func startProc(t *testing.T, name, bin string, env []string, onLine func(string)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			p.mu.Lock()
-			p.out.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
+			_, _ = p.out.Write([]byte(sc.Text() + "\n"))
 			if onLine != nil {
 				onLine(sc.Text())
 			}

@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -169,19 +169,6 @@ func TestOpenAISDKFaults(t *testing.T) {
 	}
 }
 
-// buildSim builds cmd/vllm-sim into a temporary directory.
-func buildSim(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "vllm-sim")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "../../../cmd/vllm-sim")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build vllm-sim: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // streamOutcome classifies what a plain HTTP client saw of one stream.
 func streamOutcome(url, body string) string {
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
@@ -225,7 +212,7 @@ func TestKill9UnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds vllm-sim and runs processes")
 	}
-	bin := buildSim(t)
+	bin := testkit.Build(t, "./cmd/vllm-sim")
 	var es []discovery.Engine
 	var sims []*simproc.Sim
 	for i := range 3 {
