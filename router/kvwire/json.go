@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"strconv"
 
 	"github.com/kvroute/kvroute/router/blockkey"
@@ -14,6 +15,8 @@ import (
 // lowercase hex strings; required fields vLLM sent as None are null, defaulted fields it left
 // out (or sent as None) are omitted. Extra keys: a str is a string, a multimodal item is
 // [identifier, offset], bytes are {"bytes_hex": ".."}, an unmodelled value {"msgpack_hex": ".."}.
+// A ts JSON cannot hold (NaN, ±Inf: msgpack can carry them, vLLM's time.time() never sends
+// them, the router does not read ts) is the string "NaN", "+Inf" or "-Inf".
 
 // MarshalJSON writes the hash as a JSON number or a hex string.
 func (h Hash) MarshalJSON() ([]byte, error) {
@@ -141,8 +144,12 @@ func (b *Batch) MarshalJSON() ([]byte, error) {
 	for i := range b.Events {
 		events[i] = eventJSON(&b.Events[i])
 	}
+	var ts any = b.TS
+	if math.IsNaN(b.TS) || math.IsInf(b.TS, 0) {
+		ts = strconv.FormatFloat(b.TS, 'g', -1, 64)
+	}
 	return json.Marshal(object{
-		{"ts", b.TS},
+		{"ts", ts},
 		{"data_parallel_rank", optJSON(b.DataParallelRank)},
 		{"layout", b.Layout.String()},
 		{"shape", b.Shape().String()},
