@@ -278,10 +278,20 @@ func (n *Node) embed() error {
 	if err != nil {
 		return fmt.Errorf("peersync: embedded NATS: %w", err)
 	}
+	nl := newNATSLog(n.log)
+	ns.SetLogger(nl, false, false)
 	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		return errors.New("peersync: embedded NATS did not start in 10s")
+	for deadline := time.Now().Add(10 * time.Second); !ns.ReadyForConnections(100 * time.Millisecond); {
+		select {
+		case msg := <-nl.fatal: // e.g. "Error listening on router port: 6222 - ... address already in use"
+			ns.Shutdown()
+			return fmt.Errorf("peersync: embedded NATS: %s", msg)
+		default:
+		}
+		if time.Now().After(deadline) {
+			ns.Shutdown()
+			return errors.New("peersync: embedded NATS did not start in 10s")
+		}
 	}
 	n.ns = ns
 	return nil

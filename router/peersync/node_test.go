@@ -3,6 +3,7 @@ package peersync
 import (
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -215,4 +216,25 @@ func TestForeignMessagesDropped(t *testing.T) {
 	if !a.node.logged[faultDecode].Load() || testutil.ToFloat64(a.node.met.decodeErrors) != 2 {
 		t.Fatalf("decode errors: logged %v, metric %v", a.node.logged[faultDecode].Load(), testutil.ToFloat64(a.node.met.decodeErrors))
 	}
+}
+
+// A cluster port already taken fails the start at once with NATS's own reason, not after the
+// 10 s start bound with none.
+func TestClusterPortTakenFailsWithItsReason(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := &testRouter{share: NewShare(), local: map[string]Load{}}
+	t0 := time.Now()
+	n, err := Start(Options{ID: "taken", ClusterListen: ln.Addr().String(), Sink: r.share, Totals: r.totals})
+	if err == nil {
+		n.Close()
+		t.Fatal("started on a taken cluster port")
+	}
+	if took := time.Since(t0); took > 5*time.Second || !strings.Contains(err.Error(), "router port") {
+		t.Fatalf("after %v: %v; want NATS's reason (router port ... in use) well before the 10 s bound", took, err)
+	}
+	t.Logf("%v after %v", err, time.Since(t0).Round(time.Millisecond))
 }
