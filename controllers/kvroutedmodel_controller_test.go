@@ -38,9 +38,11 @@ func engine(t *testing.T, m *v1alpha1.KVRoutedModel) *appsv1.Deployment {
 }
 
 // setDeploymentStatus writes what a Deployment controller would: the test is the only
-// writer of a Deployment's status in envtest.
+// writer of a Deployment's status in envtest. The operator writes a model's Deployments one
+// after another in one reconcile, so the one named may not exist yet: wait for it first.
 func setDeploymentStatus(t *testing.T, ns, name string, replicas, updated, ready int32, conds ...appsv1.DeploymentCondition) {
 	t.Helper()
+	eventually(t, 20*time.Second, func() error { return k8s.Get(ctx, key(ns, name), &appsv1.Deployment{}) })
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		d := &appsv1.Deployment{}
 		if err := k8s.Get(ctx, key(ns, name), d); err != nil {
