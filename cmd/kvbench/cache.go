@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -24,6 +26,9 @@ type cacheOutput struct {
 	CapacityBlocks int             `json:"capacity_blocks"`
 	Results        []*fleet.Result `json:"results"`
 	Ceilings       ceilings        `json:"ceilings"`
+	// Ranking names the policies best first by block hit rate (ties: lower TTFT p90, then name).
+	// Results stay in --policies order so scripts can index them; the table prints this order.
+	Ranking []string `json:"ranking"`
 }
 
 type ceilings struct {
@@ -100,6 +105,7 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 		}
 		out.Results = append(out.Results, r)
 	}
+	out.Ranking = rankByHitRate(out.Results)
 	if *report != "" {
 		if err := writeReport(*report, &out, "kvbench cache "+strings.Join(args, " ")); err != nil {
 			return err
@@ -125,17 +131,46 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 func writeTable(w io.Writer, out *cacheOutput) error {
 	fmt.Fprintf(w, "trace %s, %d replicas, %d blocks (%d per replica); global-lru %.3f, belady %.3f\n",
 		out.Trace, out.Replicas, out.CapacityBlocks, out.CapacityBlocks/out.Replicas, out.Ceilings.GlobalLRU, out.Ceilings.Belady)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\thit_blocks\thit_tokens\tvs_lru\timbalance\timbalance_p95\tttft_p50_s\tttft_p90_s\t")
+	byName := make(map[string]*fleet.Result, len(out.Results))
 	for _, r := range out.Results {
+		byName[r.Policy] = r
+	}
+	if len(out.Ranking) > 0 {
+		best := byName[out.Ranking[0]]
+		fmt.Fprintf(w, "best hit rate: %s (%.3f of blocks)\n", best.Policy, best.HitRateBlocks)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "rank\tpolicy\thit_blocks\thit_tokens\tvs_lru\timbalance\timbalance_p95\tttft_p50_s\tttft_p90_s\t")
+	for i, name := range out.Ranking {
+		r := byName[name]
 		vs := 0.0
 		if out.Ceilings.GlobalLRU > 0 {
 			vs = r.HitRateBlocks / out.Ceilings.GlobalLRU
 		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", r.Policy, r.HitRateBlocks,
+		fmt.Fprintf(tw, "%d\t%s\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", i+1, r.Policy, r.HitRateBlocks,
 			r.HitRateTokens, vs, r.Imbalance, r.ImbalanceP95, r.TTFTP50, r.TTFTP90)
 	}
 	return tw.Flush()
+}
+
+// rankByHitRate orders policy names best first: higher block hit rate, then lower TTFT p90, then
+// name, so equal results always print in the same order.
+func rankByHitRate(results []*fleet.Result) []string {
+	sorted := slices.Clone(results)
+	slices.SortStableFunc(sorted, func(a, b *fleet.Result) int {
+		if c := cmp.Compare(b.HitRateBlocks, a.HitRateBlocks); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.TTFTP90, b.TTFTP90); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Policy, b.Policy)
+	})
+	names := make([]string, len(sorted))
+	for i, r := range sorted {
+		names[i] = r.Policy
+	}
+	return names
 }
 
 func splitList(s string) []string {

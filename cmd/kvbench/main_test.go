@@ -33,7 +33,7 @@ func TestCacheJSONShapeAndDeterminism(t *testing.T) {
 	if err := json.Unmarshal([]byte(a), &doc); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"trace", "replicas", "capacity_blocks", "results", "ceilings"} {
+	for _, k := range []string{"trace", "replicas", "capacity_blocks", "results", "ceilings", "ranking"} {
 		if _, ok := doc[k]; !ok {
 			t.Errorf("missing %q", k)
 		}
@@ -108,6 +108,57 @@ func TestCacheRunsARegime(t *testing.T) {
 		if r.Hit < 0.7 || r.Hit > 0.8 {
 			t.Errorf("%s: hit rate %v on hot-prefix, want 0.7-0.8 (12 of 15 blocks less the first copies)", r.Policy, r.Hit)
 		}
+	}
+}
+
+// The table ranks the policies best first by block hit rate, whatever order --policies gave, and
+// the JSON names the same ranking while keeping its results in --policies order.
+func TestCacheRanksPolicies(t *testing.T) {
+	args := []string{"cache", "--trace", testTrace, "--replicas", "4", "--capacity-blocks", "2400",
+		"--policies", "random,kv,round-robin"}
+	table, stderr, rc := kvbench(t, args...)
+	if rc != 0 {
+		t.Fatalf("rc %d: %s", rc, stderr)
+	}
+	js, _, _ := kvbench(t, append(args, "--json")...)
+	var doc struct {
+		Results []struct {
+			Policy string  `json:"policy"`
+			Hit    float64 `json:"hit_rate_blocks"`
+		} `json:"results"`
+		Ranking []string `json:"ranking"`
+	}
+	if err := json.Unmarshal([]byte(js), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Results) != 3 || doc.Results[0].Policy != "random" || len(doc.Ranking) != 3 {
+		t.Fatalf("json %s", js)
+	}
+	hit := map[string]float64{}
+	for _, r := range doc.Results {
+		hit[r.Policy] = r.Hit
+	}
+	for i := 1; i < len(doc.Ranking); i++ {
+		if hit[doc.Ranking[i-1]] < hit[doc.Ranking[i]] {
+			t.Errorf("ranking %v is not best first: %v", doc.Ranking, hit)
+		}
+	}
+	if hit["kv"] <= hit["random"] {
+		t.Fatalf("kv %.3f does not beat random %.3f on the synthetic trace; the ranking test needs it to", hit["kv"], hit["random"])
+	}
+	if !strings.Contains(table, "best hit rate: "+doc.Ranking[0]+" ") {
+		t.Errorf("table lacks the best line for %s:\n%s", doc.Ranking[0], table)
+	}
+	var rows []string
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && (f[1] == "random" || f[1] == "kv" || f[1] == "round-robin") {
+			rows = append(rows, f[0]+" "+f[1])
+		}
+	}
+	want := []string{"1 " + doc.Ranking[0], "2 " + doc.Ranking[1], "3 " + doc.Ranking[2]}
+	if strings.Join(rows, ",") != strings.Join(want, ",") {
+		t.Errorf("table rows %v, want %v", rows, want)
 	}
 }
 
