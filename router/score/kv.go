@@ -91,11 +91,22 @@ func newKV(o Options) *kvPolicy {
 
 func (k *kvPolicy) Name() string { return "kv" }
 
-// uncached is the request's prefill tokens the replica's cache does not cover.
+// uncached is the request's prefill tokens the replica's cache does not cover, less the warm-up
+// credit (virtual overlap): what the choice compares.
 func (k *kvPolicy) uncached(req *Request, c *Candidate) float64 {
+	return k.uncachedBlocks(req, c, clamp01(c.WarmupCredit)*float64(req.PromptBlocks()))
+}
+
+// realUncached is the prefill the replica will really do for the request: no warm-up credit.
+// The balance window records this, so a warming replica's load is never under-counted (the
+// credit shapes the choice, not the accounting of real work; issue 22).
+func (k *kvPolicy) realUncached(req *Request, c *Candidate) float64 {
+	return k.uncachedBlocks(req, c, 0)
+}
+
+func (k *kvPolicy) uncachedBlocks(req *Request, c *Candidate, virtualBlocks float64) float64 {
 	blocks := math.Max(c.gpuEquivalentBlocks(k.p.TierWeights), float64(c.PredictedBlocks))
-	pb := float64(req.PromptBlocks())
-	blocks += clamp01(c.WarmupCredit) * pb
+	blocks += virtualBlocks
 	blocks = math.Min(blocks, float64(len(req.Keys)))
 	u := float64(req.Tokens) - blocks*float64(max(req.BlockSize, 1))
 	return math.Max(u, 0)
@@ -294,13 +305,13 @@ func (k *kvPolicy) OnRouted(req *Request, cands []Candidate, i int) {
 		w = &tokenWindow{since: req.NowNs}
 		k.window[id] = w
 	}
-	w.add(req.NowNs, k.uncached(req, &cands[i]))
+	w.add(req.NowNs, k.realUncached(req, &cands[i]))
 }
 
 // Retract takes back the window entry OnRouted added for the same request (a failed attempt).
 func (k *kvPolicy) Retract(req *Request, cands []Candidate, i int) {
 	if w := k.window[cands[i].ID]; w != nil {
-		w.remove(req.NowNs, k.uncached(req, &cands[i]))
+		w.remove(req.NowNs, k.realUncached(req, &cands[i]))
 	}
 }
 

@@ -305,3 +305,30 @@ func TestKVRetractAndForget(t *testing.T) {
 	var _ Retractor = p
 	var _ Forgetter = p
 }
+
+// Warm-up credit shapes the choice, never the accounting: a fully credited replica wins the
+// pick, but its balance window records the whole prefill it will really do, and a retraction
+// takes back exactly that (issue 22). Before, the window recorded the credited 0 tokens, so a
+// warming replica looked idle to the bound while it prefilled everything it was sent.
+func TestKVWarmupCreditIsNotSubtractedFromRealWork(t *testing.T) {
+	p := newKV(Options{Seed: 1})
+	c := fleetOf(2)
+	c[0].PrefillTokens, c[1].PrefillTokens = 20, 20
+	c[1].WarmupCredit = 1
+	req := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: 5 * sec}
+	i, _ := p.Pick(req, c)
+	if i != 1 {
+		t.Fatalf("picked %d; the credited replica should win", i)
+	}
+	if got := p.uncached(req, &c[1]); got != 0 {
+		t.Fatalf("the choice's cost %v, want 0 with full credit", got)
+	}
+	p.OnRouted(req, c, i)
+	if w := p.windowed(c[1].ID, 6*sec); w != 160 {
+		t.Fatalf("window %v after routing to the warming replica, want the 160 tokens it will prefill", w)
+	}
+	p.Retract(req, c, i)
+	if w := p.windowed(c[1].ID, 6*sec); w != 0 {
+		t.Fatalf("window %v after the retraction, want 0", w)
+	}
+}
