@@ -65,6 +65,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// publishTimeout bounds a write to the NATS connection (nats.go's default is a minute). A server
+// that stops reading for longer fails the write: the connection reconnects, the batch counts as
+// a publish error, and the next batch's totals repair the peers' share.
+const publishTimeout = time.Second
+
 // TLSFiles are PEM files: this router's certificate and key and the CA its peers' certificates
 // are checked against.
 type TLSFiles struct {
@@ -203,12 +208,14 @@ func Start(o Options) (*Node, error) {
 		if err = n.embed(); err != nil {
 			return nil, err
 		}
-		n.nc, err = nats.Connect("", nats.InProcessServer(n.ns), nats.Name(o.ID), nats.MaxReconnects(-1))
+		n.nc, err = nats.Connect("", nats.InProcessServer(n.ns), nats.Name(o.ID), nats.MaxReconnects(-1),
+			nats.FlusherTimeout(publishTimeout))
 	} else {
 		opts := []nats.Option{nats.Name(o.ID), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
 			// Changes held through a disconnection would arrive stale: the totals of the next
 			// batch after reconnecting are what peers need.
-			nats.ReconnectBufSize(-1)}
+			nats.ReconnectBufSize(-1),
+			nats.FlusherTimeout(publishTimeout)}
 		if t := o.TLS; t != nil {
 			opts = append(opts, nats.ClientCert(t.CertFile, t.KeyFile), nats.RootCAs(t.CAFile))
 		}
@@ -404,11 +411,16 @@ func (n *Node) flushLoop() {
 	}
 }
 
-// flush publishes the buffered changes and the current totals as one batch.
+// flush publishes the buffered changes and the current totals as one batch. Only the swap of
+// the pending changes is under n.mu: Record (on the request path) must never wait for the
+// totals callback, the encoding or NATS, whose Publish writes to the socket when its buffer is
+// full and then waits up to publishTimeout on a stalled server. seq and buf belong to the
+// flusher goroutine alone.
 func (n *Node) flush(now time.Time) {
 	n.mu.Lock()
 	deltas := n.pending
 	n.pending = nil
+	n.mu.Unlock()
 	n.seq++
 	url, ready := n.o.Status()
 	b := Batch{Peer: n.o.ID, Epoch: n.epoch, Seq: n.seq, Sent: now.UnixNano(), SnapshotURL: url, Ready: ready,
@@ -423,7 +435,6 @@ func (n *Node) flush(now time.Time) {
 	}
 	payload := n.buf
 	err := n.nc.Publish(n.o.Subject, payload)
-	n.mu.Unlock()
 	if err != nil {
 		n.fault(faultPublish, n.met.publishErrors, 1, "err", err)
 		return

@@ -1,6 +1,8 @@
 package peersync
 
 import (
+	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -237,4 +239,88 @@ func TestClusterPortTakenFailsWithItsReason(t *testing.T) {
 		t.Fatalf("after %v: %v; want NATS's reason (router port ... in use) well before the 10 s bound", took, err)
 	}
 	t.Logf("%v after %v", err, time.Since(t0).Round(time.Millisecond))
+}
+
+// stalledNATS is a NATS server that completes the handshake and then never reads again: a
+// server or network that hangs. Every connection it accepts stays open until the test ends.
+func stalledNATS(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	port := ln.Addr().(*net.TCPAddr).Port
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetReadBuffer(4096) // fill the client's window sooner
+			}
+			go func() {
+				fmt.Fprintf(c, "INFO {\"server_id\":\"stalled\",\"version\":\"2.10.0\",\"go\":\"go1\",\"host\":\"127.0.0.1\",\"port\":%d,\"max_payload\":1048576,\"proto\":1,\"headers\":true}\r\n", port)
+				rd := bufio.NewReader(c)
+				for {
+					line, err := rd.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if strings.HasPrefix(line, "PING") {
+						fmt.Fprint(c, "PONG\r\n")
+						return // and never read again
+					}
+				}
+			}()
+		}
+	}()
+	return "nats://" + ln.Addr().String()
+}
+
+// Record is on the request path: it must not wait while the flusher is stuck in NATS. Against a
+// server that stops reading, the flusher's writes block until publishTimeout fails them; a
+// router recording a change every millisecond meanwhile never waits more than a fraction of
+// that. Before, flush held the lock Record takes across nc.Publish, so every decision waited for
+// the stalled write (up to nats.go's default minute).
+func TestRecordNeverWaitsForAStalledServer(t *testing.T) {
+	// Big totals (about 600 kB a batch) fill the socket buffers within a few flushes.
+	big := make([]Total, 20_000)
+	for i := range big {
+		big[i] = Total{Replica: fmt.Sprintf("engine-%06d/0", i), Load: Load{Prefill: 1 << 40, Decode: 1 << 40, Running: 1 << 20}}
+	}
+	n, err := Start(Options{ID: "r", URL: stalledNATS(t), Sink: NewShare(), Totals: func() []Total { return big },
+		Flush: 10 * time.Millisecond, Heartbeat: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	var worst time.Duration
+	deadline := time.Now().Add(15 * time.Second)
+	for i := uint64(0); n.Faults().PublishErrors == 0; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no publish error in 15 s against a server that never reads (worst Record %v)", worst)
+		}
+		t0 := time.Now()
+		n.Record(Delta{Kind: Routed, Request: i, Replica: "e0/0", Prefill: 10, Tokens: 10})
+		worst = max(worst, time.Since(t0))
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("first publish error after the stall; worst Record meanwhile %v", worst)
+	if worst > publishTimeout/4 {
+		t.Fatalf("a Record waited %v while the flusher was stalled; want well under %v", worst, publishTimeout)
+	}
 }
