@@ -11,7 +11,7 @@ const Version = "v0.1.0"
 type TestedVLLM struct {
 	// Tag of vllm/vllm-openai.
 	Tag string
-	// EventShape is the KV-event batch shape it sends (spec/vllm-batch-shapes.json):
+	// EventShape is the KV-event batch shape it sends (testdata/vllm/vllm-batch-shapes.json):
 	// E1 array batch of array events, E2 map batch of map events, E3 array batch of map events.
 	EventShape string
 	// Replay is its replay reply framing.
@@ -30,7 +30,7 @@ var TestedVLLMReleases = []TestedVLLM{
 		Tag:        "v0.26.0",
 		EventShape: "E3: array batch of map events",
 		Replay:     "`[\"\", topic, seq, payload]`; end `[\"\", \"\", ff*8, \"\"]`",
-		Evidence:   "live capture (spec/vllm-batch-shapes.json E3); kvwire vectors for E1, E2, E3",
+		Evidence:   "live capture (testdata/vllm/vllm-batch-shapes.json E3); kvwire vectors for E1, E2, E3",
 	},
 }
 

@@ -56,7 +56,8 @@ func ParseReplayRequest(frames [][]byte) (identity []byte, seq uint64, err error
 	return frames[0], seq, err
 }
 
-// ReplayReplyFrames returns what a ROUTER sends for one buffered batch (vLLM ≥ 0.25):
+// ReplayReplyFrames returns what a ROUTER sends for one buffered batch (vLLM with #45177,
+// June 2026; before it the topic frame is absent):
 // [identity, "", topic, seq, payload]; the DEALER receives it without the identity.
 func ReplayReplyFrames(identity []byte, m Message) [][]byte {
 	return append([][]byte{identity, {}}, m.Frames()...)

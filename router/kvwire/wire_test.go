@@ -253,10 +253,10 @@ func TestFrames(t *testing.T) {
 	// Replay replies from every version and socket type.
 	seq := m.Frames()[1]
 	for _, frames := range [][][]byte{
-		ReplayReplyFrames([]byte("id"), m)[1:], // ≥ 0.25 DEALER: "", topic, seq, payload
-		{m.Topic, seq, m.Payload},              // ≥ 0.25 REQ
-		{{}, seq, m.Payload},                   // ≤ 0.24 DEALER
-		{seq, m.Payload},                       // ≤ 0.24 REQ
+		ReplayReplyFrames([]byte("id"), m)[1:], // with vLLM #45177, DEALER: "", topic, seq, payload
+		{m.Topic, seq, m.Payload},              // with #45177, REQ
+		{{}, seq, m.Payload},                   // before #45177, DEALER
+		{seq, m.Payload},                       // before #45177, REQ
 	} {
 		r, end, err := ParseReplayReply(frames)
 		if err != nil || end || r.Seq != 258 || !bytes.Equal(r.Payload, m.Payload) {

@@ -2,8 +2,8 @@ package score
 
 import "math/rand/v2"
 
-// dynamoKV (`dynamo-kv`) follows NVIDIA Dynamo's KV router cost (router-concepts.md), lowest
-// cost wins:
+// dynamoKV (`dynamo-kv`) follows NVIDIA Dynamo's KV router cost (the router concepts page of
+// ai-dynamo/dynamo's docs), lowest cost wins:
 //
 //	adjusted_prefill = max(active_prefill_blocks + request_blocks - overlap_credit, 0)
 //	decode           = active_decode_blocks + request_blocks

@@ -69,7 +69,7 @@ func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64)
 		prefillPerS   = 20000.0 // engine time; the fleet model gets the same rate in wall time
 		decodeMs      = 20.0
 		maxSeqs       = 32
-		traceBlocksPR = 600 // KV per replica, in 512-token trace blocks (BENCHMARKS.md's 8 x 600)
+		traceBlocksPR = 600 // KV per replica, in 512-token trace blocks (the project's benchmark design: 8 replicas x 600)
 	)
 	policies := []string{"kv", "load", "round-robin", "prefix-char"}
 	w, err := Regime(regime, RegimeOptions{Requests: requests, Rate: 40, Replicas: replicas, Seed: 1})

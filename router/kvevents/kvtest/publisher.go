@@ -1,7 +1,8 @@
 // Package kvtest is a stand-in for one vLLM engine's KV-event side, for tests over real ZMQ
 // sockets: Publisher binds a PUB (XPUB, so a test can wait for its subscribers) and a ROUTER
-// replay socket with a ring of past batches, framed as vLLM ≥ 0.25 does; Cache models an
-// engine's prefix cache and builds the events it would publish, with real vLLM block hashes.
+// replay socket with a ring of past batches, framed as vLLM with #45177 (June 2026) does; Cache
+// models an engine's prefix cache and builds the events it would publish, with real vLLM block
+// hashes.
 package kvtest
 
 import (
