@@ -764,3 +764,64 @@ func TestDegradedInexact(t *testing.T) {
 		t.Fatalf("still inexact after the reset: %+v", rt.s.Degraded())
 	}
 }
+
+// A stream state change that heals before the next health sample (a gap the engine's replay
+// socket repairs within milliseconds) is logged too, once, with the path it took and why: the
+// two samples both read exact, which before this was logged as nothing at all.
+func TestTransientStreamStateChangeLogged(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	u, _ := url.Parse(sim.URL())
+	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@" + u.Host + "@m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	var logs syncBuffer
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()},
+		Replay: []string{pub.ReplayEndpoint()}, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
+		noHealthLoop(o)
+		o.Model = "m"
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	algo, _ := blockkey.ParseAlgo("sha256")
+	cache, err := kvtest.NewCache(algo, "0", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, 32)
+	for i := range toks {
+		toks[i] = uint32(100 + i)
+	}
+	ev, err := cache.Store(toks, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a first batch applied", func() bool {
+		_, _ = pub.Publish(ev)
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.Applied > 0 && st.State == kvevents.Exact
+	})
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	_, _ = pub.PublishLost(ev) // a gap the replay ring still holds
+	_, _ = pub.Publish(ev)
+	eventually(t, "the gap repaired by replay, the stream exact again", func() bool {
+		st, _ := rt.s.sub.Stats("e0", 0)
+		return st.Gaps > 0 && st.ReplayedBatches > 0 && st.State == kvevents.Exact
+	})
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	rt.s.healthTick(t0.Add(10 * time.Second))
+	out := grepLines(logs.String(), "event stream state changed")
+	if n := strings.Count(out, "event stream state changed"); n != 1 {
+		t.Fatalf("%d state change lines, want 1:\n%s", n, logs.String())
+	}
+	for _, want := range []string{"from=exact", "to=exact", "path=exact>replaying>exact", "gaps+1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("state change line lacks %q: %s", want, out)
+		}
+	}
+}

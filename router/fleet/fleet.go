@@ -127,6 +127,7 @@ type Replica struct {
 	view  atomic.Pointer[View]
 	quiet atomic.Int64 // requests served in a row with no event applied for staleAfter
 	h     repHealth    // health loop state (health.go)
+	trail stateTrail   // states the stream passed through since the last health sample
 }
 
 // Counters are a replica's request-path counters.
@@ -391,6 +392,7 @@ func (f *Fleet) addEngine(d discovery.Engine, mi modelInfo) (*Engine, error) {
 			sc := kvevents.StreamConfig{Engine: d.Name, Rank: r, Endpoint: ep, Topic: f.topic(d, e.Model),
 				OnChange: func(st kvevents.StreamState, bs int) {
 					rep.update(func(v *View) { v.StreamState, v.LearnedBlockSize = st, bs })
+					rep.trail.push(st)
 				}}
 			if mi.gpuBlocks > 0 {
 				sc.MaxBlocks = kvevents.MaxBlocksFor(mi.gpuBlocks)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute/router/degraded"
@@ -21,6 +22,61 @@ type repHealth struct {
 	haveLast bool
 	// dropsLogged: the kinds of drop already logged for the stream (kvevents.FirstDrops).
 	dropsLogged map[string]bool
+}
+
+// stateTrail records the states a stream passes through between two health samples, pushed by
+// the stream's OnChange (its worker goroutine), so a change that heals before the next sample
+// (a gap repaired by replay, a restart caught up) is still logged, once, at that sample. It keeps
+// the first trailMax states and counts the rest: one log line per replica per sample at most,
+// whatever a flapping stream does.
+type stateTrail struct {
+	mu     sync.Mutex
+	states []kvevents.StreamState
+	more   int
+	latest kvevents.StreamState // valid once anything was pushed
+	pushed bool
+}
+
+const trailMax = 8
+
+func (t *stateTrail) push(s kvevents.StreamState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pushed && t.latest == s {
+		return
+	}
+	t.latest, t.pushed = s, true
+	if len(t.states) < trailMax {
+		t.states = append(t.states, s)
+	} else {
+		t.more++
+	}
+}
+
+// drain returns the states since the last drain, oldest first, and how many more there were;
+// the next trail starts from the latest state.
+func (t *stateTrail) drain() ([]kvevents.StreamState, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	states, more := t.states, t.more
+	t.states, t.more = nil, 0
+	if t.pushed {
+		t.states = append(t.states, t.latest)
+	}
+	return states, more
+}
+
+// trailPath renders a trail as "exact>replaying>exact" (and "+N more" past trailMax).
+func trailPath(states []kvevents.StreamState, more int) string {
+	parts := make([]string, len(states))
+	for i, s := range states {
+		parts[i] = s.String()
+	}
+	p := strings.Join(parts, ">")
+	if more > 0 {
+		p += fmt.Sprintf(" +%d more", more)
+	}
+	return p
 }
 
 // healthLoop samples every replica each interval.
@@ -112,7 +168,11 @@ func (f *Fleet) logStateChange(r *Replica, st kvevents.Stats) {
 		f.log.Warn("KV events dropped: "+c.Help+" Further ones are counted, not logged.", "replica", r.Name, "counter", c.Key,
 			"count", c.Value, "metric", "kvroute_router_"+c.Metric)
 	}
-	if !had || prev.State == st.State {
+	trail, more := r.trail.drain()
+	// The trail shows a change even where the two samples agree: one that healed within the
+	// sample (a gap repaired by replay).
+	passed := len(trail) > 1 || more > 0
+	if !had || (prev.State == st.State && !passed) {
 		return
 	}
 	var moved []string
@@ -134,7 +194,11 @@ func (f *Fleet) logStateChange(r *Replica, st kvevents.Stats) {
 	if st.State == kvevents.Exact {
 		lvl = f.log.Info
 	}
-	lvl("event stream state changed", "replica", r.Name, "from", prev.State.String(), "to", st.State.String(), "why", why)
+	args := []any{"replica", r.Name, "from", prev.State.String(), "to", st.State.String(), "why", why}
+	if passed {
+		args = append(args, "path", trailPath(trail, more))
+	}
+	lvl("event stream state changed", args...)
 }
 
 // Degraded returns every replica with a reason in force, by replica name ("engine/rank").

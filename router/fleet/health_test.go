@@ -1,0 +1,37 @@
+package fleet
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute/router/kvevents"
+)
+
+// The trail keeps each change once, the first trailMax states and a count of the rest, and the
+// next trail starts from the latest state.
+func TestStateTrail(t *testing.T) {
+	var tr stateTrail
+	if s, more := tr.drain(); len(s) != 0 || more != 0 {
+		t.Fatalf("empty trail drained %v +%d", s, more)
+	}
+	tr.push(kvevents.Exact)
+	tr.push(kvevents.Exact) // no change
+	tr.push(kvevents.Replaying)
+	tr.push(kvevents.Exact)
+	s, more := tr.drain()
+	if got := trailPath(s, more); got != "exact>replaying>exact" {
+		t.Fatalf("path %q", got)
+	}
+	if s, more := tr.drain(); trailPath(s, more) != "exact" {
+		t.Fatalf("after a drain the trail holds %q, want the latest state only", trailPath(s, more))
+	}
+	for i := range 20 { // a flapping stream
+		tr.push([]kvevents.StreamState{kvevents.Inexact, kvevents.Exact}[i%2])
+	}
+	s, more = tr.drain()
+	if len(s) != trailMax || more != 20-(trailMax-1) {
+		t.Fatalf("flapping: %d states +%d, want %d +%d", len(s), more, trailMax, 20-(trailMax-1))
+	}
+	if got := trailPath(s, more); got != "exact>inexact>exact>inexact>exact>inexact>exact>inexact +13 more" {
+		t.Fatalf("path %q", got)
+	}
+}
