@@ -2,7 +2,9 @@ package app
 
 import (
 	"encoding/json"
+	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -163,8 +165,8 @@ func TestDebugRouteChangesNoState(t *testing.T) {
 	}
 }
 
-// The kv policy (no explanations on this branch yet, or with them) also answers /debug/route
-// without touching the ledger or the index.
+// The kv policy explains itself in /debug/route (its cost in prefill-token equivalents, each
+// term and bound, the guard that excluded a candidate) without touching the ledger or the index.
 func TestDebugRouteKVLeavesLedger(t *testing.T) {
 	f := startFleet(t, 2, vllmsim.Config{KVEventsPort: 0})
 	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
@@ -181,6 +183,74 @@ func TestDebugRouteKVLeavesLedger(t *testing.T) {
 	}
 	if after := stateOf(t, rt.s); !reflect.DeepEqual(before, after) {
 		t.Fatalf("/debug/route changed the router's state:\nbefore %+v\nafter  %+v", before, after)
+	}
+	cheapest := ""
+	best := 0.0
+	for _, c := range ans.Candidates {
+		p := c.Breakdown.Policy
+		if p == nil || len(p.Terms) == 0 || p.Terms[0].Name != "uncached_tokens" {
+			t.Fatalf("candidate %s has no kv explanation: %s", c.Replica, a.body)
+		}
+		// The policy's uncached tokens are the breakdown's (no warm-up credit here).
+		if int(p.Terms[0].Value) != c.Breakdown.UncachedTokens {
+			t.Errorf("%s: kv's uncached_tokens %v, the breakdown's %d", c.Replica, p.Terms[0].Value, c.Breakdown.UncachedTokens)
+		}
+		if p.Excluded == "" && (cheapest == "" || p.Cost < best) {
+			cheapest, best = c.Replica, p.Cost
+		}
+	}
+	if ans.Pick != cheapest {
+		t.Errorf("pick %s, the cheapest explained candidate %s: %s", ans.Pick, cheapest, a.body)
+	}
+	// The replica holding the shared prefix is the cheaper one.
+	for _, c := range ans.Candidates {
+		if c.Replica == ans.Pick && c.Breakdown.CachedTokens == 0 {
+			t.Errorf("picked %s, which holds none of the shared prefix: %s", ans.Pick, a.body)
+		}
+	}
+}
+
+// With AccessLogSample 1 every routed request is logged once with its decision: the pick and
+// each candidate's breakdown, as /debug/route gives them.
+func TestAccessLogPrintsTheDecision(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{KVEventsPort: 0})
+	var logs syncBuffer
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
+		o.AccessLogSample = 2
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	})
+	rt.waitStreams(t, "exact")
+	for i := range 4 {
+		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(72, 256, i, 16, 1)); a.status != 200 {
+			t.Fatalf("%d %s", a.status, a.body)
+		}
+	}
+	var lines []RouteAnswer
+	for _, l := range strings.Split(logs.String(), "\n") {
+		var rec struct {
+			Msg      string      `json:"msg"`
+			Sample   int         `json:"sample_every"`
+			Decision RouteAnswer `json:"decision"`
+		}
+		if json.Unmarshal([]byte(l), &rec) == nil && rec.Msg == "routed" {
+			if rec.Sample != 2 {
+				t.Errorf("sample_every %d, want 2", rec.Sample)
+			}
+			lines = append(lines, rec.Decision)
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("%d access log lines for 4 requests sampled 1 in 2, want 2:\n%s", len(lines), logs.String())
+	}
+	for _, d := range lines {
+		if d.Pick == "" || len(d.Candidates) != 2 || d.Policy != "kv" || d.Tokens == 0 {
+			t.Errorf("access log decision %+v", d)
+		}
+		for _, c := range d.Candidates {
+			if c.Breakdown.CachedTokens+c.Breakdown.UncachedTokens != d.Tokens {
+				t.Errorf("candidate %s breakdown %+v does not split the prompt's %d tokens", c.Replica, c.Breakdown, d.Tokens)
+			}
+		}
 	}
 }
 

@@ -1,7 +1,7 @@
 package score
 
-// Term is one number a policy weighed for a candidate, in the policy's own unit (kv: seconds of
-// expected time to first token; the peers: their score). Names are stable: /debug/route and the
+// Term is one number a policy weighed for a candidate, in the policy's own unit (kv: prefill-token
+// equivalents; the peers: their score). Names are stable: /debug/route and the
 // sampled access log print them as they are.
 type Term struct {
 	Name  string  `json:"name"`

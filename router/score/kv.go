@@ -76,9 +76,8 @@ type kvPolicy struct {
 	p      KVParams
 	rng    *rand.Rand
 	window map[string]*tokenWindow
-	// Scratch per candidate, reused across calls so Pick does not allocate.
-	unc, win, val, scale, cnt []float64
-	busy                      []bool
+	// scratch is Pick's per-candidate numbers, reused across calls so Pick does not allocate.
+	scratch kvEval
 }
 
 func newKV(o Options) *kvPolicy {
@@ -112,22 +111,20 @@ func (k *kvPolicy) uncachedBlocks(req *Request, c *Candidate, virtualBlocks floa
 	return math.Max(u, 0)
 }
 
-// windowed is the replica's routed uncached tokens inside the window ending at now.
-func (k *kvPolicy) windowed(id string, now int64) float64 {
+// windowed is the replica's routed uncached tokens inside the window ending at now, and the
+// number of requests routed there in it. readOnly reads without pruning the ring (Explain must
+// change nothing, not even drop old entries a concurrent earlier-clocked decision still reads).
+func (k *kvPolicy) windowed(id string, now int64, readOnly bool) (tokens, requests float64) {
 	w := k.window[id]
 	if w == nil {
-		return 0
+		return 0, 0
 	}
-	return w.sum(now, int64(k.p.WindowSeconds*1e9))
-}
-
-// windowedRequests is the number of requests routed to the replica inside the window (valid
-// after windowed has pruned it for this decision's time).
-func (k *kvPolicy) windowedRequests(id string) float64 {
-	if w := k.window[id]; w != nil {
-		return float64(w.n)
+	span := int64(k.p.WindowSeconds * 1e9)
+	if readOnly {
+		t, n := w.peek(now, span)
+		return t, float64(n)
 	}
-	return 0
+	return w.sum(now, span), float64(w.n)
 }
 
 // minSpanSeconds is the shortest history a replica's window is read over. Measured on the
@@ -137,14 +134,21 @@ func (k *kvPolicy) windowedRequests(id string) float64 {
 const minSpanSeconds = 1
 
 // span is how long the window of the replica covers at now: the time since the policy first
-// saw it, between minSpanSeconds and the window length. The first call for a replica starts it.
+// saw it (OnRouted starts the clock), between minSpanSeconds and the window length. A replica
+// not seen yet has the shortest span, as if its clock started now.
 func (k *kvPolicy) span(id string, now int64) float64 {
-	w := k.window[id]
-	if w == nil {
-		w = &tokenWindow{since: now}
-		k.window[id] = w
+	since := now
+	if w := k.window[id]; w != nil {
+		since = w.since
 	}
-	return math.Min(math.Max(float64(now-w.since)/1e9, minSpanSeconds), k.p.WindowSeconds)
+	return math.Min(math.Max(float64(now-since)/1e9, minSpanSeconds), k.p.WindowSeconds)
+}
+
+// startClock starts the window clock of a replica the policy has not seen before.
+func (k *kvPolicy) startClock(id string, now int64) {
+	if k.window[id] == nil {
+		k.window[id] = &tokenWindow{since: now}
+	}
 }
 
 func grow(s []float64, n int) []float64 {
@@ -154,26 +158,53 @@ func grow(s []float64, n int) []float64 {
 	return s[:n]
 }
 
-func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
-	if !anyHealthy(cands) {
-		return -1, ErrNoCandidate
+// The kv guards, as Explain names them when one takes a candidate out of the running.
+const (
+	guardUnhealthy  = "unhealthy"
+	guardRequests   = "request_bound"    // over (1+RequestSlack) x the mean windowed requests + headroom
+	guardStarvation = "starvation_floor" // another replica is starved and this one is not
+	guardTokens     = "token_bound"      // its windowed uncached work would pass (1+Slack) x the mean
+)
+
+// kvEval is one decision's numbers per candidate, filled by evaluate. Pick reuses the policy's
+// scratch one (no allocation per decision); Explain fills a fresh one with the reasons.
+type kvEval struct {
+	// unc: the request's uncached tokens there (warm-up credit applied) x scale; win: its
+	// windowed uncached work x scale; cnt: its windowed requests x scale; scale stretches a
+	// younger replica's window to the oldest one's span.
+	unc, win, cnt, scale []float64
+	// raw is the cost before the guards; val the cost the pick minimises (+Inf when excluded).
+	raw, val []float64
+	// why names the guard that excluded each candidate (Explain only: nil in Pick).
+	why []string
+	// The bounds of this decision.
+	tokenLimit, reqLimit, starvedLimit float64
+}
+
+func (e *kvEval) size(n int, reasons bool) {
+	e.unc, e.win, e.cnt, e.scale = grow(e.unc, n), grow(e.win, n), grow(e.cnt, n), grow(e.scale, n)
+	e.raw, e.val = grow(e.raw, n), grow(e.val, n)
+	if reasons {
+		e.why = make([]string, n)
 	}
-	k.unc, k.win, k.val = grow(k.unc, len(cands)), grow(k.win, len(cands)), grow(k.val, len(cands))
-	unc, win, val := k.unc, k.win, k.val
-	// busy: out of this decision (over the request bound, or not starved while another
-	// replica is). Someone is always left: a starved replica when there is one, else the one
-	// with the fewest windowed requests. The token bound's mean stays over the whole fleet.
-	if cap(k.busy) < len(cands) {
-		k.busy = make([]bool, len(cands))
+}
+
+func (e *kvEval) exclude(i int, guard string) {
+	e.val[i] = math.Inf(1)
+	if e.why != nil && e.why[i] == "" {
+		e.why[i] = guard
 	}
-	busy := k.busy[:len(cands)]
+}
+
+// evaluate computes every candidate's cost and applies the guards. readOnly leaves the policy's
+// windows untouched (Explain); Pick prunes them as it reads.
+func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval, readOnly bool) {
+	unc, win, cnt, scale, raw, val := e.unc, e.win, e.cnt, e.scale, e.raw, e.val
 	// Windows are compared as rates over the time each replica has been in the fleet: a
 	// replica that joined 5 s ago has 5 s of work in its window, not 60, and read raw it would
 	// look idle next to the others; doubling a fleet would then send every request to the
 	// newcomers until their windows caught up. scale[i] stretches a younger replica's window
 	// to the oldest one's span; replicas seen together (a fleet starting at once) all get 1.
-	k.scale, k.cnt = grow(k.scale, len(cands)), grow(k.cnt, len(cands))
-	scale, cnt := k.scale, k.cnt
 	oldest := 0.0
 	for i := range cands {
 		if cands[i].Healthy {
@@ -186,22 +217,22 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		if cands[i].Healthy {
 			n++
 			scale[i] = oldest / scale[i]
-			win[i] = k.windowed(cands[i].ID, req.NowNs) * scale[i]
+			t, r := k.windowed(cands[i].ID, req.NowNs, readOnly)
+			win[i], cnt[i] = t*scale[i], r*scale[i]
 			sum += win[i]
-			cnt[i] = k.windowedRequests(cands[i].ID) * scale[i]
 			reqs += cnt[i]
 			inflight += cands[i].Running + cands[i].Queue
 		}
 	}
-	reqLimit := (1+k.p.RequestSlack)*(reqs+1)/float64(n) + k.p.RequestHeadroom
+	e.reqLimit = (1+k.p.RequestSlack)*(reqs+1)/float64(n) + k.p.RequestHeadroom
 	// The floor first: while a replica is starved only starved replicas are candidates (the
 	// token bound below still applies among them). A replica already carrying its share of
 	// the requests in flight is not starved, so a replica that comes back to a busy fleet
 	// is not sent every request until its window fills.
-	starvedLimit := k.p.StarvedShare*(reqs+1)/float64(n) - k.p.StarvedHeadroom
+	e.starvedLimit = k.p.StarvedShare*(reqs+1)/float64(n) - k.p.StarvedHeadroom
 	starved := func(i int) bool {
 		c := &cands[i]
-		return c.Healthy && cnt[i] < starvedLimit &&
+		return c.Healthy && cnt[i] < e.starvedLimit &&
 			float64(c.Running+c.Queue)*float64(n) <= float64(inflight)
 	}
 	anyStarved := false
@@ -210,33 +241,36 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	}
 	cheapest := math.Inf(1)
 	for i := range cands {
-		busy[i] = false
-		if !cands[i].Healthy {
+		c := &cands[i]
+		val[i], raw[i] = 0, 0
+		if !c.Healthy {
+			e.exclude(i, guardUnhealthy)
 			continue
 		}
-		unc[i] = k.uncached(req, &cands[i]) * scale[i]
-		if anyStarved && !starved(i) || cnt[i]+scale[i] > reqLimit {
-			busy[i] = true
-			continue
+		unc[i] = k.uncached(req, c) * scale[i]
+		// Cost in prefill-token equivalents: the uncached part of this request, the prefill
+		// already routed there, running sequences (they slow every step), waiting requests.
+		raw[i] = unc[i]/scale[i] + k.p.QueuedPrefillWeight*float64(c.PrefillTokens) +
+			k.p.DecodeWeight*float64(c.DecodeTokens) + k.p.QueueTokens*float64(c.Queue)
+		val[i] = raw[i]
+		switch {
+		case cnt[i]+scale[i] > e.reqLimit:
+			e.exclude(i, guardRequests)
+		case anyStarved && !starved(i):
+			e.exclude(i, guardStarvation)
+		default:
+			cheapest = math.Min(cheapest, unc[i])
 		}
-		cheapest = math.Min(cheapest, unc[i])
 	}
 	// The bound is on the fleet mean after this decision: it grows by at least the cheapest
 	// placement.
 	limit := (1 + k.p.Slack) * (sum + cheapest) / float64(n)
 	anyEligible := false
 	for i := range cands {
-		c := &cands[i]
-		if !c.Healthy || busy[i] {
-			val[i] = math.Inf(1)
-			continue
+		if !math.IsInf(val[i], 1) {
+			// A (near) full hit adds no prefill work, so it never breaks the bound.
+			anyEligible = anyEligible || unc[i] <= float64(req.BlockSize)*scale[i] || win[i]+unc[i] <= limit
 		}
-		// Cost in prefill-token equivalents: the uncached part of this request, the prefill
-		// already routed there, running sequences (they slow every step), waiting requests.
-		val[i] = unc[i]/scale[i] + k.p.QueuedPrefillWeight*float64(c.PrefillTokens) +
-			k.p.DecodeWeight*float64(c.DecodeTokens) + k.p.QueueTokens*float64(c.Queue)
-		// A (near) full hit adds no prefill work, so it never breaks the bound.
-		anyEligible = anyEligible || unc[i] <= float64(req.BlockSize)*scale[i] || win[i]+unc[i] <= limit
 	}
 	if !anyEligible {
 		// Everyone is over the bound (a burst, or an idle fleet): the replicas with the least
@@ -244,22 +278,70 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		// among them the cheapest wins.
 		lo := math.Inf(1)
 		for i := range cands {
-			if cands[i].Healthy && !busy[i] {
+			if !math.IsInf(val[i], 1) {
 				lo = math.Min(lo, win[i]+unc[i])
 			}
 		}
 		limit = lo + float64(req.BlockSize)
 	}
+	e.tokenLimit = limit
 	for i := range cands {
-		if cands[i].Healthy && unc[i] > float64(req.BlockSize)*scale[i] && win[i]+unc[i] > limit {
-			val[i] = math.Inf(1)
+		if !math.IsInf(val[i], 1) && unc[i] > float64(req.BlockSize)*scale[i] && win[i]+unc[i] > limit {
+			e.exclude(i, guardTokens)
 		}
 	}
-	value := func(i int) float64 { return val[i] }
+}
+
+func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
+	if !anyHealthy(cands) {
+		return -1, ErrNoCandidate
+	}
+	e := &k.scratch
+	e.size(len(cands), false)
+	k.evaluate(req, cands, e, false)
+	value := func(i int) float64 { return e.val[i] }
 	if k.p.Temperature > 0 {
 		return k.sample(cands, value), nil
 	}
 	return pickMin(cands, value, k.rng), nil
+}
+
+// Explain gives each candidate's cost and its terms, in prefill-token equivalents, and the guard
+// that excluded it, without changing the policy: the windows are read, not pruned, no clock
+// starts and the random tie-break is not drawn. The cheapest candidate not excluded is Pick's
+// choice at temperature 0 (on an exact tie Pick draws among the tied, route.Cheapest takes the
+// first); with a temperature Pick samples near it.
+func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
+	out := make([]Explanation, len(cands))
+	if !anyHealthy(cands) {
+		for i := range out {
+			out[i].Excluded = guardUnhealthy
+		}
+		return out
+	}
+	var e kvEval
+	e.size(len(cands), true)
+	k.evaluate(req, cands, &e, true)
+	for i := range cands {
+		c := &cands[i]
+		out[i] = Explanation{Cost: e.raw[i], Excluded: e.why[i]}
+		if !c.Healthy {
+			continue
+		}
+		out[i].Terms = []Term{
+			{"uncached_tokens", e.unc[i] / e.scale[i]},
+			{"queued_prefill", k.p.QueuedPrefillWeight * float64(c.PrefillTokens)},
+			{"decode", k.p.DecodeWeight * float64(c.DecodeTokens)},
+			{"queue", k.p.QueueTokens * float64(c.Queue)},
+			{"windowed_tokens", e.win[i]},
+			{"token_bound", e.tokenLimit},
+			{"windowed_requests", e.cnt[i]},
+			{"request_bound", e.reqLimit},
+			{"starved_below", e.starvedLimit},
+			{"window_scale", e.scale[i]},
+		}
+	}
+	return out
 }
 
 // sample draws from a softmax over cost normalised by the mean finite cost.
@@ -296,7 +378,7 @@ func (k *kvPolicy) sample(cands []Candidate, value func(int) float64) int {
 func (k *kvPolicy) OnRouted(req *Request, cands []Candidate, i int) {
 	for j := range cands {
 		if cands[j].Healthy {
-			k.span(cands[j].ID, req.NowNs) // starts the clock of a replica not seen before
+			k.startClock(cands[j].ID, req.NowNs)
 		}
 	}
 	id := cands[i].ID
@@ -327,6 +409,19 @@ type tokenWindow struct {
 	n     int // live entries
 	total float64
 	since int64 // when the policy first saw the replica (unix ns)
+}
+
+// peek is sum without dropping anything: the total and count of the entries inside the window.
+func (w *tokenWindow) peek(now, span int64) (float64, int) {
+	total, n := 0.0, 0
+	for j := 0; j < w.n; j++ {
+		x := (w.head + j) % len(w.at)
+		if w.at[x] > now-span {
+			total += w.tok[x]
+			n++
+		}
+	}
+	return total, n
 }
 
 // sum drops entries older than now-span and returns the total of the rest.

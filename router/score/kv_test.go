@@ -291,11 +291,11 @@ func TestKVRetractAndForget(t *testing.T) {
 	p.OnRouted(req, c, 0)
 	other := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: 5 * sec}
 	p.OnRouted(other, c, 0)
-	if w := p.windowed(c[0].ID, 6*sec); w != 1760 {
+	if w, _ := p.windowed(c[0].ID, 6*sec, false); w != 1760 {
 		t.Fatalf("window %v before", w)
 	}
 	p.Retract(req, c, 0)
-	if w := p.windowed(c[0].ID, 6*sec); w != 160 {
+	if w, _ := p.windowed(c[0].ID, 6*sec, false); w != 160 {
 		t.Fatalf("window %v after the retraction, want the other request's 160", w)
 	}
 	p.Forget(c[0].ID)
@@ -324,11 +324,11 @@ func TestKVWarmupCreditIsNotSubtractedFromRealWork(t *testing.T) {
 		t.Fatalf("the choice's cost %v, want 0 with full credit", got)
 	}
 	p.OnRouted(req, c, i)
-	if w := p.windowed(c[1].ID, 6*sec); w != 160 {
+	if w, _ := p.windowed(c[1].ID, 6*sec, false); w != 160 {
 		t.Fatalf("window %v after routing to the warming replica, want the 160 tokens it will prefill", w)
 	}
 	p.Retract(req, c, i)
-	if w := p.windowed(c[1].ID, 6*sec); w != 0 {
+	if w, _ := p.windowed(c[1].ID, 6*sec, false); w != 0 {
 		t.Fatalf("window %v after the retraction, want 0", w)
 	}
 }
