@@ -13,7 +13,7 @@ func (s *Router) NewPolicy(name string) (score.Policy, error) {
 	if name == "least-loaded" {
 		name = "load"
 	}
-	kv := kvParams(s.o.Config.Scoring, s.o.Config.Peers != nil)
+	kv := kvParams(s.o.Config.Scoring)
 	return score.New(name, score.Options{Seed: s.o.Seed + 1, KV: &kv})
 }
 

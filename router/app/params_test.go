@@ -9,7 +9,7 @@ import (
 )
 
 func TestKVParamsFromScoring(t *testing.T) {
-	def := kvParams(config.Default().Scoring, false)
+	def := kvParams(config.Default().Scoring)
 	// The live router's defaults are the fleet model's: the figures in docs/benchmarks.md hold
 	// for a router started without a config.
 	if math.Abs(def.Slack-score.DefaultKV.Slack) > 1e-9 {
@@ -24,7 +24,7 @@ func TestKVParamsFromScoring(t *testing.T) {
 	sc.ImbalanceBound = 1.5
 	sc.Temperature = 0.1
 	sc.TierWeights = config.TierWeights{GPU: 1, CPU: 0.4, Disk: 0.1}
-	got := kvParams(sc, false)
+	got := kvParams(sc)
 	if got.QueuedPrefillWeight != 2*score.DefaultKV.QueuedPrefillWeight || got.DecodeWeight != 2*score.DefaultKV.DecodeWeight ||
 		got.QueueTokens != 2*score.DefaultKV.QueueTokens {
 		t.Errorf("loadWeight 2 did not double every load term: %+v", got)
@@ -32,20 +32,13 @@ func TestKVParamsFromScoring(t *testing.T) {
 	if got.Slack != 0.5 || got.Temperature != 0.1 || got.TierWeights != [score.NumTiers]float64{1, 0.4, 0.1} {
 		t.Errorf("imbalanceBound, temperature or tierWeights not carried over: %+v", got)
 	}
-	// The cold-prefix tie-break: off alone, the peers' default with peers, as set when set.
+	// The cold-prefix tie-break: off unless set.
 	if got.ColdTieTolerance != 0 {
-		t.Errorf("a router on its own breaks cold ties at %v, want 0 (off)", got.ColdTieTolerance)
+		t.Errorf("unset, the cold tie tolerance is %v, want 0 (off)", got.ColdTieTolerance)
 	}
-	if p := kvParams(sc, true); p.ColdTieTolerance != config.DefaultPeersColdTieTolerance {
-		t.Errorf("with peers the cold tie tolerance is %v, want %v", p.ColdTieTolerance, config.DefaultPeersColdTieTolerance)
-	}
-	zero, quarter := 0.0, 0.25
-	sc.ColdTieTolerance = &zero
-	if p := kvParams(sc, true); p.ColdTieTolerance != 0 {
-		t.Errorf("coldTieTolerance 0 with peers gave %v, want off", p.ColdTieTolerance)
-	}
+	quarter := 0.25
 	sc.ColdTieTolerance = &quarter
-	if p := kvParams(sc, false); p.ColdTieTolerance != 0.25 {
+	if p := kvParams(sc); p.ColdTieTolerance != 0.25 {
 		t.Errorf("coldTieTolerance 0.25 gave %v", p.ColdTieTolerance)
 	}
 }

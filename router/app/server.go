@@ -161,7 +161,7 @@ func New(o Options) (*Router, error) {
 	if name == "least-loaded" {
 		name = "load"
 	}
-	kv := kvParams(o.Config.Scoring, o.Config.Peers != nil)
+	kv := kvParams(o.Config.Scoring)
 	pol := o.Policy
 	if pol == nil {
 		var err error
@@ -423,15 +423,11 @@ func (s *Router) MetricsHandler() http.Handler { return s.met.Handler() }
 // Refused counts a request the HTTP surface refused, by reason.
 func (s *Router) Refused(reason string) { s.met.Errors.WithLabelValues("", s.policy, reason).Inc() }
 
-// kvParams maps the configuration's scoring knobs onto the kv policy's defaults; peers: the
-// router is one of several (config.Peers), which sets the cold-prefix tie-break when unset.
-func kvParams(sc config.Scoring, peers bool) score.KVParams {
+// kvParams maps the configuration's scoring knobs onto the kv policy's defaults.
+func kvParams(sc config.Scoring) score.KVParams {
 	kv := score.DefaultKV
-	switch {
-	case sc.ColdTieTolerance != nil:
+	if sc.ColdTieTolerance != nil {
 		kv.ColdTieTolerance = *sc.ColdTieTolerance
-	case peers:
-		kv.ColdTieTolerance = config.DefaultPeersColdTieTolerance
 	}
 	kv.TierWeights = [score.NumTiers]float64{sc.TierWeights.GPU, sc.TierWeights.CPU, sc.TierWeights.Disk}
 	kv.Temperature = sc.Temperature

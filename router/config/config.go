@@ -245,14 +245,11 @@ type Scoring struct {
 	// ColdTieTolerance (0..1): for a prompt cached nowhere, the replicas that hold none of it
 	// and cost within this share of the prompt's tokens of the cheapest are a near-tie, won by
 	// a hash of the prompt's first block so several routers send a new prefix's siblings to
-	// the same replica. Unset: 0 for a router on its own (the cheapest wins),
-	// DefaultPeersColdTieTolerance with peers.
+	// the same replica. Unset or 0: off, the cheapest wins. Off by default, with peers too:
+	// through 3 routers it did not recover the siblings regime's hit rate (docs/router.md,
+	// "Several router replicas").
 	ColdTieTolerance *float64 `json:"coldTieTolerance,omitempty"`
 }
-
-// DefaultPeersColdTieTolerance is scoring.coldTieTolerance for a router with peers when unset
-// (docs/router.md, "Several router replicas", has the measurement behind it).
-const DefaultPeersColdTieTolerance = 0.1
 
 // TierWeights weigh a cache hit by where the block lives.
 type TierWeights struct {
