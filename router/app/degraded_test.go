@@ -467,21 +467,33 @@ func TestDegradedPeerMismatch(t *testing.T) {
 	}
 }
 
-// A stream state change is logged once, with the counters that moved.
-func TestStreamStateChangeLoggedOnce(t *testing.T) {
+// logRig is one engine with a test publisher in front of a router whose health ticks the test
+// drives and whose log it reads; a first batch is applied and the stream is exact.
+type logRig struct {
+	rt   *router
+	pub  *kvtest.Publisher
+	ev   kvwire.Event
+	logs *syncBuffer
+}
+
+func newLogRig(t *testing.T, replay bool) *logRig {
+	t.Helper()
 	sim := startSim(t, vllmsim.Config{})
 	u, _ := url.Parse(sim.URL())
-	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@" + u.Host + "@m", NoReplay: true})
+	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@" + u.Host + "@m", NoReplay: !replay})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	var logs syncBuffer
+	logs := &syncBuffer{}
 	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()}, Ready: true}
+	if replay {
+		e.Replay = []string{pub.ReplayEndpoint()}
+	}
 	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
 		noHealthLoop(o)
 		o.Model = "m"
-		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		o.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
 	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -502,8 +514,15 @@ func TestStreamStateChangeLoggedOnce(t *testing.T) {
 	eventually(t, "a first batch applied", func() bool {
 		_, _ = pub.Publish(ev)
 		st, _ := rt.s.sub.Stats("e0", 0)
-		return st.Applied > 0
+		return st.Applied > 0 && st.State == kvevents.Exact
 	})
+	return &logRig{rt: rt, pub: pub, ev: ev, logs: logs}
+}
+
+// A stream state change is logged once, with the counters that moved.
+func TestStreamStateChangeLoggedOnce(t *testing.T) {
+	r := newLogRig(t, false)
+	rt, pub, ev, logs := r.rt, r.pub, r.ev, r.logs
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	_, _ = pub.PublishLost(ev) // a gap the engine cannot replay (no replay socket)
@@ -769,42 +788,8 @@ func TestDegradedInexact(t *testing.T) {
 // socket repairs within milliseconds) is logged too, once, with the path it took and why: the
 // two samples both read exact, which before this was logged as nothing at all.
 func TestTransientStreamStateChangeLogged(t *testing.T) {
-	sim := startSim(t, vllmsim.Config{})
-	u, _ := url.Parse(sim.URL())
-	pub, err := kvtest.NewPublisher(kvtest.Options{Topic: "kv@" + u.Host + "@m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close() })
-	var logs syncBuffer
-	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{pub.Endpoint()},
-		Replay: []string{pub.ReplayEndpoint()}, Ready: true}
-	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), func(o *Options) {
-		noHealthLoop(o)
-		o.Model = "m"
-		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	})
-	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	algo, _ := blockkey.ParseAlgo("sha256")
-	cache, err := kvtest.NewCache(algo, "0", 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	toks := make([]uint32, 32)
-	for i := range toks {
-		toks[i] = uint32(100 + i)
-	}
-	ev, err := cache.Store(toks, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "a first batch applied", func() bool {
-		_, _ = pub.Publish(ev)
-		st, _ := rt.s.sub.Stats("e0", 0)
-		return st.Applied > 0 && st.State == kvevents.Exact
-	})
+	r := newLogRig(t, true)
+	rt, pub, ev, logs := r.rt, r.pub, r.ev, r.logs
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	_, _ = pub.PublishLost(ev) // a gap the replay ring still holds
