@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -159,17 +160,27 @@ const (
 	maxPeers   = 16
 )
 
+// shorten cuts a detail to maxDetail bytes with "...", at a UTF-8 character boundary: an
+// engine's error text may hold any character, and a cut inside one would reach the status as
+// a replacement character.
+func shorten(detail string) string {
+	if len(detail) <= maxDetail {
+		return detail
+	}
+	cut := maxDetail - 3
+	for cut > 0 && !utf8.RuneStart(detail[cut]) {
+		cut--
+	}
+	return detail[:cut] + "..."
+}
+
 func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded, peers []string) error {
 	ds := make([]degradedJSON, 0, len(cur))
 	for i, d := range cur {
 		if i == maxEntries {
 			break
 		}
-		detail := d.Detail
-		if len(detail) > maxDetail {
-			detail = detail[:maxDetail-3] + "..."
-		}
-		ds = append(ds, degradedJSON{Replica: d.Replica, Reason: d.Reason, Since: metav1.NewTime(d.Since), Detail: detail})
+		ds = append(ds, degradedJSON{Replica: d.Replica, Reason: d.Reason, Since: metav1.NewTime(d.Since), Detail: shorten(d.Detail)})
 	}
 	entry := map[string]any{"pod": r.o.Pod, "observedAt": metav1.NewTime(now), "degraded": ds}
 	if r.o.Peers != nil {
