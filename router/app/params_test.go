@@ -32,13 +32,4 @@ func TestKVParamsFromScoring(t *testing.T) {
 	if got.Slack != 0.5 || got.Temperature != 0.1 || got.TierWeights != [score.NumTiers]float64{1, 0.4, 0.1} {
 		t.Errorf("imbalanceBound, temperature or tierWeights not carried over: %+v", got)
 	}
-	// The cold-prefix tie-break: off unless set.
-	if got.ColdTieTolerance != 0 {
-		t.Errorf("unset, the cold tie tolerance is %v, want 0 (off)", got.ColdTieTolerance)
-	}
-	quarter := 0.25
-	sc.ColdTieTolerance = &quarter
-	if p := kvParams(sc); p.ColdTieTolerance != 0.25 {
-		t.Errorf("coldTieTolerance 0.25 gave %v", p.ColdTieTolerance)
-	}
 }

@@ -426,9 +426,6 @@ func (s *Router) Refused(reason string) { s.met.Errors.WithLabelValues("", s.pol
 // kvParams maps the configuration's scoring knobs onto the kv policy's defaults.
 func kvParams(sc config.Scoring) score.KVParams {
 	kv := score.DefaultKV
-	if sc.ColdTieTolerance != nil {
-		kv.ColdTieTolerance = *sc.ColdTieTolerance
-	}
 	kv.TierWeights = [score.NumTiers]float64{sc.TierWeights.GPU, sc.TierWeights.CPU, sc.TierWeights.Disk}
 	kv.Temperature = sc.Temperature
 	if sc.ImbalanceBound >= 1 {

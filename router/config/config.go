@@ -242,13 +242,6 @@ type Scoring struct {
 	Temperature float64 `json:"temperature"`
 	// TierWeights are how much a cached block is worth per tier (0..1).
 	TierWeights TierWeights `json:"tierWeights"`
-	// ColdTieTolerance (0..1): for a prompt cached nowhere, the replicas that hold none of it
-	// and cost within this share of the prompt's tokens of the cheapest are a near-tie, won by
-	// a hash of the prompt's first block so several routers send a new prefix's siblings to
-	// the same replica. Unset or 0: off, the cheapest wins. Off by default, with peers too:
-	// through 3 routers it did not recover the siblings regime's hit rate (docs/router.md,
-	// "Several router replicas").
-	ColdTieTolerance *float64 `json:"coldTieTolerance,omitempty"`
 }
 
 // TierWeights weigh a cache hit by where the block lives.
@@ -518,9 +511,6 @@ func (c Config) Validate() error {
 	}
 	if s.ImbalanceBound < 1 {
 		bad("scoring.imbalanceBound", "%v must be >= 1 (a ratio to the fleet mean)", s.ImbalanceBound)
-	}
-	if t := s.ColdTieTolerance; t != nil && (*t < 0 || *t > 1) {
-		bad("scoring.coldTieTolerance", "%v must be between 0 (off) and 1 (a share of the prompt's tokens)", *t)
 	}
 	if s.Temperature < 0 {
 		bad("scoring.temperature", "%v must be >= 0", s.Temperature)

@@ -49,15 +49,6 @@ type KVParams struct {
 	StarvedHeadroom float64
 	// Temperature > 0 samples among near-ties (softmax over normalised cost); 0 is deterministic.
 	Temperature float64
-	// ColdTieTolerance: when the cheapest eligible replica holds none of the prompt (a prefix
-	// cached nowhere the router knows of), every eligible replica that holds none of it either
-	// and costs within ColdTieTolerance x the prompt's tokens of the cheapest is a near-tie, and
-	// the near-tie with the highest rendezvous hash of (the prompt's first block key, replica
-	// name) wins. Several routers whose load views differ by their last milliseconds then send
-	// a new prefix's siblings to the same replica instead of each to its own least-loaded one
-	// (issue 24); one router gains the same for siblings decided before the first one's
-	// prediction lands. 0 is off: the cheapest wins, ties drawn at random.
-	ColdTieTolerance float64
 }
 
 // DefaultKV is the `kv` policy's default tuning.
@@ -173,8 +164,6 @@ const (
 	guardRequests   = "request_bound"    // over (1+RequestSlack) x the mean windowed requests + headroom
 	guardStarvation = "starvation_floor" // another replica is starved and this one is not
 	guardTokens     = "token_bound"      // its windowed uncached work would pass (1+Slack) x the mean
-	// Not a guard but a lost tie: a cold prefix's near-tie that another replica won by hash.
-	lostColdTie = "cold_prefix_tie"
 )
 
 // kvEval is one decision's numbers per candidate, filled by evaluate. Pick reuses the policy's
@@ -314,65 +303,7 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	if k.p.Temperature > 0 {
 		return k.sample(cands, value), nil
 	}
-	if i := k.coldTieWinner(req, cands, e); i >= 0 {
-		return i, nil
-	}
 	return pickMin(cands, value, k.rng), nil
-}
-
-// cold reports whether the replica holds none of the prompt, exactly or by prediction.
-func cold(c *Candidate) bool { return c.ExactBlocks == 0 && c.PredictedBlocks == 0 }
-
-// coldTieWinner is the near-tie a cold prefix goes to (KVParams.ColdTieTolerance), or -1 when
-// the rule does not apply: off, no keys, or the cheapest eligible replica holds some of it.
-func (k *kvPolicy) coldTieWinner(req *Request, cands []Candidate, e *kvEval) int {
-	if k.p.ColdTieTolerance <= 0 || len(req.Keys) == 0 {
-		return -1
-	}
-	best, warmMin := -1, math.Inf(1)
-	for i := range cands {
-		if math.IsInf(e.val[i], 1) {
-			continue
-		}
-		if best < 0 || e.val[i] < e.val[best] {
-			best = i
-		}
-		if !cold(&cands[i]) {
-			warmMin = math.Min(warmMin, e.val[i])
-		}
-	}
-	if best < 0 || !cold(&cands[best]) {
-		return -1
-	}
-	// A replica that holds part of the prompt and costs less than a cold near-tie still wins
-	// on cost: the near-ties stop below it.
-	limit := e.val[best] + k.p.ColdTieTolerance*float64(req.Tokens)
-	win, top := -1, uint64(0)
-	for i := range cands {
-		if math.IsInf(e.val[i], 1) || !cold(&cands[i]) || e.val[i] > limit || e.val[i] >= warmMin {
-			continue
-		}
-		if h := rendezvous(uint64(req.Keys[0]), cands[i].ID); win < 0 || h > top {
-			win, top = i, h
-		}
-	}
-	return win
-}
-
-// rendezvous is the highest-random-weight hash of a prefix and a replica name: every router
-// computes the same value, with no shared state. FNV-1a over the name, mixed with the key by
-// splitmix64's finaliser (written by hand: a few lines, and stable across processes, which
-// hash/maphash is not).
-func rendezvous(key uint64, name string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(name); i++ {
-		h ^= uint64(name[i])
-		h *= 1099511628211
-	}
-	z := h ^ key
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
 }
 
 // Explain gives each candidate's cost and its terms, in prefill-token equivalents, and the guard
@@ -391,17 +322,6 @@ func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 	var e kvEval
 	e.size(len(cands), true)
 	k.evaluate(req, cands, &e, true)
-	if k.p.Temperature <= 0 {
-		// Every eligible replica as cheap as the tie's winner lost the tie (all cold: a warm one
-		// that cheap would have stopped the near-ties), so the cheapest left is the winner.
-		if w := k.coldTieWinner(req, cands, &e); w >= 0 {
-			for i := range cands {
-				if i != w && e.why[i] == "" && e.val[i] <= e.val[w] {
-					e.why[i] = lostColdTie
-				}
-			}
-		}
-	}
 	for i := range cands {
 		c := &cands[i]
 		out[i] = Explanation{Cost: e.raw[i], Excluded: e.why[i]}
@@ -462,12 +382,8 @@ func (k *kvPolicy) OnRouted(req *Request, cands []Candidate, i int) {
 		}
 	}
 	id := cands[i].ID
-	w := k.window[id]
-	if w == nil {
-		w = &tokenWindow{since: req.NowNs}
-		k.window[id] = w
-	}
-	w.add(req.NowNs, k.realUncached(req, &cands[i]))
+	k.startClock(id, req.NowNs) // an unhealthy pick (a caller's choice) has none yet
+	k.window[id].add(req.NowNs, k.realUncached(req, &cands[i]))
 }
 
 // Retract takes back the window entry OnRouted added for the same request (a failed attempt).

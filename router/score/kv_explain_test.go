@@ -2,7 +2,6 @@ package score
 
 import (
 	"encoding/json"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -40,15 +39,7 @@ func windowsOf(k *kvPolicy) map[string]tokenWindow {
 // to the cost, and Explain changes nothing: windows, clocks and the random tie-break are as
 // before, so a policy asked to explain every decision picks exactly as one that is not.
 func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
-	for _, tol := range []float64{0, 0.1} {
-		t.Run(fmt.Sprintf("coldTie=%v", tol), func(t *testing.T) { explainAgreesWithPick(t, tol) })
-	}
-}
-
-func explainAgreesWithPick(t *testing.T, coldTie float64) {
-	params := DefaultKV
-	params.ColdTieTolerance = coldTie
-	explained, plain := newKV(Options{Seed: 3, KV: &params}), newKV(Options{Seed: 3, KV: &params})
+	explained, plain := newKV(Options{Seed: 3}), newKV(Options{Seed: 3})
 	rng := rand.New(rand.NewPCG(1, 2))
 	const n = 6
 	excluded := map[string]int{}
@@ -65,7 +56,7 @@ func explainAgreesWithPick(t *testing.T, coldTie float64) {
 				c[i].WarmupCredit = rng.Float64()
 			}
 		}
-		if rng.IntN(4) == 0 { // a prefix cached nowhere: the cold tie-break's case
+		if rng.IntN(4) == 0 { // a prefix cached nowhere
 			for i := range c {
 				c[i].ExactBlocks, c[i].PredictedBlocks = 0, 0
 			}
@@ -119,11 +110,7 @@ func explainAgreesWithPick(t *testing.T, coldTie float64) {
 		plain.OnRouted(req, c, i)
 	}
 	// Every guard fired somewhere, or the comparison above did not cover it.
-	want := []string{"", guardUnhealthy, guardRequests, guardTokens, guardStarvation}
-	if coldTie > 0 {
-		want = append(want, lostColdTie)
-	}
-	for _, g := range want {
+	for _, g := range []string{"", guardUnhealthy, guardRequests, guardTokens, guardStarvation} {
 		if excluded[g] == 0 {
 			t.Errorf("no candidate explained with %q over the run: %v", g, excluded)
 		}
@@ -192,61 +179,5 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	}
 	if i, _ := p.Pick(req, c); i != 3 {
 		t.Errorf("Pick chose %d, want the starved replica 3", i)
-	}
-}
-
-// Two routers whose load views differ by their last few requests send a cold prefix to the same
-// replica with the tie-break on (the rendezvous hash of its first block), and to their own
-// least-loaded replicas with it off; a replica holding part of the prompt still wins on cost.
-func TestKVColdTieSendsAColdPrefixToOneReplica(t *testing.T) {
-	params := DefaultKV
-	params.ColdTieTolerance = 0.1
-	view := func(extra int) []Candidate {
-		c := fleetOf(4)
-		for i := range c {
-			c[i].PrefillTokens = 1000 + 37*i // router A's picture
-		}
-		c[extra].PrefillTokens += 600 // router B has just routed a request there
-		return c
-	}
-	agree, disagree := 0, 0
-	for p := uint64(1); p <= 200; p++ {
-		req := &Request{Keys: keys(p*1000+1, p*1000+2, p*1000+3, p*1000+4), Tokens: 6000, BlockSize: 16, NowNs: sec}
-		for _, tol := range []float64{0.1, 0} {
-			params.ColdTieTolerance = tol
-			a, b := newKV(Options{Seed: 1, KV: &params}), newKV(Options{Seed: 2, KV: &params})
-			i, _ := a.Pick(req, view(1))
-			j, _ := b.Pick(req, view(0))
-			switch {
-			case tol > 0 && i != j:
-				t.Fatalf("prefix %d: routers picked %d and %d with the tie-break on", p, i, j)
-			case tol > 0:
-				agree++
-			case i != j:
-				disagree++
-			}
-		}
-	}
-	if agree != 200 || disagree == 0 {
-		t.Fatalf("agreed on %d of 200 cold prefixes with the tie-break, disagreed on %d without it: the test shows nothing", agree, disagree)
-	}
-	// The hash spreads cold prefixes over the near-ties rather than always naming one replica.
-	params.ColdTieTolerance = 0.1
-	k := newKV(Options{Seed: 1, KV: &params})
-	seen := map[int]int{}
-	for p := uint64(1); p <= 200; p++ {
-		req := &Request{Keys: keys(p*1000 + 1), Tokens: 6000, BlockSize: 16, NowNs: sec}
-		i, _ := k.Pick(req, view(1))
-		seen[i]++
-	}
-	if len(seen) < 3 {
-		t.Errorf("200 cold prefixes went to %v: the rendezvous hash should spread them", seen)
-	}
-	// A replica holding half the prompt costs less than every cold one and wins.
-	c := view(1)
-	c[3].ExactBlocks = 2
-	req := &Request{Keys: keys(1, 2, 3, 4), Tokens: 64, BlockSize: 16, NowNs: sec}
-	if i, _ := k.Pick(req, c); i != 3 {
-		t.Errorf("picked %d, want the replica holding part of the prompt", i)
 	}
 }
