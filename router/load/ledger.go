@@ -2,8 +2,8 @@
 // entry per request, keyed by its id, from Routed through FirstToken to Done (or Failed, which
 // takes the request back). Everything a request adds to the router's picture of the fleet lives
 // behind it: the replica's prefill, decode and running counters, the predicted side index (and
-// the approximate one for replicas without a whole event stream), and the scoring policy's
-// time windows (told through OnRouted and Retract). The live router drives it with the wall
+// the approximate one for replicas without a whole event stream), and the balance windows of
+// routed prefill the kv policy's bounds read (score.Windows, read into Candidate.Window). The live router drives it with the wall
 // clock, the fleet model (sim/fleet) with virtual time, so both count load by one code path.
 package load
 
@@ -26,8 +26,8 @@ type Options struct {
 	// Now is the ledger's clock (side-index expiry and the time of each record); time.Now
 	// when nil. The fleet model passes its virtual clock.
 	Now func() time.Time
-	// Policy is the scoring policy whose per-request state (time windows) the ledger keeps in
-	// step with its records. Required.
+	// Policy is the scoring policy the ledger serialises with its records (Pick, OnRouted,
+	// Retract, Forget). Required. A score.Windowed policy sets the balance windows' length.
 	Policy score.Policy
 	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL when 0).
 	PredictedTTL time.Duration
@@ -135,6 +135,9 @@ type Ledger struct {
 	live   map[ID]*Record
 	pred   *index.SideIndex
 	approx *index.SideIndex
+	// win is every replica's routed uncached prefill over the balance window (its own lock;
+	// written under mu with the records).
+	win *score.Windows
 }
 
 // ErrUnknown is returned for an id the ledger does not hold (finished, or never routed).
@@ -145,9 +148,14 @@ func New(o Options) *Ledger {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	span := score.DefaultWindow
+	if w, ok := o.Policy.(score.Windowed); ok {
+		span = w.WindowSpan()
+	}
 	return &Ledger{now: o.Now, obs: o.Observers, pol: o.Policy, live: map[ID]*Record{},
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
-		approx: index.NewApproximate(index.SideOptions{})}
+		approx: index.NewApproximate(index.SideOptions{}),
+		win:    score.NewWindows(span)}
 }
 
 // Generation is a number that moves after every change to what a decision reads from the ledger
@@ -185,6 +193,7 @@ func (l *Ledger) Remove(r *Replica) {
 	if f, ok := l.pol.(score.Forgetter); ok {
 		f.Forget(r.Name)
 	}
+	l.win.Forget(r.Name)
 	l.mu.Unlock()
 	l.pred.DropReplica(r.ID)
 	l.approx.DropReplica(r.ID)
@@ -259,6 +268,9 @@ func (l *Ledger) Routed(r Routing) (ID, *Record) {
 func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 	if r.Req != nil {
 		l.pol.OnRouted(r.Req, r.Cands, r.Chosen)
+		if r.Chosen >= 0 && r.Chosen < len(r.Cands) {
+			l.win.Routed(r.Req.NowNs, r.Cands, r.Chosen, float64(r.Uncached))
+		}
 	}
 	rc := &Record{Routing: r, At: l.now()}
 	if len(r.Keys) > 0 {
@@ -357,8 +369,13 @@ func (l *Ledger) end(id ID, rollback bool) (*Record, error) {
 	if !rollback {
 		return rc, nil
 	}
-	if rt, ok := l.pol.(score.Retractor); ok && rc.Req != nil {
-		rt.Retract(rc.Req, rc.Cands, rc.Chosen)
+	if rc.Req != nil {
+		if rt, ok := l.pol.(score.Retractor); ok {
+			rt.Retract(rc.Req, rc.Cands, rc.Chosen)
+		}
+		if rc.Chosen >= 0 && rc.Chosen < len(rc.Cands) {
+			l.win.Retract(rc.Cands[rc.Chosen].ID, rc.Req.NowNs, float64(rc.Uncached))
+		}
 	}
 	if rc.predicted && !rep.gone.Load() {
 		l.pred.Unpredict(rep.ID, rc.Keys, rc.At)
@@ -408,12 +425,18 @@ func (l *Ledger) ImportApprox(r *Replica, entries []index.SideEntry) {
 	l.gen.Add(1)
 }
 
-// Expire drops side-index entries expired at the ledger's now (Routed also does as it goes).
+// Expire drops side-index and window entries expired at the ledger's now (Routed also does as
+// it goes).
 func (l *Ledger) Expire() {
 	now := l.now()
 	l.pred.Expire(now)
 	l.approx.Expire(now)
+	l.win.Expire(now.UnixNano())
 }
+
+// Window is the replica's balance window at nowNs (the decisions' clock), for
+// Candidate.Window. It changes nothing.
+func (l *Ledger) Window(id string, nowNs int64) score.Window { return l.win.Read(id, nowNs) }
 
 // Stats is the ledger's size, for /metrics and state comparisons.
 type Stats struct {

@@ -67,9 +67,11 @@ type IndexView interface {
 	Slots() int
 }
 
-// LedgerView is the read side of the ledger's side indexes (load.Ledger).
+// LedgerView is the read side of the ledger's side indexes and balance windows (load.Ledger).
 type LedgerView interface {
 	Match(keys []blockkey.Key, slots int, approx bool, pred, appr []uint32) ([]uint32, []uint32)
+	// Window is a replica's balance window at the decision's time.
+	Window(id string, nowNs int64) score.Window
 	// Generation moves after every change to the load counters or side indexes.
 	Generation() uint64
 }
@@ -164,7 +166,8 @@ func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, 
 }
 
 // Refresh (re)reads what the ledger owns into every candidate: the load counters (other
-// routers' share added) and the side indexes' overlap, capped to the computable blocks. Decide
+// routers' share added), the balance window and the side indexes' overlap, capped to the
+// computable blocks. Decide
 // calls it once; the router calls it again under the ledger's lock just before the policy picks
 // (load.Ledger.Decide's refresh), because candidates built before the lock miss every sibling
 // routed in between: eight siblings arriving together would each see the prefix nowhere and
@@ -198,7 +201,8 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 		}
 		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
 			PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
-			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate}
+			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
+			Window: led.Window(r.Name, d.Req.NowNs)}
 		d.Raw[i] = Overlap{}
 		if int(r.ID) < len(d.exact) {
 			m := d.exact[r.ID]

@@ -3,6 +3,7 @@ package score
 import (
 	"math"
 	"math/rand/v2"
+	"time"
 )
 
 // KVParams tune kvroute's default cost model. DefaultKV holds the router's defaults; the fleet
@@ -22,7 +23,8 @@ type KVParams struct {
 	// QueueTokens is the cost of one waiting request in prefill-token equivalents.
 	QueueTokens float64
 	// WindowSeconds is the length of the sliding window over which each replica's routed
-	// uncached prefill tokens are summed (the quantity the balance bound limits).
+	// uncached prefill tokens are summed (the quantity the balance bound limits). The ledger
+	// keeps the windows (Candidate.Window) at this length (WindowSpan).
 	WindowSeconds float64
 	// Slack bounds imbalance: a replica stays eligible while its windowed work plus this
 	// request is within (1+Slack) x the fleet mean after this decision.
@@ -73,9 +75,8 @@ var DefaultKV = KVParams{
 // least-loaded replica. A bounded-imbalance guard keeps a hot prefix from taking an unbounded
 // share: replicas whose windowed prefill work would exceed the bound are skipped.
 type kvPolicy struct {
-	p      KVParams
-	rng    *rand.Rand
-	window map[string]*tokenWindow
+	p   KVParams
+	rng *rand.Rand
 	// scratch is Pick's per-candidate numbers, reused across calls so Pick does not allocate.
 	scratch kvEval
 }
@@ -85,46 +86,21 @@ func newKV(o Options) *kvPolicy {
 	if o.KV != nil {
 		p = *o.KV
 	}
-	return &kvPolicy{p: p, rng: newRNG(o.Seed), window: map[string]*tokenWindow{}}
+	return &kvPolicy{p: p, rng: newRNG(o.Seed)}
 }
 
 func (k *kvPolicy) Name() string { return "kv" }
 
 // uncached is the request's prefill tokens the replica's cache does not cover, less the warm-up
-// credit (virtual overlap): what the choice compares.
+// credit (virtual overlap): what the choice compares. The credit shapes the choice only; the
+// balance window records the prefill the replica really does (the ledger's routed uncached
+// tokens), so a warming replica's load is never under-counted (issue 22).
 func (k *kvPolicy) uncached(req *Request, c *Candidate) float64 {
-	return k.uncachedBlocks(req, c, clamp01(c.WarmupCredit)*float64(req.PromptBlocks()))
-}
-
-// realUncached is the prefill the replica will really do for the request: no warm-up credit.
-// The balance window records this, so a warming replica's load is never under-counted (the
-// credit shapes the choice, not the accounting of real work; issue 22).
-func (k *kvPolicy) realUncached(req *Request, c *Candidate) float64 {
-	return k.uncachedBlocks(req, c, 0)
-}
-
-func (k *kvPolicy) uncachedBlocks(req *Request, c *Candidate, virtualBlocks float64) float64 {
 	blocks := math.Max(c.gpuEquivalentBlocks(k.p.TierWeights), float64(c.PredictedBlocks))
-	blocks += virtualBlocks
+	blocks += clamp01(c.WarmupCredit) * float64(req.PromptBlocks())
 	blocks = math.Min(blocks, float64(len(req.Keys)))
 	u := float64(req.Tokens) - blocks*float64(max(req.BlockSize, 1))
 	return math.Max(u, 0)
-}
-
-// windowed is the replica's routed uncached tokens inside the window ending at now, and the
-// number of requests routed there in it. readOnly reads without pruning the ring (Explain must
-// change nothing, not even drop old entries a concurrent earlier-clocked decision still reads).
-func (k *kvPolicy) windowed(id string, now int64, readOnly bool) (tokens, requests float64) {
-	w := k.window[id]
-	if w == nil {
-		return 0, 0
-	}
-	span := int64(k.p.WindowSeconds * 1e9)
-	if readOnly {
-		t, n := w.peek(now, span)
-		return t, float64(n)
-	}
-	return w.sum(now, span), float64(w.n)
 }
 
 // minSpanSeconds is the shortest history a replica's window is read over. Measured on the
@@ -133,22 +109,15 @@ func (k *kvPolicy) windowed(id string, now int64, readOnly bool) (tokens, reques
 // and the fleet's hit rate fell 18%.
 const minSpanSeconds = 1
 
-// span is how long the window of the replica covers at now: the time since the policy first
-// saw it (OnRouted starts the clock), between minSpanSeconds and the window length. A replica
-// not seen yet has the shortest span, as if its clock started now.
-func (k *kvPolicy) span(id string, now int64) float64 {
+// span is how long the candidate's window covers at now: the time since the ledger first saw
+// it as a candidate, between minSpanSeconds and the window length. A replica not seen yet has
+// the shortest span, as if its clock started now.
+func (k *kvPolicy) span(c *Candidate, now int64) float64 {
 	since := now
-	if w := k.window[id]; w != nil {
-		since = w.since
+	if c.Window.Seen {
+		since = c.Window.Since
 	}
 	return math.Min(math.Max(float64(now-since)/1e9, minSpanSeconds), k.p.WindowSeconds)
-}
-
-// startClock starts the window clock of a replica the policy has not seen before.
-func (k *kvPolicy) startClock(id string, now int64) {
-	if k.window[id] == nil {
-		k.window[id] = &tokenWindow{since: now}
-	}
 }
 
 func grow(s []float64, n int) []float64 {
@@ -196,9 +165,8 @@ func (e *kvEval) exclude(i int, guard string) {
 	}
 }
 
-// evaluate computes every candidate's cost and applies the guards. readOnly leaves the policy's
-// windows untouched (Explain); Pick prunes them as it reads.
-func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval, readOnly bool) {
+// evaluate computes every candidate's cost and applies the guards. It changes nothing but e.
+func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 	unc, win, cnt, scale, raw, val := e.unc, e.win, e.cnt, e.scale, e.raw, e.val
 	// Windows are compared as rates over the time each replica has been in the fleet: a
 	// replica that joined 5 s ago has 5 s of work in its window, not 60, and read raw it would
@@ -208,7 +176,7 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval, readOnly
 	oldest := 0.0
 	for i := range cands {
 		if cands[i].Healthy {
-			scale[i] = k.span(cands[i].ID, req.NowNs)
+			scale[i] = k.span(&cands[i], req.NowNs)
 			oldest = math.Max(oldest, scale[i])
 		}
 	}
@@ -217,8 +185,7 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval, readOnly
 		if cands[i].Healthy {
 			n++
 			scale[i] = oldest / scale[i]
-			t, r := k.windowed(cands[i].ID, req.NowNs, readOnly)
-			win[i], cnt[i] = t*scale[i], r*scale[i]
+			win[i], cnt[i] = cands[i].Window.Tokens*scale[i], float64(cands[i].Window.Requests)*scale[i]
 			sum += win[i]
 			reqs += cnt[i]
 			inflight += cands[i].Running + cands[i].Queue
@@ -298,7 +265,7 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	}
 	e := &k.scratch
 	e.size(len(cands), false)
-	k.evaluate(req, cands, e, false)
+	k.evaluate(req, cands, e)
 	value := func(i int) float64 { return e.val[i] }
 	if k.p.Temperature > 0 {
 		return k.sample(cands, value), nil
@@ -307,8 +274,8 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 }
 
 // Explain gives each candidate's cost and its terms, in prefill-token equivalents, and the guard
-// that excluded it, without changing the policy: the windows are read, not pruned, no clock
-// starts and the random tie-break is not drawn. The cheapest candidate not excluded is Pick's
+// that excluded it, without changing the policy: the random tie-break is not drawn (the windows
+// are the ledger's, and neither Pick nor Explain writes them). The cheapest candidate not excluded is Pick's
 // choice at temperature 0 (on an exact tie Pick draws among the tied, route.Cheapest takes the
 // first); with a temperature Pick samples near it.
 func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
@@ -321,7 +288,7 @@ func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 	}
 	var e kvEval
 	e.size(len(cands), true)
-	k.evaluate(req, cands, &e, true)
+	k.evaluate(req, cands, &e)
 	for i := range cands {
 		c := &cands[i]
 		out[i] = Explanation{Cost: e.raw[i], Excluded: e.why[i]}
@@ -375,92 +342,11 @@ func (k *kvPolicy) sample(cands []Candidate, value func(int) float64) int {
 	return best
 }
 
-func (k *kvPolicy) OnRouted(req *Request, cands []Candidate, i int) {
-	for j := range cands {
-		if cands[j].Healthy {
-			k.startClock(cands[j].ID, req.NowNs)
-		}
-	}
-	id := cands[i].ID
-	k.startClock(id, req.NowNs) // an unhealthy pick (a caller's choice) has none yet
-	k.window[id].add(req.NowNs, k.realUncached(req, &cands[i]))
-}
+// OnRouted changes nothing: the request's work is recorded in the balance window by the ledger
+// (router/load), which owns the windows; the policy only reads them (Candidate.Window).
+func (k *kvPolicy) OnRouted(*Request, []Candidate, int) {}
 
-// Retract takes back the window entry OnRouted added for the same request (a failed attempt).
-func (k *kvPolicy) Retract(req *Request, cands []Candidate, i int) {
-	if w := k.window[cands[i].ID]; w != nil {
-		w.remove(req.NowNs, k.realUncached(req, &cands[i]))
-	}
-}
-
-// Forget drops a replica's window (it left the fleet).
-func (k *kvPolicy) Forget(id string) { delete(k.window, id) }
-
-// tokenWindow is an exact sliding-window sum: a ring of (time, tokens) entries, oldest first.
-// Written by hand: it is a few lines, and the generic ring buffers would box every entry.
-type tokenWindow struct {
-	at    []int64
-	tok   []float64
-	head  int // index of the oldest live entry
-	n     int // live entries
-	total float64
-	since int64 // when the policy first saw the replica (unix ns)
-}
-
-// peek is sum without dropping anything: the total and count of the entries inside the window.
-func (w *tokenWindow) peek(now, span int64) (float64, int) {
-	total, n := 0.0, 0
-	for j := 0; j < w.n; j++ {
-		x := (w.head + j) % len(w.at)
-		if w.at[x] > now-span {
-			total += w.tok[x]
-			n++
-		}
-	}
-	return total, n
-}
-
-// sum drops entries older than now-span and returns the total of the rest.
-func (w *tokenWindow) sum(now, span int64) float64 {
-	for w.n > 0 && w.at[w.head] <= now-span {
-		w.total -= w.tok[w.head]
-		w.head = (w.head + 1) % len(w.at)
-		w.n--
-	}
-	if w.n == 0 {
-		w.total = 0 // no float drift survives an empty window
-	}
-	return w.total
-}
-
-// remove zeroes the newest live entry (t, tok), if the window still holds it.
-func (w *tokenWindow) remove(t int64, tok float64) {
-	for j := w.n - 1; j >= 0; j-- {
-		x := (w.head + j) % len(w.at)
-		if w.at[x] < t {
-			return
-		}
-		if w.at[x] == t && w.tok[x] == tok {
-			w.total -= tok
-			w.tok[x] = 0
-			return
-		}
-	}
-}
-
-// add appends an entry at time t (callers add in non-decreasing time).
-func (w *tokenWindow) add(t int64, tok float64) {
-	if w.n == len(w.at) {
-		// Full: unroll into a ring twice the size.
-		size := max(2*len(w.at), 16)
-		at, tk := make([]int64, size), make([]float64, size)
-		for j := 0; j < w.n; j++ {
-			at[j], tk[j] = w.at[(w.head+j)%len(w.at)], w.tok[(w.head+j)%len(w.at)]
-		}
-		w.at, w.tok, w.head = at, tk, 0
-	}
-	j := (w.head + w.n) % len(w.at)
-	w.at[j], w.tok[j] = t, tok
-	w.n++
-	w.total += tok
+// WindowSpan is the length of the balance window the ledger keeps for this policy.
+func (k *kvPolicy) WindowSpan() time.Duration {
+	return time.Duration(k.p.WindowSeconds * float64(time.Second))
 }

@@ -23,10 +23,10 @@ func explainCheapest(cands []Candidate, ex []Explanation) int {
 	return best
 }
 
-// windowsOf is a deep copy of the policy's windows, to compare before and after.
-func windowsOf(k *kvPolicy) map[string]tokenWindow {
+// windowsOf is a deep copy of the rig's windows, to compare before and after.
+func windowsOf(k *kvRig) map[string]tokenWindow {
 	out := map[string]tokenWindow{}
-	for id, w := range k.window {
+	for id, w := range k.w.m {
 		c := *w
 		c.at, c.tok = append([]int64(nil), w.at...), append([]float64(nil), w.tok...)
 		out[id] = c
@@ -39,7 +39,7 @@ func windowsOf(k *kvPolicy) map[string]tokenWindow {
 // to the cost, and Explain changes nothing: windows, clocks and the random tie-break are as
 // before, so a policy asked to explain every decision picks exactly as one that is not.
 func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
-	explained, plain := newKV(Options{Seed: 3}), newKV(Options{Seed: 3})
+	explained, plain := newKVRig(Options{Seed: 3}), newKVRig(Options{Seed: 3})
 	rng := rand.New(rand.NewPCG(1, 2))
 	const n = 6
 	excluded := map[string]int{}
@@ -123,7 +123,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 // starved replica.
 func TestKVExplainNamesTheGuard(t *testing.T) {
 	// The request bound: replica 0 has taken every request of the window.
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	for r := 0; r < 40; r++ {
 		c := fleetOf(4)
 		for i := range c {
@@ -140,7 +140,7 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 		t.Errorf("hot holder explained %+v, want %s", ex[0], guardRequests)
 	}
 	// The token bound: replica 0 did 10x the others' uncached work and this request is a miss.
-	p = newKV(Options{Seed: 1})
+	p = newKVRig(Options{Seed: 1})
 	for r := 0; r < 8; r++ {
 		c := fleetOf(2)
 		tok := 160
@@ -157,7 +157,7 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 		t.Errorf("explanations %+v, want replica 0 over the %s", ex, guardTokens)
 	}
 	// The floor: three replicas took 30 requests in the window, the fourth none and runs none.
-	p = newKV(Options{Seed: 1})
+	p = newKVRig(Options{Seed: 1})
 	for r := 0; r < 30; r++ {
 		c := fleetOf(4)
 		req := &Request{Keys: keys(seq(2)...), Tokens: 32, BlockSize: 16, NowNs: int64(r) * sec / 10}

@@ -13,13 +13,17 @@ func TestTokenWindowIsExact(t *testing.T) {
 	span := 60 * sec
 	w.add(0, 100)
 	w.add(30*sec, 50)
-	if got := w.sum(60*sec-1, span); got != 150 {
+	sum := func(now, span int64) float64 { w.prune(now, span); t, _ := w.read(now, span); return t }
+	if got, _ := w.read(60*sec, span); got != 50 {
+		t.Errorf("read once the first entry is 60 s old = %v, want 50 (before any prune)", got)
+	}
+	if got := sum(60*sec-1, span); got != 150 {
 		t.Errorf("sum just before the first entry leaves = %v, want 150", got)
 	}
-	if got := w.sum(60*sec, span); got != 50 {
+	if got := sum(60*sec, span); got != 50 {
 		t.Errorf("sum once the first entry is 60 s old = %v, want 50", got)
 	}
-	if got := w.sum(90*sec, span); got != 0 {
+	if got := sum(90*sec, span); got != 0 {
 		t.Errorf("sum of an empty window = %v, want 0", got)
 	}
 	// Many entries: the ring grows and wraps, and the sum stays the sum of the last 60 s.
@@ -29,14 +33,14 @@ func TestTokenWindowIsExact(t *testing.T) {
 		for j := max(i-59, 0); j <= i; j++ {
 			want += float64(j)
 		}
-		if got := w.sum(100*sec+i*sec, span); got != want {
+		if got := sum(100*sec+i*sec, span); got != want {
 			t.Fatalf("after %d entries sum = %v, want %v", i+1, got, want)
 		}
 	}
 }
 
 func TestKVWindowRefusesARecentlyBusyReplicaUntilItsWorkLeaves(t *testing.T) {
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	c := fleetOf(2)
 	big := &Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16}
 	p.OnRouted(big, c, 0) // a miss of 1600 tokens on replica a at t=0
@@ -59,7 +63,7 @@ func TestKVWindowRefusesARecentlyBusyReplicaUntilItsWorkLeaves(t *testing.T) {
 }
 
 func TestKVFullHitIgnoresTheBound(t *testing.T) {
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	c := fleetOf(2)
 	p.OnRouted(&Request{Keys: keys(seq(100)...), Tokens: 100000, BlockSize: 16}, c, 0)
 	req := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: sec}
@@ -75,7 +79,7 @@ func TestKVFullHitIgnoresTheBound(t *testing.T) {
 
 func TestKVKeepsAPrefixGroupDespiteQueuedPrefill(t *testing.T) {
 	pick := func(o Options) int {
-		p := newKV(o)
+		p := newKVRig(o)
 		c := fleetOf(2)
 		// Both replicas have recent work, so both are under the bound and cost decides.
 		p.OnRouted(&Request{Tokens: 100000, BlockSize: 16}, c, 0)
@@ -100,7 +104,7 @@ func TestKVKeepsAPrefixGroupDespiteQueuedPrefill(t *testing.T) {
 }
 
 func TestKVPickDoesNotAllocate(t *testing.T) {
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	c := fleetOf(16)
 	req := &Request{Keys: keys(seq(64)...), Tokens: 1024, BlockSize: 16}
 	for k := range c {
@@ -123,7 +127,7 @@ func TestKVPickDoesNotAllocate(t *testing.T) {
 }
 
 func BenchmarkKVPick16(b *testing.B) {
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	c := fleetOf(16)
 	req := &Request{Keys: keys(seq(64)...), Tokens: 1024, BlockSize: 16}
 	for k := range c {
@@ -148,7 +152,7 @@ func seq(n int) []uint64 {
 func TestKVTemperatureSamplesOnlyEligibleReplicas(t *testing.T) {
 	o := DefaultKV
 	o.Temperature = 1
-	p := newKV(Options{Seed: 3, KV: &o})
+	p := newKVRig(Options{Seed: 3, KV: &o})
 	c := fleetOf(4)
 	c[3].Healthy = false
 	// Replica 0 is far over the bound; 1 and 2 are alike, so both should be drawn.
@@ -167,7 +171,7 @@ func TestKVTemperatureSamplesOnlyEligibleReplicas(t *testing.T) {
 }
 
 func TestKVRequestBoundSpillsAHotPrefix(t *testing.T) {
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	const n = 4
 	got := make([]int, n)
 	// 200 requests inside one window, each a full hit on replica 0 only (the others missed the
@@ -200,7 +204,7 @@ func TestKVRequestBoundSpillsAHotPrefix(t *testing.T) {
 	// can fail.
 	off := DefaultKV
 	off.RequestSlack, off.RequestHeadroom, off.StarvedShare = math.Inf(1), 0, 0
-	q := newKV(Options{Seed: 1, KV: &off})
+	q := newKVRig(Options{Seed: 1, KV: &off})
 	for r := 0; r < 50; r++ {
 		c := fleetOf(n)
 		c[0].ExactBlocks = 10
@@ -216,7 +220,7 @@ func TestKVFloorFeedsAReplicaAHotPrefixMissed(t *testing.T) {
 	// Three of four replicas hold the hot prefix (full hits); each carries some load, so the
 	// request bound (2x the mean) never fires. Only the floor sends the fourth a request.
 	route := func(p KVParams) []int {
-		k := newKV(Options{Seed: 1, KV: &p})
+		k := newKVRig(Options{Seed: 1, KV: &p})
 		got := make([]int, 4)
 		for r := 0; r < 120; r++ {
 			c := fleetOf(4)
@@ -254,7 +258,7 @@ func TestKVDoesNotFloodANewReplica(t *testing.T) {
 	// would make it the only eligible replica and the floor would call it starved. Windows
 	// are compared as rates over each replica's time in the fleet, and the floor stops at a
 	// share of the requests in flight.
-	k := newKV(Options{Seed: 1})
+	k := newKVRig(Options{Seed: 1})
 	// A busy fleet of three with full windows, then a fourth joins with an empty one.
 	for r := 0; r < 300; r++ {
 		c := fleetOf(3)
@@ -285,25 +289,23 @@ func TestKVDoesNotFloodANewReplica(t *testing.T) {
 
 // A retracted routing leaves no trace in the replica's window.
 func TestKVRetractAndForget(t *testing.T) {
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	c := fleetOf(2)
 	req := &Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16, NowNs: 5 * sec}
 	p.OnRouted(req, c, 0)
 	other := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: 5 * sec}
 	p.OnRouted(other, c, 0)
-	if w, _ := p.windowed(c[0].ID, 6*sec, false); w != 1760 {
+	if w, _ := p.windowed(c[0].ID, 6*sec); w != 1760 {
 		t.Fatalf("window %v before", w)
 	}
 	p.Retract(req, c, 0)
-	if w, _ := p.windowed(c[0].ID, 6*sec, false); w != 160 {
+	if w, _ := p.windowed(c[0].ID, 6*sec); w != 160 {
 		t.Fatalf("window %v after the retraction, want the other request's 160", w)
 	}
 	p.Forget(c[0].ID)
-	if _, ok := p.window[c[0].ID]; ok {
+	if p.w.Read(c[0].ID, 6*sec).Seen {
 		t.Fatal("forgotten replica keeps its window")
 	}
-	var _ Retractor = p
-	var _ Forgetter = p
 }
 
 // Warm-up credit shapes the choice, never the accounting: a fully credited replica wins the
@@ -311,7 +313,7 @@ func TestKVRetractAndForget(t *testing.T) {
 // takes back exactly that (issue 22). Before, the window recorded the credited 0 tokens, so a
 // warming replica looked idle to the bound while it prefilled everything it was sent.
 func TestKVWarmupCreditIsNotSubtractedFromRealWork(t *testing.T) {
-	p := newKV(Options{Seed: 1})
+	p := newKVRig(Options{Seed: 1})
 	c := fleetOf(2)
 	c[0].PrefillTokens, c[1].PrefillTokens = 20, 20
 	c[1].WarmupCredit = 1
@@ -324,11 +326,11 @@ func TestKVWarmupCreditIsNotSubtractedFromRealWork(t *testing.T) {
 		t.Fatalf("the choice's cost %v, want 0 with full credit", got)
 	}
 	p.OnRouted(req, c, i)
-	if w, _ := p.windowed(c[1].ID, 6*sec, false); w != 160 {
+	if w, _ := p.windowed(c[1].ID, 6*sec); w != 160 {
 		t.Fatalf("window %v after routing to the warming replica, want the 160 tokens it will prefill", w)
 	}
 	p.Retract(req, c, i)
-	if w, _ := p.windowed(c[1].ID, 6*sec, false); w != 0 {
+	if w, _ := p.windowed(c[1].ID, 6*sec); w != 0 {
 		t.Fatalf("window %v after the retraction, want 0", w)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
 )
@@ -83,6 +84,8 @@ type Candidate struct {
 	Healthy bool
 	// Approximate marks a replica whose event stream is not whole; its overlap is a guess.
 	Approximate bool
+	// Window is the prefill routed to the replica inside the balance window (the ledger's).
+	Window Window
 }
 
 // gpuEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.
@@ -117,6 +120,12 @@ type Retractor interface {
 // replica that left the fleet.
 type Forgetter interface {
 	Forget(id string)
+}
+
+// Windowed is implemented by policies that read Candidate.Window: WindowSpan is the length of
+// the windows the ledger keeps for them (DefaultWindow for every other policy).
+type Windowed interface {
+	WindowSpan() time.Duration
 }
 
 // ErrNoCandidate is returned when there is no healthy replica to choose.

@@ -123,7 +123,7 @@ func TestKVCPUOverlapWorthLessThanGPU(t *testing.T) {
 func TestKVImbalanceGuardSpreadsAHotPrefix(t *testing.T) {
 	// Every request shares a prefix held by replica 0 but has a long uncached tail: the guard
 	// must keep replica 0 from taking everything.
-	p := mustNew(t, "kv")
+	p := newKVRig(Options{}) // the ledger's windows: the guard reads them
 	work := make([]float64, 4)
 	counts := make([]int, 4)
 	for k := 0; k < 400; k++ {
