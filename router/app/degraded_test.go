@@ -113,9 +113,9 @@ func TestDegradedUndecodable(t *testing.T) {
 	}
 }
 
-// An event endpoint nobody publishes on, with too few requests routed there to prove anything
-// (one, under degraded.QuietRequests), is no-events once a whole window passed; before, it is
-// not.
+// An event endpoint nobody publishes on, with too few requests routed there for the evidence of
+// degraded.QuietRequests (one, of four blocks), is no-events once degraded.QuietWindow passed
+// without a message; before, it is not.
 func TestDegradedNoEvents(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{})
 	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{"tcp://127.0.0.1:9"}, Ready: true}
@@ -127,9 +127,32 @@ func TestDegradedNoEvents(t *testing.T) {
 	if len(reasonsOf(rt, "e0/0")) != 0 {
 		t.Fatalf("degraded before a whole window: %+v", rt.s.Degraded())
 	}
-	rt.s.healthTick(t0.Add(degraded.Window))
+	rt.s.healthTick(t0.Add(degraded.QuietWindow))
 	if !hasReason(rt, "e0/0", degraded.NoEvents) {
 		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+}
+
+// The same silent endpoint with requests that publish nothing in vLLM (shorter than a block,
+// so no full block is stored) is not no-events, however long: an idle or cache-neutral replica
+// must not look broken.
+func TestSubBlockRequestsAreNotNoEvents(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{"tcp://127.0.0.1:9"}, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	for i := range 2 * degraded.QuietRequests {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(20+i, 15, 0, 0, 1)) // 15 tokens: under one 16-token block
+	}
+	for sec := 5; sec <= 2*int(degraded.Window/time.Second); sec += 5 {
+		rt.s.healthTick(t0.Add(time.Duration(sec) * time.Second))
+	}
+	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
+		t.Fatalf("requests shorter than a block degraded the replica: %v", r)
+	}
+	if n := rt.s.reps()[0].C.Routed.Load(); n != 2*degraded.QuietRequests {
+		t.Fatalf("%d requests routed, want %d", n, 2*degraded.QuietRequests)
 	}
 }
 
