@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,27 @@ func TestRouterReportsBecomeIndexHealthy(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("no IndexUnhealthy warning event among %d", len(evs.Items))
+	})
+	// Another replica and reason instead: a Warning Event whose note names them. client-go's
+	// events recorder folds Events of one type, reason, action and regarding object into a
+	// series that keeps the first note; the regarding reference carries the model's
+	// resourceVersion, which every report and status write changes, so a new set of findings
+	// is never folded into the first. This keeps it so.
+	degraded = []report.Degraded{{Replica: "m-engine-y/0", Reason: "keys-wrong", Since: testClock.Now(), Detail: "exact index predicted 4096 cached tokens, the engine reported 0"}}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, func() error {
+		evs := &eventsv1.EventList{}
+		if err := k8s.List(ctx, evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == m.Name && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "m-engine-y/0 keys-wrong") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Warning Event names m-engine-y/0 keys-wrong among %d", len(evs.Items))
 	})
 
 	// The fault clears: healthy again, Degraded off.
