@@ -299,6 +299,14 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 			fmt.Fprintf(w, "  %s error: %s\n", r.Policy, e)
 		}
 	}
+	for _, r := range out.Results {
+		// Arrivals that waited on earlier completions: the policies did not see the same
+		// traffic (a policy whose requests finish together lets the next ones in together).
+		if r.Held > 0 {
+			fmt.Fprintf(w, "  %s: %d of %d requests waited for --concurrency: closed-loop, its arrivals were not the workload's (raise --concurrency)\n",
+				r.Policy, r.Held, r.Requests*r.Seeds)
+		}
+	}
 	writeSyncLines(w, out)
 	return nil
 }

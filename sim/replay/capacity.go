@@ -237,7 +237,8 @@ func Capacity(ctx context.Context, o Options, c CapacityOptions, workload func(r
 	return res, nil
 }
 
-// probeOf judges one run against the SLO in trace time.
+// probeOf judges one run against the SLO in trace time, each request's TTFT counted from its
+// arrival (Outcome.Held included).
 func probeOf(r *RunResult, rate float64, c CapacityOptions) CapacityProbe {
 	p := CapacityProbe{Policy: r.Policy, Seed: r.Seed, Rate: rate, CPU: r.CPU}
 	var ttfts []float64
@@ -246,7 +247,9 @@ func probeOf(r *RunResult, rate float64, c CapacityOptions) CapacityProbe {
 			p.Failed++
 			continue
 		}
-		ttfts = append(ttfts, o.TTFT*c.TimeScale)
+		// From the trace's arrival: a request the concurrency cap held waited that long too,
+		// and a user would have (TTFT alone starts when the replay sent it).
+		ttfts = append(ttfts, (o.Held+o.TTFT)*c.TimeScale)
 	}
 	if len(ttfts) > 0 {
 		p.P99 = Percentile(ttfts, 0.99)
