@@ -149,10 +149,14 @@ type CapacityProbe struct {
 	Policy string  `json:"policy"`
 	Seed   int     `json:"seed"`
 	Rate   float64 `json:"rate"`
-	P99    float64 `json:"ttft_p99_trace_s"`
-	Failed int     `json:"failed"`
-	Met    bool    `json:"met_slo"`
-	CPU    CPUUse  `json:"cpu"`
+	// Requests and Span are what the probe replayed: its requests and the wall seconds from the
+	// first arrival to the last (a trace at speed 2 arrives in half its own time).
+	Requests int     `json:"requests"`
+	Span     float64 `json:"span_s"`
+	P99      float64 `json:"ttft_p99_trace_s"`
+	Failed   int     `json:"failed"`
+	Met      bool    `json:"met_slo"`
+	CPU      CPUUse  `json:"cpu"`
 }
 
 // CapacityResult is a capacity run's outcome: each policy's capacity per seed, the policy's ratio
@@ -200,6 +204,7 @@ func Capacity(ctx context.Context, o Options, c CapacityOptions, workload func(r
 					return res, fmt.Errorf("policy %s seed %d rate %g: %w", pol, seed, rate, err)
 				}
 				p := probeOf(r, rate, c)
+				p.Requests, p.Span = len(w.Requests), w.Span().Seconds()
 				res.Probes = append(res.Probes, p)
 				if p.CPU.Invalid {
 					res.InvalidRuns++
