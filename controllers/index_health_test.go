@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/controllers/status"
 	"github.com/kvroute/kvroute/router/report"
 )
 
@@ -92,6 +94,27 @@ func TestRouterReportsBecomeIndexHealthy(t *testing.T) {
 		}
 		return fmt.Errorf("no IndexUnhealthy warning event among %d", len(evs.Items))
 	})
+	// Another replica and reason instead: a Warning Event whose note names them. client-go's
+	// events recorder folds Events of one type, reason, action and regarding object into a
+	// series that keeps the first note; the regarding reference carries the model's
+	// resourceVersion, which every report and status write changes, so a new set of findings
+	// is never folded into the first. This keeps it so.
+	degraded = []report.Degraded{{Replica: "m-engine-y/0", Reason: "keys-wrong", Since: testClock.Now(), Detail: "exact index predicted 4096 cached tokens, the engine reported 0"}}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, func() error {
+		evs := &eventsv1.EventList{}
+		if err := k8s.List(ctx, evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == m.Name && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "m-engine-y/0 keys-wrong") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Warning Event names m-engine-y/0 keys-wrong among %d", len(evs.Items))
+	})
 
 	// The fault clears: healthy again, Degraded off.
 	degraded = nil
@@ -105,4 +128,38 @@ func TestRouterReportsBecomeIndexHealthy(t *testing.T) {
 	if err := newReporter("m-router-a", other.Name).Sync(ctx); !apierrors.IsForbidden(err) {
 		t.Fatalf("writing another model's status: %v, want forbidden", err)
 	}
+
+	// Both routers stop reporting; the model must show it within 60 s of their last write
+	// (issue 19; the former 2-minute TTL fails the first check). Their last writes are stamped
+	// ReportTTL-3s ago on the operator's clock, router a's naming a fault so that the reconcile
+	// that read them shows (IndexHealthy=False); then the clock moves 4 s, past the expiry,
+	// with no write at all: only the reconciler's own look at the expiry (NextReportExpiry)
+	// can turn the model Unknown/NoRouterReport.
+	if status.ReportTTL+time.Second > 60*time.Second {
+		t.Fatalf("ReportTTL %v: a router that stops would show after 60 s", status.ReportTTL)
+	}
+	lastWrite := testClock.Now().Add(-(status.ReportTTL - 3*time.Second))
+	stopped := func(pod string, d []report.Degraded) *report.Reporter {
+		r, err := report.New(asRouter(m), report.Options{Namespace: ns, Model: m.Name, Pod: pod,
+			Now: func() time.Time { return lastWrite }, Source: func() []report.Degraded { return d }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if err := stopped("m-router-b", nil).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fault := []report.Degraded{{Replica: "m-engine-x/0", Reason: "stalled", Since: lastWrite, Detail: "5 messages received and none applied in 5s"}}
+	if err := stopped("m-router-a", fault).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got = waitCondition(t, m, v1alpha1.ConditionIndexHealthy, "False/"+v1alpha1.ReasonIndexUnhealthy)
+	for _, r := range got.Status.RouterReports {
+		if !r.ObservedAt.Time.Equal(lastWrite.Truncate(time.Second)) {
+			t.Fatalf("report %s observed at %v, want the last write %v", r.Pod, r.ObservedAt, lastWrite)
+		}
+	}
+	testClock.SetTime(testClock.Now().Add(4 * time.Second))
+	waitCondition(t, m, v1alpha1.ConditionIndexHealthy, "Unknown/"+v1alpha1.ReasonNoRouterReport)
 }

@@ -670,7 +670,7 @@ type RouterReport struct {
 	// +kubebuilder:validation:MaxLength=253
 	Pod string `json:"pod"`
 	// ObservedAt is when the router last confirmed this report; the operator ignores reports
-	// older than two minutes.
+	// older than 50 seconds.
 	ObservedAt metav1.Time `json:"observedAt"`
 	// Degraded lists the engine replicas with a degraded reason in force; empty when none. A
 	// router lists the first 32 (by replica name).

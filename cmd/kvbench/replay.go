@@ -74,6 +74,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	simBin := fs.String("vllm-sim", "", "vllm-sim binary (overrides --bin-dir)")
 	routerBin := fs.String("kvrouter", "", "kvrouter binary (overrides --bin-dir)")
 	capacity := fs.Bool("capacity", false, "search each policy's highest rate (regimes: --rate; traces: --speed) with TTFT p99 under --slo and no failed request; seeds added up to --seeds (at most 10) until kv / best other is known within 3%")
+	maxProbes := fs.Int("max-probes", 10, "--capacity: probes per policy and seed at most")
 	slo := fs.Duration("slo", 2*time.Second, "--capacity: TTFT p99 bound in trace time (wall time x --sim-time-scale)")
 	logDir := fs.String("log-dir", "", "keep process logs here (default: a temporary directory, removed unless a run fails)")
 	if err := fs.Parse(args); err != nil {
@@ -85,8 +86,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if (*trace == "") == (*regime == "") {
 		return errors.New("give exactly one of --trace and --regime")
 	}
-	if *speed <= 0 || *tpb < 1 || *firstSeed < 1 || *timeScale <= 0 || *replicas < 1 || *routers < 1 || *seeds < 1 || *conc < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
-		return errors.New("--speed, --rate, --sim-time-scale must be > 0; --replicas, --routers, --seeds, --first-seed, --concurrency, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
+	if *speed <= 0 || *tpb < 1 || *firstSeed < 1 || *timeScale <= 0 || *replicas < 1 || *routers < 1 || *seeds < 1 || *conc < 1 || *maxProbes < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
+		return errors.New("--speed, --rate, --sim-time-scale must be > 0; --replicas, --routers, --seeds, --first-seed, --concurrency, --max-probes, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
 	}
 	names := splitList(*policies)
 	if len(names) == 0 {
@@ -129,7 +130,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		o.LogDir = *logDir
 		return runCapacity(o, *trace, *regime, *offset, *maxReq, *duration, *speed, *rate, *replicas, *warmup,
 			replay.CapacityOptions{Policy: "kv", SLO: slo.Seconds(), TimeScale: *timeScale, MaxSeeds: *seeds,
-				Target: 0.03, Precision: 0.05, MaxProbes: 10}, *asJSON, stdout, stderr)
+				Target: 0.03, Precision: 0.05, MaxProbes: *maxProbes}, *asJSON, stdout, stderr)
 	}
 	var w replay.Workload
 	if *trace != "" {
@@ -299,6 +300,14 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 			fmt.Fprintf(w, "  %s error: %s\n", r.Policy, e)
 		}
 	}
+	for _, r := range out.Results {
+		// Arrivals that waited on earlier completions: the policies did not see the same
+		// traffic (a policy whose requests finish together lets the next ones in together).
+		if r.Held > 0 {
+			fmt.Fprintf(w, "  %s: %d of %d requests waited for --concurrency: closed-loop, its arrivals were not the workload's (raise --concurrency)\n",
+				r.Policy, r.Held, r.Requests*r.Seeds)
+		}
+	}
 	writeSyncLines(w, out)
 	return nil
 }
@@ -459,7 +468,24 @@ func runCapacity(o replay.Options, trace, regime string, offset, maxReq int, dur
 		enc.SetIndent("", "  ")
 		return enc.Encode(res)
 	}
-	return writeCapacityTable(stdout, res, o.Policies, c)
+	if err := writeCapacityTable(stdout, res, o.Policies, c); err != nil {
+		return err
+	}
+	if tr != nil {
+		// A trace's rate is a replay speed; say what speed 1 is, so a capacity reads as requests
+		// per second of this traffic.
+		w1, err := workload(1, 1)
+		if err != nil {
+			return err
+		}
+		per := math.NaN()
+		if sp := w1.Span().Seconds(); sp > 0 {
+			per = float64(len(w1.Requests)-1) / sp
+		}
+		fmt.Fprintf(stdout, "rates are replay speeds of the trace: speed 1 is its own arrivals, %d requests over %.1fs (%.2f req/s)\n",
+			len(w1.Requests), w1.Span().Seconds(), per)
+	}
+	return nil
 }
 
 func writeCapacityTable(w io.Writer, res *replay.CapacityResult, policies []string, c replay.CapacityOptions) error {

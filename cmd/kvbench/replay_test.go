@@ -43,7 +43,7 @@ func fakeOutput() *replayOutput {
 			{TTFT: 0.05, E2E: 0.3, PromptTokens: 100, CachedTokens: 90, Engine: "engine-0", SentAt: 0},
 			{TTFT: 0.07, E2E: 0.4, PromptTokens: 100, CachedTokens: 90, Engine: "engine-1", SentAt: 1500 * time.Millisecond}}},
 		{Policy: "round-robin", Seed: 1, Wall: 2, Engines: []string{"engine-0", "engine-1"}, Outcomes: []replay.Outcome{
-			{TTFT: 0.2, E2E: 0.5, PromptTokens: 100, CachedTokens: 10, Engine: "engine-0"},
+			{TTFT: 0.2, E2E: 0.5, PromptTokens: 100, CachedTokens: 10, Engine: "engine-0", Held: 0.3},
 			{Err: "HTTP 502: engine gone"}}},
 	}
 	return &replayOutput{Workload: "w<1>", Replicas: 2, Seeds: 1, Requests: 2, Results: replay.Summarize(runs), Runs: runs}
@@ -56,7 +56,11 @@ func TestReplayTableAndReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := b.String()
-	for _, want := range []string{"ttft_p90_s", "kv ", "0.90", "round-robin", "HTTP 502: engine gone"} {
+	if strings.Contains(s, "kv: 1 of") || strings.Contains(s, "kv: 0 of") {
+		t.Fatalf("a policy no request of which was held got the closed-loop line:\n%s", s)
+	}
+	for _, want := range []string{"ttft_p90_s", "kv ", "0.90", "round-robin", "HTTP 502: engine gone",
+		"round-robin: 1 of 2 requests waited for --concurrency: closed-loop"} {
 		if !strings.Contains(s, want) {
 			t.Fatalf("table lacks %q:\n%s", want, s)
 		}

@@ -30,6 +30,10 @@ func TestParseFlags(t *testing.T) {
 	if d := cfg.Defaults(); err != nil || d.StepModel != "calibrated" || d.StepTokenScale != 16 {
 		t.Errorf("step token scale %+v (%v)", cfg, err)
 	}
+	cfg, err = parseFlags([]string{"--step-model", "vllm-0.20.1-b300"}, io.Discard)
+	if d := cfg.Defaults(); err != nil || d.StepModel != "vllm-0.20.1-b300" || d.Validate() != nil {
+		t.Errorf("versioned step model %+v (%v)", cfg, err)
+	}
 	cfg, err = parseFlags([]string{"--decode-ms-per-token", "2"}, io.Discard)
 	if d := cfg.Defaults(); err != nil || d.StepModel != "flat" || d.DecodeMsPerToken != 2 || d.PrefillTokensPerS != 20000 {
 		t.Errorf("defaults %+v (%v)", cfg, err)

@@ -13,8 +13,11 @@ import (
 )
 
 // ReportTTL is how long a router's report counts without being confirmed. Routers confirm
-// theirs every minute (and at once on a change), so one missed write is tolerated.
-const ReportTTL = 2 * time.Minute
+// theirs every 20 s (router/report.DefaultHeartbeat, and at once on a change), so two missed
+// writes in a row are tolerated; the reconciler looks again at the expiry (NextReportExpiry),
+// so a router that stops shows as IndexHealthy=Unknown within 60 s of its last write (issue
+// 19). Before, 2 minutes with a write a minute.
+const ReportTTL = 50 * time.Second
 
 // keyReasons are the degraded reasons that mean a replica's keys may be wrong: they make the
 // model Degraded (IndexUnhealthy). informational ones are known limits, shown but healthy.

@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/api/v1alpha1"
 
 	"github.com/kvroute/kvroute/router/degraded"
+	routerreport "github.com/kvroute/kvroute/router/report"
 )
 
 func report(pod string, age time.Duration, degraded ...v1alpha1.DegradedReplica) v1alpha1.RouterReport {
@@ -49,6 +50,8 @@ func TestIndexHealthy(t *testing.T) {
 			metav1.ConditionTrue, v1alpha1.ReasonIndexHealthy, false, "known limits: e-0/0 hybrid-groups-skipped", 1},
 		{"stale report ignored, kept while its pod lives", []v1alpha1.RouterReport{report("r1", 3*time.Minute, deg("e-0/0", "keys-wrong"))},
 			metav1.ConditionUnknown, v1alpha1.ReasonNoRouterReport, false, "", 1},
+		{"a report 51 s old is stale", []v1alpha1.RouterReport{report("r1", 51*time.Second, deg("e-0/0", "keys-wrong"))},
+			metav1.ConditionUnknown, v1alpha1.ReasonNoRouterReport, false, "in the last 50s", 1},
 		{"report of a gone pod ignored, dropped once stale", []v1alpha1.RouterReport{
 			report("gone", 10*time.Second, deg("e-0/0", "keys-wrong")), report("gone2", 5*time.Minute), report("r1", 0)},
 			metav1.ConditionTrue, v1alpha1.ReasonIndexHealthy, false, "1 router(s)", 2},
@@ -113,6 +116,24 @@ func TestNextReportExpiry(t *testing.T) {
 	m.Status.RouterReports = []v1alpha1.RouterReport{report("a", 30*time.Second), report("b", 100*time.Second), report("c", time.Hour)}
 	if d := NextReportExpiry(m, t0); d != 21*time.Second {
 		t.Fatalf("next expiry %v, want 21s", d)
+	}
+	// Issue 19: a router that stops is shown within 60 s of its last write. Its report, just
+	// written, expires ReportTTL later and the reconciler looks again a second after that.
+	m.Status.RouterReports = []v1alpha1.RouterReport{report("a", 0)}
+	if d := NextReportExpiry(m, t0); d != 51*time.Second {
+		t.Fatalf("next expiry of a report just written %v, want 51s (within 60 s)", d)
+	}
+}
+
+// The report's timing: routers confirm every routerreport.DefaultHeartbeat, the operator counts a
+// report for ReportTTL, so two missed confirmations in a row are tolerated (with a few seconds
+// for a slow API call), and a router that stops shows within 60 s of its last write.
+func TestReportTimingBound(t *testing.T) {
+	if ReportTTL < 2*routerreport.DefaultHeartbeat+5*time.Second {
+		t.Errorf("ReportTTL %v: fewer than two missed confirmations (every %v) tolerated", ReportTTL, routerreport.DefaultHeartbeat)
+	}
+	if ReportTTL+time.Second > 60*time.Second {
+		t.Errorf("ReportTTL %v: a router that stops shows after 60 s", ReportTTL)
 	}
 }
 

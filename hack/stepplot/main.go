@@ -1,11 +1,13 @@
-// Command stepplot draws vllm-sim's calibrated step-time model against the published points it
-// was fitted to (testdata/vllmsim/step-time.json) as an SVG, using only the standard library:
+// Command stepplot draws one of vllm-sim's calibrated step-time models against the measured
+// points it was fitted to as an SVG, using only the standard library:
 //
 //	go run ./hack/stepplot > sim/vllmsim/step-time.svg
+//	go run ./hack/stepplot -model vllm-0.20.1-b300 > sim/vllmsim/step-time-vllm-0.20.1-b300.svg
 package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -46,7 +48,7 @@ func (p panel) frame(b *strings.Builder) {
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.1f" y="%.1f" font-size="10" text-anchor="middle">%g</text>`+"\n",
 			p.px(v), p.y, p.px(v), p.y+p.h, p.px(v), p.y+p.h+16, v)
 	}
-	for _, v := range []float64{20, 50, 100, 200, 500, 1000, 2000, 5000} {
+	for _, v := range []float64{10, 20, 50, 100, 200, 500, 1000, 2000, 5000} {
 		if v < p.ymin || v > p.ymax {
 			continue
 		}
@@ -78,6 +80,87 @@ func legend(b *strings.Builder, x, y float64, color, text string, dot bool) {
 }
 
 func main() {
+	model := flag.String("model", "calibrated", "step model to draw: calibrated or vllm-0.20.1-b300")
+	flag.Parse()
+	switch *model {
+	case "calibrated":
+		splitwise()
+	case "vllm-0.20.1-b300":
+		b300()
+	default:
+		fmt.Fprintln(os.Stderr, "unknown model", *model)
+		os.Exit(2)
+	}
+}
+
+// stepPoint is one point of a per-step calibration file: prefill chunks [computed, new], decodes
+// and their total context, and the measured time.
+type stepPoint struct {
+	Prefill   [][2]int `json:"prefill"`
+	Decodes   int      `json:"decodes"`
+	DecodeCtx int      `json:"decode_context"`
+	Ms        float64  `json:"ms"`
+}
+
+// b300 draws the vllm-0.20.1-b300 model and the vLLM 0.20.1 forward-pass records it was fitted to.
+func b300() {
+	const model = "vllm-0.20.1-b300"
+	raw, err := os.ReadFile("testdata/vllmsim/step-time-vllm-0.20.1-b300.json")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "run from the repository root:", err)
+		os.Exit(1)
+	}
+	var doc struct{ Points []stepPoint }
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ms := func(p, d, ctx int) float64 {
+		v, _ := vllmsim.StepModelMs(model, p, d, ctx)
+		return v
+	}
+	var b strings.Builder
+	b.WriteString(`<svg xmlns="http://www.w3.org/2000/svg" width="960" height="420" font-family="sans-serif">` + "\n")
+	b.WriteString(`<rect width="960" height="420" fill="white"/>` + "\n")
+	left := panel{x: 70, y: 40, w: 380, h: 300, xmin: 32, xmax: 16384, ymin: 10, ymax: 1000,
+		title: "Prefill in the step (one fresh prompt)", xlabel: "prefill tokens in the step"}
+	right := panel{x: 550, y: 40, w: 380, h: 300, xmin: 1, xmax: 64, ymin: 10, ymax: 50,
+		title: "Decode-only step", xlabel: "decoding sequences"}
+	left.frame(&b)
+	right.frame(&b)
+	colors := []string{"#1f77b4", "#ff7f0e", "#2ca02c"}
+	for i, d := range []int{0, 13, 31} {
+		left.line(&b, colors[i], func(x float64) float64 { return ms(int(x), d, 3600) })
+		legend(&b, 80, float64(60+16*i), colors[i], fmt.Sprintf("model, + %d decodes of 3600 ctx", d), false)
+	}
+	for i, ctx := range []int{2400, 4096} {
+		right.line(&b, colors[i], func(x float64) float64 { return ms(0, int(x), ctx) })
+		legend(&b, 560, float64(60+16*i), colors[i], fmt.Sprintf("model, context %d per sequence", ctx), false)
+	}
+	for _, p := range doc.Points {
+		prefill := 0
+		for _, c := range p.Prefill {
+			prefill += c[1]
+		}
+		switch {
+		case prefill > 0 && p.Decodes == 0:
+			left.dot(&b, "#d62728", float64(prefill), p.Ms)
+		case prefill > 0:
+			left.dot(&b, "#9467bd", float64(prefill), p.Ms)
+		default:
+			right.dot(&b, "#d62728", float64(p.Decodes), p.Ms)
+		}
+	}
+	legend(&b, 80, 124, "#d62728", "vLLM 0.20.1 B300 Qwen3-32B: prefill-only step", true)
+	legend(&b, 80, 140, "#9467bd", "vLLM 0.20.1: prefill with 1 to 31 decodes", true)
+	legend(&b, 560, 92, "#d62728", "vLLM 0.20.1: decode step, 2.4k to 4.1k ctx/seq", true)
+	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim --step-model vllm-0.20.1-b300 (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time-vllm-0.20.1-b300.json; log-log axes, before --time-scale</text>` + "\n")
+	b.WriteString("</svg>\n")
+	fmt.Print(b.String())
+}
+
+// splitwise draws the default calibrated model and the Splitwise points it was fitted to.
+func splitwise() {
 	raw, err := os.ReadFile("testdata/vllmsim/step-time.json")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "run from the repository root:", err)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -113,9 +114,9 @@ func TestDegradedUndecodable(t *testing.T) {
 	}
 }
 
-// An event endpoint nobody publishes on, with too few requests routed there to prove anything
-// (one, under degraded.QuietRequests), is no-events once a whole window passed; before, it is
-// not.
+// An event endpoint nobody publishes on, with too few requests routed there for the evidence of
+// degraded.QuietRequests (one, of four blocks), is no-events once degraded.QuietWindow passed
+// without a message; before, it is not.
 func TestDegradedNoEvents(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{})
 	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{"tcp://127.0.0.1:9"}, Ready: true}
@@ -127,9 +128,32 @@ func TestDegradedNoEvents(t *testing.T) {
 	if len(reasonsOf(rt, "e0/0")) != 0 {
 		t.Fatalf("degraded before a whole window: %+v", rt.s.Degraded())
 	}
-	rt.s.healthTick(t0.Add(degraded.Window))
+	rt.s.healthTick(t0.Add(degraded.QuietWindow))
 	if !hasReason(rt, "e0/0", degraded.NoEvents) {
 		t.Fatalf("degraded %+v", rt.s.Degraded())
+	}
+}
+
+// The same silent endpoint with requests that publish nothing in vLLM (shorter than a block,
+// so no full block is stored) is not no-events, however long: an idle or cache-neutral replica
+// must not look broken.
+func TestSubBlockRequestsAreNotNoEvents(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	e := discovery.Engine{Name: "e0", URL: sim.URL(), Events: []string{"tcp://127.0.0.1:9"}, Ready: true}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
+	for i := range 2 * degraded.QuietRequests {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(20+i, 15, 0, 0, 1)) // 15 tokens: under one 16-token block
+	}
+	for sec := 5; sec <= 2*int(degraded.Window/time.Second); sec += 5 {
+		rt.s.healthTick(t0.Add(time.Duration(sec) * time.Second))
+	}
+	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
+		t.Fatalf("requests shorter than a block degraded the replica: %v", r)
+	}
+	if n := rt.s.reps()[0].C.Routed.Load(); n != 2*degraded.QuietRequests {
+		t.Fatalf("%d requests routed, want %d", n, 2*degraded.QuietRequests)
 	}
 }
 
@@ -271,6 +295,91 @@ func TestDegradedKeysWrongDemotes(t *testing.T) {
 	if r.View().Demoted || !rt.s.exactStream(r) {
 		t.Fatal("still demoted after a clean window")
 	}
+}
+
+// keys-wrong provoked through real events (a ZMQ publisher, msgpack batches) rather than set
+// counters: (1) the events announce blocks the engine does not hold, so the engine reports far
+// fewer cached tokens than the exact index predicted; (2) stored events that cannot be
+// re-keyed (one token short of their blocks). Either demotes the replica to approximate
+// scoring at the next sample, on /debug/engines and /metrics.
+func TestKeysWrongProvokedByEvents(t *testing.T) {
+	promptOf := func(toks []uint32) string {
+		ids := make([]string, len(toks))
+		for i, x := range toks {
+			ids[i] = fmt.Sprint(x)
+		}
+		return `{"model":"m","max_tokens":1,"prompt":[` + strings.Join(ids, ",") + `]}`
+	}
+	check := func(t *testing.T, rt *router, wantDetail string) {
+		t.Helper()
+		var detail string
+		for _, st := range rt.s.Degraded()["e0/0"] {
+			if st.Reason == degraded.KeysWrong {
+				detail = st.Detail
+			}
+		}
+		if !strings.Contains(detail, wantDetail) {
+			t.Fatalf("degraded %+v: want keys-wrong with %q", rt.s.Degraded(), wantDetail)
+		}
+		if ri := rt.s.Engines()[0].Ranks[0]; !ri.Demoted || ri.Scoring != "approximate" {
+			t.Fatalf("rank info demoted %v scoring %s", ri.Demoted, ri.Scoring)
+		}
+		if body := scrape(t, rt); !strings.Contains(body, `kvroute_router_replica_degraded{engine="e0",rank="0",reason="keys-wrong"} 1`) {
+			t.Fatalf("/metrics:\n%s", grepLines(body, "replica_degraded"))
+		}
+	}
+	t.Run("engine reports far fewer cached tokens", func(t *testing.T) {
+		rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+		t0 := time.Now()
+		rt.s.healthTick(t0)
+		// Six 256-token prompts the events say are cached; the engine (the simulator, which
+		// never saw them) computes them from scratch and says so in usage.
+		var prompts [][]uint32
+		for i := range 6 {
+			toks := tokensFrom(300+i, 256)
+			ev, err := cache.Store(toks, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pub.Publish(ev); err != nil {
+				t.Fatal(err)
+			}
+			prompts = append(prompts, toks)
+		}
+		eventually(t, "the announced blocks indexed", func() bool { return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] >= 6*16 })
+		for _, toks := range prompts {
+			if a := postJSON(t, rt.api.URL+"/v1/completions", promptOf(toks)); a.status != 200 {
+				t.Fatalf("status %d: %s", a.status, a.body)
+			}
+		}
+		c := &rt.s.reps()[0].C
+		if pred, act := c.ExactPredicted.Load(), c.ExactActual.Load(); pred < degraded.MinDivergenceTokens || act != 0 {
+			t.Fatalf("exact mode predicted %d, engine reported %d: the provocation did not take", pred, act)
+		}
+		rt.s.healthTick(t0.Add(5 * time.Second))
+		check(t, rt, "exact index predicted")
+	})
+	t.Run("stored events cannot be re-keyed", func(t *testing.T) {
+		rt, pub, cache := pubRouter(t, kvtest.Options{NoReplay: true}, nil)
+		t0 := time.Now()
+		rt.s.healthTick(t0)
+		for i := range 8 {
+			ev, err := cache.Store(tokensFrom(400+i, 48), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev.Stored.TokenIDs = ev.Stored.TokenIDs[:len(ev.Stored.TokenIDs)-1] // three hashes, 47 tokens
+			if _, err := pub.Publish(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, "re-key errors counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.RekeyErrors >= 8 })
+		rt.s.healthTick(t0.Add(5 * time.Second))
+		check(t, rt, "could not be re-keyed")
+		if body := scrape(t, rt); !strings.Contains(body, `kvroute_router_stream_rekey_errors_total{engine="e0",rank="0"} 8`) {
+			t.Fatalf("/metrics:\n%s", grepLines(body, "rekey"))
+		}
+	})
 }
 
 func scrape(t *testing.T, rt *router) string {
@@ -431,6 +540,47 @@ func TestAccuracyPerMode(t *testing.T) {
 	}
 }
 
+// The other two scoring modes count accuracy under their own label: a repeat of a prompt whose
+// events have not arrived (the engine's publisher stalled) is scored from the predicted side
+// index (mode predicted), and on an engine without an event stream from the approximate index
+// (mode approximate); both with the cached tokens the engine then reports.
+func TestAccuracyPerModePredictedAndApproximate(t *testing.T) {
+	for _, c := range []struct {
+		mode   string
+		stream bool
+	}{{modePredicted, true}, {modeApproximate, false}} {
+		t.Run(c.mode, func(t *testing.T) {
+			sim := startSim(t, vllmsim.Config{})
+			e := discovery.Engine{Name: "e0", URL: sim.URL(), Ready: true}
+			if c.stream {
+				e = simEngine("e0", sim)
+			}
+			rt := startRouter(t, discovery.NewStatic([]discovery.Engine{e}), noHealthLoop)
+			if c.stream {
+				rt.waitStreams(t, "exact")
+				sim.SetEventsStalled(true) // the first request's BlockStored never reaches the router
+			}
+			body := idsPrompt(5, 128, 0, 0, 1)
+			postJSON(t, rt.api.URL+"/v1/completions", body)
+			postJSON(t, rt.api.URL+"/v1/completions", body)
+			if c.stream {
+				if ri := rt.s.Engines()[0].Ranks[0]; ri.Blocks["GPU"] != 0 || ri.Stream != "exact" {
+					t.Fatalf("stream %s with %d blocks: the events were to stay away", ri.Stream, ri.Blocks["GPU"])
+				}
+			}
+			pred := testutil.ToFloat64(rt.s.met.ModePredictedCached.WithLabelValues("e0", c.mode))
+			act := testutil.ToFloat64(rt.s.met.ModeActualCached.WithLabelValues("e0", c.mode))
+			prompt := testutil.ToFloat64(rt.s.met.ModePromptTokens.WithLabelValues("e0", c.mode))
+			if pred == 0 || act == 0 || prompt == 0 {
+				t.Fatalf("%s mode: predicted %v actual %v prompt %v", c.mode, pred, act, prompt)
+			}
+			if ex := testutil.ToFloat64(rt.s.met.ModePredictedCached.WithLabelValues("e0", modeExact)); ex != 0 {
+				t.Fatalf("exact mode predicted %v: the repeat was scored from the exact index", ex)
+			}
+		})
+	}
+}
+
 // Two replicas that hash the same block 0 differently are both reported hash-mismatch, each
 // naming the other, without either being demoted.
 func TestDegradedPeerMismatch(t *testing.T) {
@@ -564,7 +714,7 @@ func (s *syncBuffer) String() string {
 // keys (sha256, seed 0, 16-token blocks).
 func pubRouter(t *testing.T, opts kvtest.Options, replay []string, logs ...*syncBuffer) (*router, *kvtest.Publisher, *kvtest.Cache) {
 	t.Helper()
-	sim := startSim(t, vllmsim.Config{})
+	sim := startSim(t, vllmsim.Config{Model: "m"}) // the router's model: a request for "m" is keyed without a LoRA
 	u, _ := url.Parse(sim.URL())
 	opts.Topic = "kv@" + u.Host + "@m"
 	pub, err := kvtest.NewPublisher(opts)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/sim/vllmsim"
@@ -73,10 +74,30 @@ func TestRenderAuthFailureDegrades(t *testing.T) {
 		h.ServeHTTP(w, r)
 	}))
 	defer front.Close()
-	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "e0", URL: front.URL, Ready: true}}), nil)
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{{Name: "e0", URL: front.URL, Ready: true}}), noHealthLoop)
+	t0 := time.Now()
+	rt.s.healthTick(t0)
 	a := postJSON(t, rt.api.URL+"/v1/chat/completions", `{"model":"vllm-sim","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`)
 	if a.status != 200 || testutil.ToFloat64(rt.s.met.TokenizeFailures) != 1 {
 		t.Fatalf("%d %s, failures %v", a.status, a.body, testutil.ToFloat64(rt.s.met.TokenizeFailures))
+	}
+	// The degradation itself: the replica is tokenizer-failing at the next sample, the detail
+	// naming the refusal, on /debug/engines and /metrics.
+	rt.s.healthTick(t0.Add(5 * time.Second))
+	var detail string
+	for _, st := range rt.s.Degraded()["e0/0"] {
+		if st.Reason == degraded.TokenizerFailing {
+			detail = st.Detail
+		}
+	}
+	if !strings.Contains(detail, "401") {
+		t.Fatalf("degraded %+v: want tokenizer-failing naming the 401", rt.s.Degraded())
+	}
+	if ri := rt.s.Engines()[0].Ranks[0]; len(ri.Degraded) != 1 || ri.Degraded[0].Reason != degraded.TokenizerFailing {
+		t.Fatalf("/debug/engines degraded %+v", ri.Degraded)
+	}
+	if body := scrape(t, rt); !strings.Contains(body, `kvroute_router_replica_degraded{engine="e0",rank="0",reason="tokenizer-failing"} 1`) {
+		t.Fatalf("/metrics:\n%s", grepLines(body, "replica_degraded"))
 	}
 }
 

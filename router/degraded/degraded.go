@@ -7,8 +7,8 @@
 // over the span that can hold its evidence (since the last applied batch, since the last
 // received message, the last Recent seconds, or the whole Window), so a fault shows at the
 // first sample after its evidence appears however healthy the replica was before. The one
-// exception is the fallback of no-events for traffic too small to prove anything (a whole
-// Window of silence). Most reasons are reported only (routing goes on as before: a replica is
+// trigger that also waits is no-events for traffic too small for QuietRequests: one request
+// that must have published, then QuietWindow of silence. Most reasons are reported only (routing goes on as before: a replica is
 // never taken out of the index for a symptom that does not prove its keys wrong); keys-wrong
 // also demotes the replica to approximate scoring, because it is evidence that its exact index
 // entries are wrong.
@@ -43,6 +43,15 @@ const InexactFor = 20 * time.Second
 // one request served wholly from the prefix cache publishes nothing, several in a row do not.
 const QuietRequests = 3
 
+// QuietWindow is how long the stream must stay silent (no message received, counted from the
+// sample that saw the last one) after a single request that must have published before
+// no-events fires on it: traffic too small for QuietRequests. vLLM publishes a prefill's
+// BlockStored within milliseconds, so one such request followed by 45 s of silence is a
+// publisher that stopped, not a late batch. 45 s, not the whole Window, so that the sample
+// (at most 5 s after the last message), the report (1 s) and a reconcile put it on the
+// KVRoutedModel within 60 s of the last event (issue 19; measured in test/e2e/indexhealth).
+const QuietWindow = 45 * time.Second
+
 // Reason is one way a replica's index can go wrong.
 type Reason string
 
@@ -55,8 +64,11 @@ const (
 	Unchained Reason = "unchained"
 	// NoEvents: an event stream is configured, and the engine served QuietRequests requests of
 	// at least a block with no event coming and no message received since; or (traffic too
-	// small to prove it) nothing arrived for a whole window while requests were routed to the
-	// replica. Wrong endpoint, topic or model name; publisher off.
+	// small for that) it served one such request after the last applied batch and nothing
+	// arrived for QuietWindow. Requests that stored no full block (shorter than a block, or
+	// served wholly from the prefix cache) publish nothing and never count, so an idle replica
+	// or one whose cache did not change is not no-events. Wrong endpoint, topic or model name;
+	// publisher off.
 	NoEvents Reason = "no-events"
 	// Stalled: messages arrive but none is applied (and none failed to decode) since the last
 	// applied batch, or the stream stayed replaying for StalledReplaying without applying one.
@@ -144,6 +156,10 @@ type Sample struct {
 	// no event applied in the seconds before its answer (the router's stale evidence; it
 	// restarts at 0 when a request finds events flowing).
 	QuietRequests uint64
+	// LastQuiet is when the engine last answered such a quiet request (zero: never), and
+	// LastApplied when the stream last applied a batch (zero: never): a quiet request after the
+	// last applied batch is still waiting for its events.
+	LastQuiet, LastApplied time.Time
 	// TokenizerFailures: server, connection or auth failures of render calls to the engine.
 	TokenizerFailures uint64
 	// ExactPredicted, ExactActual: cached tokens predicted and reported for exact-mode decisions
@@ -243,8 +259,10 @@ func Evaluate(hist []Sample) (out []Finding, demote bool) {
 		switch quiet := d(sr.from.QuietRequests, cur.QuietRequests); {
 		case quiet >= QuietRequests:
 			add(NoEvents, "%d requests of at least a block served with no KV event coming, none received in %s", quiet, sr.dur())
-		case cur.At.Sub(hist[0].At) >= Window && d(hist[0].Received, cur.Received) == 0 && d(hist[0].Routed, cur.Routed) > 0:
-			add(NoEvents, "no event in %s while %d requests were routed here", whole.dur(), d(hist[0].Routed, cur.Routed))
+		// Rounded to the second (span.dur): samples come from a ticker, 45 s apart give or take
+		// a millisecond.
+		case !cur.LastQuiet.IsZero() && cur.LastQuiet.After(cur.LastApplied) && sr.dur() >= QuietWindow:
+			add(NoEvents, "a request of at least a block served with no KV event coming, none received in %s", sr.dur())
 		default:
 			if run := stateRun(hist, "inexact", time.Time{}); run >= InexactFor {
 				add(Inexact, "stream inexact for %s: events were lost that the engine's ring cannot replay (scored approximately until its cache is reset or it restarts)", run.Round(time.Second))

@@ -40,9 +40,24 @@ func TestEvaluate(t *testing.T) {
 			s.UnknownParent = 3
 			s.BlocksStored += 20
 		}), nil, false},
-		{"no events for a whole window while routed", base, at(Window, func(s *Sample) { s.Routed += 1 }), []Reason{NoEvents}, false},
+		{"one quiet request, then no event for QuietWindow", base, at(QuietWindow, func(s *Sample) {
+			s.Routed++
+			s.QuietRequests = 1
+			s.LastQuiet = t0.Add(time.Second)
+		}), []Reason{NoEvents}, false},
 		{"no events and nothing routed", base, at(Window, func(s *Sample) {}), nil, false},
-		{"no events needs a whole window", base, at(Window/2, func(s *Sample) { s.Routed += 1 }), nil, false},
+		// Requests that stored no full block (shorter than a block, or a prefix-cache hit) publish
+		// nothing: however many, a silent window is no evidence.
+		{"routed requests that published nothing are not no-events", base, at(Window, func(s *Sample) { s.Routed += 5 }), nil, false},
+		{"no events needs QuietWindow", base, at(QuietWindow-5*time.Second, func(s *Sample) {
+			s.Routed++
+			s.QuietRequests = 1
+			s.LastQuiet = t0.Add(time.Second)
+		}), nil, false},
+		{"a quiet request before the last applied batch is not evidence", base, at(Window, func(s *Sample) {
+			s.LastQuiet = t0.Add(-10 * time.Second)
+			s.LastApplied = t0.Add(-5 * time.Second)
+		}), nil, false},
 		{"no events without a stream is nothing", Sample{At: t0}, Sample{At: t0.Add(Window), Routed: 3}, nil, false},
 		{"stalled: received, none applied", base, at(10*time.Second, func(s *Sample) { s.Received += 7 }), []Reason{Stalled}, false},
 		{"one message on its way to the worker is not a stall", base, at(10*time.Second, func(s *Sample) { s.Received++ }), nil, false},
@@ -183,9 +198,11 @@ func TestTrackerBounded(t *testing.T) {
 // counter-evidence arrives or its evidence leaves the window. The clock is the test's.
 func TestEveryReasonFiresOnEvidence(t *testing.T) {
 	const interval = 5 * time.Second
+	var now time.Time // the sample being taken, for the faults that stamp a time
 	flow := func(s *Sample) {
 		s.Received++
 		s.Applied++
+		s.LastApplied = now
 		s.BlocksStored += 4
 		s.Routed++
 		s.QuietRequests = 0
@@ -206,6 +223,16 @@ func TestEveryReasonFiresOnEvidence(t *testing.T) {
 		{Stalled, func(s *Sample) { s.State = "replaying" }, StalledReplaying + interval, false, true},
 		{Unchained, func(s *Sample) { flow(s); s.BlocksStored -= 2; s.UnknownParent += 8 }, 2 * interval, false, false},
 		{NoEvents, func(s *Sample) { s.Routed += 2; s.QuietRequests += 2 }, 2 * interval, false, true},
+		// Small traffic: one request that must have published, at the first faulty sample's
+		// interval, then nothing: QuietWindow from the last healthy sample, which saw the last
+		// message.
+		{NoEvents, func(s *Sample) {
+			if !s.LastQuiet.After(s.LastApplied) {
+				s.Routed++
+				s.QuietRequests++
+				s.LastQuiet = now
+			}
+		}, QuietWindow, false, true},
 		{Inexact, func(s *Sample) { s.State = "inexact"; s.Received++; s.Applied++ }, InexactFor + interval, false, true},
 		{TokenizerFailing, func(s *Sample) { flow(s); s.TokenizerFailures++; s.TokenizerError = "connection refused" }, interval, false, false},
 		{HashMismatch, func(s *Sample) { flow(s); s.ParityMismatch++ }, interval, false, false},
@@ -221,7 +248,7 @@ func TestEveryReasonFiresOnEvidence(t *testing.T) {
 		t.Run(fmt.Sprintf("%d-%s", i, c.reason), func(t *testing.T) {
 			tr := NewTracker(interval)
 			s := Sample{Events: true, State: "exact"}
-			now := t0
+			now = t0
 			step := func(f func(*Sample)) []Change {
 				now = now.Add(interval)
 				f(&s)
@@ -281,8 +308,8 @@ func TestEveryReasonFiresOnEvidence(t *testing.T) {
 }
 
 // no-events needs evidence: quiet requests served while a message arrived in the same interval,
-// or fewer than QuietRequests of them, are not enough; small traffic falls back to a silent
-// whole window.
+// or fewer than QuietRequests of them, are not enough; for small traffic, one of them followed
+// by QuietWindow without a message is, and requests that published nothing never are.
 func TestNoEventsEvidence(t *testing.T) {
 	at := func(sec int, f func(*Sample)) Sample {
 		s := Sample{At: t0.Add(time.Duration(sec) * time.Second), Events: true, State: "exact", Received: 10, Applied: 10}
@@ -303,7 +330,26 @@ func TestNoEventsEvidence(t *testing.T) {
 			at(10, func(s *Sample) { s.QuietRequests = 4; s.Received++; s.Applied++ })}, false},
 		{"the count restarted after a message: all new", []Sample{at(0, func(s *Sample) { s.QuietRequests = 7 }),
 			at(5, func(s *Sample) { s.QuietRequests = 7; s.Received++ }), at(10, func(s *Sample) { s.QuietRequests = 3; s.Received++ })}, true},
-		{"small traffic, silent whole window", []Sample{at(0, func(*Sample) {}), at(60, func(s *Sample) { s.Routed = 1 })}, true},
+		{"small traffic: one quiet request, then QuietWindow silent", []Sample{at(0, func(*Sample) {}),
+			at(45, func(s *Sample) { s.Routed, s.QuietRequests, s.LastQuiet = 1, 1, t0.Add(time.Second) })}, true},
+		// The request came before the sample that saw the last message: still evidence, the
+		// silence counting from that sample.
+		{"small traffic: the quiet request just before the last message's sample", []Sample{
+			at(0, func(s *Sample) { s.LastApplied = t0 }),
+			at(5, func(s *Sample) {
+				s.Received++
+				s.Applied++
+				s.LastApplied = t0.Add(time.Second)
+				s.LastQuiet = t0.Add(4 * time.Second)
+			}),
+			at(50, func(s *Sample) {
+				s.Received++
+				s.Applied++
+				s.LastApplied, s.LastQuiet, s.QuietRequests, s.Routed = t0.Add(time.Second), t0.Add(4*time.Second), 1, 1
+			})}, true},
+		{"small traffic: routed only, silent whole window", []Sample{at(0, func(*Sample) {}), at(60, func(s *Sample) { s.Routed = 1 })}, false},
+		{"small traffic: 40 s silent is not enough", []Sample{at(0, func(*Sample) {}),
+			at(40, func(s *Sample) { s.Routed, s.QuietRequests, s.LastQuiet = 1, 1, t0.Add(time.Second) })}, false},
 		{"no stream configured", []Sample{{At: t0, QuietRequests: 0}, {At: t0.Add(5 * time.Second), QuietRequests: 9}}, false},
 	} {
 		got, _ := Evaluate(c.hist)

@@ -112,6 +112,9 @@ func (f *Fleet) HealthTick(now time.Time) {
 		smp := degraded.Sample{Events: r.Stream, Routed: c.Routed.Load(), MultimodalRouted: c.MultimodalRouted.Load(),
 			TokenizerFailures: c.TokenizeFailures.Load(), ExactPredicted: c.ExactPredicted.Load(), ExactActual: c.ExactActual.Load(),
 			QuietRequests: uint64(max(r.quiet.Load(), 0))}
+		if ns := r.lastQuiet.Load(); ns != 0 {
+			smp.LastQuiet = time.Unix(0, ns)
+		}
 		if p := c.tokErr.Load(); p != nil {
 			smp.TokenizerError = *p
 		}
@@ -122,7 +125,7 @@ func (f *Fleet) HealthTick(now time.Time) {
 		}
 		if r.Stream && f.o.Sub != nil {
 			if st, ok := f.o.Sub.Stats(r.Eng.Name, r.Rank); ok {
-				smp.State, smp.Partial = st.State.String(), st.Partial
+				smp.State, smp.Partial, smp.LastApplied = st.State.String(), st.Partial, st.LastApplied
 				smp.Received, smp.Applied, smp.DecodeErrors, smp.Panics = st.Received, st.Applied, st.DecodeErrors, st.Panics
 				smp.Dropped = st.Duplicates + st.TopicMismatches + st.MalformedFrames
 				smp.BlocksStored, smp.UnknownParent, smp.RekeyErrors = st.BlocksStored, st.UnknownParent, st.RekeyErrors
@@ -258,6 +261,7 @@ func (f *Fleet) Served(rep *Replica, promptTokens, cached, blockSize int) {
 		rep.quiet.Store(0)
 		return
 	}
+	rep.lastQuiet.Store(time.Now().UnixNano())
 	if rep.quiet.Add(1) >= StaleHits && st.State == kvevents.Exact {
 		if err := f.o.Sub.Stale(rep.Eng.Name, rep.Rank); err == nil {
 			f.log.Warn("engine serves but publishes no KV events; replica scored approximately until they resume",

@@ -3,6 +3,7 @@ package report
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -61,9 +62,9 @@ func TestSyncWritesOnChangeAndHeartbeat(t *testing.T) {
 	cur = []Degraded{{Replica: "e/0", Reason: "hash-mismatch", Since: now, Detail: "x"}}
 	step(5*time.Second, 2) // changed: at once
 	cur = []Degraded{{Replica: "e/0", Reason: "hash-mismatch", Since: cur[0].Since, Detail: "y"}}
-	step(5*time.Second, 2)  // the detail alone: waits for the heartbeat
-	step(25*time.Second, 2) // unchanged, heartbeat not due
-	step(31*time.Second, 3) // heartbeat, with the newest detail
+	step(5*time.Second, 2)                  // the detail alone: waits for the heartbeat
+	step(DefaultHeartbeat-6*time.Second, 2) // unchanged, heartbeat not due (a second short)
+	step(time.Second, 3)                    // heartbeat, DefaultHeartbeat after the last write, with the newest detail
 	if d := bodies[2]["status"].(map[string]any)["routerReports"].([]any)[0].(map[string]any)["degraded"].([]any)[0].(map[string]any); d["detail"] != "y" {
 		t.Fatalf("heartbeat entry %v", d)
 	}
@@ -110,5 +111,58 @@ func TestSyncWritesPeers(t *testing.T) {
 	defer mu.Unlock()
 	if len(peers) != 2 || len(peers[0]) != 1 || len(peers[1]) != 2 || peers[1][1] != "r3" {
 		t.Fatalf("peers written: %v", peers)
+	}
+}
+
+// The write rate the heartbeat costs (issue 19 moved it from 60 s to 20 s so that a router
+// that stops shows within 60 s): ten minutes of Sync once a second, as Run does, with one
+// fault whose detail moves at every 5 s sample and one reason that begins and ends, count
+// 60 s / DefaultHeartbeat writes a minute, plus about one per change (a change restarts the
+// heartbeat). With the former 60 s heartbeat the same run wrote 12 times (1.2 a minute), now
+// 31 (3.1 a minute).
+func TestHeartbeatWriteRate(t *testing.T) {
+	var mu sync.Mutex
+	writes := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		writes++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	}))
+	defer srv.Close()
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	since := start
+	cur := []Degraded{{Replica: "e/0", Reason: "stalled", Since: since}}
+	for _, hb := range []struct {
+		heartbeat time.Duration
+		want      int
+	}{{time.Minute, 12}, {DefaultHeartbeat, 31}} {
+		now, writes = start, 0
+		// QPS: client-go's default limiter (5/s) would only slow the test down.
+		r, err := New(&rest.Config{Host: srv.URL, QPS: 1000, Burst: 1000}, Options{Namespace: "llm", Model: "qwen", Pod: "r", Heartbeat: hb.heartbeat,
+			Source: func() []Degraded { return cur }, Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for sec := 0; sec < 600; sec++ {
+			now = start.Add(time.Duration(sec) * time.Second)
+			cur = []Degraded{{Replica: "e/0", Reason: "stalled", Since: since, Detail: fmt.Sprintf("%d messages received", sec/5)}}
+			if sec >= 205 && sec < 405 { // a second reason, begun and ended between heartbeats
+				cur = append(cur, Degraded{Replica: "e/1", Reason: "no-events", Since: start.Add(205 * time.Second)})
+			}
+			if err := r.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mu.Lock()
+		got := writes
+		mu.Unlock()
+		t.Logf("heartbeat %v: %d status writes in 10 minutes (%.1f a minute)", hb.heartbeat, got, float64(got)/10)
+		if got != hb.want {
+			t.Errorf("heartbeat %v: %d writes, want %d", hb.heartbeat, got, hb.want)
+		}
 	}
 }

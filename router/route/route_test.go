@@ -271,3 +271,58 @@ func TestRefreshSeesSiblingRoutedSinceBuilt(t *testing.T) {
 		t.Fatalf("refreshed cached %d raw %+v; want %d cached and 10 raw predicted", second.Cached[0], second.Raw[0], second.CapBlocks*bs)
 	}
 }
+
+// A burst of eight siblings under `load` whose candidates were all built at the same moment
+// (eight requests reaching the router together, as the siblings regime sends them), decided one
+// after another under the ledger's lock as the router does: each decision counts the ones
+// before it (their prefill reserved in the ledger at routing, not the engines' scraped queue),
+// so an idle fleet of four takes two each. Had the load signal stood still inside the burst
+// (the engines' /metrics, refreshed every few seconds), the eight would tie on every replica.
+func TestLoadSpreadsABurstOfSiblings(t *testing.T) {
+	now := time.Unix(1000, 0)
+	pol, err := score.New("load", score.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix := index.New(index.Options{Now: func() time.Time { return now }})
+	led := load.New(load.Options{Now: func() time.Time { return now }, Policy: pol})
+	var reps []Replica
+	for r := range 4 {
+		id, err := ix.AddReplica("e", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, Replica{Name: "e/" + string(rune('0'+r)), ID: id, Load: led.NewReplica(id, "e/"), Ready: true, Healthy: true})
+	}
+	prompt := func(k int) []uint32 { // a 40-token shared prefix and an 8-token suffix of its own
+		toks := make([]uint32, 48)
+		for i := range toks {
+			toks[i] = uint32(100 + i)
+			if i >= 40 {
+				toks[i] = uint32(10_000*(k+1) + i)
+			}
+		}
+		return toks
+	}
+	var ds []*Decision
+	for k := range 8 {
+		d, err := Decide(Input{Tokens: prompt(k), BlockSize: bs}, reps, ix, led)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	per := make([]int, len(reps))
+	for _, d := range ds {
+		_, rc, err := led.Decide(&d.Req, d.Cands, func() { d.Refresh(reps, led) }, func(i int) load.Routing {
+			return load.Routing{Replica: reps[i].Load, Keys: d.Req.Keys, Uncached: d.Uncached(i), Held: d.Req.Tokens}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		per[rc.Chosen]++
+	}
+	if !reflect.DeepEqual(per, []int{2, 2, 2, 2}) {
+		t.Fatalf("load put the burst %v over four idle replicas, want two each", per)
+	}
+}

@@ -149,10 +149,14 @@ type CapacityProbe struct {
 	Policy string  `json:"policy"`
 	Seed   int     `json:"seed"`
 	Rate   float64 `json:"rate"`
-	P99    float64 `json:"ttft_p99_trace_s"`
-	Failed int     `json:"failed"`
-	Met    bool    `json:"met_slo"`
-	CPU    CPUUse  `json:"cpu"`
+	// Requests and Span are what the probe replayed: its requests and the wall seconds from the
+	// first arrival to the last (a trace at speed 2 arrives in half its own time).
+	Requests int     `json:"requests"`
+	Span     float64 `json:"span_s"`
+	P99      float64 `json:"ttft_p99_trace_s"`
+	Failed   int     `json:"failed"`
+	Met      bool    `json:"met_slo"`
+	CPU      CPUUse  `json:"cpu"`
 }
 
 // CapacityResult is a capacity run's outcome: each policy's capacity per seed, the policy's ratio
@@ -200,6 +204,7 @@ func Capacity(ctx context.Context, o Options, c CapacityOptions, workload func(r
 					return res, fmt.Errorf("policy %s seed %d rate %g: %w", pol, seed, rate, err)
 				}
 				p := probeOf(r, rate, c)
+				p.Requests, p.Span = len(w.Requests), w.Span().Seconds()
 				res.Probes = append(res.Probes, p)
 				if p.CPU.Invalid {
 					res.InvalidRuns++
@@ -237,7 +242,8 @@ func Capacity(ctx context.Context, o Options, c CapacityOptions, workload func(r
 	return res, nil
 }
 
-// probeOf judges one run against the SLO in trace time.
+// probeOf judges one run against the SLO in trace time, each request's TTFT counted from its
+// arrival (Outcome.Held included).
 func probeOf(r *RunResult, rate float64, c CapacityOptions) CapacityProbe {
 	p := CapacityProbe{Policy: r.Policy, Seed: r.Seed, Rate: rate, CPU: r.CPU}
 	var ttfts []float64
@@ -246,7 +252,9 @@ func probeOf(r *RunResult, rate float64, c CapacityOptions) CapacityProbe {
 			p.Failed++
 			continue
 		}
-		ttfts = append(ttfts, o.TTFT*c.TimeScale)
+		// From the trace's arrival: a request the concurrency cap held waited that long too,
+		// and a user would have (TTFT alone starts when the replay sent it).
+		ttfts = append(ttfts, (o.Held+o.TTFT)*c.TimeScale)
 	}
 	if len(ttfts) > 0 {
 		p.P99 = Percentile(ttfts, 0.99)

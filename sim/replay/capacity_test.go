@@ -179,3 +179,17 @@ func TestSnapshotCPUReadsThisMachine(t *testing.T) {
 		t.Errorf("snapshot %+v", s)
 	}
 }
+
+// A probe counts each request's TTFT from its arrival: the time the concurrency cap held it
+// counts against the SLO (the held request's user waited too), and the summary counts it.
+func TestProbeCountsTimeHeldByTheCap(t *testing.T) {
+	r := &RunResult{Policy: "kv", Seed: 1, Outcomes: []Outcome{{TTFT: 0.5}, {TTFT: 0.5, Held: 1}}}
+	c := CapacityOptions{SLO: 2, TimeScale: 2}
+	p := probeOf(r, 1, c)
+	if p.P99 < 2.9 || p.Met { // interpolated between 1 and 3 trace seconds
+		t.Fatalf("probe %+v: want p99 (1 s held + 0.5 s) x time scale 2 = 3 trace seconds, SLO not met", p)
+	}
+	if s := Summarize([]*RunResult{r}); s[0].Held != 1 {
+		t.Fatalf("summary counts %d held requests, want 1", s[0].Held)
+	}
+}

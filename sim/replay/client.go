@@ -22,7 +22,12 @@ type Outcome struct {
 	CachedTokens int           `json:"cached_tokens"`
 	OutputTokens int           `json:"output_tokens"`
 	Engine       string        `json:"engine"` // x-kvroute-engine, without the rank
-	Err          string        `json:"error,omitempty"`
+	// Held is how long the request waited past its arrival for a slot under
+	// Options.Concurrency, in seconds (0: sent when it arrived). TTFT and E2E start when it is
+	// sent, so they leave it out; a held request means the replay ran closed-loop: later
+	// arrivals waited on earlier completions, and each policy's traffic arrived differently.
+	Held float64 `json:"held_s,omitempty"`
+	Err  string  `json:"error,omitempty"`
 }
 
 type completionBody struct {

@@ -26,7 +26,9 @@ type Options struct {
 	Seeds             int
 	FirstSeed         int // seeds run FirstSeed .. FirstSeed+Seeds-1 (default 1)
 	// Concurrency caps requests in flight; an arrival finding the cap full waits, and its TTFT
-	// is measured from when it is actually sent (Outcome.SentAt shows the delay).
+	// is measured from when it is actually sent (Outcome.Held is the wait, Outcome.SentAt shows
+	// it too). A cap the traffic reaches makes the replay closed-loop (Summary.Held): to compare
+	// policies on the same arrivals, give at least the requests that can be in flight at once.
 	Concurrency     int
 	Tokens          Tokenizer
 	OutputScale     float64       // max_tokens = round(output_length x OutputScale), at least 1
@@ -253,16 +255,23 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		if err := sleepUntil(rctx, start.Add(r.At)); err != nil {
 			break
 		}
+		var held time.Duration
 		select {
 		case sem <- struct{}{}:
-		case <-rctx.Done():
+		default: // every slot busy: the request waits on an earlier one's completion
+			t0 := time.Now()
+			select {
+			case sem <- struct{}{}:
+			case <-rctx.Done():
+			}
+			held = time.Since(t0)
 		}
 		if rctx.Err() != nil {
 			break
 		}
 		prompt := o.Tokens.Prompt(r)
 		wg.Add(1)
-		go func(i int) {
+		go func(i int, held time.Duration) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			sent := time.Since(start)
@@ -270,9 +279,9 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 			// client connections, here per request, so every router routes the same share and the
 			// peers' shared load is what keeps their decisions consistent.
 			oc := complete(rctx, client, bases[i%len(bases)], o.Model, r, prompt, o.maxTokens(r))
-			oc.Index, oc.SentAt = i, sent
+			oc.Index, oc.SentAt, oc.Held = i, sent, held.Seconds()
 			out[i] = oc
-		}(i)
+		}(i, held)
 	}
 	wg.Wait()
 	res.Wall = time.Since(start).Seconds()

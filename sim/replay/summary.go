@@ -8,10 +8,14 @@ import (
 // Summary is one policy over its seeds: each figure is computed per seed, then averaged with a
 // 95% t-interval over the seeds (TInterval).
 type Summary struct {
-	Policy      string   `json:"policy"`
-	Seeds       int      `json:"seeds"`
-	Requests    int      `json:"requests"` // per seed, sent or not
-	Errors      int      `json:"errors"`   // over all seeds
+	Policy   string `json:"policy"`
+	Seeds    int    `json:"seeds"`
+	Requests int    `json:"requests"` // per seed, sent or not
+	Errors   int    `json:"errors"`   // over all seeds
+	// Held is how many requests, over all seeds, waited for a slot under Options.Concurrency
+	// (Outcome.Held): non-zero means the replay ran closed-loop, arrivals paced by this
+	// policy's own completions, so its traffic was not the workload's.
+	Held        int      `json:"held"`
 	TTFTP50     Interval `json:"ttft_p50_s"`
 	TTFTP90     Interval `json:"ttft_p90_s"`
 	TTFTP99     Interval `json:"ttft_p99_s"`
@@ -56,6 +60,9 @@ func summarize(runs []*RunResult) Summary {
 		var c, p, gen int
 		perEngine := map[string]int{}
 		for _, o := range r.Outcomes {
+			if o.Held > 0 {
+				s.Held++
+			}
 			if o.Err != "" {
 				s.Errors++
 				if !seen[o.Err] && len(s.FirstErrors) < 3 {

@@ -53,13 +53,14 @@ type Config struct {
 	BufferSteps        int // replay ring length in batches (default 10000)
 	HWM                int // PUB send high-water mark (default 100000)
 
-	// StepModel is the step-time model: "calibrated" (the default: stepmodel.go, fitted to
-	// published measurements) or "flat", the older model where a step takes uncached prefill
+	// StepModel is the step-time model: "calibrated" (the default: stepmodel.go, fitted to the
+	// Splitwise paper's H100 measurements), "vllm-0.20.1-b300" (the same formula fitted to
+	// vLLM 0.20.1's own per-step records, Qwen3-32B TP1 on a B300) or "flat", the older model where a step takes uncached prefill
 	// tokens / PrefillTokensPerS plus DecodeMsPerToken when it decodes. Empty means "flat" when
 	// PrefillTokensPerS or DecodeMsPerToken is set (callers that tuned those rates keep them),
 	// "calibrated" otherwise.
 	StepModel string
-	// StepTokenScale makes the calibrated model read every simulated token as this many model
+	// StepTokenScale makes a calibrated model read every simulated token as this many model
 	// tokens (prefill and decode context; attention by its square), for harnesses that shrink
 	// prompts: `kvbench replay` turns each 512-token trace block into 32 tokens and sets 16, so a
 	// shrunk prompt costs what the trace's prompt would. Default 1; the flat model ignores it.
@@ -189,8 +190,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("prefill-tokens-per-s and time-scale must be positive, decode-ms-per-token non-negative")
 	case cfg.StepTokenScale < 1 || cfg.StepTokenScale > 1<<16:
 		return fmt.Errorf("step-token-scale must be within 1..65536, got %v", cfg.StepTokenScale)
-	case cfg.StepModel != "calibrated" && cfg.StepModel != "flat":
-		return fmt.Errorf("step model must be calibrated or flat, got %q", cfg.StepModel)
+	case !isStepModel(cfg.StepModel) && cfg.StepModel != "flat":
+		return fmt.Errorf("step model must be one of %s or flat, got %q", strings.Join(StepModels(), ", "), cfg.StepModel)
 	case cfg.MaxNumSeqs < 1 || cfg.MaxBatchedTokens < 1 || cfg.DefaultMaxTokens < 1:
 		return fmt.Errorf("max-num-seqs, max-batched-tokens and default max tokens must be positive")
 	case cfg.DropEventEvery < 0 || cfg.StallEventsAfter < 0:

@@ -153,12 +153,12 @@ func (rk *rank) publish(ctx context.Context, evs []simEvent, gen uint64) {
 	}
 }
 
-// stepTime is the model time of one step under the time scale: the calibrated model
-// (stepmodel.go) or the flat one, uncached prefill tokens at the prefill rate plus one
+// stepTime is the model time of one step under the time scale: a calibrated model
+// (stepmodel.go, by Config.StepModel) or the flat one, uncached prefill tokens at the prefill rate plus one
 // decode-token time when the batch decodes (all running sequences decode together).
 func (rk *rank) stepTime(step []scheduled) time.Duration {
-	if rk.cfg.StepModel != "flat" {
-		return rk.cfg.scaled(calibratedStep.ms(shapeOf(step).scaled(rk.cfg.StepTokenScale)) / 1000)
+	if c, ok := stepModels[rk.cfg.StepModel]; ok {
+		return rk.cfg.scaled(c.ms(shapeOf(step).scaled(rk.cfg.StepTokenScale)) / 1000)
 	}
 	prefill, decode := 0, false
 	for _, s := range step {

@@ -7,9 +7,16 @@ import (
 
 // The step-time model: how long one scheduler step (one forward pass of vLLM v1's
 // continuous batching, prefill chunks and decodes together) takes, as a function of the batch's
-// shape. Calibrated against published profiling data (testdata/vllmsim/step-time.json: the
-// Splitwise paper's DGX-H100 Llama2-70B measurements, ISCA 2024); TestStepModelMatchesSource
-// reproduces every point within 15 %. README.md ("Timing model") has the formula and a plot.
+// shape. One formula, two calibrations (README.md, "Timing model", has both and plots):
+//
+//   - "calibrated", the default: the Splitwise paper's DGX-H100 Llama2-70B TP2 measurements (ISCA
+//     2024; testdata/vllmsim/step-time.json), which name no serving engine or version;
+//   - "vllm-0.20.1-b300": per-forward-pass records of vLLM 0.20.1 serving Qwen3-32B at TP1 on
+//     one NVIDIA B300 (Dynamo ForwardPassMetrics committed in ai-dynamo/aiconfigurator;
+//     testdata/vllmsim/step-time-vllm-0.20.1-b300.json).
+//
+// TestStepModelMatchesSource reproduces every point of each file within 15 %;
+// TestStepFitReproducesCoefficients refits the coefficients from the file (stepfit_test.go).
 //
 //	ms = Base + PerSeq·S + PerKCtx·C/1000
 //	   + [P > 0]·Prefill + PerToken·max(0, P + D − Knee) + PerMAttn·A/10⁶
@@ -36,6 +43,31 @@ var calibratedStep = stepCoeffs{
 	Knee:     304,     // tokens a step processes at no extra cost (memory-bound)
 	PerMAttn: 2.4143,  // ms per 10⁶ (token × context) of prefill attention
 }
+
+// vllm0201B300Step is the fit (stepfit_test.go: relative least squares, knee by grid, negative
+// terms dropped) to the 25 points of testdata/vllmsim/step-time-vllm-0.20.1-b300.json; largest
+// error 7.1 %. The per-sequence term fits to zero (CUDA graphs) and the prefill constant to
+// almost zero; the decode-context term is fitted from 1 to 32 decodes over 4k to 127k tokens.
+var vllm0201B300Step = stepCoeffs{
+	Base:     12.742,   // ms per step
+	PerSeq:   0,        // ms per sequence in the step
+	PerKCtx:  0.068448, // ms per 1000 tokens of decode context
+	Prefill:  0.092463, // ms once when the step carries prefill
+	PerToken: 0.044371, // ms per token above the knee (about 22,540 tokens/s)
+	Knee:     69,       // tokens a step processes at no extra cost
+	PerMAttn: 0.61133,  // ms per 10⁶ (token × context) of prefill attention
+}
+
+// stepModels are the calibrated models by their Config.StepModel name ("flat" is not one).
+var stepModels = map[string]stepCoeffs{
+	"calibrated":       calibratedStep,
+	"vllm-0.20.1-b300": vllm0201B300Step,
+}
+
+func isStepModel(name string) bool { _, ok := stepModels[name]; return ok }
+
+// StepModels are the names of the calibrated step models, default first.
+func StepModels() []string { return []string{"calibrated", "vllm-0.20.1-b300"} }
 
 // stepShape is what the model reads from one step.
 type stepShape struct {
@@ -96,14 +128,22 @@ func shapeOf(step []scheduled) stepShape {
 // of a large prefill, above the knee and before attention (about 6,966).
 func CalibratedTokensPerS() float64 { return 1000 / calibratedStep.PerToken }
 
-// CalibratedStepMs is the calibrated model's time in milliseconds of one step holding one fresh
-// prompt chunk of prefill tokens (0 for none) and decodes sequences of decodeContext tokens each,
-// before any time scale (hack/stepplot draws it).
+// CalibratedStepMs is the default calibrated model's time in milliseconds of one step holding
+// one fresh prompt chunk of prefill tokens (0 for none) and decodes sequences of decodeContext
+// tokens each, before any time scale.
 func CalibratedStepMs(prefill, decodes, decodeContext int) float64 {
+	ms, _ := StepModelMs("calibrated", prefill, decodes, decodeContext)
+	return ms
+}
+
+// StepModelMs is CalibratedStepMs for the named calibrated model (hack/stepplot draws them);
+// false for a name that is not one.
+func StepModelMs(model string, prefill, decodes, decodeContext int) (float64, bool) {
+	c, ok := stepModels[model]
 	sh := stepShape{seqs: decodes, decodes: decodes, prefill: prefill, decodeCtx: decodes * decodeContext,
 		attn: float64(prefill) * float64(prefill)}
 	if prefill > 0 {
 		sh.seqs++
 	}
-	return calibratedStep.ms(sh)
+	return c.ms(sh), ok
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/testkit"
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/peersnap"
 	"github.com/kvroute/kvroute/sim/simproc"
 	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 )
@@ -114,17 +117,41 @@ type router struct {
 	cluster    string // its NATS route address
 }
 
-// routerConfig writes a kvrouter config for the engines, with peers when cluster is set.
-func routerConfig(t *testing.T, id string, es []engine, cluster string, routes []string) string {
+// routerOpts are what a test changes of the harness's router config; the zero value is the
+// suite's usual one.
+type routerOpts struct {
+	// natsURL is an external NATS server (peers.url) instead of the embedded one.
+	natsURL string
+	// readyTimeout is peers.readyTimeout (10s when 0).
+	readyTimeout time.Duration
+	// noEvents lists the engines without their event and replay sockets: their replicas are
+	// scored from the approximate (decision-learned) index.
+	noEvents bool
+}
+
+// routerConfig writes a kvrouter config for the engines, with peers when cluster or o.natsURL
+// is set.
+func routerConfig(t *testing.T, id string, es []engine, cluster string, routes []string, o routerOpts) string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("blockSize: 16\nengines:\n")
 	for _, e := range es {
-		fmt.Fprintf(&b, "- name: %s\n  url: %s\n  events: [%s]\n  replay: [%s]\n",
-			e.name, e.sim.URL, strings.Join(e.sim.Events, ", "), strings.Join(e.sim.Replay, ", "))
+		fmt.Fprintf(&b, "- name: %s\n  url: %s\n", e.name, e.sim.URL)
+		if !o.noEvents {
+			fmt.Fprintf(&b, "  events: [%s]\n  replay: [%s]\n", strings.Join(e.sim.Events, ", "), strings.Join(e.sim.Replay, ", "))
+		}
 	}
-	if cluster != "" {
-		fmt.Fprintf(&b, "peers:\n  id: %s\n  subject: kvroute.load.test\n  clusterListen: %s\n  peerTimeout: 1s\n  readyTimeout: 10s\n", id, cluster)
+	if cluster != "" || o.natsURL != "" {
+		ready := o.readyTimeout
+		if ready == 0 {
+			ready = 10 * time.Second
+		}
+		fmt.Fprintf(&b, "peers:\n  id: %s\n  subject: kvroute.load.test\n  peerTimeout: 1s\n  readyTimeout: %s\n", id, ready)
+		if o.natsURL != "" {
+			fmt.Fprintf(&b, "  url: %s\n", o.natsURL)
+		} else {
+			fmt.Fprintf(&b, "  clusterListen: %s\n", cluster)
+		}
 		if len(routes) > 0 {
 			fmt.Fprintf(&b, "  routes: [%s]\n", strings.Join(routes, ", "))
 		}
@@ -139,8 +166,14 @@ func routerConfig(t *testing.T, id string, es []engine, cluster string, routes [
 // startRouter runs kvrouter with its config; peers when cluster is set ("" alone).
 func startRouter(t *testing.T, id string, es []engine, cluster string, routes ...string) *router {
 	t.Helper()
+	return startRouterOpts(t, id, es, cluster, routerOpts{}, routes...)
+}
+
+// startRouterOpts is startRouter with the config's options.
+func startRouterOpts(t *testing.T, id string, es []engine, cluster string, o routerOpts, routes ...string) *router {
+	t.Helper()
 	kv, _ := bins(t)
-	cfg := routerConfig(t, id, es, cluster, routes)
+	cfg := routerConfig(t, id, es, cluster, routes, o)
 	addrs := make(chan [2]string, 1)
 	p := start(t, kv, func(line string) {
 		var rec struct{ Msg, API, Admin string }
@@ -182,6 +215,40 @@ func (r *router) ready() bool {
 	return resp.StatusCode == 200
 }
 
+// readyz is GET /readyz's status code and body (the reason when not ready).
+func (r *router) readyz() (int, string) {
+	r.t.Helper()
+	r.alive()
+	resp, err := http.Get("http://" + r.api + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+// snapshot is what the router serves a starting peer (GET /peer/snapshot): its exact index per
+// stream, exported from the index itself, and the approximate index of replicas without events.
+func (r *router) snapshot() *peersnap.Snapshot {
+	r.t.Helper()
+	r.alive()
+	resp, err := http.Get("http://" + r.admin + "/peer/snapshot")
+	if err != nil {
+		r.t.Fatalf("%s /peer/snapshot: %v", r.id, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		r.t.Fatalf("%s /peer/snapshot: %d %v %s", r.id, resp.StatusCode, err, b)
+	}
+	sn, err := peersnap.Decode(b, peersnap.Limits{})
+	if err != nil {
+		r.t.Fatalf("%s /peer/snapshot: %v", r.id, err)
+	}
+	return sn
+}
+
 // debugEngines is what the tests read of GET /debug/engines.
 type debugEngines struct {
 	Engines []struct {
@@ -189,6 +256,7 @@ type debugEngines struct {
 		Ranks []struct {
 			Stream       string         `json:"stream"`
 			Seeded       bool           `json:"seeded"`
+			Scoring      string         `json:"scoring"`
 			Partial      bool           `json:"partial"`
 			LastSeq      *uint64        `json:"last_seq"`
 			Blocks       map[string]int `json:"blocks"`
@@ -202,6 +270,11 @@ type debugEngines struct {
 		Peers      []struct {
 			Name string `json:"name"`
 		} `json:"peers"`
+		Routes     int `json:"routes"`
+		SyncFaults struct {
+			PublishErrors uint64 `json:"publish_errors"`
+			LostBatches   uint64 `json:"lost_batches"`
+		} `json:"sync_faults"`
 	} `json:"router_peers"`
 }
 
@@ -261,6 +334,46 @@ func (r *router) index() map[string]string {
 		}
 	}
 	return out
+}
+
+// routeAnswer is what the tests read of POST /debug/route (a decision scored, not sent).
+type routeAnswer struct {
+	Chosen     string `json:"chosen"`
+	Candidates []struct {
+		Replica     string `json:"replica"`
+		Approximate bool   `json:"approximate"`
+		// Cached is the tokens the decision expects cached there: the exact index's blocks,
+		// or for an approximate replica the approximate index's when more, or the short-TTL
+		// predicted index's (recent decisions, this router's and its peers'), whichever is most.
+		Cached int `json:"predicted_cached_tokens"`
+	} `json:"candidates"`
+}
+
+// cached is each candidate's expected cached tokens, by replica.
+func (a routeAnswer) cached() map[string]int {
+	out := map[string]int{}
+	for _, c := range a.Candidates {
+		out[c.Replica] = c.Cached
+	}
+	return out
+}
+
+// debugRoute asks the router where it would send a completion of the prompt.
+func (r *router) debugRoute(toks []uint32) routeAnswer {
+	r.t.Helper()
+	r.alive()
+	body, _ := json.Marshal(map[string]any{"model": "vllm-sim", "prompt": toks, "max_tokens": 1})
+	resp, err := http.Post("http://"+r.admin+"/debug/route", "application/json", bytes.NewReader(body))
+	if err != nil {
+		r.t.Fatalf("%s /debug/route: %v", r.id, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var a routeAnswer
+	if resp.StatusCode != 200 || json.Unmarshal(b, &a) != nil {
+		r.t.Fatalf("%s /debug/route: %d %s", r.id, resp.StatusCode, b)
+	}
+	return a
 }
 
 // prompt is n token ids that share their first shared ids with every prompt of the same group.
@@ -328,4 +441,71 @@ func burst(t *testing.T, rs []*router, n, conc int, mk func(i int) []uint32, max
 	}
 	wg.Wait()
 	return bad.Load()
+}
+
+// indexDiff compares two routers' snapshots stream by stream: the same streams, each at the
+// same seq and batch identity, exact alike, with the same block size, KV groups and, per tier,
+// the same set of blocks (engine hash, router key, extra copies). "" when equal; otherwise the
+// differences (at most a few per stream).
+func indexDiff(want, got *peersnap.Snapshot) string {
+	type key struct {
+		engine string
+		rank   int
+	}
+	byKey := func(sn *peersnap.Snapshot) map[key]*peersnap.Stream {
+		out := map[key]*peersnap.Stream{}
+		for i := range sn.Streams {
+			st := &sn.Streams[i]
+			out[key{st.Engine, st.Rank}] = st
+		}
+		return out
+	}
+	w, g := byKey(want), byKey(got)
+	var diffs []string
+	for k, ws := range w {
+		gs := g[k]
+		if gs == nil {
+			diffs = append(diffs, fmt.Sprintf("%s/%d: missing", k.engine, k.rank))
+			continue
+		}
+		if ws.Exact != gs.Exact || ws.HaveSeq != gs.HaveSeq || ws.LastSeq != gs.LastSeq || ws.Identity != gs.Identity ||
+			ws.BlockSize != gs.BlockSize || fmt.Sprint(ws.Groups) != fmt.Sprint(gs.Groups) {
+			diffs = append(diffs, fmt.Sprintf("%s/%d: exact %v seq %d id %x bs %d groups %v, want exact %v seq %d id %x bs %d groups %v",
+				k.engine, k.rank, gs.Exact, gs.LastSeq, gs.Identity, gs.BlockSize, gs.Groups, ws.Exact, ws.LastSeq, ws.Identity, ws.BlockSize, ws.Groups))
+		}
+		for tier := range ws.Tiers {
+			wt, gt := entrySet(ws.Tiers[tier]), entrySet(gs.Tiers[tier])
+			var only []string
+			for e := range wt {
+				if !gt[e] {
+					only = append(only, fmt.Sprintf("-%x/%x+%d", e.Hash, e.Key, e.Extra))
+				}
+			}
+			for e := range gt {
+				if !wt[e] {
+					only = append(only, fmt.Sprintf("+%x/%x+%d", e.Hash, e.Key, e.Extra))
+				}
+			}
+			if len(only) > 0 || len(ws.Tiers[tier]) != len(gs.Tiers[tier]) {
+				sort.Strings(only)
+				diffs = append(diffs, fmt.Sprintf("%s/%d tier %d: %d blocks against %d, %d differ, e.g. %v",
+					k.engine, k.rank, tier, len(gt), len(wt), len(only), only[:min(4, len(only))]))
+			}
+		}
+	}
+	for k := range g {
+		if w[k] == nil {
+			diffs = append(diffs, fmt.Sprintf("%s/%d: not in the peer's index", k.engine, k.rank))
+		}
+	}
+	sort.Strings(diffs)
+	return strings.Join(diffs, "; ")
+}
+
+func entrySet(es []index.Entry) map[index.Entry]bool {
+	out := make(map[index.Entry]bool, len(es))
+	for _, e := range es {
+		out[e] = true
+	}
+	return out
 }

@@ -101,7 +101,8 @@ func TestLoadSharedAndRouterKilled(t *testing.T) {
 }
 
 // A router started after the engines' rings wrapped is ready, from a peer's snapshot, with an
-// index equal to its peers' in under 5 s; without a peer it would be approximate (partial).
+// index equal to its peers' in under 5 s (the same blocks per replica and tier, compared through
+// the snapshots the routers serve); without a peer it would be approximate (partial).
 func TestStartAfterRingsWrapped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvrouter and vllm-sim processes")
@@ -176,7 +177,20 @@ func TestStartAfterRingsWrapped(t *testing.T) {
 			t.Fatalf("engine %s: new router %q, peer %q", name, got[name], want[name])
 		}
 	}
-	t.Logf("router started after the rings wrapped: ready with its peer's index in %v (from process start); index %v", took.Round(time.Millisecond), got)
+	// The same content, not only the same counts: each router's index as it exports it (the
+	// snapshot it would serve a third), every replica's blocks per tier, at one seq.
+	sa, sc := a.snapshot(), c.snapshot()
+	if len(sa.Streams) != len(es) || sa.Blocks() == 0 {
+		t.Fatalf("peer's snapshot holds %d streams, %d blocks; want %d streams with blocks", len(sa.Streams), sa.Blocks(), len(es))
+	}
+	if diff := indexDiff(sa, sc); diff != "" {
+		t.Fatalf("new router's index differs from its peer's: %s", diff)
+	}
+	if diff := indexDiff(sa, b.snapshot()); diff != "" {
+		t.Fatalf("the two first routers' indexes differ (the comparison's premise): %s", diff)
+	}
+	t.Logf("router started after the rings wrapped: ready with its peer's index in %v (from process start); index %v, %d blocks equal in content to both peers'",
+		took.Round(time.Millisecond), got, sc.Blocks())
 	if took > 5*time.Second {
 		t.Fatalf("ready in %v, want under 5s", took)
 	}

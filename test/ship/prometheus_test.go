@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -256,4 +257,26 @@ func headingAnchors(doc string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// The other way round: every full kvroute_router_ name docs/operations.md shows (a metric's
+// table row, the operations table's "what you see") is one kvrouter exposes, so a renamed or
+// mistyped metric in the runbook fails here rather than leaving an operator searching for it.
+func TestOperationsDocNamesRealMetrics(t *testing.T) {
+	doc := string(readFile(t, "docs/operations.md"))
+	known := routerMetrics(t)
+	name := regexp.MustCompile("kvroute_router_[a-z0-9_*]+")
+	var unknown []string
+	for _, n := range name.FindAllString(doc, -1) {
+		n = strings.TrimSuffix(n, "_")
+		if strings.Contains(n, "*") { // a family written with a wildcard (mode_*_cached_tokens_total)
+			continue
+		}
+		if _, ok := known[n]; !ok && !slices.Contains(unknown, n) {
+			unknown = append(unknown, n)
+		}
+	}
+	if len(unknown) > 0 {
+		t.Errorf("docs/operations.md names metrics kvrouter does not expose: %v", unknown)
+	}
 }

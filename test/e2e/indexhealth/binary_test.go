@@ -35,6 +35,7 @@ import (
 	"github.com/kvroute/kvroute/controllers"
 	"github.com/kvroute/kvroute/controllers/render"
 	"github.com/kvroute/kvroute/internal/testkit"
+	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
@@ -191,6 +192,63 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 		strings.Count(logs.String(), `"msg":"replica no longer degraded","replica":"`+replica+`","reason":"no-events"`)
 	if began != 1 || ended != 1 {
 		t.Fatalf("no-events logged %d times began and %d ended, want once each; logs:\n%s", began, ended, logs.String())
+	}
+
+	// Small traffic: the publisher stops again and the replica then gets one block-storing
+	// request, too few for the evidence of degraded.QuietRequests. The model must still name it
+	// within 60 s of the replica's last event (its last_event in /debug/engines), with no more
+	// traffic to help.
+	stall(t, bad.URL, true)
+	time.Sleep(fleet.StaleAfter + 500*time.Millisecond) // the request must come past the last batch to be evidence
+	served := func() uint64 {
+		es, err := debugEngines(admURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range es {
+			if e.Name == bad.Name {
+				return e.Ranks[0].Accuracy.Responses
+			}
+		}
+		t.Fatalf("%s not in /debug/engines", bad.Name)
+		return 0
+	}
+	was := served()
+	post(t, base+"/v1/completions", completion(n)) // round-robin: one request to each engine
+	post(t, base+"/v1/completions", completion(n+1))
+	testkit.Eventually(t, 5*time.Second, "the answer counted", func() error {
+		if got := served() - was; got == 0 {
+			return fmt.Errorf("no request reached %s", replica)
+		}
+		return nil
+	})
+	if got := served() - was; got != 1 {
+		t.Fatalf("%d requests reached %s, want exactly 1", got, replica)
+	}
+	var lastEvent time.Time
+	testkit.Eventually(t, 90*time.Second, "IndexHealthy=False naming "+replica+" after one request", func() error {
+		c := meta.FindStatusCondition(getModel(t, ctx, k8s, m).Status.Conditions, v1alpha1.ConditionIndexHealthy)
+		if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, replica+" no-events") {
+			return fmt.Errorf("IndexHealthy %+v", c)
+		}
+		es, err := debugEngines(admURL)
+		if err != nil {
+			return err
+		}
+		for _, e := range es {
+			if e.Name == bad.Name && e.Ranks[0].LastEvent != nil {
+				lastEvent = *e.Ranks[0].LastEvent
+			}
+		}
+		return nil
+	})
+	shown := time.Since(lastEvent)
+	t.Logf("small traffic: IndexHealthy=False naming %s no-events %v after its last event (one request served)", replica, shown.Round(100*time.Millisecond))
+	if lastEvent.IsZero() || shown > 60*time.Second {
+		t.Fatalf("no-events on one request shown %v after the last event (%v), want within 60 s", shown, lastEvent)
+	}
+	if err := wantDegraded(admURL, bad.Name, "no-events", true); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -368,7 +426,11 @@ type engineDebug struct {
 	Name  string `json:"name"`
 	URL   string `json:"url"`
 	Ranks []struct {
-		Stream   string `json:"stream"`
+		Stream    string     `json:"stream"`
+		LastEvent *time.Time `json:"last_event"`
+		Accuracy  struct {
+			Responses uint64 `json:"responses"`
+		} `json:"accuracy"`
 		Degraded []struct {
 			Reason string `json:"reason"`
 		} `json:"degraded"`
