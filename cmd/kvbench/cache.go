@@ -54,6 +54,8 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	prefill := fs.Float64("prefill-tokens-per-s", d.PrefillTokensPerS, "prefill rate for uncached tokens")
 	decode := fs.Float64("decode-ms-per-token", d.DecodeMsPerToken, "decode time per output token (ms)")
 	seqs := fs.Int("max-num-seqs", d.MaxNumSeqs, "running requests per replica; the rest queue")
+	engine := fs.String("engine", d.Engine, "replica service model: step (vLLM v1 scheduler steps: prefill chunks and decodes batched) or serial (one prefill at a time, decodes beside it)")
+	batched := fs.Int("max-batched-tokens", d.MaxBatchedTokens, "--engine step: token budget per scheduler step (vLLM's --max-num-batched-tokens)")
 	seed := fs.Int64("seed", d.Seed, "seed of every random choice")
 	report := fs.String("report", "", "write an HTML report into this directory")
 	if err := fs.Parse(args); err != nil {
@@ -65,8 +67,8 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	if (*trace == "") == (*regime == "") {
 		return errors.New("exactly one of --trace and --regime is required")
 	}
-	if *speed <= 0 || *prefill <= 0 || *decode < 0 || *seqs < 1 {
-		return errors.New("--speed and --prefill-tokens-per-s must be > 0, --decode-ms-per-token >= 0, --max-num-seqs >= 1")
+	if *speed <= 0 || *prefill <= 0 || *decode < 0 || *seqs < 1 || *batched < 1 {
+		return errors.New("--speed and --prefill-tokens-per-s must be > 0, --decode-ms-per-token >= 0, --max-num-seqs and --max-batched-tokens >= 1")
 	}
 	names := splitList(*policies)
 	if len(names) == 0 {
@@ -95,7 +97,7 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := fleet.Config{Replicas: *replicas, CapacityBlocks: *capacity, Speed: *speed,
 		PrefillTokensPerS: *prefill, DecodeMsPerToken: *decode, MaxNumSeqs: *seqs, Seed: *seed,
-		WindowSeconds: d.WindowSeconds}
+		WindowSeconds: d.WindowSeconds, Engine: *engine, MaxBatchedTokens: *batched}
 	out := cacheOutput{Trace: filepath.Base(*trace), Replicas: *replicas, CapacityBlocks: *capacity,
 		Ceilings: ceilings{GlobalLRU: round3(fleet.GlobalLRU(tr, *capacity)), Belady: round3(fleet.Belady(tr, *capacity))}}
 	for _, n := range names {

@@ -99,13 +99,59 @@ func TestQueueingAndPinning(t *testing.T) {
 	// max-num-seqs 1: the second request waits for the first to finish decoding (10 x 20 ms).
 	tr := trace(t, `{"timestamp":0,"input_length":512,"output_length":10,"hash_ids":[1]}
 {"timestamp":0,"input_length":512,"output_length":10,"hash_ids":[2]}`)
-	r, err := Run(tr, Config{Replicas: 1, CapacityBlocks: 1, MaxNumSeqs: 1}, "load")
+	r, err := Run(tr, Config{Replicas: 1, CapacityBlocks: 1, MaxNumSeqs: 1, Engine: EngineSerial}, "load")
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := 512.0 / 20000
 	if !near(r.TTFTs[1], first+0.2+first) {
 		t.Errorf("queued ttft %v, want %v", r.TTFTs[1], first+0.2+first)
+	}
+}
+
+// The step engine schedules like vLLM v1 (step.go): the first token comes out of the step that
+// computes the last prompt token, so 10 output tokens take that step and 9 decode steps; a
+// prompt arriving during a step waits for the next one, and decodes share steps with prefill
+// chunks; a prompt over the step's token budget is chunked; a request scheduled in the same
+// step as another already hits the blocks that one's chunk fills.
+func TestStepEngineOnOneReplica(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		maxSeqs int
+		jsonl   string
+		ttfts   []float64 // in trace order
+		hitTok  float64
+	}{
+		{"max-num-seqs 1: the second waits for 1 prefill step and 9 decode steps", 1, `{"timestamp":0,"input_length":512,"output_length":10,"hash_ids":[1]}
+{"timestamp":0,"input_length":512,"output_length":10,"hash_ids":[2]}`,
+			[]float64{0.0256, 0.0256 + 9*0.020 + 0.0256}, 0},
+		// A: prefill [0, 0.0256), decode [0.0256, 0.0456); B arrives at 0.030 and joins the next
+		// step beside A's decode: 4096/20000 + 0.020 s, ending 0.2704.
+		{"a decode shares the step with a prefill", 32, `{"timestamp":0,"input_length":512,"output_length":3,"hash_ids":[1]}
+{"timestamp":30,"input_length":4096,"output_length":3,"hash_ids":[11,12,13,14,15,16,17,18]}`,
+			[]float64{0.0256, 0.2704 - 0.030}, 0},
+		// A takes 6144 of the 8192-token budget; B hits A's first 4 blocks (registered when A was
+		// scheduled) and gets 2048 of its 4096 uncached tokens, the rest in the next step beside
+		// A's first decode: 2048/20000 + 0.020 s.
+		{"chunked prefill and a same-step hit", 32, `{"timestamp":0,"input_length":6144,"output_length":3,"hash_ids":[1,2,3,4,5,6,7,8,9,10,11,12]}
+{"timestamp":0,"input_length":6144,"output_length":3,"hash_ids":[1,2,3,4,21,22,23,24,25,26,27,28]}`,
+			[]float64{0.4096, 0.4096 + 0.1024 + 0.020}, 2048.0 / 12288},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := Run(trace(t, c.jsonl), Config{Replicas: 1, CapacityBlocks: 100, MaxNumSeqs: c.maxSeqs}, "round-robin")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// r.TTFTs is sorted; every case's TTFTs are in trace order already.
+			for i, want := range c.ttfts {
+				if math.Abs(r.TTFTs[i]-want) > 1e-9 {
+					t.Errorf("ttft %d = %v, want %v", i, r.TTFTs[i], want)
+				}
+			}
+			if !near(r.HitRateTokens, c.hitTok) {
+				t.Errorf("token hit rate %v, want %v", r.HitRateTokens, c.hitTok)
+			}
+		})
 	}
 }
 

@@ -22,15 +22,26 @@ type Config struct {
 	PrefillTokensPerS float64 // for uncached prompt tokens only
 	DecodeMsPerToken  float64 // per output token
 	MaxNumSeqs        int     // running requests per replica; the rest queue
-	Seed              int64
-	WindowSeconds     float64 // imbalance windows
+	// Engine is the replicas' service model: "step" (the default: vLLM v1's scheduler steps,
+	// prefill chunks and decodes batched under MaxBatchedTokens, step.go) or "serial" (the
+	// earlier model: one prompt prefilled at a time, decodes at a flat rate beside it).
+	Engine           string
+	MaxBatchedTokens int // step: token budget per scheduler step (vLLM's max_num_batched_tokens)
+	Seed             int64
+	WindowSeconds    float64 // imbalance windows
 	// KV overrides the kv policy's defaults (for tuning experiments only; nil = the router's).
 	KV *score.KVParams
 }
 
 // DefaultConfig is the benchmark's configuration (docs/benchmarks.md).
 var DefaultConfig = Config{Replicas: 8, CapacityBlocks: 4800, Speed: 1, PrefillTokensPerS: 20000,
-	DecodeMsPerToken: 20, MaxNumSeqs: 32, Seed: 1, WindowSeconds: 60}
+	DecodeMsPerToken: 20, MaxNumSeqs: 32, Seed: 1, WindowSeconds: 60, Engine: EngineStep, MaxBatchedTokens: 8192}
+
+// The service models Config.Engine names.
+const (
+	EngineStep   = "step"
+	EngineSerial = "serial"
+)
 
 func (c Config) withDefaults() (Config, error) {
 	d := DefaultConfig
@@ -55,13 +66,21 @@ func (c Config) withDefaults() (Config, error) {
 	if c.WindowSeconds == 0 {
 		c.WindowSeconds = d.WindowSeconds
 	}
+	if c.Engine == "" {
+		c.Engine = d.Engine
+	}
+	if c.MaxBatchedTokens == 0 {
+		c.MaxBatchedTokens = d.MaxBatchedTokens
+	}
 	switch {
 	case c.Replicas < 1:
 		return c, fmt.Errorf("fleet: replicas must be >= 1, got %d", c.Replicas)
 	case c.CapacityBlocks < c.Replicas:
 		return c, fmt.Errorf("fleet: capacity-blocks %d is below one block per replica (%d replicas)", c.CapacityBlocks, c.Replicas)
-	case c.Speed < 0 || c.PrefillTokensPerS < 0 || c.DecodeMsPerToken < 0 || c.MaxNumSeqs < 0 || c.WindowSeconds < 0:
-		return c, fmt.Errorf("fleet: speed, rates, max-num-seqs and window must be positive")
+	case c.Speed < 0 || c.PrefillTokensPerS < 0 || c.DecodeMsPerToken < 0 || c.MaxNumSeqs < 0 || c.WindowSeconds < 0 || c.MaxBatchedTokens < 0:
+		return c, fmt.Errorf("fleet: speed, rates, max-num-seqs, max-batched-tokens and window must be positive")
+	case c.Engine != EngineStep && c.Engine != EngineSerial:
+		return c, fmt.Errorf("fleet: engine must be %q or %q, got %q", EngineStep, EngineSerial, c.Engine)
 	}
 	return c, nil
 }
@@ -86,21 +105,32 @@ type Result struct {
 
 // replica is one modelled engine. The router's picture of it (prefill and decode tokens routed
 // there, requests in flight, the predicted blocks of requests not started yet) is the live
-// router's ledger (router/load), driven at virtual time; queue and running are the engine's.
+// router's ledger (router/load), driven at virtual time; the rest is the engine's.
 type replica struct {
-	id          string
-	ld          *load.Replica
-	cache       *blockCache
+	id    string
+	ld    *load.Replica
+	cache *blockCache
+	// serial engine
 	queue       []int // request indices, FIFO
 	running     int
 	prefillFree float64
+	// step engine (step.go)
+	waiting, seqs []*stepReq // vLLM's waiting queue and running list
+	step          []*stepReq // the step in flight
+	busy          bool       // a step is in flight
+	kicked        bool       // an arrival woke it: a step starts after this instant's arrivals
+	reserved      int        // blocks the running requests will pin as their prompts are computed
 }
+
+// queued is the requests routed here that the engine has not started.
+func (r *replica) queued() int { return len(r.queue) + len(r.waiting) }
 
 type evKind uint8
 
 const (
 	evPrefillDone evKind = iota
 	evComplete
+	evStepDone
 )
 
 type event struct {
@@ -144,6 +174,9 @@ type sim struct {
 	clock   float64
 	ids     []load.ID
 	predBuf []uint32
+	// step engine: replicas woken at kickAt, their steps not started yet (step.go)
+	kicks  []int
+	kickAt float64
 	// accounting
 	hitBlocks, totBlocks int
 	hitTokens, totTokens int
@@ -178,6 +211,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		q := &tr.Requests[i]
 		now := float64(q.TimestampMs) / 1000 / cfg.Speed
 		s.arrival[i] = now
+		s.flushKicks(now)
 		s.advance(now)
 		s.clock = now
 		// A fresh slice per request: the ledger keeps the keys of each request it holds.
@@ -200,7 +234,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 			cands[r] = score.Candidate{ID: rep.id, ExactBlocks: exact,
 				TierBlocks:      [score.NumTiers]int{exact, 0, 0},
 				PredictedBlocks: pred, PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens),
-				Queue: len(rep.queue), Running: int(ld.Running),
+				Queue: rep.queued(), Running: int(ld.Running),
 				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true,
 				Window: s.ledger.Window(rep.id, req.NowNs)}
 		}
@@ -220,6 +254,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		s.ids[i] = id
 		s.route(i, rc.Chosen)
 	}
+	s.flushKicks(math.Inf(1))
 	s.advance(math.Inf(1))
 	return s.result(policy), nil
 }
@@ -239,28 +274,39 @@ func (s *sim) advance(t float64) {
 		e := heap.Pop(&s.events).(event)
 		s.clock = e.t
 		rep := s.reps[e.rep]
-		q := &s.tr.Requests[e.req]
 		switch e.kind {
+		case evStepDone:
+			s.stepDone(e.rep, e.t)
 		case evPrefillDone:
 			if err := s.ledger.FirstToken(s.ids[e.req]); err != nil {
 				panic(fmt.Sprintf("fleet: request %d: %v", e.req, err)) // every request is routed once
 			}
 		case evComplete:
 			rep.running--
-			if _, err := s.ledger.Done(s.ids[e.req], nil); err != nil {
-				panic(fmt.Sprintf("fleet: request %d: %v", e.req, err))
-			}
-			// Free the tail first so eviction keeps the shared head longest (as vLLM does).
-			for j := len(q.HashIDs) - 1; j >= 0; j-- {
-				rep.cache.unpin(q.HashIDs[j])
-			}
+			s.finished(e.rep, e.req)
 			s.startQueued(e.rep, e.t)
 		}
 	}
 }
 
+// finished ends request i on replica r: its load leaves the ledger and its blocks are unpinned.
+func (s *sim) finished(r, i int) {
+	if _, err := s.ledger.Done(s.ids[i], nil); err != nil {
+		panic(fmt.Sprintf("fleet: request %d: %v", i, err))
+	}
+	// Free the tail first so eviction keeps the shared head longest (as vLLM does).
+	ids := s.tr.Requests[i].HashIDs
+	for j := len(ids) - 1; j >= 0; j-- {
+		s.reps[r].cache.unpin(ids[j])
+	}
+}
+
 // route queues request i on replica r (the ledger has recorded it).
 func (s *sim) route(i, r int) {
+	if s.cfg.Engine == EngineStep {
+		s.stepArrive(i, r, s.arrival[i])
+		return
+	}
 	rep := s.reps[r]
 	rep.queue = append(rep.queue, i)
 	s.startQueued(r, s.arrival[i])
@@ -284,13 +330,27 @@ func (s *sim) startQueued(r int, now float64) {
 func (s *sim) start(i, r int, now float64) {
 	q := &s.tr.Requests[i]
 	rep := s.reps[r]
-	// Its blocks are the engine's now: out of the predicted side index.
-	s.ledger.Unpredict(s.ids[i])
 	hits := rep.cache.prefix(q.HashIDs)
 	for _, h := range q.HashIDs {
 		rep.cache.pin(h)
 	}
 	rep.running++
+	unc := s.admitted(i, r, hits)
+	// The last prompt token is always computed, even on a full hit.
+	work := float64(max(unc, 1)) / s.cfg.PrefillTokensPerS
+	begin := math.Max(now, rep.prefillFree)
+	done := begin + work
+	rep.prefillFree = done
+	s.ttft[i] = done - s.arrival[i]
+	s.push(event{t: done, kind: evPrefillDone, req: i, rep: r})
+	s.push(event{t: done + float64(q.OutputLength)*s.cfg.DecodeMsPerToken/1000, kind: evComplete, req: i, rep: r})
+}
+
+// admitted counts request i started on replica r with hits leading blocks cached, and returns
+// its uncached prompt tokens. Its blocks are the engine's now: out of the predicted side index.
+func (s *sim) admitted(i, r, hits int) int {
+	q := &s.tr.Requests[i]
+	s.ledger.Unpredict(s.ids[i])
 	unc := uncachedTokens(q, hits)
 	s.hitBlocks += hits
 	s.totBlocks += len(q.HashIDs)
@@ -302,14 +362,7 @@ func (s *sim) start(i, r int, now float64) {
 		s.window[w] = make([]float64, s.cfg.Replicas)
 	}
 	s.window[w][r] += float64(unc)
-	// The last prompt token is always computed, even on a full hit.
-	work := float64(max(unc, 1)) / s.cfg.PrefillTokensPerS
-	begin := math.Max(now, rep.prefillFree)
-	done := begin + work
-	rep.prefillFree = done
-	s.ttft[i] = done - s.arrival[i]
-	s.push(event{t: done, kind: evPrefillDone, req: i, rep: r})
-	s.push(event{t: done + float64(q.OutputLength)*s.cfg.DecodeMsPerToken/1000, kind: evComplete, req: i, rep: r})
+	return unc
 }
 
 func (s *sim) result(policy string) *Result {
