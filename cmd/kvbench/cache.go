@@ -87,9 +87,6 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if w.ScaleUp != nil {
-			return fmt.Errorf("regime %s grows the fleet mid-run, which the fleet model does not", *regime)
-		}
 		tr = w.Trace()
 		*trace = "regime " + *regime
 	} else if tr, err = fleet.LoadTrace(*trace); err != nil {

@@ -121,6 +121,11 @@ func captureObserver(rec *capture.Recorder) load.Observer {
 	return done(func(r *load.Record, u *load.Usage) {
 		q := capture.Request{Arrival: r.At, Tokens: r.Tokens, Multimodal: r.Multimodal,
 			Identity: capture.Identity{LoRA: r.Identity.LoRAName, CacheSalt: r.Identity.CacheSalt}}
+		for _, c := range r.Cands {
+			if c.Healthy {
+				q.Replicas++
+			}
+		}
 		if u != nil {
 			q.OutputTokens = u.CompletionTokens
 		}

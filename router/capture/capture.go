@@ -69,6 +69,10 @@ type Request struct {
 	// Multimodal requests carry media their token ids do not show (vLLM keys its blocks by
 	// the media's hashes too): their chunks get ids of their own, shared with no other request.
 	Multimodal bool
+	// Replicas is how many replicas (engine ranks) the router could route this request to
+	// when it decided (its healthy candidates); 0 when unknown. Written as "replicas", so a
+	// trial replays the fleet's membership over time: a scale-up, a replica lost.
+	Replicas int
 }
 
 // Why a record was not written (the reason label of kvroute_router_capture_dropped_total).
@@ -113,10 +117,11 @@ type Recorder struct {
 }
 
 type record struct {
-	ms     int64
-	input  int
-	output int
-	hashes []uint64
+	ms       int64
+	input    int
+	output   int
+	replicas int
+	hashes   []uint64
 }
 
 // New creates Dir, opens the first file and starts the writer. Close flushes and stops it.
@@ -233,7 +238,7 @@ func (r *Recorder) Observe(q Request) {
 		r.multimodal.Inc()
 	}
 	ms := max(q.Arrival.Sub(r.start).Milliseconds(), 0)
-	rec := record{ms: ms, input: len(q.Tokens), output: max(q.OutputTokens, 0),
+	rec := record{ms: ms, input: len(q.Tokens), output: max(q.OutputTokens, 0), replicas: max(q.Replicas, 0),
 		hashes: r.chain.appendChain(make([]uint64, 0, (len(q.Tokens)+BlockTokens-1)/BlockTokens), q.Tokens, q.Identity)}
 	r.closeM.RLock()
 	defer r.closeM.RUnlock()
@@ -291,6 +296,11 @@ func (r *Recorder) appendLine(b []byte, rec *record) []byte {
 	b = strconv.AppendInt(b, int64(rec.input), 10)
 	b = append(b, `, "output_length": `...)
 	b = strconv.AppendInt(b, int64(rec.output), 10)
+	// An extra field Mooncake's readers ignore.
+	if rec.replicas > 0 {
+		b = append(b, `, "replicas": `...)
+		b = strconv.AppendInt(b, int64(rec.replicas), 10)
+	}
 	b = append(b, `, "hash_ids": [`...)
 	for i, h := range rec.hashes {
 		if i > 0 {

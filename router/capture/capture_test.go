@@ -3,6 +3,7 @@ package capture
 import (
 	"bytes"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -108,6 +109,35 @@ func TestCaptureIsMooncakeWithChainedDenseIDs(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.records); got != 7 {
 		t.Fatalf("records_total %v, want 7", got)
+	}
+}
+
+// Each line says how many replicas the router could route the request to, so a trial replays
+// the fleet's membership (a scale-up); a request without it writes no field.
+func TestCaptureRecordsFleetSize(t *testing.T) {
+	dir := t.TempDir()
+	r := newTest(t, Options{Dir: dir})
+	at := time.Unix(1000, 0)
+	r.Observe(Request{Arrival: at, Tokens: seq(1, 600), Replicas: 2})
+	r.Observe(Request{Arrival: at.Add(time.Second), Tokens: seq(1, 600), Replicas: 4})
+	r.Observe(Request{Arrival: at.Add(2 * time.Second), Tokens: seq(1, 600)})
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tr, names := readAll(t, dir)
+	var got []int
+	for _, q := range tr.Requests {
+		got = append(got, q.Replicas)
+	}
+	if !reflect.DeepEqual(got, []int{2, 4, 0}) {
+		t.Errorf("replicas per line %v, want [2 4 0]", got)
+	}
+	b, err := os.ReadFile(names[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), `"replicas"`); n != 2 {
+		t.Errorf("%d lines carry \"replicas\", want 2:\n%s", n, b)
 	}
 }
 

@@ -213,3 +213,41 @@ func TestBadConfig(t *testing.T) {
 		t.Error("unknown policy accepted")
 	}
 }
+
+// A capture's "replicas" is the fleet the router had: requests are routed over that many
+// replicas only, and a replica joining takes requests from then on. Without the field every
+// replica is in the fleet from the start.
+func TestMembershipFromTrace(t *testing.T) {
+	lines := func(sizes ...int) string {
+		var b strings.Builder
+		for i, n := range sizes {
+			at := i * 1000
+			if i >= 3 {
+				at = 61000 + i*1000 // the second 60 s window
+			}
+			b.WriteString(`{"timestamp":` + itoa(at) + `,"input_length":512,"output_length":1,"hash_ids":[` + itoa(100+i) + `]`)
+			if n > 0 {
+				b.WriteString(`,"replicas":` + itoa(n))
+			}
+			b.WriteString("}\n")
+		}
+		return b.String()
+	}
+	r, err := Run(trace(t, lines(1, 1, 1, 2, 2)), Config{Replicas: 2, CapacityBlocks: 10}, "round-robin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := r.WindowLoad[0]; w[0] != 3*512 || w[1] != 0 {
+		t.Errorf("first window's prefill per replica %v, want all on r0 (r1 not in the fleet yet)", w)
+	}
+	if w := r.WindowLoad[1]; w[1] == 0 {
+		t.Errorf("second window's prefill per replica %v: r1 joined and took nothing", w)
+	}
+	r, err = Run(trace(t, lines(0, 0, 0, 0, 0)), Config{Replicas: 2, CapacityBlocks: 10}, "round-robin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := r.WindowLoad[0]; w[1] == 0 {
+		t.Errorf("without membership, first window %v: r1 should take requests from the start", w)
+	}
+}

@@ -16,6 +16,10 @@ import (
 
 // Config is the fleet and service model. Zero values take DefaultConfig's.
 type Config struct {
+	// Replicas is the fleet's size; for a trace whose requests say how many replicas the router
+	// had (a capture's "replicas"), its largest size: request i is routed over the first
+	// min(replicas, Replicas) of them, replicas join the router's candidates when the count grows
+	// and leave when it shrinks (the last ones first).
 	Replicas          int
 	CapacityBlocks    int     // whole fleet; each replica holds CapacityBlocks/Replicas
 	Speed             float64 // arrival times are timestamp / Speed
@@ -174,6 +178,7 @@ type sim struct {
 	clock   float64
 	ids     []load.ID
 	predBuf []uint32
+	members int // replicas the router routes to now: reps[:members]
 	// step engine: replicas woken at kickAt, their steps not started yet (step.go)
 	kicks  []int
 	kickAt float64
@@ -200,10 +205,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		window: map[int][]float64{}}
 	s.ledger = load.New(load.Options{Policy: pol, Now: s.now})
 	for i := 0; i < cfg.Replicas; i++ {
-		id := "r" + strconv.Itoa(i)
-		s.reps = append(s.reps, &replica{id: id, ld: s.ledger.NewReplica(index.ReplicaID(i), id), cache: newBlockCache(s.perRep)})
-		// The side indexes evict the replica's guesses as its modelled cache evicts blocks.
-		s.ledger.SetCapacity(s.reps[i].ld, s.perRep)
+		s.reps = append(s.reps, &replica{id: "r" + strconv.Itoa(i), cache: newBlockCache(s.perRep)})
 	}
 	cands := make([]score.Candidate, cfg.Replicas)
 	keys := make([]blockkey.Key, 0, 256)
@@ -214,6 +216,11 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		s.flushKicks(now)
 		s.advance(now)
 		s.clock = now
+		n := cfg.Replicas
+		if q.Replicas > 0 {
+			n = min(q.Replicas, cfg.Replicas)
+		}
+		s.resize(n)
 		// A fresh slice per request: the ledger keeps the keys of each request it holds.
 		keys = make([]blockkey.Key, 0, len(q.HashIDs))
 		for _, h := range q.HashIDs {
@@ -222,7 +229,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		req := &score.Request{Keys: keys, Tokens: q.InputLength, BlockSize: TraceBlockTokens,
 			SessionKey: strconv.FormatUint(q.Session, 10), NowNs: int64(now * 1e9)}
 		s.predBuf, _ = s.ledger.Match(keys, cfg.Replicas, false, s.predBuf, nil)
-		for r, rep := range s.reps {
+		for r, rep := range s.reps[:n] {
 			exact := rep.cache.prefix(q.HashIDs)
 			// Predicted: the ledger's predicted blocks (routed, not started), then what is cached
 			// after them.
@@ -238,8 +245,8 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true,
 				Window: s.ledger.Window(rep.id, req.NowNs)}
 		}
-		id, rc, err := s.ledger.Decide(req, cands, nil, func(r int) load.Routing {
-			if r < 0 || r >= len(s.reps) {
+		id, rc, err := s.ledger.Decide(req, cands[:n], nil, func(r int) load.Routing {
+			if r < 0 || r >= n {
 				return load.Routing{Replica: &load.Replica{}}
 			}
 			return load.Routing{Replica: s.reps[r].ld, Keys: keys, Uncached: uncachedTokens(q, cands[r].PredictedBlocks),
@@ -248,8 +255,8 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %s on request %d: %w", policy, i, err)
 		}
-		if rc.Chosen < 0 || rc.Chosen >= len(cands) {
-			return nil, fmt.Errorf("fleet: %s picked %d of %d replicas", policy, rc.Chosen, len(cands))
+		if rc.Chosen < 0 || rc.Chosen >= n {
+			return nil, fmt.Errorf("fleet: %s picked %d of %d replicas", policy, rc.Chosen, n)
 		}
 		s.ids[i] = id
 		s.route(i, rc.Chosen)
@@ -257,6 +264,25 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	s.flushKicks(math.Inf(1))
 	s.advance(math.Inf(1))
 	return s.result(policy), nil
+}
+
+// resize makes the first n replicas the router's candidates. A replica joining starts in the
+// ledger as kvrouter's does when an engine becomes routable (its windows and the policy's state
+// from nothing); one that was in the fleet before restarts with an empty cache if nothing runs
+// there (a new pod). A replica leaving is removed from the ledger; what it runs finishes.
+func (s *sim) resize(n int) {
+	for ; s.members < n; s.members++ {
+		rep := s.reps[s.members]
+		if rep.ld != nil && rep.queued()+rep.running+len(rep.seqs) == 0 && !rep.busy {
+			rep.cache = newBlockCache(s.perRep)
+		}
+		rep.ld = s.ledger.NewReplica(index.ReplicaID(s.members), rep.id)
+		// The side indexes evict the replica's guesses as its modelled cache evicts blocks.
+		s.ledger.SetCapacity(rep.ld, s.perRep)
+	}
+	for ; s.members > n; s.members-- {
+		s.ledger.Remove(s.reps[s.members-1].ld)
+	}
 }
 
 // now is the ledger's clock: the virtual time in seconds from the Unix epoch.

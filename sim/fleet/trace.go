@@ -22,6 +22,10 @@ type Request struct {
 	InputLength  int      `json:"input_length"`
 	OutputLength int      `json:"output_length"`
 	HashIDs      []uint64 `json:"hash_ids"`
+	// Replicas, when above 0, is how many replicas the router could route this request to (a
+	// kvrouter capture records it; Mooncake's traces do not have it): the fleet model routes it
+	// over that many, so a trial replays a scale-up as it happened.
+	Replicas int `json:"replicas,omitempty"`
 	// Session is filled by the loader (first block id shared by fewer than 1% of requests).
 	Session uint64 `json:"-"`
 }

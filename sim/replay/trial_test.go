@@ -76,6 +76,7 @@ func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64)
 		prefillPerS   = 20000.0 // engine time; the fleet model gets the same rate in wall time
 		decodeMs      = 20.0
 		maxSeqs       = 32
+		maxBatched    = 8192 // tokens per scheduler step, vLLM's --max-num-batched-tokens
 		traceBlocksPR = 600 // KV per replica, in 512-token trace blocks (the project's benchmark design: 8 replicas x 600)
 	)
 	policies := []string{"kv", "load", "round-robin", "prefix-char"}
@@ -95,7 +96,8 @@ func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64)
 		SimArgs: []string{"--prefill-tokens-per-s", ftoa(prefillPerS), "--decode-ms-per-token", ftoa(decodeMs),
 			"--time-scale", ftoa(timeScale), "--block-size", strconv.Itoa(blockSize),
 			"--num-gpu-blocks", strconv.Itoa(traceBlocksPR*fleet.TraceBlockTokens/blockSize + 1),
-			"--max-num-seqs", strconv.Itoa(maxSeqs), "--max-model-len", "1048576"}}
+			"--max-num-seqs", strconv.Itoa(maxSeqs), "--max-num-batched-tokens", strconv.Itoa(maxBatched),
+			"--max-model-len", "1048576"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	runs, err := Replay(ctx, o, w)
@@ -162,8 +164,13 @@ func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64)
 			t.Errorf("the capture replayed live under every policy: %s", a)
 		}
 	}
+	// The fleet model steps its replicas like the engines (vllm-sim's flat step time, which the
+	// rates above select): prefill chunks and decodes batched under the same token budget. The
+	// capture says how many replicas the router had for each request, so a scale-up replays
+	// as it happened; Replicas is the fleet's final size.
 	cfg := fleet.Config{Replicas: replicas, CapacityBlocks: replicas * traceBlocksPR,
-		PrefillTokensPerS: prefillPerS * timeScale, DecodeMsPerToken: decodeMs / timeScale, MaxNumSeqs: maxSeqs, Seed: 1}
+		PrefillTokensPerS: prefillPerS * timeScale, DecodeMsPerToken: decodeMs / timeScale, MaxNumSeqs: maxSeqs,
+		Engine: fleet.EngineStep, MaxBatchedTokens: maxBatched, Seed: 1}
 	trial = map[string]float64{}
 	for _, p := range policies {
 		res, err := fleet.Run(tr, cfg, p)

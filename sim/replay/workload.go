@@ -108,6 +108,13 @@ func (w *Workload) Trace() *fleet.Trace {
 		}
 		reqs[i] = fleet.Request{TimestampMs: r.At.Milliseconds(), InputLength: r.InputLength,
 			OutputLength: r.OutputLength, HashIDs: ids}
+		// A scale-up's fleet size over time, as a capture records it.
+		if w.ScaleUp != nil {
+			reqs[i].Replicas = w.ScaleUp.From
+			if r.At >= w.ScaleUp.At {
+				reqs[i].Replicas = w.ScaleUp.To
+			}
+		}
 	}
 	return fleet.NewTrace(w.Name, reqs)
 }
