@@ -17,7 +17,8 @@ import "strconv"
 // sleeps each step's duration; the fleet model's requests are trace rows of 512-token block
 // ids, at thousands of replicas. Sharing it would mean making rank's scheduling generic over
 // the request and the pool; this file instead follows the same rules, and
-// TestStepEngineMatchesVLLMSim checks it against vllm-sim step by step.
+// TestStepEngineMatchesFleetModel (sim/vllmsim) steps vllm-sim's scheduler by hand on the same
+// requests and checks every TTFT and the prefix hits against this file.
 //
 // What it leaves out of vLLM: preemption (a request is admitted only when its whole prompt's
 // blocks fit next to the running requests', the serial engine's rule, so nothing is preempted)
