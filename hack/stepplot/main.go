@@ -1,7 +1,7 @@
 // Command stepplot draws one of vllm-sim's calibrated step-time models against the measured
 // points it was fitted to as an SVG, using only the standard library:
 //
-//	go run ./hack/stepplot > sim/vllmsim/step-time.svg
+//	go run ./hack/stepplot -model splitwise-h100 > sim/vllmsim/step-time.svg
 //	go run ./hack/stepplot -model vllm-0.20.1-b300 > sim/vllmsim/step-time-vllm-0.20.1-b300.svg
 package main
 
@@ -80,12 +80,12 @@ func legend(b *strings.Builder, x, y float64, color, text string, dot bool) {
 }
 
 func main() {
-	model := flag.String("model", "calibrated", "step model to draw: calibrated or vllm-0.20.1-b300")
+	model := flag.String("model", vllmsim.DefaultStepModel, "step model to draw: vllm-0.20.1-b300 or splitwise-h100 (alias calibrated)")
 	flag.Parse()
-	switch *model {
-	case "calibrated":
+	switch vllmsim.CanonicalStepModel(*model) {
+	case vllmsim.StepModelSplitwiseH100:
 		splitwise()
-	case "vllm-0.20.1-b300":
+	case vllmsim.StepModelVLLM0201B300:
 		b300()
 	default:
 		fmt.Fprintln(os.Stderr, "unknown model", *model)
@@ -159,8 +159,12 @@ func b300() {
 	fmt.Print(b.String())
 }
 
-// splitwise draws the default calibrated model and the Splitwise points it was fitted to.
+// splitwise draws the splitwise-h100 model and the Splitwise points it was fitted to.
 func splitwise() {
+	stepMs := func(prefill, decodes, ctx int) float64 {
+		ms, _ := vllmsim.StepModelMs(vllmsim.StepModelSplitwiseH100, prefill, decodes, ctx)
+		return ms
+	}
 	raw, err := os.ReadFile("testdata/vllmsim/step-time.json")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "run from the repository root:", err)
@@ -182,11 +186,11 @@ func splitwise() {
 	right.frame(&b)
 	colors := []string{"#1f77b4", "#ff7f0e", "#2ca02c"}
 	for i, d := range []int{0, 64, 256} {
-		left.line(&b, colors[i], func(x float64) float64 { return vllmsim.CalibratedStepMs(int(x), d, 2048) })
+		left.line(&b, colors[i], func(x float64) float64 { return stepMs(int(x), d, 2048) })
 		legend(&b, 80, float64(60+16*i), colors[i], fmt.Sprintf("model, + %d decodes of 2048 ctx", d), false)
 	}
 	for i, ctx := range []int{576, 8192} {
-		right.line(&b, colors[i], func(x float64) float64 { return vllmsim.CalibratedStepMs(0, int(x), ctx) })
+		right.line(&b, colors[i], func(x float64) float64 { return stepMs(0, int(x), ctx) })
 		legend(&b, 560, float64(60+16*i), colors[i], fmt.Sprintf("model, context %d per sequence", ctx), false)
 	}
 	for _, p := range doc.Points {
@@ -202,7 +206,7 @@ func splitwise() {
 	legend(&b, 80, 108, "#d62728", "Splitwise H100 Llama2-70B: 1 prompt", true)
 	legend(&b, 80, 124, "#9467bd", "Splitwise: batch of 512-token prompts", true)
 	legend(&b, 560, 92, "#d62728", "Splitwise: decode, prompt 512", true)
-	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim calibrated step model (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time.json; log-log axes, before --time-scale</text>` + "\n")
+	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim --step-model splitwise-h100 (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time.json; log-log axes, before --time-scale</text>` + "\n")
 	b.WriteString("</svg>\n")
 	fmt.Print(b.String())
 }
