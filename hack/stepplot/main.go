@@ -124,8 +124,12 @@ func b300() {
 	b.WriteString(`<rect width="960" height="420" fill="white"/>` + "\n")
 	left := panel{x: 70, y: 40, w: 380, h: 300, xmin: 32, xmax: 16384, ymin: 10, ymax: 1000,
 		title: "Prefill in the step (one fresh prompt)", xlabel: "prefill tokens in the step"}
-	right := panel{x: 550, y: 40, w: 380, h: 300, xmin: 1, xmax: 64, ymin: 10, ymax: 50,
-		title: "Decode-only step", xlabel: "decoding sequences"}
+	// Decode steps against their total context: the source's decode records span 1 to 32
+	// sequences over 4k to 127k tokens, and this model has no per-sequence term (it fits to 0),
+	// so below the knee a decode step's time depends on the context alone and every record has
+	// a place on one line; drawn against the batch size, most would sit between lines.
+	right := panel{x: 550, y: 40, w: 380, h: 300, xmin: 2048, xmax: 262144, ymin: 10, ymax: 50,
+		title: "Decode-only step", xlabel: "total decode context (tokens)"}
 	left.frame(&b)
 	right.frame(&b)
 	colors := []string{"#1f77b4", "#ff7f0e", "#2ca02c"}
@@ -133,9 +137,18 @@ func b300() {
 		left.line(&b, colors[i], func(x float64) float64 { return ms(int(x), d, 3600) })
 		legend(&b, 80, float64(60+16*i), colors[i], fmt.Sprintf("model, + %d decodes of 3600 ctx", d), false)
 	}
-	for i, ctx := range []int{2400, 4096} {
-		right.line(&b, colors[i], func(x float64) float64 { return ms(0, int(x), ctx) })
-		legend(&b, 560, float64(60+16*i), colors[i], fmt.Sprintf("model, context %d per sequence", ctx), false)
+	for i, d := range []int{1, 32} {
+		right.line(&b, colors[i], func(x float64) float64 { return ms(0, d, int(x)/d) })
+	}
+	legend(&b, 560, 60, colors[0], "model, 1 or 32 decodes (one line)", false)
+	decodeColor := func(d int) string {
+		switch {
+		case d <= 8:
+			return "#d62728"
+		case d < 32:
+			return "#9467bd"
+		}
+		return "#8c564b"
 	}
 	for _, p := range doc.Points {
 		prefill := 0
@@ -148,12 +161,14 @@ func b300() {
 		case prefill > 0:
 			left.dot(&b, "#9467bd", float64(prefill), p.Ms)
 		default:
-			right.dot(&b, "#d62728", float64(p.Decodes), p.Ms)
+			right.dot(&b, decodeColor(p.Decodes), float64(p.DecodeCtx), p.Ms)
 		}
 	}
 	legend(&b, 80, 124, "#d62728", "vLLM 0.20.1 B300 Qwen3-32B: prefill-only step", true)
 	legend(&b, 80, 140, "#9467bd", "vLLM 0.20.1: prefill with 1 to 31 decodes", true)
-	legend(&b, 560, 92, "#d62728", "vLLM 0.20.1: decode step, 2.4k to 4.1k ctx/seq", true)
+	legend(&b, 560, 76, "#d62728", "vLLM 0.20.1: 1 to 8 decodes", true)
+	legend(&b, 560, 92, "#9467bd", "vLLM 0.20.1: 13 to 22 decodes", true)
+	legend(&b, 560, 108, "#8c564b", "vLLM 0.20.1: 32 decodes", true)
 	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim --step-model vllm-0.20.1-b300 (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time-vllm-0.20.1-b300.json; log-log axes, before --time-scale</text>` + "\n")
 	b.WriteString("</svg>\n")
 	fmt.Print(b.String())
