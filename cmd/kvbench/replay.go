@@ -60,10 +60,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	jitter := fs.Duration("jitter", 20*time.Millisecond, "per-seed arrival jitter")
 	rate := fs.Float64("rate", 25, "regimes: mean arrivals per second")
 	warmup := fs.Duration("warmup", 2*time.Second, "scale-up regime: warm-up window of the new replicas")
-	stepModel := fs.String("sim-step-model", "calibrated", "engine step-time model: calibrated (vllm-sim's default, run at the prefill rate below) or flat (the rate below plus a fixed decode step)")
-	prefill := fs.Float64("sim-prefill-tokens-per-s", 0, "engine prefill rate (default 20000 x tokens-per-trace-block/512: trace-equivalent time); calibrated: its compute-bound rate")
+	stepModel := fs.String("sim-step-model", defaultSimStepModel, "engine step-time model: vllm-0.20.1-b300 (vllm-sim's default) or splitwise-h100 (alias calibrated), each run at the prefill rate below, or flat (the rate below plus a fixed decode step)")
+	prefill := fs.Float64("sim-prefill-tokens-per-s", 0, "engine prefill rate (default 20000 x tokens-per-trace-block/512: trace-equivalent time); a calibrated model: its compute-bound rate")
 	decode := fs.Float64("sim-decode-ms-per-token", 20, "flat step model: engine decode step")
-	timeScale := fs.Float64("sim-time-scale", 1, "vllm-sim --time-scale: divides every engine duration (on top of the calibrated model's rate match)")
+	timeScale := fs.Float64("sim-time-scale", 1, "vllm-sim --time-scale: divides every engine duration (on top of a calibrated model's rate match)")
 	atAcceptance := fs.Bool("sim-headers-at-acceptance", true, "engines send a stream's headers at acceptance as vLLM does; false holds them until the first token (the old timing)")
 	firstSeed := fs.Int("first-seed", 1, "number of the first seed (runs first-seed .. first-seed+seeds-1)")
 	blockSize := fs.Int("sim-block-size", 16, "engine KV block size in tokens")
@@ -188,26 +188,37 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	return writeReplayTable(stdout, &out)
 }
 
-// calibratedTokensPerS is vllm-sim's calibrated compute-bound prefill rate
-// (vllmsim.CalibratedTokensPerS; a test keeps the two equal without linking the simulator here).
-const calibratedTokensPerS = 1000 / 0.14356
+// defaultSimStepModel is vllm-sim's default step model (vllmsim.DefaultStepModel; a test keeps
+// them equal), so a replay's engines time steps as a vllm-sim started by hand would.
+const defaultSimStepModel = "vllm-0.20.1-b300"
 
-// simStepArgs are the engines' step-model flags. Both models keep a prompt's prefill
+// stepModelTokensPerS are vllm-sim's calibrated models' compute-bound prefill rates by name,
+// aliases included (vllmsim.StepModelTokensPerS; a test keeps them equal without linking the
+// simulator into kvbench).
+var stepModelTokensPerS = map[string]float64{
+	"vllm-0.20.1-b300": 1000 / 0.044371,
+	"splitwise-h100":   1000 / 0.14356,
+	"calibrated":       1000 / 0.14356,
+}
+
+// simStepArgs are the engines' step-model flags. Every model keeps a prompt's prefill
 // trace-equivalent at prefillPerS (tokens of the shrunk prompt per second): flat by that rate,
-// calibrated by reading each token as 512/tokensPerBlock model tokens (--step-token-scale) and
-// dividing time so its compute-bound rate is prefillPerS, so a regime's load stays where it was
-// chosen and what differs is the shape of a step's cost (README of sim/vllmsim, Timing model).
+// a calibrated one by reading each token as 512/tokensPerBlock model tokens (--step-token-scale)
+// and scaling time so its compute-bound rate is prefillPerS, so a regime's load stays where it
+// was chosen and what differs between models is the shape of a step's cost (README of
+// sim/vllmsim, Timing model).
 func simStepArgs(model string, prefillPerS, decodeMs, timeScale float64, tokensPerBlock int) ([]string, error) {
-	switch model {
-	case "flat":
+	if model == "flat" {
 		return []string{"--step-model", "flat", "--prefill-tokens-per-s", fmtF(prefillPerS),
 			"--decode-ms-per-token", fmtF(decodeMs), "--time-scale", fmtF(timeScale)}, nil
-	case "calibrated":
-		tokenScale := float64(fleet.TraceBlockTokens) / float64(tokensPerBlock)
-		return []string{"--step-model", "calibrated", "--step-token-scale", fmtF(tokenScale),
-			"--time-scale", fmtF(timeScale * prefillPerS * tokenScale / calibratedTokensPerS)}, nil
 	}
-	return nil, fmt.Errorf("--sim-step-model must be calibrated or flat, got %q", model)
+	rate, ok := stepModelTokensPerS[model]
+	if !ok {
+		return nil, fmt.Errorf("--sim-step-model must be vllm-0.20.1-b300, splitwise-h100 (or calibrated) or flat, got %q", model)
+	}
+	tokenScale := float64(fleet.TraceBlockTokens) / float64(tokensPerBlock)
+	return []string{"--step-model", model, "--step-token-scale", fmtF(tokenScale),
+		"--time-scale", fmtF(timeScale * prefillPerS * tokenScale / rate)}, nil
 }
 
 // findBinaries looks for vllm-sim and kvrouter: explicit flags, then --bin-dir, then the

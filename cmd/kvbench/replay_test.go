@@ -114,24 +114,38 @@ func TestReplayTableRouters(t *testing.T) {
 	}
 }
 
-// The engines' step flags: flat passes the rates; calibrated reads each token as 512/tpb and
-// scales time so its compute-bound prefill rate equals the flat rate (same regime load).
+// The engines' step flags: flat passes the rates; a calibrated model reads each token as 512/tpb
+// and scales time so its compute-bound prefill rate equals the flat rate (same regime load).
+// kvbench's copy of each model's rate is vllm-sim's, aliases included.
 func TestSimStepArgs(t *testing.T) {
-	if d := calibratedTokensPerS - vllmsim.CalibratedTokensPerS(); d > 1e-9 || d < -1e-9 {
-		t.Fatalf("calibratedTokensPerS %v, vllm-sim's %v", calibratedTokensPerS, vllmsim.CalibratedTokensPerS())
+	if defaultSimStepModel != vllmsim.DefaultStepModel {
+		t.Errorf("--sim-step-model defaults to %s, vllm-sim to %s", defaultSimStepModel, vllmsim.DefaultStepModel)
+	}
+	names := append([]string{"calibrated"}, vllmsim.StepModels()...)
+	if len(stepModelTokensPerS) != len(names) {
+		t.Errorf("kvbench knows %d step models, vllm-sim %v", len(stepModelTokensPerS), names)
+	}
+	for _, name := range names {
+		want, _ := vllmsim.StepModelTokensPerS(name)
+		if d := stepModelTokensPerS[name] - want; want == 0 || d > 1e-9 || d < -1e-9 {
+			t.Errorf("%s: kvbench's rate %v, vllm-sim's %v", name, stepModelTokensPerS[name], want)
+		}
 	}
 	flat, err := simStepArgs("flat", 1250, 20, 1, 32)
 	if err != nil || strings.Join(flat, " ") != "--step-model flat --prefill-tokens-per-s 1250 --decode-ms-per-token 20 --time-scale 1" {
 		t.Errorf("flat: %q (%v)", flat, err)
 	}
-	cal, err := simStepArgs("calibrated", 1250, 20, 2, 32)
-	if err != nil || len(cal) != 6 || cal[1] != "calibrated" || cal[3] != "16" {
-		t.Fatalf("calibrated: %q (%v)", cal, err)
-	}
-	scale, _ := strconv.ParseFloat(cal[5], 64)
-	// 1250 shrunk tokens/s = 20,000 model tokens/s; the model runs CalibratedTokensPerS; x2 on top.
-	if want := 2 * 20000 / vllmsim.CalibratedTokensPerS(); scale < want*0.999 || scale > want*1.001 {
-		t.Errorf("calibrated time scale %v, want %v", scale, want)
+	for _, name := range names {
+		cal, err := simStepArgs(name, 1250, 20, 2, 32)
+		if err != nil || len(cal) != 6 || cal[1] != name || cal[3] != "16" {
+			t.Fatalf("%s: %q (%v)", name, cal, err)
+		}
+		scale, _ := strconv.ParseFloat(cal[5], 64)
+		// 1250 shrunk tokens/s = 20,000 model tokens/s; the model runs at its own rate; x2 on top.
+		rate, _ := vllmsim.StepModelTokensPerS(name)
+		if want := 2 * 20000 / rate; scale < want*0.999 || scale > want*1.001 {
+			t.Errorf("%s time scale %v, want %v", name, scale, want)
+		}
 	}
 	if _, err := simStepArgs("steep", 1250, 20, 1, 32); err == nil {
 		t.Error("unknown step model accepted")

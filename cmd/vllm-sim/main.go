@@ -54,9 +54,9 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	replayTopic := fs.Bool("replay-topic-frame", true, "send the topic frame in replay replies (vLLM PR #45177, June 2026); false = the older [seq, payload] replies")
 	fs.IntVar(&cfg.BufferSteps, "kv-buffer-steps", 10000, "replay ring length in batches")
 	fs.IntVar(&cfg.HWM, "kv-hwm", 100000, "PUB send high-water mark")
-	fs.StringVar(&cfg.StepModel, "step-model", "", "step-time model: calibrated (fitted to the Splitwise paper's H100 Llama2-70B measurements; README), "+
-		"vllm-0.20.1-b300 (the same formula fitted to vLLM 0.20.1's per-step records, Qwen3-32B TP1 on one B300) or flat "+
-		"(the two rates below); default calibrated, or flat when either rate is given")
+	fs.StringVar(&cfg.StepModel, "step-model", "", "step-time model: vllm-0.20.1-b300 (fitted to vLLM 0.20.1's per-step records, Qwen3-32B TP1 on one B300; README), "+
+		"splitwise-h100 (the same formula fitted to the Splitwise paper's H100 Llama2-70B measurements; the old name calibrated is accepted) or flat "+
+		"(the two rates below); default vllm-0.20.1-b300, or flat when either rate is given")
 	fs.Float64Var(&cfg.StepTokenScale, "step-token-scale", 1, "calibrated step models: each token counts as this many (for shrunk prompts, e.g. kvbench replay's 512/32 = 16)")
 	fs.Float64Var(&cfg.PrefillTokensPerS, "prefill-tokens-per-s", 20000, "flat step model: prefill throughput for uncached tokens")
 	fs.Float64Var(&cfg.DecodeMsPerToken, "decode-ms-per-token", 20, "flat step model: decode step time, i.e. per generated token")
@@ -92,7 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 		}
 	})
 	if !rates && cfg.StepModel == "" {
-		cfg.PrefillTokensPerS, cfg.DecodeMsPerToken = 0, 0 // the calibrated model (Config.Defaults)
+		cfg.PrefillTokensPerS, cfg.DecodeMsPerToken = 0, 0 // the default calibrated model (Config.Defaults)
 	}
 	if *lora != "" {
 		for _, m := range strings.Split(*lora, ",") {

@@ -18,21 +18,24 @@ func TestParseFlags(t *testing.T) {
 	}
 	if cfg.HashSeed != "123" || cfg.DataParallelSize != 2 || cfg.HashAlgo != "xxhash" ||
 		cfg.KVEventsTopic == nil || *cfg.KVEventsTopic != "" || strings.Join(cfg.LoRAAdapters, ",") != "a,b" ||
-		cfg.EventLayout != "E2" || !cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
+		cfg.EventLayout != "E2" || !cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "vllm-0.20.1-b300" {
 		t.Errorf("parsed %+v", cfg)
 	}
 	cfg, err = parseFlags(nil, io.Discard)
 	if err != nil || cfg.KVEventsTopic != nil || cfg.MaxModelLen != 131072 || cfg.Host != "127.0.0.1" ||
-		cfg.EventLayout != "E3" || cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "calibrated" {
+		cfg.EventLayout != "E3" || cfg.ReplayNoTopicFrame || cfg.Defaults().StepModel != "vllm-0.20.1-b300" {
 		t.Errorf("defaults %+v (%v)", cfg, err)
 	}
 	cfg, err = parseFlags([]string{"--step-token-scale", "16"}, io.Discard)
-	if d := cfg.Defaults(); err != nil || d.StepModel != "calibrated" || d.StepTokenScale != 16 {
+	if d := cfg.Defaults(); err != nil || d.StepModel != "vllm-0.20.1-b300" || d.StepTokenScale != 16 {
 		t.Errorf("step token scale %+v (%v)", cfg, err)
 	}
-	cfg, err = parseFlags([]string{"--step-model", "vllm-0.20.1-b300"}, io.Discard)
-	if d := cfg.Defaults(); err != nil || d.StepModel != "vllm-0.20.1-b300" || d.Validate() != nil {
-		t.Errorf("versioned step model %+v (%v)", cfg, err)
+	// The Splitwise fit by its name and by "calibrated", its name while it was the default.
+	for _, name := range []string{"splitwise-h100", "calibrated"} {
+		cfg, err = parseFlags([]string{"--step-model", name}, io.Discard)
+		if d := cfg.Defaults(); err != nil || d.StepModel != "splitwise-h100" || d.Validate() != nil {
+			t.Errorf("--step-model %s: %+v (%v)", name, cfg, err)
+		}
 	}
 	cfg, err = parseFlags([]string{"--decode-ms-per-token", "2"}, io.Discard)
 	if d := cfg.Defaults(); err != nil || d.StepModel != "flat" || d.DecodeMsPerToken != 2 || d.PrefillTokensPerS != 20000 {

@@ -1,7 +1,7 @@
 // Command stepplot draws one of vllm-sim's calibrated step-time models against the measured
 // points it was fitted to as an SVG, using only the standard library:
 //
-//	go run ./hack/stepplot > sim/vllmsim/step-time.svg
+//	go run ./hack/stepplot -model splitwise-h100 > sim/vllmsim/step-time.svg
 //	go run ./hack/stepplot -model vllm-0.20.1-b300 > sim/vllmsim/step-time-vllm-0.20.1-b300.svg
 package main
 
@@ -80,12 +80,12 @@ func legend(b *strings.Builder, x, y float64, color, text string, dot bool) {
 }
 
 func main() {
-	model := flag.String("model", "calibrated", "step model to draw: calibrated or vllm-0.20.1-b300")
+	model := flag.String("model", vllmsim.DefaultStepModel, "step model to draw: vllm-0.20.1-b300 or splitwise-h100 (alias calibrated)")
 	flag.Parse()
-	switch *model {
-	case "calibrated":
+	switch vllmsim.CanonicalStepModel(*model) {
+	case vllmsim.StepModelSplitwiseH100:
 		splitwise()
-	case "vllm-0.20.1-b300":
+	case vllmsim.StepModelVLLM0201B300:
 		b300()
 	default:
 		fmt.Fprintln(os.Stderr, "unknown model", *model)
@@ -124,8 +124,12 @@ func b300() {
 	b.WriteString(`<rect width="960" height="420" fill="white"/>` + "\n")
 	left := panel{x: 70, y: 40, w: 380, h: 300, xmin: 32, xmax: 16384, ymin: 10, ymax: 1000,
 		title: "Prefill in the step (one fresh prompt)", xlabel: "prefill tokens in the step"}
-	right := panel{x: 550, y: 40, w: 380, h: 300, xmin: 1, xmax: 64, ymin: 10, ymax: 50,
-		title: "Decode-only step", xlabel: "decoding sequences"}
+	// Decode steps against their total context: the source's decode records span 1 to 32
+	// sequences over 4k to 127k tokens, and this model has no per-sequence term (it fits to 0),
+	// so below the knee a decode step's time depends on the context alone and every record has
+	// a place on one line; drawn against the batch size, most would sit between lines.
+	right := panel{x: 550, y: 40, w: 380, h: 300, xmin: 2048, xmax: 262144, ymin: 10, ymax: 50,
+		title: "Decode-only step", xlabel: "total decode context (tokens)"}
 	left.frame(&b)
 	right.frame(&b)
 	colors := []string{"#1f77b4", "#ff7f0e", "#2ca02c"}
@@ -133,9 +137,18 @@ func b300() {
 		left.line(&b, colors[i], func(x float64) float64 { return ms(int(x), d, 3600) })
 		legend(&b, 80, float64(60+16*i), colors[i], fmt.Sprintf("model, + %d decodes of 3600 ctx", d), false)
 	}
-	for i, ctx := range []int{2400, 4096} {
-		right.line(&b, colors[i], func(x float64) float64 { return ms(0, int(x), ctx) })
-		legend(&b, 560, float64(60+16*i), colors[i], fmt.Sprintf("model, context %d per sequence", ctx), false)
+	for i, d := range []int{1, 32} {
+		right.line(&b, colors[i], func(x float64) float64 { return ms(0, d, int(x)/d) })
+	}
+	legend(&b, 560, 60, colors[0], "model, 1 or 32 decodes (one line)", false)
+	decodeColor := func(d int) string {
+		switch {
+		case d <= 8:
+			return "#d62728"
+		case d < 32:
+			return "#9467bd"
+		}
+		return "#8c564b"
 	}
 	for _, p := range doc.Points {
 		prefill := 0
@@ -148,19 +161,25 @@ func b300() {
 		case prefill > 0:
 			left.dot(&b, "#9467bd", float64(prefill), p.Ms)
 		default:
-			right.dot(&b, "#d62728", float64(p.Decodes), p.Ms)
+			right.dot(&b, decodeColor(p.Decodes), float64(p.DecodeCtx), p.Ms)
 		}
 	}
 	legend(&b, 80, 124, "#d62728", "vLLM 0.20.1 B300 Qwen3-32B: prefill-only step", true)
 	legend(&b, 80, 140, "#9467bd", "vLLM 0.20.1: prefill with 1 to 31 decodes", true)
-	legend(&b, 560, 92, "#d62728", "vLLM 0.20.1: decode step, 2.4k to 4.1k ctx/seq", true)
+	legend(&b, 560, 76, "#d62728", "vLLM 0.20.1: 1 to 8 decodes", true)
+	legend(&b, 560, 92, "#9467bd", "vLLM 0.20.1: 13 to 22 decodes", true)
+	legend(&b, 560, 108, "#8c564b", "vLLM 0.20.1: 32 decodes", true)
 	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim --step-model vllm-0.20.1-b300 (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time-vllm-0.20.1-b300.json; log-log axes, before --time-scale</text>` + "\n")
 	b.WriteString("</svg>\n")
 	fmt.Print(b.String())
 }
 
-// splitwise draws the default calibrated model and the Splitwise points it was fitted to.
+// splitwise draws the splitwise-h100 model and the Splitwise points it was fitted to.
 func splitwise() {
+	stepMs := func(prefill, decodes, ctx int) float64 {
+		ms, _ := vllmsim.StepModelMs(vllmsim.StepModelSplitwiseH100, prefill, decodes, ctx)
+		return ms
+	}
 	raw, err := os.ReadFile("testdata/vllmsim/step-time.json")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "run from the repository root:", err)
@@ -182,11 +201,11 @@ func splitwise() {
 	right.frame(&b)
 	colors := []string{"#1f77b4", "#ff7f0e", "#2ca02c"}
 	for i, d := range []int{0, 64, 256} {
-		left.line(&b, colors[i], func(x float64) float64 { return vllmsim.CalibratedStepMs(int(x), d, 2048) })
+		left.line(&b, colors[i], func(x float64) float64 { return stepMs(int(x), d, 2048) })
 		legend(&b, 80, float64(60+16*i), colors[i], fmt.Sprintf("model, + %d decodes of 2048 ctx", d), false)
 	}
 	for i, ctx := range []int{576, 8192} {
-		right.line(&b, colors[i], func(x float64) float64 { return vllmsim.CalibratedStepMs(0, int(x), ctx) })
+		right.line(&b, colors[i], func(x float64) float64 { return stepMs(0, int(x), ctx) })
 		legend(&b, 560, float64(60+16*i), colors[i], fmt.Sprintf("model, context %d per sequence", ctx), false)
 	}
 	for _, p := range doc.Points {
@@ -202,7 +221,7 @@ func splitwise() {
 	legend(&b, 80, 108, "#d62728", "Splitwise H100 Llama2-70B: 1 prompt", true)
 	legend(&b, 80, 124, "#9467bd", "Splitwise: batch of 512-token prompts", true)
 	legend(&b, 560, 92, "#d62728", "Splitwise: decode, prompt 512", true)
-	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim calibrated step model (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time.json; log-log axes, before --time-scale</text>` + "\n")
+	b.WriteString(`<text x="480" y="405" font-size="11" text-anchor="middle">vllm-sim --step-model splitwise-h100 (sim/vllmsim/stepmodel.go) and the points of testdata/vllmsim/step-time.json; log-log axes, before --time-scale</text>` + "\n")
 	b.WriteString("</svg>\n")
 	fmt.Print(b.String())
 }

@@ -53,12 +53,13 @@ type Config struct {
 	BufferSteps        int // replay ring length in batches (default 10000)
 	HWM                int // PUB send high-water mark (default 100000)
 
-	// StepModel is the step-time model: "calibrated" (the default: stepmodel.go, fitted to the
-	// Splitwise paper's H100 measurements), "vllm-0.20.1-b300" (the same formula fitted to
-	// vLLM 0.20.1's own per-step records, Qwen3-32B TP1 on a B300) or "flat", the older model where a step takes uncached prefill
-	// tokens / PrefillTokensPerS plus DecodeMsPerToken when it decodes. Empty means "flat" when
-	// PrefillTokensPerS or DecodeMsPerToken is set (callers that tuned those rates keep them),
-	// "calibrated" otherwise.
+	// StepModel is the step-time model: "vllm-0.20.1-b300" (the default: stepmodel.go, fitted to
+	// vLLM 0.20.1's own per-step records, Qwen3-32B TP1 on a B300), "splitwise-h100" (the same
+	// formula fitted to the Splitwise paper's H100 Llama2-70B measurements; "calibrated" is
+	// accepted as its alias and Defaults resolves it) or "flat", the older model where a step
+	// takes uncached prefill tokens / PrefillTokensPerS plus DecodeMsPerToken when it decodes.
+	// Empty means "flat" when PrefillTokensPerS or DecodeMsPerToken is set (callers that tuned
+	// those rates keep them), DefaultStepModel otherwise.
 	StepModel string
 	// StepTokenScale makes a calibrated model read every simulated token as this many model
 	// tokens (prefill and decode context; attention by its square), for harnesses that shrink
@@ -135,8 +136,9 @@ func (cfg Config) Defaults() Config {
 	if cfg.HWM == 0 {
 		cfg.HWM = 100000
 	}
+	cfg.StepModel = CanonicalStepModel(cfg.StepModel)
 	if cfg.StepModel == "" {
-		cfg.StepModel = "calibrated"
+		cfg.StepModel = DefaultStepModel
 		if cfg.PrefillTokensPerS != 0 || cfg.DecodeMsPerToken != 0 {
 			cfg.StepModel = "flat"
 		}

@@ -19,7 +19,7 @@ type stepSource struct {
 }
 
 var stepSources = []stepSource{
-	{"../../testdata/vllmsim/step-time.json", calibratedStep},
+	{"../../testdata/vllmsim/step-time.json", splitwiseH100Step},
 	{"../../testdata/vllmsim/step-time-vllm-0.20.1-b300.json", vllm0201B300Step},
 }
 

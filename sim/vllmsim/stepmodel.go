@@ -9,11 +9,13 @@ import (
 // continuous batching, prefill chunks and decodes together) takes, as a function of the batch's
 // shape. One formula, two calibrations (README.md, "Timing model", has both and plots):
 //
-//   - "calibrated", the default: the Splitwise paper's DGX-H100 Llama2-70B TP2 measurements (ISCA
-//     2024; testdata/vllmsim/step-time.json), which name no serving engine or version;
-//   - "vllm-0.20.1-b300": per-forward-pass records of vLLM 0.20.1 serving Qwen3-32B at TP1 on
-//     one NVIDIA B300 (Dynamo ForwardPassMetrics committed in ai-dynamo/aiconfigurator;
-//     testdata/vllmsim/step-time-vllm-0.20.1-b300.json).
+//   - "vllm-0.20.1-b300", the default: per-forward-pass records of vLLM 0.20.1 serving Qwen3-32B
+//     at TP1 on one NVIDIA B300 (Dynamo ForwardPassMetrics committed in ai-dynamo/aiconfigurator;
+//     testdata/vllmsim/step-time-vllm-0.20.1-b300.json): the one source that names the vLLM
+//     version, so it is what the simulator runs unless told otherwise;
+//   - "splitwise-h100" (alias "calibrated", its name while it was the default): the Splitwise
+//     paper's DGX-H100 Llama2-70B TP2 measurements (ISCA 2024; testdata/vllmsim/step-time.json),
+//     which name no serving engine or version.
 //
 // TestStepModelMatchesSource reproduces every point of each file within 15 %;
 // TestStepFitReproducesCoefficients refits the coefficients from the file (stepfit_test.go).
@@ -32,9 +34,9 @@ type stepCoeffs struct {
 	Base, PerSeq, PerKCtx, Prefill, PerToken, Knee, PerMAttn float64
 }
 
-// calibratedStep is the least-squares fit (relative error) to the 24 points of
+// splitwiseH100Step is the least-squares fit (relative error) to the 24 points of
 // testdata/vllmsim/step-time.json; largest error 4.7 %.
-var calibratedStep = stepCoeffs{
+var splitwiseH100Step = stepCoeffs{
 	Base:     36.874,  // ms per step: a decode step of one short sequence
 	PerSeq:   0.404,   // ms per sequence in the step
 	PerKCtx:  0.0634,  // ms per 1000 tokens of decode context
@@ -58,16 +60,37 @@ var vllm0201B300Step = stepCoeffs{
 	PerMAttn: 0.61133,  // ms per 10⁶ (token × context) of prefill attention
 }
 
+// Names of the calibrated step models.
+const (
+	StepModelVLLM0201B300  = "vllm-0.20.1-b300"
+	StepModelSplitwiseH100 = "splitwise-h100"
+	// DefaultStepModel is what an empty Config.StepModel (and vllm-sim without --step-model)
+	// runs: the calibration that names its vLLM version.
+	DefaultStepModel = StepModelVLLM0201B300
+)
+
 // stepModels are the calibrated models by their Config.StepModel name ("flat" is not one).
 var stepModels = map[string]stepCoeffs{
-	"calibrated":       calibratedStep,
-	"vllm-0.20.1-b300": vllm0201B300Step,
+	StepModelVLLM0201B300:  vllm0201B300Step,
+	StepModelSplitwiseH100: splitwiseH100Step,
 }
 
-func isStepModel(name string) bool { _, ok := stepModels[name]; return ok }
+// stepModelAliases are older names still accepted: "calibrated" named the Splitwise fit while
+// it was the only calibration and the default, and commands written then keep working.
+var stepModelAliases = map[string]string{"calibrated": StepModelSplitwiseH100}
 
-// StepModels are the names of the calibrated step models, default first.
-func StepModels() []string { return []string{"calibrated", "vllm-0.20.1-b300"} }
+// CanonicalStepModel resolves an alias to the model's name; other names are returned as given.
+func CanonicalStepModel(name string) string {
+	if c, ok := stepModelAliases[name]; ok {
+		return c
+	}
+	return name
+}
+
+func isStepModel(name string) bool { _, ok := stepModels[CanonicalStepModel(name)]; return ok }
+
+// StepModels are the names of the calibrated step models, default first (aliases not listed).
+func StepModels() []string { return []string{StepModelVLLM0201B300, StepModelSplitwiseH100} }
 
 // stepShape is what the model reads from one step.
 type stepShape struct {
@@ -124,22 +147,23 @@ func shapeOf(step []scheduled) stepShape {
 	return sh
 }
 
-// CalibratedTokensPerS is the calibrated model's compute-bound rate: prompt tokens per second
-// of a large prefill, above the knee and before attention (about 6,966).
-func CalibratedTokensPerS() float64 { return 1000 / calibratedStep.PerToken }
-
-// CalibratedStepMs is the default calibrated model's time in milliseconds of one step holding
-// one fresh prompt chunk of prefill tokens (0 for none) and decodes sequences of decodeContext
-// tokens each, before any time scale.
-func CalibratedStepMs(prefill, decodes, decodeContext int) float64 {
-	ms, _ := StepModelMs("calibrated", prefill, decodes, decodeContext)
-	return ms
+// StepModelTokensPerS is a calibrated model's compute-bound rate: prompt tokens per second of a
+// large prefill, above the knee and before attention (vllm-0.20.1-b300 about 22,537,
+// splitwise-h100 about 6,966); false for a name that is not a calibrated model.
+func StepModelTokensPerS(model string) (float64, bool) {
+	c, ok := stepModels[CanonicalStepModel(model)]
+	if !ok {
+		return 0, false
+	}
+	return 1000 / c.PerToken, true
 }
 
-// StepModelMs is CalibratedStepMs for the named calibrated model (hack/stepplot draws them);
-// false for a name that is not one.
+// StepModelMs is the named calibrated model's time in milliseconds of one step holding one
+// fresh prompt chunk of prefill tokens (0 for none) and decodes sequences of decodeContext
+// tokens each, before any time scale (hack/stepplot draws them); false for a name that is not
+// a calibrated model.
 func StepModelMs(model string, prefill, decodes, decodeContext int) (float64, bool) {
-	c, ok := stepModels[model]
+	c, ok := stepModels[CanonicalStepModel(model)]
 	sh := stepShape{seqs: decodes, decodes: decodes, prefill: prefill, decodeCtx: decodes * decodeContext,
 		attn: float64(prefill) * float64(prefill)}
 	if prefill > 0 {

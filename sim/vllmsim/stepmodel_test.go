@@ -77,18 +77,18 @@ func TestStepShapeOfChunksAndDecodes(t *testing.T) {
 	if sh != want {
 		t.Errorf("shape %v, want %v", sh, want)
 	}
-	if calibratedStep.ms(stepShape{}) != 0 {
+	if splitwiseH100Step.ms(stepShape{}) != 0 {
 		t.Error("an empty step costs time")
 	}
 	// More prefill, more decodes and more context each cost more.
-	base := calibratedStep.ms(sh)
+	base := splitwiseH100Step.ms(sh)
 	for _, more := range []stepShape{
 		{seqs: 2, decodes: 1, prefill: 1024, decodeCtx: 299, attn: sh.attn},
 		{seqs: 3, decodes: 2, prefill: 512, decodeCtx: 299, attn: sh.attn},
 		{seqs: 2, decodes: 1, prefill: 512, decodeCtx: 99999, attn: sh.attn},
 	} {
-		if calibratedStep.ms(more) <= base {
-			t.Errorf("%v costs %.2f ms, not more than %v's %.2f", more, calibratedStep.ms(more), sh, base)
+		if splitwiseH100Step.ms(more) <= base {
+			t.Errorf("%v costs %.2f ms, not more than %v's %.2f", more, splitwiseH100Step.ms(more), sh, base)
 		}
 	}
 }
@@ -97,10 +97,10 @@ func TestStepShapeOfChunksAndDecodes(t *testing.T) {
 // and the flat model stays available.
 func TestStepTimeUnderTimeScale(t *testing.T) {
 	step := []scheduled{{r: &engineRequest{numComputed: 4096}, tokens: 4096}}
-	for _, model := range append([]string{""}, StepModels()...) {
-		coeffs := calibratedStep
+	for _, model := range append([]string{"", "calibrated"}, StepModels()...) {
+		coeffs := vllm0201B300Step // the default
 		if model != "" {
-			coeffs = stepModels[model]
+			coeffs = stepModels[CanonicalStepModel(model)]
 		}
 		ms := coeffs.ms(shapeOf(step))
 		for _, scale := range []float64{1, 10} {
@@ -117,7 +117,7 @@ func TestStepTimeUnderTimeScale(t *testing.T) {
 	}
 	// The two calibrations differ: a 4096-token prefill takes about 205 ms on the B300, about
 	// 640 ms on the Splitwise H100 pair.
-	if b300, h100 := vllm0201B300Step.ms(shapeOf(step)), calibratedStep.ms(shapeOf(step)); b300 > 230 || b300 < 180 || h100 < 550 {
+	if b300, h100 := vllm0201B300Step.ms(shapeOf(step)), splitwiseH100Step.ms(shapeOf(step)); b300 > 230 || b300 < 180 || h100 < 550 {
 		t.Errorf("4096-token prefill: b300 %.1f ms, splitwise %.1f ms", b300, h100)
 	}
 	if err := (Config{StepModel: "vllm-0.20.1"}).Defaults().Validate(); err == nil || !strings.Contains(err.Error(), "vllm-0.20.1-b300") {
@@ -130,16 +130,27 @@ func TestStepTimeUnderTimeScale(t *testing.T) {
 	}
 }
 
-// A sim with default settings runs the calibrated model: a 4096-token uncached prompt's first
-// token comes after about one modelled prefill step (generous bounds: the machine may be busy).
-func TestDefaultSimUsesCalibratedModel(t *testing.T) {
+// A sim with default settings runs the versioned model, vllm-0.20.1-b300: a 4096-token uncached
+// prompt's first token comes after about one modelled prefill step (generous bounds: the machine
+// may be busy). The Splitwise fit, by its name or its old one, stays selectable.
+func TestDefaultSimUsesVersionedModel(t *testing.T) {
+	if DefaultStepModel != "vllm-0.20.1-b300" || StepModels()[0] != DefaultStepModel {
+		t.Fatalf("default step model %q, listed first %q", DefaultStepModel, StepModels()[0])
+	}
+	for name, want := range map[string]string{"": "vllm-0.20.1-b300", "calibrated": "splitwise-h100",
+		"splitwise-h100": "splitwise-h100", "vllm-0.20.1-b300": "vllm-0.20.1-b300"} {
+		cfg := Config{StepModel: name}.Defaults()
+		if cfg.StepModel != want || cfg.Validate() != nil {
+			t.Errorf("step model %q: Defaults gives %q (%v), want %q", name, cfg.StepModel, cfg.Validate(), want)
+		}
+	}
 	cfg := Config{Host: "127.0.0.1", Model: "m", TimeScale: 4}
 	s := startSim(t, cfg)
-	if s.Config().StepModel != "calibrated" {
+	if s.Config().StepModel != "vllm-0.20.1-b300" {
 		t.Fatalf("default step model %q", s.Config().StepModel)
 	}
 	step := []scheduled{{r: &engineRequest{numComputed: 4096}, tokens: 4096}}
-	want := time.Duration(calibratedStep.ms(shapeOf(step)) / 4 * float64(time.Millisecond))
+	want := time.Duration(vllm0201B300Step.ms(shapeOf(step)) / 4 * float64(time.Millisecond))
 	got := ttft(t, s, seqTokens(0, 4096))
 	if got < want*9/10 || got > want*3 {
 		t.Errorf("TTFT %v, want about %v (one modelled 4096-token prefill step at time scale 4)", got, want)
@@ -174,12 +185,19 @@ func TestStepTokenScaleReadsShrunkPrompts(t *testing.T) {
 	}
 }
 
-// CalibratedTokensPerS is the rate a large prefill runs at: doubling a prompt above the knee
-// adds its extra tokens at that rate (attention aside).
-func TestCalibratedTokensPerS(t *testing.T) {
-	a := calibratedStep.ms(stepShape{seqs: 1, prefill: 2000})
-	b := calibratedStep.ms(stepShape{seqs: 1, prefill: 4000})
-	if rate := 2000 / ((b - a) / 1000); math.Abs(rate-CalibratedTokensPerS()) > 1e-6*rate {
-		t.Errorf("rate %.1f tokens/s, CalibratedTokensPerS %.1f", rate, CalibratedTokensPerS())
+// StepModelTokensPerS is the rate a large prefill runs at: doubling a prompt above the knee
+// adds its extra tokens at that rate (attention aside), for every calibrated model and alias.
+func TestStepModelTokensPerS(t *testing.T) {
+	for _, model := range append([]string{"calibrated"}, StepModels()...) {
+		c := stepModels[CanonicalStepModel(model)]
+		a := c.ms(stepShape{seqs: 1, prefill: 2000})
+		b := c.ms(stepShape{seqs: 1, prefill: 4000})
+		got, ok := StepModelTokensPerS(model)
+		if rate := 2000 / ((b - a) / 1000); !ok || math.Abs(rate-got) > 1e-6*rate {
+			t.Errorf("%s: rate %.1f tokens/s, StepModelTokensPerS %.1f (%v)", model, rate, got, ok)
+		}
+	}
+	if _, ok := StepModelTokensPerS("flat"); ok {
+		t.Error("flat has no compute-bound rate")
 	}
 }
