@@ -67,7 +67,7 @@ const (
 // --sim-num-gpu-blocks default).
 const (
 	ReplicaCacheTraceBlocks = 600
-	evictionPrefixBlocks    = 16  // an 8k-token document
+	evictionPrefixBlocks    = 32  // a 16k-token document
 	evictionSuffixBlocks    = 4   // a 2k-token question: unique, it churns the LRU on every request
 	evictionFleetShare      = 0.6 // the documents' prefixes fill this share of the fleet's KV
 	EvictionZipfS           = 0.8 // popularity of document rank k is proportional to k^-s
