@@ -57,7 +57,8 @@ func Summarize(runs []*RunResult) []Summary {
 }
 
 func summarize(runs []*RunResult) Summary {
-	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes), RouterEvents: runs[0].RouterEvents}
+	_, events := SplitPolicy(runs[0].Policy)
+	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes), RouterEvents: events}
 	var p50, p90, p99, e50, e90, thr, otps, cached, spread, share, drop []float64
 	seen := map[string]bool{}
 	for _, r := range runs {
