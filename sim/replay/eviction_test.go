@@ -25,7 +25,7 @@ func TestEvictionRegimeShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	count := make([]int, groups)
-	last := map[uint64]int{}      // document -> index of its last request
+	last := map[uint64]int{}       // document -> index of its last request
 	blocksBefore := make([]int, n) // trace blocks requested before request i
 	var far, near, late, reuses int
 	for i, r := range w.Requests {
