@@ -26,14 +26,17 @@ import (
 
 // replayOutput is the JSON shape of `kvbench replay --json`.
 type replayOutput struct {
-	Workload string              `json:"workload"`
-	Replicas int                 `json:"replicas"`
-	Routers  int                 `json:"routers"`
-	Seeds    int                 `json:"seeds"`
-	Requests int                 `json:"requests"`
-	Interval string              `json:"interval"`
-	Results  []replay.Summary    `json:"results"`
-	Runs     []*replay.RunResult `json:"runs"`
+	Workload string           `json:"workload"`
+	Replicas int              `json:"replicas"`
+	Routers  int              `json:"routers"`
+	Seeds    int              `json:"seeds"`
+	Requests int              `json:"requests"`
+	Interval string           `json:"interval"`
+	Results  []replay.Summary `json:"results"`
+	// EventsRatios pairs each policy run with and without KV events (a label and the same
+	// label with replay.NoEventsSuffix): per-seed with/without ratios and their intervals.
+	EventsRatios []replay.EventsRatio `json:"events_ratios,omitempty"`
+	Runs         []*replay.RunResult  `json:"runs"`
 }
 
 const defaultReplayPolicies = "kv,load,round-robin,prefix-char"
@@ -46,7 +49,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	replicas := fs.Int("replicas", 4, "vllm-sim engines (scale-up: the final size; it starts at half)")
 	routers := fs.Int("routers", 1, "kvrouter replicas, clustered as peers sharing their in-flight load; request i goes to router i mod N")
 	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed")
-	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+")")
+	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
+	routerEvents := fs.Bool("router-events", true, "routers subscribe to the engines' KV events; false runs every policy as POLICY"+replay.NoEventsSuffix)
 	seeds := fs.Int("seeds", 3, "repetitions; the seed moves arrival jitter, regime draws and the sims' seeds")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	report := fs.String("report", "", "write an HTML report into this directory")
@@ -93,12 +97,16 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if len(names) == 0 {
 		return errors.New("--policies is empty")
 	}
-	for _, n := range names {
-		if _, err := score.New(n, score.Options{}); err != nil {
+	for i, n := range names {
+		base, events := replay.SplitPolicy(n)
+		if _, err := score.New(base, score.Options{}); err != nil {
 			return err
 		}
+		if events && !*routerEvents {
+			names[i] = n + replay.NoEventsSuffix
+		}
 	}
-	o := replay.Options{Replicas: *replicas, Routers: *routers, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
+	o := replay.Options{Replicas: *replicas, Routers: *routers, BlockSize: *blockSize, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
 		Tokens: replay.Tokenizer{PerBlock: *tpb}, OutputScale: *outScale, MaxOutputTokens: *maxOut,
 		Jitter: *jitter, Model: "vllm-sim", Progress: stderr}
 	if o.OutputScale == 0 {
@@ -174,7 +182,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		os.RemoveAll(o.LogDir)
 	}
 	out := replayOutput{Workload: w.Name, Replicas: *replicas, Routers: *routers, Seeds: *seeds, Requests: len(w.Requests),
-		Interval: "mean over seeds of each per-seed figure, 95% Student-t interval", Results: replay.Summarize(runs), Runs: runs}
+		Interval: "mean over seeds of each per-seed figure, 95% Student-t interval", Results: replay.Summarize(runs),
+		EventsRatios: replay.EventsRatios(runs), Runs: runs}
 	if *report != "" {
 		if err := writeReplayReport(*report, &out, "kvbench replay "+strings.Join(args, " ")); err != nil {
 			return err
@@ -320,7 +329,52 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 		}
 	}
 	writeSyncLines(w, out)
+	writeEventsLines(w, out)
 	return nil
+}
+
+// writeEventsLines says which policies ran without KV events, prints each policy's accuracy
+// counters per scoring mode (predicted over actual cached tokens, summed over seeds), and, for
+// a policy run both ways, the per-seed ratios with events / without.
+func writeEventsLines(w io.Writer, out *replayOutput) {
+	for _, r := range out.Results {
+		if !r.RouterEvents {
+			fmt.Fprintf(w, "  %s: routers ran with --no-events: every replica scored from the approximate index\n", r.Policy)
+		}
+	}
+	for _, r := range out.Results {
+		if len(r.Accuracy) == 0 {
+			continue
+		}
+		var parts []string
+		for _, m := range replay.ModeNames(r.Accuracy) {
+			a := r.Accuracy[m]
+			if a.Prompt == 0 {
+				continue
+			}
+			pa := "-"
+			if a.Actual > 0 {
+				pa = fmt.Sprintf("%.2f", a.Predicted/a.Actual)
+			}
+			parts = append(parts, fmt.Sprintf("%s %.0f%% of prompt tokens, predicted %.3f / actual %.3f cached (x%s)",
+				m, 100*a.Prompt/totalPrompt(r.Accuracy), a.Predicted/a.Prompt, a.Actual/a.Prompt, pa))
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(w, "  %s accuracy by scoring mode: %s\n", r.Policy, strings.Join(parts, "; "))
+		}
+	}
+	for _, e := range out.EventsRatios {
+		fmt.Fprintf(w, "  %s / %s%s per seed (%d seeds): cached %s, ttft p50 %s, ttft p90 %s\n", e.Policy, e.Policy, replay.NoEventsSuffix,
+			len(e.Seeds), ci(e.CachedCI, 3), ci(e.TTFTP50CI, 3), ci(e.TTFTP90CI, 3))
+	}
+}
+
+func totalPrompt(m map[string]replay.ModeTokens) float64 {
+	t := 0.0
+	for _, a := range m {
+		t += a.Prompt
+	}
+	return t
 }
 
 // writeSyncLines sums, per policy over its runs, what the routers' load sync cost: bytes every

@@ -26,6 +26,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"--regime", "no-reuse", "--routers", "0"}, "--routers"},
 		{[]string{"--regime", "no-reuse", "--sim-step-model", "steep"}, "--sim-step-model"},
 		{[]string{"--regime", "no-reuse", "--policies", "nope"}, "nope"},
+		{[]string{"--regime", "no-reuse", "--policies", "kv,nope:no-events"}, "nope"},
 		{[]string{"--regime", "no-reuse", "--bin-dir", "/nonexistent"}, "no vllm-sim binary"},
 		{[]string{"--regime", "bogus", "--vllm-sim", "x", "--kvrouter", "y"}, "unknown regime"},
 		{[]string{"--trace", "/nonexistent.jsonl", "--vllm-sim", "x", "--kvrouter", "y"}, "nonexistent"},
@@ -111,6 +112,44 @@ func TestReplayTableRouters(t *testing.T) {
 	}
 	if strings.Contains(s, "round-robin load sync") {
 		t.Errorf("a policy without sync figures got a line:\n%s", s)
+	}
+}
+
+// A policy run with and without events: the table names the mode that ran, prints each
+// policy's accuracy per scoring mode and the per-seed with/without ratios.
+func TestReplayTableEvents(t *testing.T) {
+	run := func(label string, seed, cached int, ttft float64, acc map[string]replay.ModeTokens) *replay.RunResult {
+		r := &replay.RunResult{Policy: label, Seed: seed, Wall: 1, Engines: []string{"engine-0"}, Accuracy: acc}
+		for i := 0; i < 4; i++ {
+			r.Outcomes = append(r.Outcomes, replay.Outcome{TTFT: ttft, E2E: ttft, PromptTokens: 100, CachedTokens: cached, Engine: "engine-0"})
+		}
+		return r
+	}
+	exact := map[string]replay.ModeTokens{"exact": {Prompt: 400, Predicted: 300, Actual: 300}}
+	approx := map[string]replay.ModeTokens{"approximate": {Prompt: 400, Predicted: 240, Actual: 200}}
+	var runs []*replay.RunResult
+	for seed := 1; seed <= 3; seed++ {
+		runs = append(runs, run("kv", seed, 75, 0.2, exact), run("kv:no-events", seed, 50, 0.4, approx))
+	}
+	out := &replayOutput{Workload: "eviction", Replicas: 1, Seeds: 3, Requests: 4, Results: replay.Summarize(runs),
+		EventsRatios: replay.EventsRatios(runs), Runs: runs}
+	var b bytes.Buffer
+	if err := writeReplayTable(&b, out); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	for _, want := range []string{
+		"kv:no-events: routers ran with --no-events: every replica scored from the approximate index",
+		"kv accuracy by scoring mode: exact 100% of prompt tokens, predicted 0.750 / actual 0.750 cached (x1.00)",
+		"kv:no-events accuracy by scoring mode: approximate 100% of prompt tokens, predicted 0.600 / actual 0.500 cached (x1.20)",
+		"kv / kv:no-events per seed (3 seeds): cached 1.500 [1.500,1.500], ttft p50 0.500 [0.500,0.500]",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("table lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "  kv: routers ran with --no-events") {
+		t.Errorf("the policy with events is said to run without:\n%s", s)
 	}
 }
 

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -39,6 +40,7 @@ var Regimes = map[string]string{
 	"siblings":   "bursts of 8 requests with the same long prefix arriving at once: the first one's blocks are not yet announced when the others are routed",
 	"scale-up":   "shared-prefix groups on 4 replicas, grown to 8 mid-run through the engines file with warmup-until: do new replicas take traffic",
 	"tenants":    "4 tenants with the same system prompt text but their own LoRA adapter and cache salt: blocks must not be shared across tenants",
+	"eviction":   "Zipf-popular documents whose prefixes fill 2.4 replicas' caches (one copy fits the fleet, two do not), reused seconds apart: the engines evict LRU, and a view that sees only its own routings keeps believing what they evicted",
 }
 
 // RegimeNames lists the regimes in a stable order.
@@ -59,6 +61,25 @@ const (
 	siblingsBurst      = 8
 	tenantCount        = 4
 )
+
+// The eviction regime's shape (EvictionGroups). The sizes are in trace blocks against the
+// benchmark's replica of 600 trace blocks of KV (docs/benchmarks.md, kvbench replay's
+// --sim-num-gpu-blocks default).
+const (
+	ReplicaCacheTraceBlocks = 600
+	evictionPrefixBlocks    = 32  // a 16k-token document
+	evictionSuffixBlocks    = 4   // a 2k-token question: unique, it churns the LRU on every request
+	evictionFleetShare      = 0.6 // the documents' prefixes fill this share of the fleet's KV
+	EvictionZipfS           = 0.8 // popularity of document rank k is proportional to k^-s
+)
+
+// EvictionGroups is how many documents the eviction regime draws from on a fleet of replicas:
+// together their prefixes fill evictionFleetShare of the fleet's KV, so one copy of each fits
+// the fleet with room for the questions' churn, two copies do not, and with 3 replicas or more
+// they exceed one replica's cache.
+func EvictionGroups(replicas int) int {
+	return int(math.Ceil(evictionFleetShare * float64(replicas*ReplicaCacheTraceBlocks) / evictionPrefixBlocks))
+}
 
 // Regime generates the named workload. Hash ids are drawn from disjoint ranges per role (shared
 // prefixes below 1<<32, unique blocks above), so only the intended blocks repeat.
@@ -109,10 +130,40 @@ func Regime(name string, o RegimeOptions) (Workload, error) {
 			r.Tenant, r.Model, r.CacheSalt = w.Adapters[t], w.Adapters[t], fmt.Sprintf("salt-%d", t)
 			w.Requests = append(w.Requests, r)
 		}
+	case "eviction":
+		// Document k (by popularity rank) is drawn with probability proportional to (k+1)^-s:
+		// the head is reused within a second and stays cached anywhere, the tail is reused tens
+		// of seconds apart, after its replica's LRU has turned over. The approximate view ages a
+		// replica's blocks by the routings it made itself; it cannot see the other routers'
+		// placements once their predictions expire (5 s), nor what their traffic evicted.
+		groups := EvictionGroups(o.Replicas)
+		cdf := zipfCDF(groups, EvictionZipfS)
+		prefixes := make([][]uint64, groups)
+		for i := range prefixes {
+			prefixes[i] = g.prefix(uint64(i), evictionPrefixBlocks)
+		}
+		for _, at := range arrivals {
+			k := sort.SearchFloat64s(cdf, g.rng.Float64())
+			w.Requests = append(w.Requests, g.request(at, prefixes[min(k, groups-1)], evictionSuffixBlocks))
+		}
 	default:
 		return Workload{}, fmt.Errorf("unknown regime %q (known: %s)", name, strings.Join(RegimeNames(), ", "))
 	}
 	return w, nil
+}
+
+// zipfCDF is the cumulative distribution of ranks 0..n-1 with weights (k+1)^-s.
+func zipfCDF(n int, s float64) []float64 {
+	cdf := make([]float64, n)
+	sum := 0.0
+	for k := range cdf {
+		sum += math.Pow(float64(k+1), -s)
+		cdf[k] = sum
+	}
+	for k := range cdf {
+		cdf[k] /= sum
+	}
+	return cdf
 }
 
 type gen struct {

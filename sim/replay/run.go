@@ -37,6 +37,11 @@ type Options struct {
 	Model           string        // the sims' --model
 	SimArgs         []string      // extra vllm-sim flags (timing, blocks) for every engine
 	RouterArgs      []string      // extra kvrouter flags (not --listen/--admin-listen: the kernel picks those)
+	// BlockSize is the engines' KV block size. A router without events learns no block size
+	// (it comes with the first event), and until it knows one it routes every request unkeyed,
+	// by load alone; so a policy label ending in NoEventsSuffix passes it as --block-size, and
+	// such a label needs it (unless RouterArgs set --block-size).
+	BlockSize int
 	// Routers is how many kvrouter replicas front the engines (default 1). With more than one
 	// they run as peers (docs/router.md, "Several router replicas": an embedded NATS server each,
 	// clustered on loopback, sharing their in-flight load), and request i goes to router i mod
@@ -68,6 +73,13 @@ type RunResult struct {
 	// CPU is what the run cost the machine while requests were replayed; a run over MaxHostCPU
 	// is invalid (its latencies measure the machine).
 	CPU CPUUse `json:"cpu"`
+	// RouterEvents: the routers subscribed to the engines' KV events (false for a policy label
+	// ending in NoEventsSuffix: every replica scored from the approximate index).
+	RouterEvents bool `json:"router_events"`
+	// Accuracy is the routers' per-mode accuracy counters at the end of the run, summed over
+	// routers (ModeTokens); AccuracyErr says why they could not be read.
+	Accuracy    map[string]ModeTokens `json:"accuracy,omitempty"`
+	AccuracyErr string                `json:"accuracy_error,omitempty"`
 }
 
 // ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
@@ -140,6 +152,10 @@ func (o *Options) check(w Workload) error {
 		return errors.New("a --log-level above info hides the \"kvrouter listening\" line the replay reads the routers' ports from")
 	case len(w.Requests) == 0:
 		return errors.New("the workload has no requests")
+	case hasFlag(o.RouterArgs, "no-events"):
+		return fmt.Errorf("give --no-events through a policy label (kv%s), so the results say which mode ran", NoEventsSuffix)
+	case o.BlockSize < 1 && !hasFlag(o.RouterArgs, "block-size") && slices.ContainsFunc(o.Policies, func(p string) bool { _, ev := SplitPolicy(p); return !ev }):
+		return fmt.Errorf("policies without events need the engines' block size (Options.BlockSize): without it the router routes every request unkeyed, not from the approximate index")
 	case w.ScaleUp != nil && (w.ScaleUp.From < 1 || w.ScaleUp.To != o.Replicas || w.ScaleUp.From >= w.ScaleUp.To):
 		return fmt.Errorf("scale-up %d -> %d does not fit %d replicas", w.ScaleUp.From, w.ScaleUp.To, o.Replicas)
 	}
@@ -169,7 +185,7 @@ func (o *Options) maxTokens(r *Request) int {
 }
 
 func runOne(ctx context.Context, o Options, w Workload, policy string, seed int) (res *RunResult, err error) {
-	dir := filepath.Join(o.LogDir, fmt.Sprintf("%s-seed%d", policy, seed))
+	dir := filepath.Join(o.LogDir, runDirName(policy, seed))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -219,7 +235,8 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	}
 
 	// Replay.
-	res = &RunResult{Policy: policy, Seed: seed, Engines: names, CaptureDir: captureDir, Routers: len(routers)}
+	_, events := SplitPolicy(policy)
+	res = &RunResult{Policy: policy, Seed: seed, Engines: names, CaptureDir: captureDir, Routers: len(routers), RouterEvents: events}
 	rctx, cancel := context.WithTimeout(ctx, w.Span()+o.Drain)
 	defer cancel()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}
@@ -289,6 +306,15 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		res.CPU = cpuUse(cpu0, cpu1, res.Wall, numCPU())
 	}
 	res.Outcomes = out
+	for _, r := range routers {
+		m, err := r.accuracy()
+		if err != nil {
+			res.AccuracyErr = err.Error()
+			res.Accuracy = nil
+			break
+		}
+		res.Accuracy = addModes(res.Accuracy, m)
+	}
 	if len(routers) > 1 {
 		for _, r := range routers {
 			s, err := r.syncFigures()
@@ -312,7 +338,14 @@ func startRouters(ctx context.Context, o Options, dir, enginesFile, policy, capt
 	var routes []string
 	for i := range o.Routers {
 		id, logName := fmt.Sprintf("router-%d", i), "kvrouter.log"
-		args := append([]string{"--engines-file", enginesFile, "--policy", policy}, o.RouterArgs...)
+		base, events := SplitPolicy(policy)
+		args := append([]string{"--engines-file", enginesFile, "--policy", base}, o.RouterArgs...)
+		if !events {
+			args = append(args, "--no-events")
+			if !hasFlag(o.RouterArgs, "block-size") {
+				args = append(args, "--block-size", strconv.Itoa(o.BlockSize))
+			}
+		}
 		if captureDir != "" {
 			args = append(args, "--capture-dir", captureDir)
 		}

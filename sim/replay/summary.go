@@ -32,6 +32,11 @@ type Summary struct {
 	HitDrop        *Interval `json:"hit_drop,omitempty"`
 	// FirstErrors keeps a few distinct error messages, so a failing run says why.
 	FirstErrors []string `json:"first_errors,omitempty"`
+	// RouterEvents: the routers subscribed to KV events (SplitPolicy of the label).
+	RouterEvents bool `json:"router_events"`
+	// Accuracy is the routers' per-mode accuracy counters summed over the seeds whose routers
+	// could be read (RunResult.Accuracy).
+	Accuracy map[string]ModeTokens `json:"accuracy,omitempty"`
 }
 
 // Summarize groups runs by policy (in first-seen order) and summarises each.
@@ -52,7 +57,8 @@ func Summarize(runs []*RunResult) []Summary {
 }
 
 func summarize(runs []*RunResult) Summary {
-	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes)}
+	_, events := SplitPolicy(runs[0].Policy)
+	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes), RouterEvents: events}
 	var p50, p90, p99, e50, e90, thr, otps, cached, spread, share, drop []float64
 	seen := map[string]bool{}
 	for _, r := range runs {
@@ -93,6 +99,9 @@ func summarize(runs []*RunResult) Summary {
 		otps = append(otps, float64(gen)/wall)
 		cached = append(cached, ratio(c, p))
 		spread = append(spread, maxShare(perEngine, len(r.Engines), len(ttft)))
+		if r.Accuracy != nil {
+			s.Accuracy = addModes(s.Accuracy, r.Accuracy)
+		}
 		if r.ScaleUp != nil {
 			share = append(share, r.ScaleUp.NewShareOfFair)
 			drop = append(drop, r.ScaleUp.HitDrop)
