@@ -33,6 +33,9 @@ type Options struct {
 	PredictedTTL time.Duration
 	// Observers are told of every request's lifecycle, outside the ledger's lock.
 	Observers []Observer
+	// Calibration is the engine timing a replica is assumed to have before any first token is
+	// seen in the fleet (score.DefaultCalibration when zero).
+	Calibration score.Calibration
 }
 
 // Observer is the seam where a request's lifecycle is watched (trace capture, prompt audit).
@@ -64,8 +67,14 @@ type Replica struct {
 	Name string // the policy's candidate ID ("engine/rank")
 
 	prefill, decode, running atomic.Int64
-	gone                     atomic.Bool
+	// since is when its prefill counter last made progress (score.Candidate.PrefillSince).
+	since atomic.Int64
+	gone  atomic.Bool
 }
+
+// PrefillSince is when the replica's routed prefill last made progress the ledger saw: its
+// last first token, or when its prefill went from none to some (unix ns on the ledger's clock).
+func (r *Replica) PrefillSince() int64 { return r.since.Load() }
 
 // Load is a replica's counters at one moment.
 type Load struct {
@@ -114,6 +123,9 @@ type Record struct {
 	Routing
 	// At is when it was routed (the ledger's clock); FirstTokenAt when its first token came.
 	At, FirstTokenAt time.Time
+	// What the replica carried when it was routed (the calibration's features): prefill
+	// tokens still queued ahead (score.Candidate.PrefillAhead), decode tokens held.
+	Ahead, Decoding int
 	// predicted: the decision was entered into the side indexes at At.
 	predicted bool
 	first     bool
@@ -138,6 +150,8 @@ type Ledger struct {
 	// win is every replica's routed uncached prefill over the balance window (its own lock;
 	// written under mu with the records).
 	win *score.Windows
+	// cal is every replica's engine timing, fitted from first-token times (its own lock).
+	cal *Calibrations
 }
 
 // ErrUnknown is returned for an id the ledger does not hold (finished, or never routed).
@@ -155,7 +169,7 @@ func New(o Options) *Ledger {
 	return &Ledger{now: o.Now, obs: o.Observers, pol: o.Policy, live: map[ID]*Record{},
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
 		approx: index.NewApproximate(index.SideOptions{}),
-		win:    score.NewWindows(span)}
+		win:    score.NewWindows(span), cal: NewCalibrations(o.Calibration)}
 }
 
 // Generation is a number that moves after every change to what a decision reads from the ledger
@@ -273,6 +287,15 @@ func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 		}
 	}
 	rc := &Record{Routing: r, At: l.now()}
+	// The calibration's features are what the policy saw when it chose (peers' load included);
+	// a choice made elsewhere reads this router's counters.
+	if r.Req != nil && r.Chosen >= 0 && r.Chosen < len(r.Cands) {
+		c := &r.Cands[r.Chosen]
+		cal := c.Calib.Or(score.DefaultCalibration)
+		rc.Ahead, rc.Decoding = int(c.PrefillAhead(cal, r.Req.NowNs)), c.DecodeTokens
+	} else {
+		rc.Ahead, rc.Decoding = int(r.Replica.prefill.Load()), int(r.Replica.decode.Load())
+	}
 	if len(r.Keys) > 0 {
 		rc.predicted = true
 		l.pred.Predict(r.Replica.ID, r.Keys, rc.At)
@@ -282,7 +305,9 @@ func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 			l.approx.Predict(r.Replica.ID, r.Keys, rc.At)
 		}
 	}
-	r.Replica.prefill.Add(int64(r.Uncached))
+	if r.Replica.prefill.Add(int64(r.Uncached)) == int64(r.Uncached) {
+		r.Replica.since.Store(rc.At.UnixNano())
+	}
 	r.Replica.running.Add(1)
 	l.gen.Add(1)
 	id := ID(l.next.Add(1))
@@ -306,7 +331,9 @@ func (l *Ledger) FirstToken(id ID) error {
 		rc.first = true
 		rc.FirstTokenAt = l.now()
 		rc.Replica.prefill.Add(-int64(rc.Uncached))
+		rc.Replica.since.Store(rc.FirstTokenAt.UnixNano())
 		rc.Replica.decode.Add(int64(rc.Held))
+		l.cal.Observe(rc.Ahead, rc.Uncached, rc.Decoding, rc.FirstTokenAt.Sub(rc.At).Seconds())
 		l.gen.Add(1)
 	}
 	l.mu.Unlock()
@@ -437,6 +464,10 @@ func (l *Ledger) Expire() {
 // Window is the replica's balance window at nowNs (the decisions' clock), for
 // Candidate.Window. It changes nothing.
 func (l *Ledger) Window(id string, nowNs int64) score.Window { return l.win.Read(id, nowNs) }
+
+// Calibration is the engines' timing as fitted from first-token times so far, for
+// Candidate.Calib (one fit for the fleet: Calibrations). It changes nothing.
+func (l *Ledger) Calibration(id string) score.Calibration { return l.cal.Read() }
 
 // Stats is the ledger's size, for /metrics and state comparisons.
 type Stats struct {

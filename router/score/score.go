@@ -71,6 +71,11 @@ type Candidate struct {
 	// PrefillTokens is the uncached prompt tokens routed to the replica whose prefill has not
 	// finished (queued or running).
 	PrefillTokens int
+	// PrefillSince is when PrefillTokens last made progress the router saw (the replica's last
+	// first token, or when its routed prefill went from none to some), unix ns on the
+	// decisions' clock; 0 when not known. The prefill ahead of a new request is PrefillTokens
+	// less what the replica computed since (Candidate.PrefillAhead).
+	PrefillSince int64
 	// DecodeTokens is the tokens held by the replica's running sequences.
 	DecodeTokens int
 	// Queue is the number of waiting requests; Running the number of running ones.
@@ -86,6 +91,9 @@ type Candidate struct {
 	Approximate bool
 	// Window is the prefill routed to the replica inside the balance window (the ledger's).
 	Window Window
+	// Calib is the replica's measured engine timing (the ledger's online fit); zero when not
+	// measured (DefaultCalibration applies).
+	Calib Calibration
 }
 
 // gpuEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.
@@ -150,11 +158,12 @@ type factory func(Options) Policy
 // kvbench for comparisons. least-loaded is an alias of load.
 var (
 	ProductionPolicies = []string{"kv", "load", "least-loaded", "round-robin", "session"}
-	BenchmarkPolicies  = []string{"random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
+	BenchmarkPolicies  = []string{"kv-v1", "random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
 )
 
 var registry = map[string]factory{
 	"kv":                 func(o Options) Policy { return newKV(o) },
+	"kv-v1":              func(o Options) Policy { return newKVV1(o) },
 	"load":               func(o Options) Policy { return newLoad("load", o) },
 	"least-loaded":       func(o Options) Policy { return newLoad("least-loaded", o) },
 	"round-robin":        func(o Options) Policy { return newRoundRobin() },
