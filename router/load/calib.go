@@ -11,7 +11,7 @@ import (
 //
 //	ttft = L + s·x + c·d
 //
-// x: prefill tokens still queued ahead at routing plus the request's own uncached tokens; d:
+// x: prefill tokens queued ahead at routing plus the request's own uncached tokens; d:
 // tokens held by running sequences at routing. The fit is exponentially weighted least squares
 // with a Huber weight (a residual beyond hubK robust scales counts with weight hubK·scale/|r|,
 // so one stalled request moves the fit by a bounded step), pulled toward
@@ -154,7 +154,7 @@ func NewCalibrations(prior score.Calibration) *Calibrations {
 }
 
 // Observe records one first token: ttft seconds after routing, with ahead tokens of prefill
-// still queued before it (score.Candidate.PrefillAhead), uncached of its own and decode tokens
+// queued before it, uncached of its own and decode tokens
 // held at routing. A negative or non-finite time is ignored.
 func (c *Calibrations) Observe(ahead, uncached, decode int, ttft float64) {
 	if !(ttft >= 0) || math.IsInf(ttft, 0) {

@@ -67,14 +67,8 @@ type Replica struct {
 	Name string // the policy's candidate ID ("engine/rank")
 
 	prefill, decode, running atomic.Int64
-	// since is when its prefill counter last made progress (score.Candidate.PrefillSince).
-	since atomic.Int64
-	gone  atomic.Bool
+	gone                     atomic.Bool
 }
-
-// PrefillSince is when the replica's routed prefill last made progress the ledger saw: its
-// last first token, or when its prefill went from none to some (unix ns on the ledger's clock).
-func (r *Replica) PrefillSince() int64 { return r.since.Load() }
 
 // Load is a replica's counters at one moment.
 type Load struct {
@@ -124,7 +118,7 @@ type Record struct {
 	// At is when it was routed (the ledger's clock); FirstTokenAt when its first token came.
 	At, FirstTokenAt time.Time
 	// What the replica carried when it was routed (the calibration's features): prefill
-	// tokens still queued ahead (score.Candidate.PrefillAhead), decode tokens held.
+	// tokens queued ahead, decode tokens held.
 	Ahead, Decoding int
 	// predicted: the decision was entered into the side indexes at At.
 	predicted bool
@@ -291,8 +285,7 @@ func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 	// a choice made elsewhere reads this router's counters.
 	if r.Req != nil && r.Chosen >= 0 && r.Chosen < len(r.Cands) {
 		c := &r.Cands[r.Chosen]
-		cal := c.Calib.Or(score.DefaultCalibration)
-		rc.Ahead, rc.Decoding = int(c.PrefillAhead(cal, r.Req.NowNs)), c.DecodeTokens
+		rc.Ahead, rc.Decoding = c.PrefillTokens, c.DecodeTokens
 	} else {
 		rc.Ahead, rc.Decoding = int(r.Replica.prefill.Load()), int(r.Replica.decode.Load())
 	}
@@ -305,9 +298,7 @@ func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 			l.approx.Predict(r.Replica.ID, r.Keys, rc.At)
 		}
 	}
-	if r.Replica.prefill.Add(int64(r.Uncached)) == int64(r.Uncached) {
-		r.Replica.since.Store(rc.At.UnixNano())
-	}
+	r.Replica.prefill.Add(int64(r.Uncached))
 	r.Replica.running.Add(1)
 	l.gen.Add(1)
 	id := ID(l.next.Add(1))
@@ -331,7 +322,6 @@ func (l *Ledger) FirstToken(id ID) error {
 		rc.first = true
 		rc.FirstTokenAt = l.now()
 		rc.Replica.prefill.Add(-int64(rc.Uncached))
-		rc.Replica.since.Store(rc.FirstTokenAt.UnixNano())
 		rc.Replica.decode.Add(int64(rc.Held))
 		l.cal.Observe(rc.Ahead, rc.Uncached, rc.Decoding, rc.FirstTokenAt.Sub(rc.At).Seconds())
 		l.gen.Add(1)

@@ -1,7 +1,5 @@
 package score
 
-import "math"
-
 // Calibration is one replica's engine timing as the router has measured it (router/load fits it
 // from observed first-token times): the expected time to first token of a request routed there
 // is
@@ -37,22 +35,9 @@ func (c Calibration) Or(d Calibration) Calibration {
 	return c
 }
 
-// PrefillAhead is the prefill a request routed to the candidate at nowNs finds ahead of it:
-// the routed prefill less what the replica has computed since its last first token at the
-// calibrated rate (the queue drains while it is not empty; the counter only drops at first
-// tokens). Without it a replica one token from finishing a long prefill looks as busy as one
-// that just started it.
-func (c *Candidate) PrefillAhead(cal Calibration, nowNs int64) float64 {
-	p := float64(c.PrefillTokens)
-	if p <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince || cal.SecondsPerToken <= 0 {
-		return math.Max(p, 0)
-	}
-	return math.Max(p-float64(nowNs-c.PrefillSince)/1e9/cal.SecondsPerToken, 0)
-}
-
 // TTFT is the expected time to first token of a request whose own uncached prefill is uncached
-// tokens on a replica with candidate c's load at nowNs, under this calibration.
-func (c Calibration) TTFT(cand *Candidate, uncached float64, nowNs int64) float64 {
-	return c.LatencyS + c.SecondsPerToken*(cand.PrefillAhead(c, nowNs)+uncached) +
+// tokens on a replica with candidate c's load, under this calibration.
+func (c Calibration) TTFT(cand *Candidate, uncached float64) float64 {
+	return c.LatencyS + c.SecondsPerToken*(float64(cand.PrefillTokens)+uncached) +
 		c.SecondsPerDecodeToken*float64(cand.DecodeTokens)
 }

@@ -18,8 +18,7 @@ import (
 // u_i: the request's prompt tokens replica i's cache does not cover (tier-weighted exact overlap
 // or the predicted side index, whichever is longer, less the warm-up credit as virtual overlap);
 // u_min the least over the healthy replicas. P_i: uncached prefill routed there whose first
-// token has not come, less what the replica computed since its last first token
-// (Candidate.PrefillAhead); D_i: tokens held by its running sequences. L, s, c: the engines'
+// token has not come; D_i: tokens held by its running sequences. L, s, c: the engines'
 // calibration (Candidate.Calib, fitted online by the ledger from first-token times;
 // DefaultCalibration before any). λ_i and ρ_i: requests per
 // second and prefill utilisation (λ x mean work) over the ledger's window (Candidate.Window),
@@ -110,7 +109,7 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 			continue
 		}
 		cal := c.Calib.Or(DefaultCalibration)
-		e.ttft[i] = cal.TTFT(c, e.unc[i], req.NowNs)
+		e.ttft[i] = cal.TTFT(c, e.unc[i])
 		span := k.span(c, req.NowNs)
 		e.lambda[i] = float64(c.Window.Requests) / span
 		e.rho[i] = math.Min(c.Window.Tokens*cal.SecondsPerToken/span, k.p.RhoMax)
@@ -165,7 +164,7 @@ func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 			{"uncached_tokens", e.unc[i]},
 			{"extra_uncached_tokens", e.unc[i] - e.minUnc},
 			{"latency_s", cal.LatencyS},
-			{"queued_prefill_s", cal.SecondsPerToken * c.PrefillAhead(cal, req.NowNs)},
+			{"queued_prefill_s", cal.SecondsPerToken * float64(c.PrefillTokens)},
 			{"own_prefill_s", cal.SecondsPerToken * e.unc[i]},
 			{"decode_s", cal.SecondsPerDecodeToken * float64(c.DecodeTokens)},
 			{"prefill_tokens_per_s", 1 / cal.SecondsPerToken},

@@ -29,7 +29,6 @@ func TestKVObjectiveTermsAndPick(t *testing.T) {
 			c[i].Calib = cal
 			c[i].ExactBlocks = rng.IntN(21)
 			c[i].PrefillTokens = rng.IntN(4000)
-			c[i].PrefillSince = now - int64(rng.IntN(int(sec)))
 			c[i].DecodeTokens = rng.IntN(100000)
 			c[i].Window = Window{Tokens: float64(rng.IntN(200000)), Requests: rng.IntN(300), Seen: true, Since: 0}
 		}
@@ -89,24 +88,6 @@ func TestKVMissPrice(t *testing.T) {
 	}
 }
 
-// The prefill ahead drains at the calibrated rate since the last first token.
-func TestKVPrefillAheadDrains(t *testing.T) {
-	cal := Calibration{SecondsPerToken: 1e-4}
-	c := Candidate{PrefillTokens: 10000, PrefillSince: 10 * sec}
-	for _, tc := range []struct {
-		now  int64
-		want float64
-	}{{10 * sec, 10000}, {10*sec + sec/2, 5000}, {11 * sec, 0}, {20 * sec, 0}} {
-		if got := c.PrefillAhead(cal, tc.now); math.Abs(got-tc.want) > 1e-6 {
-			t.Errorf("at %d ns ahead = %v, want %v", tc.now, got, tc.want)
-		}
-	}
-	c.PrefillSince = 0
-	if got := c.PrefillAhead(cal, 20*sec); got != 10000 {
-		t.Errorf("unknown progress: ahead %v, want the whole counter", got)
-	}
-}
-
 // A hot prefix held by one replica spills once its queue ahead costs more than a miss, and
 // then stays balanced, when load accumulates as the ledger counts it (each pick adds its
 // uncached prefill; the engine drains at the calibrated rate).
@@ -120,10 +101,10 @@ func TestKVHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
 	now := int64(0)
 	for r := 0; r < 400; r++ {
 		now += sec / 40 // 40 req/s of a 992-token prefix + 508-token questions: 2x one replica's rate
+		drained := int(float64(sec/40) / 1e9 / cal.SecondsPerToken)
 		for i := range c {
 			c[i].Calib = cal
-			c[i].PrefillTokens = int(c[i].PrefillAhead(cal, now))
-			c[i].PrefillSince = now
+			c[i].PrefillTokens = max(c[i].PrefillTokens-drained, 0)
 			c[i].ExactBlocks = 0
 			if held[i] {
 				c[i].ExactBlocks = 62 // the 992-token prefix

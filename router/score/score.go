@@ -71,11 +71,6 @@ type Candidate struct {
 	// PrefillTokens is the uncached prompt tokens routed to the replica whose prefill has not
 	// finished (queued or running).
 	PrefillTokens int
-	// PrefillSince is when PrefillTokens last made progress the router saw (the replica's last
-	// first token, or when its routed prefill went from none to some), unix ns on the
-	// decisions' clock; 0 when not known. The prefill ahead of a new request is PrefillTokens
-	// less what the replica computed since (Candidate.PrefillAhead).
-	PrefillSince int64
 	// DecodeTokens is the tokens held by the replica's running sequences.
 	DecodeTokens int
 	// Queue is the number of waiting requests; Running the number of running ones.
