@@ -121,7 +121,7 @@ func TestKVHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
 	}
 	// One replica prefills at most half the offered work: 200 of 400 (plus the queue a miss is
 	// worth). At least three replicas are needed; a fourth may stay idle (it would pay a miss for
-	// nothing: kv-v1's starvation floor, which fed it anyway, is gone on purpose).
+	// nothing: kv's starvation floor, which feeds it anyway, is not in the objective).
 	used := 0
 	for i := range got {
 		if got[i] > 210 {

@@ -7,8 +7,8 @@ import (
 )
 
 // KVParams tune the kv policies. DefaultKV holds the router's defaults; the fleet model uses the
-// same values, nothing per trace. The `kv` objective (kv.go) reads TierWeights, WindowSeconds,
-// RhoMax and Temperature; the other fields are `kv-v1`'s (the cost before the objective).
+// same values, nothing per trace. The `kv-ttft` objective (kv.go) reads TierWeights,
+// WindowSeconds, RhoMax and Temperature; the other fields are `kv`'s.
 type KVParams struct {
 	// TierWeights credit an exact overlap block by where it sits (GPU, CPU, disk): a block on a
 	// slower tier still costs a load.
@@ -75,8 +75,9 @@ var DefaultKV = KVParams{
 	RhoMax:              0.9,
 }
 
-// kvV1Policy (`kv-v1`, benchmark only) is kv's cost before the TTFT objective (kv.go, issue 22),
-// kept so that replays can run old and new side by side. The cost of a replica is the prefill work it would do
+// kvV1Policy (`kv`, the production default) is the cost in prefill-token equivalents; the TTFT
+// objective (kv.go, `kv-ttft`, benchmark only until it keeps siblings together and does not
+// flood a warming replica: docs/router.md) is meant to replace it. The cost of a replica is the prefill work it would do
 // for this request that its cache does not cover (tier-weighted exact overlap or the predicted
 // side index, whichever is longer, plus warm-up credit as virtual overlap = credit x prompt
 // blocks), plus the work already queued and running there. With no overlap anywhere this is the
@@ -97,7 +98,7 @@ func newKVV1(o Options) *kvV1Policy {
 	return &kvV1Policy{p: p, rng: newRNG(o.Seed)}
 }
 
-func (k *kvV1Policy) Name() string { return "kv-v1" }
+func (k *kvV1Policy) Name() string { return "kv" }
 
 // uncached is the request's prefill tokens the replica's cache does not cover, less the warm-up
 // credit (virtual overlap): what the choice compares. The credit shapes the choice only; the

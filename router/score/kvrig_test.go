@@ -1,6 +1,6 @@
 package score
 
-// kvRig is the kv-v1 policy (the cost before the objective; its guard tests) with the balance windows the router's ledger (router/load) keeps for
+// kvRig is the kv policy (the production cost; its guard tests) with the balance windows the router's ledger (router/load) keeps for
 // it: OnRouted and Retract record as the ledger does (the routed uncached tokens, route's
 // Decision.Uncached), Pick and Explain read the windows into the candidates first, as
 // route.Decision.Refresh does.

@@ -153,12 +153,12 @@ type factory func(Options) Policy
 // kvbench for comparisons. least-loaded is an alias of load.
 var (
 	ProductionPolicies = []string{"kv", "load", "least-loaded", "round-robin", "session"}
-	BenchmarkPolicies  = []string{"kv-v1", "random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
+	BenchmarkPolicies  = []string{"kv-ttft", "random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
 )
 
 var registry = map[string]factory{
-	"kv":                 func(o Options) Policy { return newKV(o) },
-	"kv-v1":              func(o Options) Policy { return newKVV1(o) },
+	"kv":                 func(o Options) Policy { return newKVV1(o) },
+	"kv-ttft":            func(o Options) Policy { return newKV(o) },
 	"load":               func(o Options) Policy { return newLoad("load", o) },
 	"least-loaded":       func(o Options) Policy { return newLoad("least-loaded", o) },
 	"round-robin":        func(o Options) Policy { return newRoundRobin() },
