@@ -411,7 +411,7 @@ type RouterSpec struct {
 	// saw, without acting on it, and exports what its picks had cached beside production's
 	// (kvroute_router_shadow_*). Its caches were filled by the production policy: see
 	// docs/should-you-route.md for what that biases.
-	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
+	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;kv-ttft;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
 	// +optional
 	ShadowPolicy string `json:"shadowPolicy,omitempty"`
 

@@ -33,6 +33,9 @@ type Options struct {
 	PredictedTTL time.Duration
 	// Observers are told of every request's lifecycle, outside the ledger's lock.
 	Observers []Observer
+	// Calibration is the engine timing a replica is assumed to have before any first token is
+	// seen in the fleet (score.DefaultCalibration when zero).
+	Calibration score.Calibration
 }
 
 // Observer is the seam where a request's lifecycle is watched (trace capture, prompt audit).
@@ -114,6 +117,9 @@ type Record struct {
 	Routing
 	// At is when it was routed (the ledger's clock); FirstTokenAt when its first token came.
 	At, FirstTokenAt time.Time
+	// What the replica carried when it was routed (the calibration's features): prefill
+	// tokens queued ahead, decode tokens held.
+	Ahead, Decoding int
 	// predicted: the decision was entered into the side indexes at At.
 	predicted bool
 	first     bool
@@ -138,6 +144,8 @@ type Ledger struct {
 	// win is every replica's routed uncached prefill over the balance window (its own lock;
 	// written under mu with the records).
 	win *score.Windows
+	// cal is every replica's engine timing, fitted from first-token times (its own lock).
+	cal *Calibrations
 }
 
 // ErrUnknown is returned for an id the ledger does not hold (finished, or never routed).
@@ -155,7 +163,7 @@ func New(o Options) *Ledger {
 	return &Ledger{now: o.Now, obs: o.Observers, pol: o.Policy, live: map[ID]*Record{},
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
 		approx: index.NewApproximate(index.SideOptions{}),
-		win:    score.NewWindows(span)}
+		win:    score.NewWindows(span), cal: NewCalibrations(o.Calibration)}
 }
 
 // Generation is a number that moves after every change to what a decision reads from the ledger
@@ -273,6 +281,14 @@ func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 		}
 	}
 	rc := &Record{Routing: r, At: l.now()}
+	// The calibration's features are what the policy saw when it chose (peers' load included);
+	// a choice made elsewhere reads this router's counters.
+	if r.Req != nil && r.Chosen >= 0 && r.Chosen < len(r.Cands) {
+		c := &r.Cands[r.Chosen]
+		rc.Ahead, rc.Decoding = c.PrefillTokens, c.DecodeTokens
+	} else {
+		rc.Ahead, rc.Decoding = int(r.Replica.prefill.Load()), int(r.Replica.decode.Load())
+	}
 	if len(r.Keys) > 0 {
 		rc.predicted = true
 		l.pred.Predict(r.Replica.ID, r.Keys, rc.At)
@@ -307,6 +323,7 @@ func (l *Ledger) FirstToken(id ID) error {
 		rc.FirstTokenAt = l.now()
 		rc.Replica.prefill.Add(-int64(rc.Uncached))
 		rc.Replica.decode.Add(int64(rc.Held))
+		l.cal.Observe(rc.Ahead, rc.Uncached, rc.Decoding, rc.FirstTokenAt.Sub(rc.At).Seconds())
 		l.gen.Add(1)
 	}
 	l.mu.Unlock()
@@ -437,6 +454,10 @@ func (l *Ledger) Expire() {
 // Window is the replica's balance window at nowNs (the decisions' clock), for
 // Candidate.Window. It changes nothing.
 func (l *Ledger) Window(id string, nowNs int64) score.Window { return l.win.Read(id, nowNs) }
+
+// Calibration is the engines' timing as fitted from first-token times so far, for
+// Candidate.Calib (one fit for the fleet: Calibrations). It changes nothing.
+func (l *Ledger) Calibration(id string) score.Calibration { return l.cal.Read() }
 
 // Stats is the ledger's size, for /metrics and state comparisons.
 type Stats struct {

@@ -72,6 +72,8 @@ type LedgerView interface {
 	Match(keys []blockkey.Key, slots int, approx bool, pred, appr []uint32) ([]uint32, []uint32)
 	// Window is a replica's balance window at the decision's time.
 	Window(id string, nowNs int64) score.Window
+	// Calibration is a replica's engine timing fitted from first-token times.
+	Calibration(id string) score.Calibration
 	// Generation moves after every change to the load counters or side indexes.
 	Generation() uint64
 }
@@ -202,7 +204,7 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
 			PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
-			Window: led.Window(r.Name, d.Req.NowNs)}
+			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name)}
 		d.Raw[i] = Overlap{}
 		if int(r.ID) < len(d.exact) {
 			m := d.exact[r.ID]

@@ -6,74 +6,24 @@ import (
 	"time"
 )
 
-// KVParams tune kvroute's default cost model. DefaultKV holds the router's defaults; the fleet
-// model uses the same values, nothing per trace.
-type KVParams struct {
-	// TierWeights credit an exact overlap block by where it sits (GPU, CPU, disk): a block on a
-	// slower tier still costs a load.
-	TierWeights [NumTiers]float64
-	// QueuedPrefillWeight weighs the prefill already routed to a replica against this
-	// request's own uncached tokens. It is below 1 because queued work drains and delays this
-	// request once, while an avoidable miss is work the fleet does in addition and a second
-	// copy of the prefix that evicts someone else's; at 1 a prefix group scatters as soon as
-	// two queues differ by one prompt.
-	QueuedPrefillWeight float64
-	// DecodeWeight converts tokens held by running sequences into prefill-token equivalents.
-	DecodeWeight float64
-	// QueueTokens is the cost of one waiting request in prefill-token equivalents.
-	QueueTokens float64
-	// WindowSeconds is the length of the sliding window over which each replica's routed
-	// uncached prefill tokens are summed (the quantity the balance bound limits). The ledger
-	// keeps the windows (Candidate.Window) at this length (WindowSpan).
-	WindowSeconds float64
-	// Slack bounds imbalance: a replica stays eligible while its windowed work plus this
-	// request is within (1+Slack) x the fleet mean after this decision.
-	Slack float64
-	// RequestSlack and RequestHeadroom bound each replica's requests routed inside the window
-	// at (1+RequestSlack) x the fleet mean after this decision + RequestHeadroom. The token
-	// bound above is on uncached work, so full hits on a hot prefix pass it: the replicas that
-	// hold it would take every request (each still costs decode steps and a running slot) and
-	// one that missed the first copy would never get one. This bound makes the hot prefix
-	// spill over, and one spilled request makes the next replica a hit as well. It is loose
-	// (2x a fair share plus 4) so it only catches hotspots: tighter (0.2 / 2) cost 0.07-0.08 x
-	// of the hit rate on the Mooncake traces in the fleet model; at 1.0 / 4 it changes nothing
-	// there.
-	RequestSlack    float64
-	RequestHeadroom float64
-	// StarvedShare and StarvedHeadroom are the floor: a healthy replica with fewer windowed
-	// requests than StarvedShare x the fleet mean after this decision - StarvedHeadroom is
-	// starved (unless it already has its share of the requests in flight), and while any
-	// replica is, only starved replicas are candidates. Without it a
-	// hot prefix cached on three of four replicas keeps the fourth idle for as long as the
-	// three are not loaded past one miss (measured: 6 s of a 25 req/s replay), so the fleet
-	// serves on three. At 0.25 / 1 it never fires in the fleet model's traces.
-	StarvedShare    float64
-	StarvedHeadroom float64
-	// Temperature > 0 samples among near-ties (softmax over normalised cost); 0 is deterministic.
-	Temperature float64
-}
-
-// DefaultKV is the `kv` policy's default tuning.
-var DefaultKV = KVParams{
-	TierWeights:         [NumTiers]float64{1, 0.5, 0.25}, // as router/config's defaults
-	QueuedPrefillWeight: 0.3,
-	DecodeWeight:        0.05,
-	QueueTokens:         100,
-	WindowSeconds:       60,
-	Slack:               0.2,
-	RequestSlack:        1.0,
-	RequestHeadroom:     4,
-	StarvedShare:        0.25,
-	StarvedHeadroom:     1,
-	Temperature:         0,
-}
-
-// kvPolicy (`kv`) is kvroute's default: the cost of a replica is the prefill work it would do
-// for this request that its cache does not cover (tier-weighted exact overlap or the predicted
-// side index, whichever is longer, plus warm-up credit as virtual overlap = credit x prompt
-// blocks), plus the work already queued and running there. With no overlap anywhere this is the
-// least-loaded replica. A bounded-imbalance guard keeps a hot prefix from taking an unbounded
-// share: replicas whose windowed prefill work would exceed the bound are skipped.
+// kvPolicy (`kv-ttft`, benchmark only for now: docs/router.md says what keeps it from being the
+// default `kv`) places a request where the fleet expects it to cost
+// the least time, in seconds (docs/router.md, "The kv objective", derives it):
+//
+//	cost_i = TTFT_i + miss_i
+//	TTFT_i = L + B_i + s·u_i                        this request's time to first token
+//	B_i    = s·P_i + c·D_i                          the time ahead of it
+//	miss_i = λ_i·Δ_i·(B_i + Δ_i/2) / (1 − ρ_i)      what its avoidable prefill delays later ones
+//	Δ_i    = s·(u_i − u_min)
+//
+// u_i: the request's prompt tokens replica i's cache does not cover (tier-weighted exact overlap
+// or the predicted side index, whichever is longer, less the warm-up credit as virtual overlap);
+// u_min the least over the healthy replicas. P_i: uncached prefill routed there whose first
+// token has not come; D_i: tokens held by its running sequences. L, s, c: the engines'
+// calibration (Candidate.Calib, fitted online by the ledger from first-token times;
+// DefaultCalibration before any). λ_i and ρ_i: requests per
+// second and prefill utilisation (λ x mean work) over the ledger's window (Candidate.Window),
+// ρ capped at RhoMax. The only guard is health.
 type kvPolicy struct {
 	p   KVParams
 	rng *rand.Rand
@@ -89,7 +39,7 @@ func newKV(o Options) *kvPolicy {
 	return &kvPolicy{p: p, rng: newRNG(o.Seed)}
 }
 
-func (k *kvPolicy) Name() string { return "kv" }
+func (k *kvPolicy) Name() string { return "kv-ttft" }
 
 // uncached is the request's prefill tokens the replica's cache does not cover, less the warm-up
 // credit (virtual overlap): what the choice compares. The credit shapes the choice only; the
@@ -103,21 +53,19 @@ func (k *kvPolicy) uncached(req *Request, c *Candidate) float64 {
 	return math.Max(u, 0)
 }
 
-// minSpanSeconds is the shortest history a replica's window is read over. Measured on the
-// 4 -> 8 scale-up replay: at 1 s the new half got 0.76 of a fair share in the warm-up window
-// with no hit-rate drop; at 5 s (no stretching in an 8 s run) it got 1.67 x, mostly misses,
-// and the fleet's hit rate fell 18%.
+// minSpanSeconds is the shortest history a replica's window is read over, so a replica seen a
+// moment ago does not read one request as a huge rate.
 const minSpanSeconds = 1
 
 // span is how long the candidate's window covers at now: the time since the ledger first saw
-// it as a candidate, between minSpanSeconds and the window length. A replica not seen yet has
-// the shortest span, as if its clock started now.
+// it as a candidate, between minSpanSeconds and the window length. Rates read from a younger
+// replica's window are over its own time in the fleet, not the full window.
 func (k *kvPolicy) span(c *Candidate, now int64) float64 {
 	since := now
 	if c.Window.Seen {
 		since = c.Window.Since
 	}
-	return math.Min(math.Max(float64(now-since)/1e9, minSpanSeconds), k.p.WindowSeconds)
+	return math.Min(math.Max(float64(now-since)/1e9, minSpanSeconds), math.Max(k.p.WindowSeconds, minSpanSeconds))
 }
 
 func grow(s []float64, n int) []float64 {
@@ -127,135 +75,50 @@ func grow(s []float64, n int) []float64 {
 	return s[:n]
 }
 
-// The kv guards, as Explain names them when one takes a candidate out of the running.
-const (
-	guardUnhealthy  = "unhealthy"
-	guardRequests   = "request_bound"    // over (1+RequestSlack) x the mean windowed requests + headroom
-	guardStarvation = "starvation_floor" // another replica is starved and this one is not
-	guardTokens     = "token_bound"      // its windowed uncached work would pass (1+Slack) x the mean
-)
+// guardUnhealthy is the one reason kv takes a candidate out of the running.
+const guardUnhealthy = "unhealthy"
 
 // kvEval is one decision's numbers per candidate, filled by evaluate. Pick reuses the policy's
-// scratch one (no allocation per decision); Explain fills a fresh one with the reasons.
+// scratch one (no allocation per decision); Explain fills a fresh one.
 type kvEval struct {
-	// unc: the request's uncached tokens there (warm-up credit applied) x scale; win: its
-	// windowed uncached work x scale; cnt: its windowed requests x scale; scale stretches a
-	// younger replica's window to the oldest one's span.
-	unc, win, cnt, scale []float64
-	// raw is the cost before the guards; val the cost the pick minimises (+Inf when excluded).
-	raw, val []float64
-	// why names the guard that excluded each candidate (Explain only: nil in Pick).
-	why []string
-	// The bounds of this decision.
-	tokenLimit, reqLimit, starvedLimit float64
+	// unc: uncached tokens (credit applied); ttft, miss: the objective's two parts (seconds);
+	// rho, lambda: the utilisation and request rate the miss price reads; val: the cost the
+	// pick minimises (+Inf when unhealthy).
+	unc, ttft, miss, rho, lambda, val []float64
+	minUnc                            float64
 }
 
-func (e *kvEval) size(n int, reasons bool) {
-	e.unc, e.win, e.cnt, e.scale = grow(e.unc, n), grow(e.win, n), grow(e.cnt, n), grow(e.scale, n)
-	e.raw, e.val = grow(e.raw, n), grow(e.val, n)
-	if reasons {
-		e.why = make([]string, n)
-	}
+func (e *kvEval) size(n int) {
+	e.unc, e.ttft, e.miss = grow(e.unc, n), grow(e.ttft, n), grow(e.miss, n)
+	e.rho, e.lambda, e.val = grow(e.rho, n), grow(e.lambda, n), grow(e.val, n)
 }
 
-func (e *kvEval) exclude(i int, guard string) {
-	e.val[i] = math.Inf(1)
-	if e.why != nil && e.why[i] == "" {
-		e.why[i] = guard
-	}
-}
-
-// evaluate computes every candidate's cost and applies the guards. It changes nothing but e.
+// evaluate computes every candidate's cost. It changes nothing but e.
 func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
-	unc, win, cnt, scale, raw, val := e.unc, e.win, e.cnt, e.scale, e.raw, e.val
-	// Windows are compared as rates over the time each replica has been in the fleet: a
-	// replica that joined 5 s ago has 5 s of work in its window, not 60, and read raw it would
-	// look idle next to the others; doubling a fleet would then send every request to the
-	// newcomers until their windows caught up. scale[i] stretches a younger replica's window
-	// to the oldest one's span; replicas seen together (a fleet starting at once) all get 1.
-	oldest := 0.0
+	e.minUnc = math.Inf(1)
 	for i := range cands {
 		if cands[i].Healthy {
-			scale[i] = k.span(&cands[i], req.NowNs)
-			oldest = math.Max(oldest, scale[i])
+			e.unc[i] = k.uncached(req, &cands[i])
+			e.minUnc = math.Min(e.minUnc, e.unc[i])
 		}
 	}
-	n, sum, reqs, inflight := 0, 0.0, 0.0, 0
-	for i := range cands {
-		if cands[i].Healthy {
-			n++
-			scale[i] = oldest / scale[i]
-			win[i], cnt[i] = cands[i].Window.Tokens*scale[i], float64(cands[i].Window.Requests)*scale[i]
-			sum += win[i]
-			reqs += cnt[i]
-			inflight += cands[i].Running + cands[i].Queue
-		}
-	}
-	e.reqLimit = (1+k.p.RequestSlack)*(reqs+1)/float64(n) + k.p.RequestHeadroom
-	// The floor first: while a replica is starved only starved replicas are candidates (the
-	// token bound below still applies among them). A replica already carrying its share of
-	// the requests in flight is not starved, so a replica that comes back to a busy fleet
-	// is not sent every request until its window fills.
-	e.starvedLimit = k.p.StarvedShare*(reqs+1)/float64(n) - k.p.StarvedHeadroom
-	starved := func(i int) bool {
-		c := &cands[i]
-		return c.Healthy && cnt[i] < e.starvedLimit &&
-			float64(c.Running+c.Queue)*float64(n) <= float64(inflight)
-	}
-	anyStarved := false
-	for i := range cands {
-		anyStarved = anyStarved || starved(i)
-	}
-	cheapest := math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
-		val[i], raw[i] = 0, 0
+		e.ttft[i], e.miss[i], e.rho[i], e.lambda[i] = 0, 0, 0, 0
 		if !c.Healthy {
-			e.exclude(i, guardUnhealthy)
+			e.val[i] = math.Inf(1)
 			continue
 		}
-		unc[i] = k.uncached(req, c) * scale[i]
-		// Cost in prefill-token equivalents: the uncached part of this request, the prefill
-		// already routed there, running sequences (they slow every step), waiting requests.
-		raw[i] = unc[i]/scale[i] + k.p.QueuedPrefillWeight*float64(c.PrefillTokens) +
-			k.p.DecodeWeight*float64(c.DecodeTokens) + k.p.QueueTokens*float64(c.Queue)
-		val[i] = raw[i]
-		switch {
-		case cnt[i]+scale[i] > e.reqLimit:
-			e.exclude(i, guardRequests)
-		case anyStarved && !starved(i):
-			e.exclude(i, guardStarvation)
-		default:
-			cheapest = math.Min(cheapest, unc[i])
+		cal := c.Calib.Or(DefaultCalibration)
+		e.ttft[i] = cal.TTFT(c, e.unc[i])
+		span := k.span(c, req.NowNs)
+		e.lambda[i] = float64(c.Window.Requests) / span
+		e.rho[i] = math.Min(c.Window.Tokens*cal.SecondsPerToken/span, k.p.RhoMax)
+		if extra := cal.SecondsPerToken * (e.unc[i] - e.minUnc); extra > 0 {
+			ahead := e.ttft[i] - cal.LatencyS - cal.SecondsPerToken*e.unc[i]
+			e.miss[i] = e.lambda[i] * extra * (ahead + extra/2) / (1 - e.rho[i])
 		}
-	}
-	// The bound is on the fleet mean after this decision: it grows by at least the cheapest
-	// placement.
-	limit := (1 + k.p.Slack) * (sum + cheapest) / float64(n)
-	anyEligible := false
-	for i := range cands {
-		if !math.IsInf(val[i], 1) {
-			// A (near) full hit adds no prefill work, so it never breaks the bound.
-			anyEligible = anyEligible || unc[i] <= float64(req.BlockSize)*scale[i] || win[i]+unc[i] <= limit
-		}
-	}
-	if !anyEligible {
-		// Everyone is over the bound (a burst, or an idle fleet): the replicas with the least
-		// windowed work after this request (within one block) are what the bound protects;
-		// among them the cheapest wins.
-		lo := math.Inf(1)
-		for i := range cands {
-			if !math.IsInf(val[i], 1) {
-				lo = math.Min(lo, win[i]+unc[i])
-			}
-		}
-		limit = lo + float64(req.BlockSize)
-	}
-	e.tokenLimit = limit
-	for i := range cands {
-		if !math.IsInf(val[i], 1) && unc[i] > float64(req.BlockSize)*scale[i] && win[i]+unc[i] > limit {
-			e.exclude(i, guardTokens)
-		}
+		e.val[i] = e.ttft[i] + e.miss[i]
 	}
 }
 
@@ -264,7 +127,7 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 		return -1, ErrNoCandidate
 	}
 	e := &k.scratch
-	e.size(len(cands), false)
+	e.size(len(cands))
 	k.evaluate(req, cands, e)
 	value := func(i int) float64 { return e.val[i] }
 	if k.p.Temperature > 0 {
@@ -273,11 +136,11 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	return pickMin(cands, value, k.rng), nil
 }
 
-// Explain gives each candidate's cost and its terms, in prefill-token equivalents, and the guard
-// that excluded it, without changing the policy: the random tie-break is not drawn (the windows
-// are the ledger's, and neither Pick nor Explain writes them). The cheapest candidate not excluded is Pick's
-// choice at temperature 0 (on an exact tie Pick draws among the tied, route.Cheapest takes the
-// first); with a temperature Pick samples near it.
+// Explain gives each candidate's cost (seconds) and its terms without changing the policy: the
+// random tie-break is not drawn, and neither Pick nor Explain writes the windows or the
+// calibration (the ledger's). The cheapest healthy candidate is Pick's choice at temperature 0
+// (on an exact tie Pick draws among the tied, route.Cheapest takes the first); with a
+// temperature Pick samples near it.
 func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 	out := make([]Explanation, len(cands))
 	if !anyHealthy(cands) {
@@ -287,26 +150,29 @@ func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 		return out
 	}
 	var e kvEval
-	e.size(len(cands), true)
+	e.size(len(cands))
 	k.evaluate(req, cands, &e)
 	for i := range cands {
 		c := &cands[i]
-		out[i] = Explanation{Cost: e.raw[i], Excluded: e.why[i]}
 		if !c.Healthy {
+			out[i] = Explanation{Excluded: guardUnhealthy}
 			continue
 		}
-		out[i].Terms = []Term{
-			{"uncached_tokens", e.unc[i] / e.scale[i]},
-			{"queued_prefill", k.p.QueuedPrefillWeight * float64(c.PrefillTokens)},
-			{"decode", k.p.DecodeWeight * float64(c.DecodeTokens)},
-			{"queue", k.p.QueueTokens * float64(c.Queue)},
-			{"windowed_tokens", e.win[i]},
-			{"token_bound", e.tokenLimit},
-			{"windowed_requests", e.cnt[i]},
-			{"request_bound", e.reqLimit},
-			{"starved_below", e.starvedLimit},
-			{"window_scale", e.scale[i]},
-		}
+		cal := c.Calib.Or(DefaultCalibration)
+		out[i] = Explanation{Cost: e.val[i], Terms: []Term{
+			{"uncached_tokens", e.unc[i]}, // first, as kv's: /debug/route's readers find it there
+			{"ttft_s", e.ttft[i]},
+			{"miss_s", e.miss[i]},
+			{"extra_uncached_tokens", e.unc[i] - e.minUnc},
+			{"latency_s", cal.LatencyS},
+			{"queued_prefill_s", cal.SecondsPerToken * float64(c.PrefillTokens)},
+			{"own_prefill_s", cal.SecondsPerToken * e.unc[i]},
+			{"decode_s", cal.SecondsPerDecodeToken * float64(c.DecodeTokens)},
+			{"prefill_tokens_per_s", 1 / cal.SecondsPerToken},
+			{"calibration_weight", c.Calib.Observations},
+			{"rho", e.rho[i]},
+			{"requests_per_s", e.lambda[i]},
+		}}
 	}
 	return out
 }
@@ -322,7 +188,10 @@ func (k *kvPolicy) sample(cands []Candidate, value func(int) float64) int {
 			m++
 		}
 	}
-	scale := math.Max(mean/float64(m), 1) * k.p.Temperature
+	scale := mean / float64(m) * k.p.Temperature
+	if scale <= 0 {
+		return best
+	}
 	total := 0.0
 	for i := range cands {
 		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
@@ -342,11 +211,12 @@ func (k *kvPolicy) sample(cands []Candidate, value func(int) float64) int {
 	return best
 }
 
-// OnRouted changes nothing: the request's work is recorded in the balance window by the ledger
-// (router/load), which owns the windows; the policy only reads them (Candidate.Window).
+// OnRouted changes nothing: the ledger (router/load) records the request in the windows and
+// fits the calibration; the policy only reads them (Candidate.Window, Candidate.Calib).
 func (k *kvPolicy) OnRouted(*Request, []Candidate, int) {}
 
-// WindowSpan is the length of the balance window the ledger keeps for this policy.
+// WindowSpan is the length of the window the ledger keeps for this policy (the rates the miss
+// price reads).
 func (k *kvPolicy) WindowSpan() time.Duration {
 	return time.Duration(k.p.WindowSeconds * float64(time.Second))
 }

@@ -93,7 +93,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 		for k, e := range ex {
 			excluded[e.Excluded]++
 			if !c[k].Healthy {
-				if e.Excluded != guardUnhealthy {
+				if e.Excluded != v1GuardUnhealthy {
 					t.Fatalf("request %d: unhealthy candidate %d explained as %+v", r, k, e)
 				}
 				continue
@@ -110,7 +110,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 		plain.OnRouted(req, c, i)
 	}
 	// Every guard fired somewhere, or the comparison above did not cover it.
-	for _, g := range []string{"", guardUnhealthy, guardRequests, guardTokens, guardStarvation} {
+	for _, g := range []string{"", v1GuardUnhealthy, v1GuardRequests, v1GuardTokens, v1GuardStarvation} {
 		if excluded[g] == 0 {
 			t.Errorf("no candidate explained with %q over the run: %v", g, excluded)
 		}
@@ -136,8 +136,8 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	c := fleetOf(4)
 	c[0].ExactBlocks = 10
 	req := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: 4 * sec}
-	if ex := p.Explain(req, c); ex[0].Excluded != guardRequests {
-		t.Errorf("hot holder explained %+v, want %s", ex[0], guardRequests)
+	if ex := p.Explain(req, c); ex[0].Excluded != v1GuardRequests {
+		t.Errorf("hot holder explained %+v, want %s", ex[0], v1GuardRequests)
 	}
 	// The token bound: replica 0 did 10x the others' uncached work and this request is a miss.
 	p = newKVRig(Options{Seed: 1})
@@ -153,8 +153,8 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	}
 	c = fleetOf(2)
 	req = &Request{Keys: keys(seq(20)...), Tokens: 320, BlockSize: 16, NowNs: sec}
-	if ex := p.Explain(req, c); ex[0].Excluded != guardTokens || ex[1].Excluded != "" {
-		t.Errorf("explanations %+v, want replica 0 over the %s", ex, guardTokens)
+	if ex := p.Explain(req, c); ex[0].Excluded != v1GuardTokens || ex[1].Excluded != "" {
+		t.Errorf("explanations %+v, want replica 0 over the %s", ex, v1GuardTokens)
 	}
 	// The floor: three replicas took 30 requests in the window, the fourth none and runs none.
 	p = newKVRig(Options{Seed: 1})
@@ -170,8 +170,8 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	req = &Request{Keys: keys(seq(2)...), Tokens: 32, BlockSize: 16, NowNs: 3 * sec}
 	ex := p.Explain(req, c)
 	for i := 0; i < 3; i++ {
-		if ex[i].Excluded != guardStarvation {
-			t.Errorf("replica %d explained %+v, want %s", i, ex[i], guardStarvation)
+		if ex[i].Excluded != v1GuardStarvation {
+			t.Errorf("replica %d explained %+v, want %s", i, ex[i], v1GuardStarvation)
 		}
 	}
 	if ex[3].Excluded != "" {

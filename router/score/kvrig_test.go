@@ -1,17 +1,17 @@
 package score
 
-// kvRig is the kv policy with the balance windows the router's ledger (router/load) keeps for
+// kvRig is the kv policy (the production cost; its guard tests) with the balance windows the router's ledger (router/load) keeps for
 // it: OnRouted and Retract record as the ledger does (the routed uncached tokens, route's
 // Decision.Uncached), Pick and Explain read the windows into the candidates first, as
 // route.Decision.Refresh does.
 type kvRig struct {
-	*kvPolicy
+	*kvV1Policy
 	w *Windows
 }
 
 func newKVRig(o Options) *kvRig {
-	k := newKV(o)
-	return &kvRig{kvPolicy: k, w: NewWindows(k.WindowSpan())}
+	k := newKVV1(o)
+	return &kvRig{kvV1Policy: k, w: NewWindows(k.WindowSpan())}
 }
 
 func (r *kvRig) fill(req *Request, c []Candidate) {
@@ -22,12 +22,12 @@ func (r *kvRig) fill(req *Request, c []Candidate) {
 
 func (r *kvRig) Pick(req *Request, c []Candidate) (int, error) {
 	r.fill(req, c)
-	return r.kvPolicy.Pick(req, c)
+	return r.kvV1Policy.Pick(req, c)
 }
 
 func (r *kvRig) Explain(req *Request, c []Candidate) []Explanation {
 	r.fill(req, c)
-	return r.kvPolicy.Explain(req, c)
+	return r.kvV1Policy.Explain(req, c)
 }
 
 func (r *kvRig) OnRouted(req *Request, c []Candidate, i int) {

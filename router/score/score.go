@@ -86,6 +86,9 @@ type Candidate struct {
 	Approximate bool
 	// Window is the prefill routed to the replica inside the balance window (the ledger's).
 	Window Window
+	// Calib is the replica's measured engine timing (the ledger's online fit); zero when not
+	// measured (DefaultCalibration applies).
+	Calib Calibration
 }
 
 // gpuEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.
@@ -150,11 +153,12 @@ type factory func(Options) Policy
 // kvbench for comparisons. least-loaded is an alias of load.
 var (
 	ProductionPolicies = []string{"kv", "load", "least-loaded", "round-robin", "session"}
-	BenchmarkPolicies  = []string{"random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
+	BenchmarkPolicies  = []string{"kv-ttft", "random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
 )
 
 var registry = map[string]factory{
-	"kv":                 func(o Options) Policy { return newKV(o) },
+	"kv":                 func(o Options) Policy { return newKVV1(o) },
+	"kv-ttft":            func(o Options) Policy { return newKV(o) },
 	"load":               func(o Options) Policy { return newLoad("load", o) },
 	"least-loaded":       func(o Options) Policy { return newLoad("least-loaded", o) },
 	"round-robin":        func(o Options) Policy { return newRoundRobin() },

@@ -243,7 +243,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 				PredictedBlocks: pred, PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens),
 				Queue: rep.queued(), Running: int(ld.Running),
 				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true,
-				Window: s.ledger.Window(rep.id, req.NowNs)}
+				Window: s.ledger.Window(rep.id, req.NowNs), Calib: s.ledger.Calibration(rep.id)}
 		}
 		id, rc, err := s.ledger.Decide(req, cands[:n], nil, func(r int) load.Routing {
 			if r < 0 || r >= n {
