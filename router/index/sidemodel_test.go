@@ -6,8 +6,8 @@ package index
 import (
 	"math/rand/v2"
 	"slices"
-	"testing"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
