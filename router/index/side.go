@@ -398,8 +398,18 @@ func (s *SideIndex) push(r sideRecord) {
 			s.pop()
 		}
 	}
-	s.ring[(s.head+s.n)%len(s.ring)] = r
+	s.ring[s.at(s.n)] = r
 	s.n++
+}
+
+// at is the ring position of the i-th oldest record (i < len(ring)); no division, which cost a
+// tenth of Predict.
+func (s *SideIndex) at(i int) int {
+	j := s.head + i
+	if j >= len(s.ring) {
+		j -= len(s.ring)
+	}
+	return j
 }
 
 // Expire drops every entry expired at now (Predict also does it as it goes).
@@ -428,7 +438,7 @@ func (s *SideIndex) recordSlot(r *sideRecord) (int32, bool) {
 // pop drops the oldest record, and its holder unless a later decision refreshed it.
 func (s *SideIndex) pop() {
 	r := s.ring[s.head]
-	s.head = (s.head + 1) % len(s.ring)
+	s.head = s.at(1)
 	s.n--
 	si, ok := s.recordSlot(&r)
 	if !ok {
@@ -554,7 +564,7 @@ func (s *SideIndex) Export(id ReplicaID, now time.Time, max int) []SideEntry {
 	// The ring is in expiry order; walking it from the newest end keeps the freshest under max.
 	seen := map[blockkey.Key]bool{}
 	for i := s.n - 1; i >= 0; i-- {
-		r := s.ring[(s.head+i)%len(s.ring)]
+		r := s.ring[s.at(i)]
 		if r.id != id || r.exp <= t || seen[r.key] {
 			continue
 		}
