@@ -23,7 +23,7 @@ import (
 
 // benchServer is a Server over n single-rank engines that are never contacted (events off),
 // with the index holding part of the prompt on some replicas so Match and scoring do real work.
-func benchServer(b *testing.B, n int, toks []uint32) (*Router, []*replica) {
+func benchServer(b testing.TB, n int, toks []uint32) (*Router, []*replica) {
 	cfg := config.Default()
 	cfg.BlockSize = 16
 	cfg.Events.Enabled = false
@@ -107,6 +107,8 @@ func BenchmarkDecision(b *testing.B) {
 				if _, err := s.ledger.Done(d.id, nil); err != nil {
 					b.Fatal(err)
 				}
+				d.id = 0 // ended, as forward leaves it
+				s.release(d)
 			}
 			b.StopTimer()
 			reportPercentiles(b, lat)

@@ -268,10 +268,12 @@ func (s *Router) DebugRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	d, ex, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
 	if err != nil {
+		s.release(d)
 		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, err.Error())
 		return
 	}
 	ans := s.routeAnswer(d, ex, p)
+	s.release(d) // the answer holds copies, and the guards' shared read-only slices
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(ans); err != nil {
 		s.log.Debug("/debug/route answer not written", "err", err)

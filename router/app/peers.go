@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,7 +177,7 @@ func (o peerObserver) record(d peersync.Delta) {
 
 func (o peerObserver) Routed(id load.ID, r *load.Record) {
 	o.record(peersync.Delta{Kind: peersync.Routed, Request: uint64(id), Replica: r.Replica.Name,
-		Prefill: int64(r.Uncached), Tokens: int64(r.Held), Keys: r.Keys})
+		Prefill: int64(r.Uncached), Tokens: int64(r.Held), Keys: slices.Clone(r.Keys)}) // queued past the call: the Record's keys are reused once the request ends
 }
 
 func (o peerObserver) FirstToken(id load.ID, r *load.Record, _ time.Time) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -17,20 +18,51 @@ import (
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
-// decision is one routing decision and what it was based on.
+// decision is one routing decision and what it was based on. Its memory is reused from one
+// request to the next (newDecision, release): the ledger's Record of the request lives in rec,
+// and the policy's inputs (route.Decision: keys, candidates) are the ledger's and the
+// observers' until the request ends.
 type decision struct {
-	*route.Decision
+	route.Decision
 	reps   []*replica
 	chosen int
 	took   time.Duration
-	// id is the request's ledger entry (0: not routed, a dry run).
+	// id is the request's ledger entry (0: not routed, a dry run, or ended).
 	id load.ID
+	// rec is the ledger's Record of the request (load.Ledger.DecideInto).
+	rec load.Record
+	// views and tried are buffers the next decision reuses.
+	views []route.Replica
+	tried []bool
+}
+
+// newDecision is an empty decision, a released one when there is one.
+func (s *Router) newDecision() *decision {
+	if d, ok := s.decisions.Get().(*decision); ok {
+		return d
+	}
+	return new(decision)
+}
+
+// release hands back a decision once its request is over: the ledger has ended it (Done or
+// Failed) and nothing reads it any more. One still in the ledger is left to the garbage
+// collector instead, so a missed end costs an allocation, never a live record.
+func (s *Router) release(d *decision) {
+	if d == nil || d.id != 0 {
+		return
+	}
+	d.reps, d.rec = nil, load.Record{} // drop what the pool would keep alive
+	s.decisions.Put(d)
 }
 
 // views is the decision's read-only view of every replica at now: one atomic load of each
 // replica's fleet.View, no lock. It also returns the fleet's block size from the same views.
-func (s *Router) views(reps []*replica, now time.Time) ([]route.Replica, int) {
-	out := make([]route.Replica, len(reps))
+// It writes into out when out has the capacity.
+func (s *Router) views(reps []*replica, now time.Time, out []route.Replica) ([]route.Replica, int) {
+	if cap(out) < len(reps) {
+		out = make([]route.Replica, len(reps))
+	}
+	out = out[:len(reps)]
 	var bs fleet.BlockSizeVote
 	for i, r := range reps {
 		v := r.View()
@@ -56,19 +88,23 @@ func (s *Router) views(reps []*replica, now time.Time) ([]route.Replica, int) {
 func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool) (*decision, []score.Explanation, error) {
 	t0 := time.Now()
 	now := s.now()
-	views, bs := s.views(reps, now)
+	d := s.newDecision()
+	d.reps, d.chosen, d.took, d.id = reps, 0, 0, 0
+	views, bs := s.views(reps, now, d.views)
+	d.views = views
 	in := route.Input{Tokens: toks, Identity: id, Session: session, Unkeyed: unkeyed, BlockSize: bs, NowNs: now.UnixNano()}
 	if len(tried) > 0 {
-		in.Tried = make([]bool, len(reps))
+		d.tried = slices.Grow(d.tried[:0], len(reps))[:len(reps)]
 		for i, r := range reps {
-			in.Tried[i] = tried[r]
+			d.tried[i] = tried[r]
 		}
+		in.Tried = d.tried
 	}
-	rd, err := route.Decide(in, views, s.ix, s.ledger)
+	err := d.Decision.Decide(in, views, s.ix, s.ledger)
 	if err != nil {
+		s.release(d)
 		return nil, nil, err
 	}
-	d := &decision{Decision: rd, reps: reps}
 	if d.Unkeyed != "" && commit {
 		s.met.UnkeyedRequests.WithLabelValues(d.Unkeyed).Inc()
 		s.logLimited("unkeyed:"+d.Unkeyed, "request routed by load without keys; counted in kvroute_router_unkeyed_requests_total",
@@ -89,7 +125,7 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 	// The candidates were built outside the ledger's lock; siblings routed since then are
 	// re-read under it (route.Decision.Refresh), or concurrent siblings would scatter.
 	refresh := func() { d.Refresh(views, s.ledger) }
-	lid, _, err := s.ledger.Decide(&d.Req, d.Cands, refresh, func(i int) load.Routing {
+	lid, _, err := s.ledger.DecideInto(&d.rec, &d.Req, d.Cands, refresh, func(i int) load.Routing {
 		// Outside the measured decision, still under the ledger's lock: a sibling decided right
 		// after this one must already see it in the predicted side index.
 		d.took = time.Since(t0)
@@ -251,6 +287,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
 		d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
 		if err != nil {
+			s.release(d)
 			if attempt == 0 {
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
@@ -300,11 +337,13 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			s.logLimited("retry:"+rep.Name+":"+out.Kind, "engine attempt failed before the first token; retrying elsewhere, counted in kvroute_router_retries_total",
 				"engine", rep.Name, "why", why)
 			last = out
+			s.release(d)
 			continue
 		}
 		if !out.Started && out.Err != nil && !out.ClientGone {
 			s.rollback(d)
 		}
+		s.release(d) // ended either way: by forward (Done) or just above
 		if !out.Started && out.Err != nil {
 			switch {
 			case out.ClientGone:

@@ -104,7 +104,10 @@ type Router struct {
 	tokenizeDegraded atomic.Uint64
 	// routedCount numbers routed requests for the sampled access log.
 	routedCount atomic.Uint64
-	closeOnce   sync.Once
+	// decisions holds finished decisions for reuse (newDecision, release): a warm decision
+	// allocates nothing.
+	decisions sync.Pool
+	closeOnce sync.Once
 	// authLogged holds the calls whose engine 401/403 was logged: a misconfigured key
 	// fails every call, so it is logged once per call kind and counted every time.
 	authLogged sync.Map

@@ -1,10 +1,11 @@
 package index
 
 import (
+	"math/bits"
+	"slices"
 	"sync"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/kvroute/kvroute/router/blockkey"
 )
 
@@ -42,20 +43,35 @@ const (
 // kv_cache_manager.py free, block_pool.py), so a guess never outlives what the engine can hold.
 // It is the machinery of both the predicted side index and the approximate index. Safe for
 // concurrent use.
+//
+// Layout (docs/benchmarks.md, "Decision time"): one map from key to a slot; the slot holds the
+// key's holders (replica, expiry, LRU node) and, for Match, a bit mask of its holders below
+// replica 64 and their earliest expiry, so a block costs Match one lookup and no walk over its
+// holders while none has expired. Each replica's LRU is a doubly linked list threaded through
+// one slab of nodes by index, and a record in the expiry ring names its slot: recording a block
+// costs one map lookup (golang-lru's map and list, one per replica, cost three). Slots, nodes
+// and the ring are reused through free lists, so a steady state allocates nothing.
 type SideIndex struct {
 	ttl int64
 	max int
-	// defCap is a replica's capacity until SetCapacity; caps and lrus are per replica.
+	// defCap is a replica's capacity until SetCapacity.
 	defCap int
-	caps   map[ReplicaID]int
-	lrus   map[ReplicaID]*simplelru.LRU[blockkey.Key, struct{}]
-	// dropping is set while the index itself removes a key from an LRU, so the eviction
-	// callback (which simplelru also calls on Remove) acts on capacity evictions only.
-	dropping bool
-	evicted  uint64
 
-	mu   sync.RWMutex
-	keys map[blockkey.Key][]sideHolder
+	mu sync.RWMutex
+	// keys: key -> its slot in slots.
+	keys      map[blockkey.Key]int32
+	slots     []sideSlot
+	freeSlots []int32
+	// nodes: every (key, replica) entry's place in its replica's LRU; freeNode heads the free
+	// list (linked through next), -1 when empty. live counts the nodes in use: Len.
+	nodes    []sideNode
+	freeNode int32
+	live     int
+	// reps: per replica (by ReplicaID), its LRU and capacity.
+	reps    []sideRep
+	evicted uint64
+	// slotOf is Predict's scratch: the slot of each of its keys (under mu).
+	slotOf []int32
 	// ring of records in insertion order, so in expiry order for one TTL: ring[head] is the
 	// oldest of n. It grows by doubling up to max and is never copied after that.
 	ring []sideRecord
@@ -63,15 +79,47 @@ type SideIndex struct {
 	n    int
 }
 
+// sideSlot is one key's holders. mask has bit id for each holder with id < maskIDs, high counts
+// the others; minExp is the earliest expiry among all of them (valid when hs is not empty).
+type sideSlot struct {
+	key    blockkey.Key
+	mask   uint64
+	minExp int64
+	hs     []sideHolder
+	high   int32
+	used   bool
+}
+
+// maskIDs is how many replica ids a slot's mask covers.
+const maskIDs = 64
+
 type sideHolder struct {
-	id  ReplicaID
-	exp int64 // unix nanoseconds
+	exp  int64 // unix nanoseconds
+	node int32
+	id   ReplicaID
+}
+
+// sideNode is one entry in its replica's LRU (prev towards the most recent, next towards the
+// least; -1 ends).
+type sideNode struct {
+	slot       int32
+	prev, next int32
+	id         ReplicaID
+}
+
+// sideRep is one replica's LRU: head is the most recently used node, tail the least.
+type sideRep struct {
+	head, tail int32
+	n          int
+	// cap is the capacity SetCapacity gave (0: defCap).
+	cap int
 }
 
 type sideRecord struct {
-	key blockkey.Key
-	exp int64
-	id  ReplicaID
+	key  blockkey.Key
+	exp  int64
+	slot int32
+	id   ReplicaID
 }
 
 // NewPredicted returns the short-TTL side index for decisions not yet confirmed by events.
@@ -96,8 +144,7 @@ func newSide(o SideOptions, ttl time.Duration, max int) *SideIndex {
 	if o.CapacityBlocks > 0 {
 		c = o.CapacityBlocks
 	}
-	return &SideIndex{ttl: int64(ttl), max: max, defCap: c, caps: map[ReplicaID]int{},
-		lrus: map[ReplicaID]*simplelru.LRU[blockkey.Key, struct{}]{}, keys: map[blockkey.Key][]sideHolder{}}
+	return &SideIndex{ttl: int64(ttl), max: max, defCap: c, keys: map[blockkey.Key]int32{}, freeNode: -1}
 }
 
 // SetCapacity sets a replica's KV capacity in blocks (its engine's num_gpu_blocks); blocks <= 0
@@ -108,9 +155,10 @@ func (s *SideIndex) SetCapacity(id ReplicaID, blocks int) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.caps[id] = blocks
-	if l := s.lrus[id]; l != nil {
-		l.Resize(blocks)
+	r := s.rep(id)
+	r.cap = blocks
+	for r.n > blocks {
+		s.evictTail(id)
 	}
 }
 
@@ -122,53 +170,185 @@ func (s *SideIndex) Evicted() uint64 {
 	return s.evicted
 }
 
+// rep returns the replica's LRU, made (empty) on first use.
+func (s *SideIndex) rep(id ReplicaID) *sideRep {
+	for int(id) >= len(s.reps) {
+		s.reps = append(s.reps, sideRep{head: -1, tail: -1})
+	}
+	return &s.reps[id]
+}
+
 // capacity is the replica's capacity in blocks.
-func (s *SideIndex) capacity(id ReplicaID) int {
-	if c, ok := s.caps[id]; ok {
-		return c
+func (s *SideIndex) capacity(r *sideRep) int {
+	if r.cap > 0 {
+		return r.cap
 	}
 	return s.defCap
 }
 
-// lru returns the replica's LRU of keys, made on first use.
-func (s *SideIndex) lru(id ReplicaID) *simplelru.LRU[blockkey.Key, struct{}] {
-	if l := s.lrus[id]; l != nil {
-		return l
+// slotFor returns the key's slot, made when the key has none.
+func (s *SideIndex) slotFor(k blockkey.Key) int32 {
+	if si, ok := s.keys[k]; ok {
+		return si
 	}
-	c := s.capacity(id)
-	l, _ := simplelru.NewLRU[blockkey.Key, struct{}](c, func(k blockkey.Key, _ struct{}) {
-		if !s.dropping {
-			s.evicted++
-			s.dropHolder(k, id)
-		}
-	}) // c > 0: cannot fail
-	s.lrus[id] = l
-	return l
+	var si int32
+	if n := len(s.freeSlots); n > 0 {
+		si = s.freeSlots[n-1]
+		s.freeSlots = s.freeSlots[:n-1]
+	} else {
+		si = int32(len(s.slots))
+		s.slots = append(s.slots, sideSlot{})
+	}
+	sl := &s.slots[si]
+	sl.key, sl.used, sl.mask, sl.high, sl.hs = k, true, 0, 0, sl.hs[:0]
+	s.keys[k] = si
+	return si
 }
 
-// dropHolder removes id from key k's holders.
-func (s *SideIndex) dropHolder(k blockkey.Key, id ReplicaID) {
-	hs := s.keys[k]
-	for j := range hs {
-		if hs[j].id == id {
-			hs[j] = hs[len(hs)-1]
-			hs = hs[:len(hs)-1]
-			if len(hs) == 0 {
-				delete(s.keys, k)
-			} else {
-				s.keys[k] = hs
-			}
-			return
+// holder is the position of id among the slot's holders, -1 when it is not one.
+func (sl *sideSlot) holder(id ReplicaID) int {
+	if id < maskIDs && sl.mask&(1<<id) == 0 {
+		return -1
+	}
+	for j := range sl.hs {
+		if sl.hs[j].id == id {
+			return j
 		}
+	}
+	return -1
+}
+
+func (sl *sideSlot) resetMin() {
+	if len(sl.hs) == 0 {
+		return
+	}
+	m := sl.hs[0].exp
+	for _, h := range sl.hs[1:] {
+		m = min(m, h.exp)
+	}
+	sl.minExp = m
+}
+
+// setExp sets holder j's expiry, keeping minExp.
+func (sl *sideSlot) setExp(j int, exp int64) {
+	old := sl.hs[j].exp
+	sl.hs[j].exp = exp
+	switch {
+	case exp < sl.minExp:
+		sl.minExp = exp
+	case old == sl.minExp && exp != old:
+		sl.resetMin()
 	}
 }
 
-// untrack takes a key out of the replica's LRU (its holder went by expiry or retraction).
-func (s *SideIndex) untrack(k blockkey.Key, id ReplicaID) {
-	if l := s.lrus[id]; l != nil {
-		s.dropping = true
-		l.Remove(k)
-		s.dropping = false
+// addHolder makes a new node for id at the front of its LRU and a holder in slot si.
+func (s *SideIndex) addHolder(si int32, id ReplicaID, exp int64) {
+	var ni int32
+	if s.freeNode >= 0 {
+		ni = s.freeNode
+		s.freeNode = s.nodes[ni].next
+	} else {
+		ni = int32(len(s.nodes))
+		s.nodes = append(s.nodes, sideNode{})
+	}
+	s.nodes[ni] = sideNode{slot: si, prev: -1, next: -1, id: id}
+	s.pushFront(id, ni)
+	s.live++
+	sl := &s.slots[si]
+	if len(sl.hs) == 0 || exp < sl.minExp {
+		sl.minExp = exp
+	}
+	sl.hs = append(sl.hs, sideHolder{exp: exp, node: ni, id: id})
+	if id < maskIDs {
+		sl.mask |= 1 << id
+	} else {
+		sl.high++
+	}
+}
+
+// dropHolder removes holder j of slot si, its LRU node, and the slot when it was the last.
+func (s *SideIndex) dropHolder(si int32, j int) {
+	sl := &s.slots[si]
+	h := sl.hs[j]
+	s.unlink(h.id, h.node)
+	s.nodes[h.node] = sideNode{next: s.freeNode}
+	s.freeNode = h.node
+	s.live--
+	last := len(sl.hs) - 1
+	sl.hs[j] = sl.hs[last]
+	sl.hs = sl.hs[:last]
+	if h.id < maskIDs {
+		sl.mask &^= 1 << h.id
+	} else {
+		sl.high--
+	}
+	if len(sl.hs) == 0 {
+		delete(s.keys, sl.key)
+		sl.used = false
+		s.freeSlots = append(s.freeSlots, si)
+		return
+	}
+	if h.exp == sl.minExp {
+		sl.resetMin()
+	}
+}
+
+// pushFront makes node ni the most recently used of id's LRU.
+func (s *SideIndex) pushFront(id ReplicaID, ni int32) {
+	r := &s.reps[id]
+	nd := &s.nodes[ni]
+	nd.prev, nd.next = -1, r.head
+	if r.head >= 0 {
+		s.nodes[r.head].prev = ni
+	} else {
+		r.tail = ni
+	}
+	r.head = ni
+	r.n++
+}
+
+// unlink takes node ni out of id's LRU.
+func (s *SideIndex) unlink(id ReplicaID, ni int32) {
+	r := &s.reps[id]
+	nd := &s.nodes[ni]
+	if nd.prev >= 0 {
+		s.nodes[nd.prev].next = nd.next
+	} else {
+		r.head = nd.next
+	}
+	if nd.next >= 0 {
+		s.nodes[nd.next].prev = nd.prev
+	} else {
+		r.tail = nd.prev
+	}
+	nd.prev, nd.next = -1, -1
+	r.n--
+}
+
+// evictTail drops id's least recently used entry (its capacity is full).
+func (s *SideIndex) evictTail(id ReplicaID) {
+	ni := s.reps[id].tail
+	si := s.nodes[ni].slot
+	s.evicted++
+	s.dropHolder(si, s.slots[si].holder(id))
+}
+
+// touch makes key slot si held by id until exp and its entry id's most recently used,
+// evicting id's least recently used entry when that goes past its capacity.
+func (s *SideIndex) touch(si int32, id ReplicaID, exp int64) {
+	sl := &s.slots[si]
+	if j := sl.holder(id); j >= 0 {
+		ni := sl.hs[j].node
+		sl.setExp(j, exp)
+		if s.reps[id].head != ni {
+			s.unlink(id, ni)
+			s.pushFront(id, ni)
+		}
+		return
+	}
+	s.addHolder(si, id, exp)
+	if r := &s.reps[id]; r.n > s.capacity(r) {
+		s.evictTail(id)
 	}
 }
 
@@ -183,30 +363,25 @@ func (s *SideIndex) Predict(id ReplicaID, keys []blockkey.Key, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(t)
-	// Tail first, so the request's head is the most recently used, as in the engine.
-	l := s.lru(id)
+	r := s.rep(id)
+	// Tail first, so the request's head is the most recently used, as in the engine. Only a
+	// request longer than the replica's capacity evicts its own keys (its tail).
+	longer := len(keys) > s.capacity(r)
+	s.slotOf = slices.Grow(s.slotOf[:0], len(keys))[:len(keys)]
 	for j := len(keys) - 1; j >= 0; j-- {
-		l.Add(keys[j], struct{}{})
+		si := s.slotFor(keys[j])
+		s.slotOf[j] = si
+		s.touch(si, id, exp)
 	}
-	// Only a request longer than the replica's capacity evicts its own keys.
-	longer := len(keys) > s.capacity(id)
-	for _, k := range keys {
-		if longer && !l.Contains(k) {
-			continue // evicted by this very request
-		}
-		hs := s.keys[k]
-		found := false
-		for j := range hs {
-			if hs[j].id == id {
-				hs[j].exp = exp
-				found = true
-				break
+	for j, k := range keys {
+		si := s.slotOf[j]
+		if longer {
+			var ok bool
+			if si, ok = s.keys[k]; !ok || s.slots[si].holder(id) < 0 {
+				continue // evicted by this very request
 			}
 		}
-		if !found {
-			s.keys[k] = append(hs, sideHolder{id: id, exp: exp})
-		}
-		s.push(sideRecord{key: k, exp: exp, id: id})
+		s.push(sideRecord{key: k, exp: exp, slot: si, id: id})
 	}
 }
 
@@ -223,8 +398,18 @@ func (s *SideIndex) push(r sideRecord) {
 			s.pop()
 		}
 	}
-	s.ring[(s.head+s.n)%len(s.ring)] = r
+	s.ring[s.at(s.n)] = r
 	s.n++
+}
+
+// at is the ring position of the i-th oldest record (i < len(ring)); no division, which cost a
+// tenth of Predict.
+func (s *SideIndex) at(i int) int {
+	j := s.head + i
+	if j >= len(s.ring) {
+		j -= len(s.ring)
+	}
+	return j
 }
 
 // Expire drops every entry expired at now (Predict also does it as it goes).
@@ -240,20 +425,27 @@ func (s *SideIndex) expire(t int64) {
 	}
 }
 
+// recordSlot is the slot of a record's key now: the one it names unless that slot was freed
+// (and maybe reused) since.
+func (s *SideIndex) recordSlot(r *sideRecord) (int32, bool) {
+	if sl := &s.slots[r.slot]; sl.used && sl.key == r.key {
+		return r.slot, true
+	}
+	si, ok := s.keys[r.key]
+	return si, ok
+}
+
 // pop drops the oldest record, and its holder unless a later decision refreshed it.
 func (s *SideIndex) pop() {
 	r := s.ring[s.head]
-	s.head = (s.head + 1) % len(s.ring)
+	s.head = s.at(1)
 	s.n--
-	hs := s.keys[r.key]
-	for j := range hs {
-		if hs[j].id == r.id {
-			if hs[j].exp == r.exp {
-				s.dropHolder(r.key, r.id)
-				s.untrack(r.key, r.id)
-			}
-			return
-		}
+	si, ok := s.recordSlot(&r)
+	if !ok {
+		return
+	}
+	if j := s.slots[si].holder(r.id); j >= 0 && s.slots[si].hs[j].exp == r.exp {
+		s.dropHolder(si, j)
 	}
 }
 
@@ -264,15 +456,12 @@ func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		hs := s.keys[k]
-		for j := range hs {
-			if hs[j].id == id {
-				if hs[j].exp == exp {
-					s.dropHolder(k, id)
-					s.untrack(k, id)
-				}
-				break
-			}
+		si, ok := s.keys[k]
+		if !ok {
+			continue
+		}
+		if j := s.slots[si].holder(id); j >= 0 && s.slots[si].hs[j].exp == exp {
+			s.dropHolder(si, j)
 		}
 	}
 	// The ring's records of the decision find no holder with their expiry when popped.
@@ -283,21 +472,15 @@ func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) 
 func (s *SideIndex) DropReplica(id ReplicaID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.lrus, id)
-	delete(s.caps, id)
-	for k, hs := range s.keys {
-		kept := hs[:0]
-		for _, h := range hs {
-			if h.id != id {
-				kept = append(kept, h)
-			}
-		}
-		if len(kept) == 0 {
-			delete(s.keys, k)
-		} else {
-			s.keys[k] = kept
-		}
+	if int(id) >= len(s.reps) {
+		return
 	}
+	for s.reps[id].head >= 0 {
+		ni := s.reps[id].head
+		si := s.nodes[ni].slot
+		s.dropHolder(si, s.slots[si].holder(id))
+	}
+	s.reps[id] = sideRep{head: -1, tail: -1}
 	// Records of id left in the ring find no holder when popped.
 }
 
@@ -305,17 +488,14 @@ func (s *SideIndex) DropReplica(id ReplicaID) {
 func (s *SideIndex) Len() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	n := 0
-	for _, hs := range s.keys {
-		n += len(hs)
-	}
-	return n
+	return s.live
 }
 
 // Match returns, indexed by ReplicaID, the number of leading keys each replica holds unexpired
 // at now. out has length slots (use Index.Slots()) and is reused when its capacity allows; a
 // holder with an id at or above slots is ignored. The scan stops at the first key no replica
-// continues.
+// continues. Replicas below 64 are followed as one bit mask: a key none of whose holders has
+// expired costs one lookup.
 func (s *SideIndex) Match(keys []blockkey.Key, now time.Time, slots int, out []uint32) []uint32 {
 	if cap(out) < slots {
 		out = make([]uint32, slots)
@@ -324,19 +504,45 @@ func (s *SideIndex) Match(keys []blockkey.Key, now time.Time, slots int, out []u
 		clear(out)
 	}
 	t := now.UnixNano()
+	// alive: replicas below maskIDs whose prefix still runs.
+	alive := ^uint64(0)
+	if slots < maskIDs {
+		alive = 1<<slots - 1
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	for i, k := range keys {
-		continued := false
-		for _, h := range s.keys[k] {
-			if int(h.id) < slots && h.exp > t && out[h.id] == uint32(i) {
-				out[h.id]++
-				continued = true
-			}
-		}
-		if !continued {
+	i := 0
+	for ; i < len(keys); i++ {
+		si, ok := s.keys[keys[i]]
+		if !ok {
 			break
 		}
+		sl := &s.slots[si]
+		held := sl.mask
+		high := false // a replica at or above maskIDs continued
+		if sl.minExp <= t || sl.high > 0 {
+			held = 0
+			for _, h := range sl.hs {
+				switch {
+				case h.exp <= t || int(h.id) >= slots:
+				case h.id < maskIDs:
+					held |= 1 << h.id
+				case out[h.id] == uint32(i):
+					out[h.id]++
+					high = true
+				}
+			}
+		}
+		for d := alive &^ held; d != 0; d &= d - 1 {
+			out[bits.TrailingZeros64(d)] = uint32(i)
+		}
+		alive &= held
+		if alive == 0 && !high {
+			break
+		}
+	}
+	for ; alive != 0; alive &= alive - 1 {
+		out[bits.TrailingZeros64(alive)] = uint32(i)
 	}
 	return out
 }
@@ -358,15 +564,14 @@ func (s *SideIndex) Export(id ReplicaID, now time.Time, max int) []SideEntry {
 	// The ring is in expiry order; walking it from the newest end keeps the freshest under max.
 	seen := map[blockkey.Key]bool{}
 	for i := s.n - 1; i >= 0; i-- {
-		r := s.ring[(s.head+i)%len(s.ring)]
+		r := s.ring[s.at(i)]
 		if r.id != id || r.exp <= t || seen[r.key] {
 			continue
 		}
-		for _, h := range s.keys[r.key] {
-			if h.id == id && h.exp == r.exp {
+		if si, ok := s.recordSlot(&r); ok {
+			if j := s.slots[si].holder(id); j >= 0 && s.slots[si].hs[j].exp == r.exp {
 				out = append(out, SideEntry{Key: r.key, Exp: r.exp})
 				seen[r.key] = true
-				break
 			}
 		}
 		if max > 0 && len(out) >= max {
@@ -384,7 +589,7 @@ func (s *SideIndex) Import(id ReplicaID, entries []SideEntry, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(t)
-	l := s.lru(id)
+	s.rep(id)
 	// Oldest first, so the ring stays in expiry order as far as the peer's clock allows, and the
 	// freshest entries are the replica's most recently used (the first out when it is full are
 	// the oldest, as Predict leaves them).
@@ -394,20 +599,11 @@ func (s *SideIndex) Import(id ReplicaID, entries []SideEntry, now time.Time) {
 		if exp <= t {
 			continue
 		}
-		l.Add(e.Key, struct{}{})
-		hs := s.keys[e.Key]
-		found := false
-		for j := range hs {
-			if hs[j].id == id {
-				hs[j].exp = max(hs[j].exp, exp)
-				exp = hs[j].exp
-				found = true
-				break
-			}
+		si := s.slotFor(e.Key)
+		if j := s.slots[si].holder(id); j >= 0 {
+			exp = max(s.slots[si].hs[j].exp, exp)
 		}
-		if !found {
-			s.keys[e.Key] = append(hs, sideHolder{id: id, exp: exp})
-		}
-		s.push(sideRecord{key: e.Key, exp: exp, id: id})
+		s.touch(si, id, exp)
+		s.push(sideRecord{key: e.Key, exp: exp, slot: si, id: id})
 	}
 }

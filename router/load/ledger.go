@@ -40,6 +40,8 @@ type Options struct {
 
 // Observer is the seam where a request's lifecycle is watched (trace capture, prompt audit).
 // Calls come in order for one request, from the goroutine that serves it; they must not block.
+// The Record and what it points to (Keys, Tokens, Req, Cands) may be reused once the request
+// has ended (Ledger.DecideInto): an observer copies what it keeps past its call.
 type Observer interface {
 	Routed(id ID, r *Record)
 	FirstToken(id ID, r *Record, at time.Time)
@@ -246,6 +248,14 @@ func (l *Ledger) Explain(req *score.Request, cands []score.Candidate) []score.Ex
 // so a sibling decided just before this one is seen even when cands were built while it was
 // being decided.
 func (l *Ledger) Decide(req *score.Request, cands []score.Candidate, refresh func(), rec func(i int) Routing) (ID, *Record, error) {
+	return l.DecideInto(new(Record), req, cands, refresh, rec)
+}
+
+// DecideInto is Decide with the request's Record in rc, the caller's memory (router/app keeps
+// it with the rest of a decision and reuses both): the ledger holds rc until Done or Failed
+// returns for the request, and the caller must not reuse it before. Observers must not keep
+// the Record, or the slices it carries, past their calls.
+func (l *Ledger) DecideInto(rc *Record, req *score.Request, cands []score.Candidate, refresh func(), rec func(i int) Routing) (ID, *Record, error) {
 	l.mu.Lock()
 	if refresh != nil {
 		refresh()
@@ -257,7 +267,7 @@ func (l *Ledger) Decide(req *score.Request, cands []score.Candidate, refresh fun
 	}
 	r := rec(i)
 	r.Req, r.Cands, r.Chosen = req, cands, i
-	id, rc := l.routedLocked(r)
+	id := l.routedLocked(r, rc)
 	l.mu.Unlock()
 	l.notifyRouted(id, rc)
 	return id, rc, nil
@@ -266,21 +276,22 @@ func (l *Ledger) Decide(req *score.Request, cands []score.Candidate, refresh fun
 // Routed records a request routed to r.Replica (a choice made elsewhere: the fleet model, or a
 // caller's override).
 func (l *Ledger) Routed(r Routing) (ID, *Record) {
+	rc := new(Record)
 	l.mu.Lock()
-	id, rc := l.routedLocked(r)
+	id := l.routedLocked(r, rc)
 	l.mu.Unlock()
 	l.notifyRouted(id, rc)
 	return id, rc
 }
 
-func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
+func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 	if r.Req != nil {
 		l.pol.OnRouted(r.Req, r.Cands, r.Chosen)
 		if r.Chosen >= 0 && r.Chosen < len(r.Cands) {
 			l.win.Routed(r.Req.NowNs, r.Cands, r.Chosen, float64(r.Uncached))
 		}
 	}
-	rc := &Record{Routing: r, At: l.now()}
+	*rc = Record{Routing: r, At: l.now()}
 	// The calibration's features are what the policy saw when it chose (peers' load included);
 	// a choice made elsewhere reads this router's counters.
 	if r.Req != nil && r.Chosen >= 0 && r.Chosen < len(r.Cands) {
@@ -303,7 +314,7 @@ func (l *Ledger) routedLocked(r Routing) (ID, *Record) {
 	l.gen.Add(1)
 	id := ID(l.next.Add(1))
 	l.live[id] = rc
-	return id, rc
+	return id
 }
 
 func (l *Ledger) notifyRouted(id ID, rc *Record) {

@@ -5,6 +5,8 @@
 package route
 
 import (
+	"slices"
+
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/load"
@@ -102,6 +104,11 @@ type Decision struct {
 	slots      int
 	anyApprox  bool
 	pred, appr []uint32
+	// Buffers kept from one decision to the next (Decision.Decide): the keys, the exact match,
+	// the peers' load.
+	keys     []blockkey.Key
+	exactBuf []index.Match
+	peerBuf  []load.Load
 	// read: Refresh has read the ledger, at generation gen.
 	read bool
 	gen  uint64
@@ -117,8 +124,20 @@ type Overlap struct {
 // Decide builds the decision for in over reps. It is pure: the same views give the same
 // decision.
 func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, error) {
+	d := new(Decision)
+	if err := d.Decide(in, reps, ix, led); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Decide is the package's Decide into d, reusing the memory of d's earlier decision: once d is
+// warm a decision allocates nothing. Everything d's earlier decision handed out (Req.Keys,
+// Cands, the per-candidate slices) is overwritten, so the caller may reuse d only once nothing
+// reads that decision any more (router/app: once the ledger has ended its request).
+func (d *Decision) Decide(in Input, reps []Replica, ix IndexView, led LedgerView) error {
 	bs := in.BlockSize
-	d := &Decision{Unkeyed: in.Unkeyed}
+	d.reset(in.Unkeyed, len(reps))
 	if bs <= 0 {
 		bs = CapBlockSize
 		if d.Unkeyed == "" {
@@ -127,44 +146,74 @@ func Decide(in Input, reps []Replica, ix IndexView, led LedgerView) (*Decision, 
 	}
 	d.Req = score.Request{Tokens: len(in.Tokens), BlockSize: bs, SessionKey: in.Session, LoRA: in.Identity.LoRAName, NowNs: in.NowNs}
 	if len(in.Tokens) > 0 && d.Unkeyed == "" {
-		keys, err := blockkey.AppendPromptKeys(nil, in.Tokens, bs, in.Identity)
+		keys, err := blockkey.AppendPromptKeys(d.keys[:0], in.Tokens, bs, in.Identity)
 		if err != nil {
-			return nil, err
+			return err
 		}
+		d.keys = keys
 		d.Req.Keys = keys
 	}
 	// The engine recomputes the last prompt token, so at most tokens-1 can hit, in whole blocks.
 	if len(in.Tokens) > 0 {
 		d.CapBlocks = (len(in.Tokens) - 1) / bs
 	}
-	d.anyApprox = false
 	for i := range reps {
 		d.anyApprox = d.anyApprox || reps[i].Approximate
 	}
 	if len(d.Req.Keys) > 0 {
-		d.exact = ix.Match(d.Req.Keys, nil)
+		d.exact = ix.Match(d.Req.Keys, d.exactBuf)
+		d.exactBuf = d.exact
 	}
-	d.Cands = make([]score.Candidate, len(reps))
-	d.Cached = make([]int, len(reps))
-	d.Guards = make([][]string, len(reps))
-	d.Raw = make([]Overlap, len(reps))
 	for i := range reps {
 		r := &reps[i]
-		var g []string
+		var g uint8
 		if !r.Ready {
-			g = append(g, GuardNotReady)
+			g |= 1
 		}
 		if !r.Healthy {
-			g = append(g, GuardUnhealthy)
+			g |= 2
 		}
 		if i < len(in.Tried) && in.Tried[i] {
-			g = append(g, GuardTried)
+			g |= 4
 		}
-		d.Guards[i] = g
+		d.Guards[i] = guardSets[g]
 	}
 	d.slots = ix.Slots()
 	d.Refresh(reps, led)
-	return d, nil
+	return nil
+}
+
+// guardSets is every combination of the router guards, by bit (1 not ready, 2 unhealthy, 4
+// tried), in that order: shared, read-only, so a decision names its guards without allocating.
+var guardSets = func() [8][]string {
+	var out [8][]string
+	for g := range 8 {
+		for b, name := range []string{GuardNotReady, GuardUnhealthy, GuardTried} {
+			if g&(1<<b) != 0 {
+				out[g] = append(out[g], name)
+			}
+		}
+		out[g] = slices.Clip(out[g])
+	}
+	return out
+}()
+
+// reset empties d for a decision over n replicas, keeping its buffers.
+func (d *Decision) reset(unkeyed string, n int) {
+	*d = Decision{Unkeyed: unkeyed,
+		Cands: resize(d.Cands, n), Cached: resize(d.Cached, n), Guards: resize(d.Guards, n), Raw: resize(d.Raw, n),
+		keys: d.keys, exactBuf: d.exactBuf, pred: d.pred, appr: d.appr, peerBuf: d.peerBuf}
+}
+
+// resize returns s with length n and every element zero, reusing its array when it is large
+// enough.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // Refresh (re)reads what the ledger owns into every candidate: the load counters (other
@@ -194,7 +243,8 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 		ld := r.Load.Load()
 		if r.Peer != (load.Load{}) {
 			if d.Peer == nil {
-				d.Peer = make([]load.Load, len(reps))
+				d.peerBuf = resize(d.peerBuf, len(reps))
+				d.Peer = d.peerBuf
 			}
 			d.Peer[i] = r.Peer
 			ld.PrefillTokens += r.Peer.PrefillTokens
