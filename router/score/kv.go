@@ -46,11 +46,7 @@ func (k *kvPolicy) Name() string { return "kv-ttft" }
 // balance window records the prefill the replica really does (the ledger's routed uncached
 // tokens), so a warming replica's load is never under-counted (issue 22).
 func (k *kvPolicy) uncached(req *Request, c *Candidate) float64 {
-	blocks := math.Max(c.gpuEquivalentBlocks(k.p.TierWeights), float64(c.PredictedBlocks))
-	blocks += clamp01(c.WarmupCredit) * float64(req.PromptBlocks())
-	blocks = math.Min(blocks, float64(len(req.Keys)))
-	u := float64(req.Tokens) - blocks*float64(max(req.BlockSize, 1))
-	return math.Max(u, 0)
+	return uncachedTokens(req, c, k.p.TierWeights)
 }
 
 // minSpanSeconds is the shortest history a replica's window is read over, so a replica seen a
@@ -219,4 +215,15 @@ func (k *kvPolicy) OnRouted(*Request, []Candidate, int) {}
 // price reads).
 func (k *kvPolicy) WindowSpan() time.Duration {
 	return time.Duration(k.p.WindowSeconds * float64(time.Second))
+}
+
+// uncachedTokens is the request's prompt tokens the replica's cache does not cover: tier-weighted
+// exact overlap or the predicted side index, whichever is longer, plus the warm-up credit as
+// virtual overlap (credit x prompt blocks). Both kv costs (kv and kv-v1's) read it.
+func uncachedTokens(req *Request, c *Candidate, tiers [NumTiers]float64) float64 {
+	blocks := math.Max(c.gpuEquivalentBlocks(tiers), float64(c.PredictedBlocks))
+	blocks += clamp01(c.WarmupCredit) * float64(req.PromptBlocks())
+	blocks = math.Min(blocks, float64(len(req.Keys)))
+	u := float64(req.Tokens) - blocks*float64(max(req.BlockSize, 1))
+	return math.Max(u, 0)
 }

@@ -105,11 +105,7 @@ func (k *kvV1Policy) Name() string { return "kv" }
 // balance window records the prefill the replica really does (the ledger's routed uncached
 // tokens), so a warming replica's load is never under-counted (issue 22).
 func (k *kvV1Policy) uncached(req *Request, c *Candidate) float64 {
-	blocks := math.Max(c.gpuEquivalentBlocks(k.p.TierWeights), float64(c.PredictedBlocks))
-	blocks += clamp01(c.WarmupCredit) * float64(req.PromptBlocks())
-	blocks = math.Min(blocks, float64(len(req.Keys)))
-	u := float64(req.Tokens) - blocks*float64(max(req.BlockSize, 1))
-	return math.Max(u, 0)
+	return uncachedTokens(req, c, k.p.TierWeights)
 }
 
 // v1MinSpanSeconds is the shortest history a replica's window is read over. Measured on the
