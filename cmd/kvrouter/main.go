@@ -66,7 +66,7 @@ func parse(args []string, stderr io.Writer) (*settings, error) {
 	selector := fs.String("selector", "", "Kubernetes discovery: label selector of the engine pods")
 	enginePort := fs.Int("engine-port", 0, "Kubernetes discovery: engines' HTTP port (0: the container port named http)")
 	policy := fs.String("policy", "", "scoring policy: "+strings.Join(config.Policies, "|")+" (default kv)")
-	blockSize := fs.Int("block-size", -1, "engines' KV block size (0: learn from discovery or the first valid event; -1: the config's, default 0); until known, requests route by load")
+	blockSize := fs.Int("block-size", -1, "engines' KV block size (0: learn from discovery, the first valid event, or else an engine's /metrics; -1: the config's, default 0); until known, requests route by load")
 	model := fs.String("model", "", "served model name (default: read from each engine's /v1/models)")
 	fullReport := fs.Bool("kv-cache-report-full", false, `inject vllm_xargs.kv_cache_report_mode="full" into forwarded requests`)
 	noEvents := fs.Bool("no-events", false, "do not subscribe to KV events (score every engine approximately)")

@@ -27,6 +27,7 @@ const (
 	blockSizeFromConfig    = fleet.BlockSizeFromConfig
 	blockSizeFromDiscovery = fleet.BlockSizeFromDiscovery
 	blockSizeFromEvents    = fleet.BlockSizeFromEvents
+	blockSizeFromMetrics   = fleet.BlockSizeFromMetrics
 	blockSizeUnknown       = fleet.BlockSizeUnknown
 )
 

@@ -229,3 +229,52 @@ func TestFullModeHonouredIsVisible(t *testing.T) {
 		}
 	}
 }
+
+// Without event streams (--no-events, static engines) nothing else can teach the block size:
+// the engine's own /metrics says it (vllm:cache_config_info's block_size label), so requests
+// are keyed once the first page is read, instead of every one being routed by load.
+func TestBlockSizeReadFromMetricsWithoutEvents(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{BlockSize: 32}) // not the fallback 16
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
+		o.Config.BlockSize = 0
+		o.Config.Events.Enabled = false
+		o.ScrapeInterval = 50 * time.Millisecond
+	})
+	eventually(t, "block size read from the engines' /metrics", func() bool {
+		_, from := rt.s.blockSize(rt.s.reps())
+		return from == blockSizeFromMetrics
+	})
+	if bs, _ := rt.s.blockSize(rt.s.reps()); bs != 32 {
+		t.Fatalf("block size %d from /metrics, the engines' is 32", bs)
+	}
+	for range 3 {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 256, 0, 0, 2))
+	}
+	if n := testutil.ToFloat64(rt.s.met.UnkeyedRequests.WithLabelValues("block_size_unknown")); n != 0 {
+		t.Fatalf("%v requests routed without keys, want 0 once /metrics gave the block size", n)
+	}
+	// Keyed at the engines' size, the approximate index sends the repeats where the first went.
+	seen := map[string]int{}
+	for range 4 {
+		a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 256, 0, 0, 2))
+		seen[a.header.Get("x-kvroute-engine")]++
+	}
+	if len(seen) != 1 {
+		t.Fatalf("one prompt repeated went to %v: want one engine (keyed, approximate index)", seen)
+	}
+}
+
+// An engine with an event stream keeps the events' block size: the /metrics page's is only for
+// replicas nothing else teaches.
+func TestMetricsBlockSizeNotUsedBesideAStream(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{KVEventsPort: 0, KVReplayPort: 0, BlockSize: 32})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
+		o.Config.BlockSize = 0
+		o.ScrapeInterval = 50 * time.Millisecond
+	})
+	rt.waitStreams(t, "exact")
+	time.Sleep(300 * time.Millisecond) // several scrapes
+	if bs, from := rt.s.blockSize(rt.s.reps()); bs != 0 || from != blockSizeUnknown {
+		t.Fatalf("block size %d from %q with a stream and no event yet, want unknown", bs, from)
+	}
+}

@@ -162,6 +162,9 @@ type View struct {
 	StreamState kvevents.StreamState
 	// LearnedBlockSize is the block size the stream learned from a validated event (0: none).
 	LearnedBlockSize int
+	// MetricsBlockSize is block_size from the engine's vllm:cache_config_info, kept only for a
+	// replica without an event stream, where nothing else can teach it (0: none).
+	MetricsBlockSize int
 	// Demoted: evidence says its keys are wrong, so it is scored approximately.
 	Demoted bool
 	// Degraded is every reason in force (nil when none or not evaluated yet).
@@ -651,8 +654,16 @@ func (f *Fleet) engineSample(name string, smp *Sample) {
 		return
 	}
 	for _, r := range e.Reps {
+		// The page's block size only for a replica no event stream teaches: a stream's validated
+		// events are the sizes its keys must match (a hybrid model's groups may differ).
+		bs := 0
+		if !r.Stream {
+			bs = smp.BlockSize
+		}
 		if fig, ok := smp.Rank(r.Rank); ok {
-			r.update(func(v *View) { v.Figures, v.HaveFigures = fig, true })
+			r.update(func(v *View) { v.Figures, v.HaveFigures, v.MetricsBlockSize = fig, true, bs })
+		} else if bs > 0 {
+			r.update(func(v *View) { v.MetricsBlockSize = bs })
 		}
 	}
 }
@@ -708,11 +719,13 @@ const (
 	BlockSizeFromConfig    = "config"
 	BlockSizeFromDiscovery = "discovery"
 	BlockSizeFromEvents    = "events"
+	BlockSizeFromMetrics   = "metrics"
 	BlockSizeUnknown       = "unknown"
 )
 
 // BlockSize is the fleet's block size and where it came from: configured, else announced by
-// discovery, else learned from a validated event, read from the views given. Until one of them
+// discovery, else learned from a validated event, else read from the /metrics page of an engine
+// without an event stream (vllm:cache_config_info), read from the views given. Until one of them
 // says, it is unknown and requests are routed by load without keys: keys at a guessed size would
 // never match the engines' blocks, and would fill the predicted index with entries no event
 // ever confirms.
@@ -726,7 +739,7 @@ func BlockSize(configured int, views []*View) (int, string) {
 
 // BlockSizeVote gathers BlockSize's answer one view at a time (the decision reads each view
 // once, for this and for the rest).
-type BlockSizeVote struct{ discovery, learned int }
+type BlockSizeVote struct{ discovery, learned, metrics int }
 
 // Add counts one replica's view.
 func (b *BlockSizeVote) Add(v *View) {
@@ -735,6 +748,9 @@ func (b *BlockSizeVote) Add(v *View) {
 	}
 	if b.learned == 0 && v.LearnedBlockSize > 0 {
 		b.learned = v.LearnedBlockSize
+	}
+	if b.metrics == 0 && v.MetricsBlockSize > 0 {
+		b.metrics = v.MetricsBlockSize
 	}
 }
 
@@ -747,6 +763,8 @@ func (b *BlockSizeVote) Result(configured int) (int, string) {
 		return b.discovery, BlockSizeFromDiscovery
 	case b.learned > 0:
 		return b.learned, BlockSizeFromEvents
+	case b.metrics > 0:
+		return b.metrics, BlockSizeFromMetrics
 	}
 	return 0, BlockSizeUnknown
 }

@@ -41,6 +41,10 @@ type Sample struct {
 	Ranks []Rank
 	// GPUBlocks is num_gpu_blocks from vllm:cache_config_info (0: not shown).
 	GPUBlocks int
+	// BlockSize is block_size from vllm:cache_config_info (0: not shown). vLLM exports every
+	// CacheConfig field as a label of that gauge (vllm/v1/metrics/loggers.py,
+	// log_metrics_info("cache_config", ...)), so an engine says its block size without events.
+	BlockSize int
 }
 
 // Rank returns rank r's figures and whether the page had them.
@@ -50,6 +54,10 @@ func (s *Sample) Rank(r int) (Rank, bool) {
 	}
 	return s.Ranks[r], true
 }
+
+// maxBlockSize bounds the block size this reader accepts from a page (vLLM's largest choices are
+// a few hundred tokens; a larger figure is not a block size the router should key with).
+const maxBlockSize = 1 << 16
 
 // maxRanks bounds the engine label this reader accepts (a DP size far beyond any deployment).
 const maxRanks = 1024
@@ -81,6 +89,11 @@ func Parse(page []byte) (Sample, error) {
 			if v, ok := label(labels, "num_gpu_blocks"); ok {
 				if n, err := strconv.Atoi(string(v)); err == nil && n > 0 {
 					s.GPUBlocks = n
+				}
+			}
+			if v, ok := label(labels, "block_size"); ok {
+				if n, err := strconv.Atoi(string(v)); err == nil && n > 0 && n <= maxBlockSize {
+					s.BlockSize = n
 				}
 			}
 			continue

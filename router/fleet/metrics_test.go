@@ -160,3 +160,22 @@ func BenchmarkReaderRound(b *testing.B) {
 		b.Fatalf("%d engines read, want %d", seen, engines)
 	}
 }
+
+// block_size comes from vllm:cache_config_info as vLLM writes it (every CacheConfig field a
+// label); a figure that is not a plausible block size is not taken.
+func TestParseBlockSize(t *testing.T) {
+	line := func(bs string) []byte {
+		return []byte(`vllm:cache_config_info{block_size="` + bs + `",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="27391",prefix_caching_hash_algo="sha256"} 1.0` + "\n")
+	}
+	if s, err := Parse(line("32")); err != nil || s.BlockSize != 32 || s.GPUBlocks != 27391 {
+		t.Fatalf("block size %d, blocks %d (%v), want 32 and 27391", s.BlockSize, s.GPUBlocks, err)
+	}
+	for _, bad := range []string{"None", "0", "-16", "99999999", ""} {
+		if s, _ := Parse(line(bad)); s.BlockSize != 0 {
+			t.Errorf("block_size=%q read as %d, want 0 (not shown)", bad, s.BlockSize)
+		}
+	}
+	if s, _ := Parse([]byte("vllm:num_requests_waiting 3\n")); s.BlockSize != 0 {
+		t.Fatalf("a page without cache_config_info gave block size %d", s.BlockSize)
+	}
+}
