@@ -59,7 +59,7 @@ type SideIndex struct {
 
 	mu sync.RWMutex
 	// keys: key -> its slot in slots.
-	keys      map[blockkey.Key]int32
+	keys      keyTable[uint32]
 	slots     []sideSlot
 	freeSlots []int32
 	// nodes: every (key, replica) entry's place in its replica's LRU; freeNode heads the free
@@ -144,7 +144,7 @@ func newSide(o SideOptions, ttl time.Duration, max int) *SideIndex {
 	if o.CapacityBlocks > 0 {
 		c = o.CapacityBlocks
 	}
-	return &SideIndex{ttl: int64(ttl), max: max, defCap: c, keys: map[blockkey.Key]int32{}, freeNode: -1}
+	return &SideIndex{ttl: int64(ttl), max: max, defCap: c, freeNode: -1}
 }
 
 // SetCapacity sets a replica's KV capacity in blocks (its engine's num_gpu_blocks); blocks <= 0
@@ -188,8 +188,8 @@ func (s *SideIndex) capacity(r *sideRep) int {
 
 // slotFor returns the key's slot, made when the key has none.
 func (s *SideIndex) slotFor(k blockkey.Key) int32 {
-	if si, ok := s.keys[k]; ok {
-		return si
+	if v := s.keys.get(k); v != 0 {
+		return int32(v - 1)
 	}
 	var si int32
 	if n := len(s.freeSlots); n > 0 {
@@ -201,8 +201,14 @@ func (s *SideIndex) slotFor(k blockkey.Key) int32 {
 	}
 	sl := &s.slots[si]
 	sl.key, sl.used, sl.mask, sl.high, sl.hs = k, true, 0, 0, sl.hs[:0]
-	s.keys[k] = si
+	s.keys.put(k, uint32(si)+1)
 	return si
+}
+
+// slotOfKey is the key's slot, if it has one.
+func (s *SideIndex) slotOfKey(k blockkey.Key) (int32, bool) {
+	v := s.keys.get(k)
+	return int32(v - 1), v != 0
 }
 
 // holder is the position of id among the slot's holders, -1 when it is not one.
@@ -283,7 +289,7 @@ func (s *SideIndex) dropHolder(si int32, j int) {
 		sl.high--
 	}
 	if len(sl.hs) == 0 {
-		delete(s.keys, sl.key)
+		s.keys.del(sl.key)
 		sl.used = false
 		s.freeSlots = append(s.freeSlots, si)
 		return
@@ -377,7 +383,7 @@ func (s *SideIndex) Predict(id ReplicaID, keys []blockkey.Key, now time.Time) {
 		si := s.slotOf[j]
 		if longer {
 			var ok bool
-			if si, ok = s.keys[k]; !ok || s.slots[si].holder(id) < 0 {
+			if si, ok = s.slotOfKey(k); !ok || s.slots[si].holder(id) < 0 {
 				continue // evicted by this very request
 			}
 		}
@@ -431,8 +437,7 @@ func (s *SideIndex) recordSlot(r *sideRecord) (int32, bool) {
 	if sl := &s.slots[r.slot]; sl.used && sl.key == r.key {
 		return r.slot, true
 	}
-	si, ok := s.keys[r.key]
-	return si, ok
+	return s.slotOfKey(r.key)
 }
 
 // pop drops the oldest record, and its holder unless a later decision refreshed it.
@@ -456,7 +461,7 @@ func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		si, ok := s.keys[k]
+		si, ok := s.slotOfKey(k)
 		if !ok {
 			continue
 		}
@@ -513,10 +518,11 @@ func (s *SideIndex) Match(keys []blockkey.Key, now time.Time, slots int, out []u
 	defer s.mu.RUnlock()
 	i := 0
 	for ; i < len(keys); i++ {
-		si, ok := s.keys[keys[i]]
-		if !ok {
+		v := s.keys.get(keys[i])
+		if v == 0 {
 			break
 		}
+		si := v - 1
 		sl := &s.slots[si]
 		held := sl.mask
 		high := false // a replica at or above maskIDs continued
