@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 
@@ -85,7 +86,9 @@ type SideIndex struct {
 }
 
 // sideSlot is one key's holders. mask has bit id for each holder with id < maskIDs, high counts
-// the others; minExp is the earliest expiry among all of them (valid when hs is not empty).
+// the others; minExp is the earliest expiry among all of them (valid when hs is not empty). The
+// holders below maskIDs come first, in id order, so the mask gives a holder's position without
+// a walk over the others (a key of a shared prefix has a holder on every replica).
 type sideSlot struct {
 	key    blockkey.Key
 	mask   uint64
@@ -218,10 +221,13 @@ func (s *SideIndex) slotOfKey(k blockkey.Key) (int32, bool) {
 
 // holder is the position of id among the slot's holders, -1 when it is not one.
 func (sl *sideSlot) holder(id ReplicaID) int {
-	if id < maskIDs && sl.mask&(1<<id) == 0 {
-		return -1
+	if id < maskIDs {
+		if sl.mask&(1<<id) == 0 {
+			return -1
+		}
+		return bits.OnesCount64(sl.mask & (1<<id - 1))
 	}
-	for j := range sl.hs {
+	for j := bits.OnesCount64(sl.mask); j < len(sl.hs); j++ {
 		if sl.hs[j].id == id {
 			return j
 		}
@@ -269,10 +275,12 @@ func (s *SideIndex) addHolder(si int32, id ReplicaID, exp int64) {
 	if len(sl.hs) == 0 || exp < sl.minExp {
 		sl.minExp = exp
 	}
-	sl.hs = append(sl.hs, sideHolder{exp: exp, node: ni, id: id})
+	h := sideHolder{exp: exp, node: ni, id: id}
 	if id < maskIDs {
+		sl.hs = slices.Insert(sl.hs, bits.OnesCount64(sl.mask&(1<<id-1)), h)
 		sl.mask |= 1 << id
 	} else {
+		sl.hs = append(sl.hs, h)
 		sl.high++
 	}
 }
@@ -285,9 +293,7 @@ func (s *SideIndex) dropHolder(si int32, j int) {
 	s.nodes[h.node] = sideNode{next: s.freeNode}
 	s.freeNode = h.node
 	s.live--
-	last := len(sl.hs) - 1
-	sl.hs[j] = sl.hs[last]
-	sl.hs = sl.hs[:last]
+	sl.hs = slices.Delete(sl.hs, j, j+1)
 	if h.id < maskIDs {
 		sl.mask &^= 1 << h.id
 	} else {
