@@ -14,8 +14,9 @@ import (
 // The table is a directory of parts (extendible hashing): the top bits of the placed key pick a
 // part; a part is open addressing with linear probing, at most 3/4 full, deletion by backward
 // shift (no tombstones). A part grows by doubling up to keyPartMax entries and then splits in
-// two, so growing moves at most one part's keys: a single table rehashed all of them at once,
-// ~0.3 s at a million keys, under the owner's write lock. A zero value marks an empty entry.
+// two, so an insert moves at most one part's keys, under the owner's write lock, where a single
+// table would move all of them (docs/benchmarks.md, "Decision time"). A zero value marks an
+// empty entry.
 // The zero table is empty and ready. Reads may share it; writes need the owner's lock.
 type keyTable[V ~uint32 | ~uint64] struct {
 	dir []*keyPart[V]

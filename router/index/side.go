@@ -50,9 +50,9 @@ const (
 // holders while none has expired. Each replica's LRU is a doubly linked list threaded through
 // one slab of nodes by index: recording a block costs one key lookup (golang-lru's map and
 // list, one per replica, cost three). The expiry ring keeps a block's key per record and the
-// expiry and replica once per run of records that share them (a decision's blocks are one run),
-// 8 bytes a record instead of 24. Slots, nodes and the rings are reused through free lists, so a
-// steady state allocates nothing.
+// expiry and replica once per run of records that share them (a decision's blocks are one run):
+// 8 bytes a record. Slots, nodes and the rings are reused through free lists, so a steady state
+// allocates nothing.
 type SideIndex struct {
 	ttl int64
 	max int
@@ -60,7 +60,7 @@ type SideIndex struct {
 	defCap int
 
 	mu sync.RWMutex
-	// keys: key -> its slot in slots.
+	// keys: key -> its slot in slots, plus one (keyTable keeps no zero value).
 	keys      keyTable[uint32]
 	slots     []sideSlot
 	freeSlots []int32
@@ -95,7 +95,6 @@ type sideSlot struct {
 	minExp int64
 	hs     []sideHolder
 	high   int32
-	used   bool
 }
 
 // maskIDs is how many replica ids a slot's mask covers.
@@ -208,7 +207,7 @@ func (s *SideIndex) slotFor(k blockkey.Key) int32 {
 		s.slots = append(s.slots, sideSlot{})
 	}
 	sl := &s.slots[si]
-	sl.key, sl.used, sl.mask, sl.high, sl.hs = k, true, 0, 0, sl.hs[:0]
+	sl.key, sl.mask, sl.high, sl.hs = k, 0, 0, sl.hs[:0]
 	s.keys.put(k, uint32(si)+1)
 	return si
 }
@@ -301,7 +300,6 @@ func (s *SideIndex) dropHolder(si int32, j int) {
 	}
 	if len(sl.hs) == 0 {
 		s.keys.del(sl.key)
-		sl.used = false
 		s.freeSlots = append(s.freeSlots, si)
 		return
 	}
