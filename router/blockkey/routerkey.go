@@ -41,6 +41,9 @@ func (h *KeyHasher) Next(parent Key, blockTokens []uint32, extras Extras) Key {
 type keyBuf [16 + 4*stackTokens]byte
 
 func (buf *keyBuf) next(parent Key, blockTokens []uint32, extrasDigest uint64) Key {
+	if len(blockTokens) == 16 { // same value, without the buffer (hashBlock16)
+		return hashBlock16(uint64(parent), extrasDigest, (*[16]uint32)(blockTokens))
+	}
 	binary.LittleEndian.PutUint64(buf[0:], uint64(parent))
 	binary.LittleEndian.PutUint64(buf[8:], extrasDigest)
 	if len(blockTokens) <= stackTokens {
@@ -102,6 +105,13 @@ func AppendPromptKeys(dst []Key, tokens []uint32, blockSize int, id Identity) ([
 	var buf keyBuf
 	if id.IsZero() {
 		parent := RootKey
+		if blockSize == 16 { // vLLM's default: hashed from the tokens in place (hashBlock16)
+			for b := 0; b < n; b++ {
+				parent = hashBlock16(uint64(parent), 0, (*[16]uint32)(tokens[b*16:]))
+				dst = append(dst, parent)
+			}
+			return dst, nil
+		}
 		for b := 0; b < n; b++ {
 			parent = buf.next(parent, tokens[b*blockSize:(b+1)*blockSize], 0)
 			dst = append(dst, parent)

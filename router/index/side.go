@@ -48,9 +48,11 @@ const (
 // key's holders (replica, expiry, LRU node) and, for Match, a bit mask of its holders below
 // replica 64 and their earliest expiry, so a block costs Match one lookup and no walk over its
 // holders while none has expired. Each replica's LRU is a doubly linked list threaded through
-// one slab of nodes by index, and a record in the expiry ring names its slot: recording a block
-// costs one map lookup (golang-lru's map and list, one per replica, cost three). Slots, nodes
-// and the ring are reused through free lists, so a steady state allocates nothing.
+// one slab of nodes by index: recording a block costs one key lookup (golang-lru's map and
+// list, one per replica, cost three). The expiry ring keeps a block's key per record and the
+// expiry and replica once per run of records that share them (a decision's blocks are one run):
+// 8 bytes a record. Slots, nodes and the rings are reused through free lists, so a steady state
+// allocates nothing.
 type SideIndex struct {
 	ttl int64
 	max int
@@ -58,8 +60,8 @@ type SideIndex struct {
 	defCap int
 
 	mu sync.RWMutex
-	// keys: key -> its slot in slots.
-	keys      map[blockkey.Key]int32
+	// keys: key -> its slot in slots, plus one (keyTable keeps no zero value).
+	keys      keyTable[uint32]
 	slots     []sideSlot
 	freeSlots []int32
 	// nodes: every (key, replica) entry's place in its replica's LRU; freeNode heads the free
@@ -70,24 +72,29 @@ type SideIndex struct {
 	// reps: per replica (by ReplicaID), its LRU and capacity.
 	reps    []sideRep
 	evicted uint64
-	// slotOf is Predict's scratch: the slot of each of its keys (under mu).
-	slotOf []int32
-	// ring of records in insertion order, so in expiry order for one TTL: ring[head] is the
-	// oldest of n. It grows by doubling up to max and is never copied after that.
-	ring []sideRecord
-	head int
-	n    int
+	// ring of records (key, expiry, replica) in insertion order, so in expiry order for one
+	// TTL: ring[head] is the key of the oldest of n. It grows by doubling up to max and is never
+	// copied after that. runs holds the records' expiries and replicas, one per run of
+	// consecutive records that share both: runs[rhead] is the oldest of rn, its n counting the
+	// records of the run still in the ring.
+	ring  []blockkey.Key
+	head  int
+	n     int
+	runs  []sideRun
+	rhead int
+	rn    int
 }
 
 // sideSlot is one key's holders. mask has bit id for each holder with id < maskIDs, high counts
-// the others; minExp is the earliest expiry among all of them (valid when hs is not empty).
+// the others; minExp is the earliest expiry among all of them (valid when hs is not empty). The
+// holders below maskIDs come first, in id order, so the mask gives a holder's position without
+// a walk over the others (a key of a shared prefix has a holder on every replica).
 type sideSlot struct {
 	key    blockkey.Key
 	mask   uint64
 	minExp int64
 	hs     []sideHolder
 	high   int32
-	used   bool
 }
 
 // maskIDs is how many replica ids a slot's mask covers.
@@ -115,11 +122,11 @@ type sideRep struct {
 	cap int
 }
 
-type sideRecord struct {
-	key  blockkey.Key
-	exp  int64
-	slot int32
-	id   ReplicaID
+// sideRun is the expiry and replica of n consecutive records of the ring.
+type sideRun struct {
+	exp int64
+	n   int32
+	id  ReplicaID
 }
 
 // NewPredicted returns the short-TTL side index for decisions not yet confirmed by events.
@@ -144,7 +151,7 @@ func newSide(o SideOptions, ttl time.Duration, max int) *SideIndex {
 	if o.CapacityBlocks > 0 {
 		c = o.CapacityBlocks
 	}
-	return &SideIndex{ttl: int64(ttl), max: max, defCap: c, keys: map[blockkey.Key]int32{}, freeNode: -1}
+	return &SideIndex{ttl: int64(ttl), max: max, defCap: c, freeNode: -1}
 }
 
 // SetCapacity sets a replica's KV capacity in blocks (its engine's num_gpu_blocks); blocks <= 0
@@ -188,8 +195,8 @@ func (s *SideIndex) capacity(r *sideRep) int {
 
 // slotFor returns the key's slot, made when the key has none.
 func (s *SideIndex) slotFor(k blockkey.Key) int32 {
-	if si, ok := s.keys[k]; ok {
-		return si
+	if v := s.keys.get(k); v != 0 {
+		return int32(v - 1)
 	}
 	var si int32
 	if n := len(s.freeSlots); n > 0 {
@@ -200,17 +207,26 @@ func (s *SideIndex) slotFor(k blockkey.Key) int32 {
 		s.slots = append(s.slots, sideSlot{})
 	}
 	sl := &s.slots[si]
-	sl.key, sl.used, sl.mask, sl.high, sl.hs = k, true, 0, 0, sl.hs[:0]
-	s.keys[k] = si
+	sl.key, sl.mask, sl.high, sl.hs = k, 0, 0, sl.hs[:0]
+	s.keys.put(k, uint32(si)+1)
 	return si
+}
+
+// slotOfKey is the key's slot, if it has one.
+func (s *SideIndex) slotOfKey(k blockkey.Key) (int32, bool) {
+	v := s.keys.get(k)
+	return int32(v - 1), v != 0
 }
 
 // holder is the position of id among the slot's holders, -1 when it is not one.
 func (sl *sideSlot) holder(id ReplicaID) int {
-	if id < maskIDs && sl.mask&(1<<id) == 0 {
-		return -1
+	if id < maskIDs {
+		if sl.mask&(1<<id) == 0 {
+			return -1
+		}
+		return bits.OnesCount64(sl.mask & (1<<id - 1))
 	}
-	for j := range sl.hs {
+	for j := bits.OnesCount64(sl.mask); j < len(sl.hs); j++ {
 		if sl.hs[j].id == id {
 			return j
 		}
@@ -258,10 +274,12 @@ func (s *SideIndex) addHolder(si int32, id ReplicaID, exp int64) {
 	if len(sl.hs) == 0 || exp < sl.minExp {
 		sl.minExp = exp
 	}
-	sl.hs = append(sl.hs, sideHolder{exp: exp, node: ni, id: id})
+	h := sideHolder{exp: exp, node: ni, id: id}
 	if id < maskIDs {
+		sl.hs = slices.Insert(sl.hs, bits.OnesCount64(sl.mask&(1<<id-1)), h)
 		sl.mask |= 1 << id
 	} else {
+		sl.hs = append(sl.hs, h)
 		sl.high++
 	}
 }
@@ -274,17 +292,14 @@ func (s *SideIndex) dropHolder(si int32, j int) {
 	s.nodes[h.node] = sideNode{next: s.freeNode}
 	s.freeNode = h.node
 	s.live--
-	last := len(sl.hs) - 1
-	sl.hs[j] = sl.hs[last]
-	sl.hs = sl.hs[:last]
+	sl.hs = slices.Delete(sl.hs, j, j+1)
 	if h.id < maskIDs {
 		sl.mask &^= 1 << h.id
 	} else {
 		sl.high--
 	}
 	if len(sl.hs) == 0 {
-		delete(s.keys, sl.key)
-		sl.used = false
+		s.keys.del(sl.key)
 		s.freeSlots = append(s.freeSlots, si)
 		return
 	}
@@ -367,39 +382,49 @@ func (s *SideIndex) Predict(id ReplicaID, keys []blockkey.Key, now time.Time) {
 	// Tail first, so the request's head is the most recently used, as in the engine. Only a
 	// request longer than the replica's capacity evicts its own keys (its tail).
 	longer := len(keys) > s.capacity(r)
-	s.slotOf = slices.Grow(s.slotOf[:0], len(keys))[:len(keys)]
 	for j := len(keys) - 1; j >= 0; j-- {
-		si := s.slotFor(keys[j])
-		s.slotOf[j] = si
-		s.touch(si, id, exp)
+		s.touch(s.slotFor(keys[j]), id, exp)
 	}
-	for j, k := range keys {
-		si := s.slotOf[j]
+	for _, k := range keys {
 		if longer {
-			var ok bool
-			if si, ok = s.keys[k]; !ok || s.slots[si].holder(id) < 0 {
+			if si, ok := s.slotOfKey(k); !ok || s.slots[si].holder(id) < 0 {
 				continue // evicted by this very request
 			}
 		}
-		s.push(sideRecord{key: k, exp: exp, slot: si, id: id})
+		s.push(k, exp, id)
 	}
 }
 
-// push appends a record, dropping the oldest when the ring is full at max.
-func (s *SideIndex) push(r sideRecord) {
+// push appends the record (k, exp, id), dropping the oldest when the ring is full at max.
+func (s *SideIndex) push(k blockkey.Key, exp int64, id ReplicaID) {
 	if s.n == len(s.ring) {
 		if len(s.ring) < s.max {
-			grown := make([]sideRecord, min(max(2*len(s.ring), 64), s.max))
+			grown := make([]blockkey.Key, min(max(2*len(s.ring), 64), s.max))
 			for i := range s.n {
-				grown[i] = s.ring[(s.head+i)%len(s.ring)]
+				grown[i] = s.ring[s.at(i)]
 			}
 			s.ring, s.head = grown, 0
 		} else {
 			s.pop()
 		}
 	}
-	s.ring[s.at(s.n)] = r
+	s.ring[s.at(s.n)] = k
 	s.n++
+	if s.rn > 0 {
+		if last := &s.runs[s.runAt(s.rn-1)]; last.exp == exp && last.id == id {
+			last.n++
+			return
+		}
+	}
+	if s.rn == len(s.runs) { // at most one run per record: never more than max
+		grown := make([]sideRun, min(max(2*len(s.runs), 16), s.max))
+		for i := range s.rn {
+			grown[i] = s.runs[s.runAt(i)]
+		}
+		s.runs, s.rhead = grown, 0
+	}
+	s.runs[s.runAt(s.rn)] = sideRun{exp: exp, n: 1, id: id}
+	s.rn++
 }
 
 // at is the ring position of the i-th oldest record (i < len(ring)); no division, which cost a
@@ -412,6 +437,15 @@ func (s *SideIndex) at(i int) int {
 	return j
 }
 
+// runAt is the runs position of the i-th oldest run (i < len(runs)).
+func (s *SideIndex) runAt(i int) int {
+	j := s.rhead + i
+	if j >= len(s.runs) {
+		j -= len(s.runs)
+	}
+	return j
+}
+
 // Expire drops every entry expired at now (Predict also does it as it goes).
 func (s *SideIndex) Expire(now time.Time) {
 	s.mu.Lock()
@@ -420,31 +454,27 @@ func (s *SideIndex) Expire(now time.Time) {
 }
 
 func (s *SideIndex) expire(t int64) {
-	for s.n > 0 && s.ring[s.head].exp <= t {
+	for s.n > 0 && s.runs[s.rhead].exp <= t {
 		s.pop()
 	}
 }
 
-// recordSlot is the slot of a record's key now: the one it names unless that slot was freed
-// (and maybe reused) since.
-func (s *SideIndex) recordSlot(r *sideRecord) (int32, bool) {
-	if sl := &s.slots[r.slot]; sl.used && sl.key == r.key {
-		return r.slot, true
-	}
-	si, ok := s.keys[r.key]
-	return si, ok
-}
-
 // pop drops the oldest record, and its holder unless a later decision refreshed it.
 func (s *SideIndex) pop() {
-	r := s.ring[s.head]
+	k := s.ring[s.head]
 	s.head = s.at(1)
 	s.n--
-	si, ok := s.recordSlot(&r)
+	r := &s.runs[s.rhead]
+	exp, id := r.exp, r.id
+	if r.n--; r.n == 0 {
+		s.rhead = s.runAt(1)
+		s.rn--
+	}
+	si, ok := s.slotOfKey(k)
 	if !ok {
 		return
 	}
-	if j := s.slots[si].holder(r.id); j >= 0 && s.slots[si].hs[j].exp == r.exp {
+	if j := s.slots[si].holder(id); j >= 0 && s.slots[si].hs[j].exp == exp {
 		s.dropHolder(si, j)
 	}
 }
@@ -456,7 +486,7 @@ func (s *SideIndex) Unpredict(id ReplicaID, keys []blockkey.Key, now time.Time) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
-		si, ok := s.keys[k]
+		si, ok := s.slotOfKey(k)
 		if !ok {
 			continue
 		}
@@ -513,10 +543,11 @@ func (s *SideIndex) Match(keys []blockkey.Key, now time.Time, slots int, out []u
 	defer s.mu.RUnlock()
 	i := 0
 	for ; i < len(keys); i++ {
-		si, ok := s.keys[keys[i]]
-		if !ok {
+		v := s.keys.get(keys[i])
+		if v == 0 {
 			break
 		}
+		si := v - 1
 		sl := &s.slots[si]
 		held := sl.mask
 		high := false // a replica at or above maskIDs continued
@@ -563,15 +594,22 @@ func (s *SideIndex) Export(id ReplicaID, now time.Time, max int) []SideEntry {
 	var out []SideEntry
 	// The ring is in expiry order; walking it from the newest end keeps the freshest under max.
 	seen := map[blockkey.Key]bool{}
+	ri, left := s.rn, int32(0) // the run of record i, and its records not yet walked
 	for i := s.n - 1; i >= 0; i-- {
-		r := s.ring[s.at(i)]
-		if r.id != id || r.exp <= t || seen[r.key] {
+		for left == 0 {
+			ri--
+			left = s.runs[s.runAt(ri)].n
+		}
+		left--
+		r := &s.runs[s.runAt(ri)]
+		k := s.ring[s.at(i)]
+		if r.id != id || r.exp <= t || seen[k] {
 			continue
 		}
-		if si, ok := s.recordSlot(&r); ok {
+		if si, ok := s.slotOfKey(k); ok {
 			if j := s.slots[si].holder(id); j >= 0 && s.slots[si].hs[j].exp == r.exp {
-				out = append(out, SideEntry{Key: r.key, Exp: r.exp})
-				seen[r.key] = true
+				out = append(out, SideEntry{Key: k, Exp: r.exp})
+				seen[k] = true
 			}
 		}
 		if max > 0 && len(out) >= max {
@@ -604,6 +642,6 @@ func (s *SideIndex) Import(id ReplicaID, entries []SideEntry, now time.Time) {
 			exp = max(s.slots[si].hs[j].exp, exp)
 		}
 		s.touch(si, id, exp)
-		s.push(sideRecord{key: e.Key, exp: exp, slot: si, id: id})
+		s.push(e.Key, exp, id)
 	}
 }

@@ -35,8 +35,8 @@ func TestSideTTLExpiry(t *testing.T) {
 		t.Fatalf("Len %d after expiry, want 2", s.Len())
 	}
 	s.Expire(t0.Add(time.Hour))
-	if s.Len() != 0 || len(s.keys) != 0 {
-		t.Fatalf("Len %d, keys %d after all expired", s.Len(), len(s.keys))
+	if s.Len() != 0 || s.keys.n != 0 {
+		t.Fatalf("Len %d, keys %d after all expired", s.Len(), s.keys.n)
 	}
 }
 

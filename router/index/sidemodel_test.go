@@ -369,17 +369,40 @@ func (s *refSide) Import(id ReplicaID, entries []SideEntry, now time.Time) {
 // TestSideMatchesTheLRUModel runs random decisions, take-backs, expiries, capacity changes,
 // drops and imports through the slab SideIndex and the golang-lru one it replaced, and checks
 // after every step that both answer every Match, Len, Evicted and Export alike. Replicas 70 and
-// 71 are past the Match bit mask. The ring is not filled here (see TestSideCapAndPrefix and
-// TestSideQueueBounded for MaxEntries): with a full ring the model can drop a holder from its
+// 71 are past the Match bit mask. The ring is not filled here (TestSideFullRingMatchesTheLRUModel
+// fills it, without small capacities): with a full ring the model can drop a holder from its
 // replica's LRU while its decision is being recorded and then add it back outside the LRU, so
 // that entry escapes the capacity; the slab index refreshes every holder before it pushes a
 // record and keeps each holder in its LRU, so the two then count evictions differently.
 func TestSideMatchesTheLRUModel(t *testing.T) {
+	sideModelRun(t, 1<<20, true)
+}
+
+// TestSideFullRingMatchesTheLRUModel is TestSideMatchesTheLRUModel with the ring full most of
+// the time (MaxEntries 60 to 300, so records are dropped before they expire), every replica's
+// capacity larger than all the keys (so the model's entries outside their LRU, above, evict
+// nothing) and no SetCapacity: the ring's records, kept as keys with their expiry and replica
+// once per run, drop the same holders at the same steps as the model's one record per block.
+func TestSideFullRingMatchesTheLRUModel(t *testing.T) {
+	sideModelRun(t, 0, false)
+}
+
+// sideModelRun checks the slab SideIndex against the model through random steps: ring is the
+// MaxEntries (0: random, small), capacities whether replicas have small capacities that
+// SetCapacity changes.
+func sideModelRun(t *testing.T, ring int, capacities bool) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 22))
 		ttl := 5 * time.Second
-		got := newSide(SideOptions{TTL: ttl, CapacityBlocks: 1 + rng.IntN(40)}, ttl, 1<<20)
-		want := newRefSide(SideOptions{TTL: ttl, CapacityBlocks: got.defCap}, ttl, 1<<20)
+		max, capBlocks := ring, 1+rng.IntN(40)
+		if max == 0 {
+			max = 60 + rng.IntN(240)
+		}
+		if !capacities {
+			capBlocks = 1 << 20
+		}
+		got := newSide(SideOptions{TTL: ttl, CapacityBlocks: capBlocks}, ttl, max)
+		want := newRefSide(SideOptions{TTL: ttl, CapacityBlocks: got.defCap}, ttl, max)
 		docs := make([][]blockkey.Key, 6)
 		for d := range docs {
 			docs[d] = make([]blockkey.Key, 30)
@@ -413,7 +436,7 @@ func TestSideMatchesTheLRUModel(t *testing.T) {
 				p := past[rng.IntN(len(past))]
 				got.Unpredict(p.id, p.keys, p.at)
 				want.Unpredict(p.id, p.keys, p.at)
-			case op < 15:
+			case op < 15 && capacities:
 				c := []int{0, 3, 8, 20}[rng.IntN(4)]
 				got.SetCapacity(id, c)
 				want.SetCapacity(id, c)
