@@ -438,6 +438,25 @@ func (l *Ledger) PredictPeer(r *Replica, keys []blockkey.Key) {
 	l.gen.Add(1)
 }
 
+// RoutedPeer enters a request another router replica routed to r: its blocks into the
+// predicted side index (PredictPeer) and its uncached prefill into r's balance window, at the
+// ledger's now. Without the window entry each router's bounds would read only its own third of
+// the fleet's work (three routers), and the token bound would turn a sibling away from the
+// replica computing its prefix on an imbalance the fleet does not have (docs/router.md,
+// "Several router replicas"). The window entry is not taken back when the peer's request
+// fails (as its predictions are not): it leaves the window with its age.
+func (l *Ledger) RoutedPeer(r *Replica, keys []blockkey.Key, uncached int) {
+	if r.gone.Load() {
+		return
+	}
+	now := l.now()
+	if len(keys) > 0 {
+		l.pred.Predict(r.ID, keys, now)
+	}
+	l.win.Add(r.Name, now.UnixNano(), float64(uncached))
+	l.gen.Add(1)
+}
+
 // ExportApprox returns at most max of r's unexpired approximate-index entries (a peer's
 // snapshot of the replicas without events).
 func (l *Ledger) ExportApprox(r *Replica, max int) []index.SideEntry {
