@@ -351,11 +351,11 @@ func TestConcurrentSettle(t *testing.T) {
 // A peer router's routed keys enter the predicted index as this router's own would (a sibling
 // reaching this router matches them), add no load, expire with the TTL, and are not entered for
 // a replica that left.
-func TestPredictPeer(t *testing.T) {
+func TestPeerPredictionsExpire(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	l := New(Options{Now: c.now, Policy: &recorder{}, PredictedTTL: 10 * time.Second})
 	r := l.NewReplica(0, "e0/0")
-	l.PredictPeer(r, keys(4))
+	l.RoutedPeer(r, keys(4), 0)
 	pred, _ := l.Match(keys(6), 1, false, nil, nil)
 	if pred[0] != 4 {
 		t.Fatalf("predicted match %d after a peer's 4 keys, want 4", pred[0])
@@ -368,7 +368,7 @@ func TestPredictPeer(t *testing.T) {
 		t.Fatalf("predicted match %d past the TTL, want 0", pred[0])
 	}
 	l.Remove(r)
-	l.PredictPeer(r, keys(4))
+	l.RoutedPeer(r, keys(4), 0)
 	if st := l.Stats(); st.Predicted != 0 {
 		t.Fatalf("%d predicted entries for a removed replica", st.Predicted)
 	}
