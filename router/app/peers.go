@@ -25,7 +25,8 @@ import (
 // wrapped. The ledger's transitions reach the peers through a load.Observer (peerObserver:
 // Routed with the uncached and held tokens and the predicted keys, FirstToken, Done, Failed);
 // the peers' totals are added to each replica's load where the decision's views are built
-// (route.go), and their routed keys enter the ledger's predicted index (peerSink).
+// (route.go), and their routed requests enter the ledger's predicted index and balance windows
+// (peerSink).
 
 // Defaults of config.Peers.
 const (
@@ -192,19 +193,23 @@ func (o peerObserver) Failed(id load.ID, r *load.Record) {
 	o.record(peersync.Delta{Kind: peersync.Failed, Request: uint64(id), Replica: r.Replica.Name})
 }
 
-// peerSink folds peers' batches into the share and their routed requests' predicted blocks into
-// the predicted side index, so a sibling that reaches another router still co-locates.
+// peerSink folds peers' batches into the share and their routed requests into the ledger: their
+// predicted blocks into the predicted side index, so a sibling that reaches another router
+// still co-locates, and their uncached prefill into the balance windows, so the kv bounds
+// weigh the fleet's routed work and not this router's part of it.
 type peerSink struct {
 	s     *Router
 	share *peersync.Share
 }
 
 func (k *peerSink) ApplyPeer(b *peersync.Batch, now time.Time) {
-	k.share.ApplyPeer(b, now)
+	if !k.share.Apply(b, now) {
+		return // a replayed batch: its routed requests are in the windows already
+	}
 	var byName map[string]*replica
 	for i := range b.Deltas {
 		d := &b.Deltas[i]
-		if d.Kind != peersync.Routed || len(d.Keys) == 0 {
+		if d.Kind != peersync.Routed {
 			continue
 		}
 		if byName == nil {
@@ -214,7 +219,7 @@ func (k *peerSink) ApplyPeer(b *peersync.Batch, now time.Time) {
 			}
 		}
 		if r := byName[d.Replica]; r != nil {
-			k.s.ledger.PredictPeer(r.Load, d.Keys)
+			k.s.ledger.RoutedPeer(r.Load, d.Keys, int(d.Prefill))
 		}
 	}
 }

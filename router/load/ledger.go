@@ -426,15 +426,24 @@ func (l *Ledger) Unpredict(id ID) {
 	}
 }
 
-// PredictPeer enters blocks another router replica routed to r into the predicted side index,
-// so that a sibling reaching this router goes where its prefix is being computed. They expire
-// like this router's own predictions; they are never taken back here (the peer's request is not
-// in this ledger, and its failure is the peer's to account).
-func (l *Ledger) PredictPeer(r *Replica, keys []blockkey.Key) {
-	if len(keys) == 0 || r.gone.Load() {
+// RoutedPeer enters a request another router replica routed to r: its blocks into the
+// predicted side index, so that a sibling reaching this router goes where its prefix is being
+// computed, and its uncached prefill into r's balance window, at the ledger's now. The blocks
+// expire like this router's own predictions and are never taken back here (the peer's request
+// is not in this ledger, and its failure is the peer's to account). Without the window entry each router's bounds would read only its own third of
+// the fleet's work (three routers), and the token bound would turn a sibling away from the
+// replica computing its prefix on an imbalance the fleet does not have (docs/router.md,
+// "Several router replicas"). The window entry is not taken back when the peer's request
+// fails (as its predictions are not): it leaves the window with its age.
+func (l *Ledger) RoutedPeer(r *Replica, keys []blockkey.Key, uncached int) {
+	if r.gone.Load() {
 		return
 	}
-	l.pred.Predict(r.ID, keys, l.now())
+	now := l.now()
+	if len(keys) > 0 {
+		l.pred.Predict(r.ID, keys, now)
+	}
+	l.win.Add(r.Name, now.UnixNano(), float64(uncached))
 	l.gen.Add(1)
 }
 

@@ -351,11 +351,11 @@ func TestConcurrentSettle(t *testing.T) {
 // A peer router's routed keys enter the predicted index as this router's own would (a sibling
 // reaching this router matches them), add no load, expire with the TTL, and are not entered for
 // a replica that left.
-func TestPredictPeer(t *testing.T) {
+func TestPeerPredictionsExpire(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	l := New(Options{Now: c.now, Policy: &recorder{}, PredictedTTL: 10 * time.Second})
 	r := l.NewReplica(0, "e0/0")
-	l.PredictPeer(r, keys(4))
+	l.RoutedPeer(r, keys(4), 0)
 	pred, _ := l.Match(keys(6), 1, false, nil, nil)
 	if pred[0] != 4 {
 		t.Fatalf("predicted match %d after a peer's 4 keys, want 4", pred[0])
@@ -368,7 +368,7 @@ func TestPredictPeer(t *testing.T) {
 		t.Fatalf("predicted match %d past the TTL, want 0", pred[0])
 	}
 	l.Remove(r)
-	l.PredictPeer(r, keys(4))
+	l.RoutedPeer(r, keys(4), 0)
 	if st := l.Stats(); st.Predicted != 0 {
 		t.Fatalf("%d predicted entries for a removed replica", st.Predicted)
 	}
@@ -390,5 +390,50 @@ func TestApproxExportImport(t *testing.T) {
 	dst.ImportApprox(r2, es)
 	if _, appr := dst.Match(keys(5), 1, true, nil, nil); appr[0] != 3 {
 		t.Fatalf("approximate match %d after the import, want 3", appr[0])
+	}
+}
+
+// A request a peer router routed (RoutedPeer) enters this router's balance window as one of its
+// own would, at the ledger's now: its uncached tokens and one request on the replica's window,
+// its clock started, its keys predicted. It adds no load (the peer's totals carry that) and no
+// record, a request routed without keys still counts, and a replica that left gets nothing.
+// Without it each of three routers bounds its replicas by its own third of the fleet's work.
+func TestRoutedPeer(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	kv, err := score.New("kv", score.Options{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(Options{Now: c.now, Policy: kv, PredictedTTL: 10 * time.Second})
+	r, other := l.NewReplica(0, "e0/0"), l.NewReplica(1, "e1/0")
+	l.RoutedPeer(r, keys(4), 48)
+	now := c.t.UnixNano()
+	if w := l.Window("e0/0", now); w.Tokens != 48 || w.Requests != 1 || !w.Seen || w.Since != now {
+		t.Fatalf("window after a peer's routed request %+v, want 48 tokens, 1 request, seen since now", w)
+	}
+	if pred, _ := l.Match(keys(6), 2, false, nil, nil); pred[0] != 4 || pred[1] != 0 {
+		t.Fatalf("predicted match %v after a peer's 4 keys on e0/0, want [4 0]", pred)
+	}
+	if ld := r.Load(); ld != (Load{}) || l.Stats().InFlight != 0 {
+		t.Fatalf("a peer's routed request added load %+v or a record %+v", ld, l.Stats())
+	}
+	c.t = c.t.Add(time.Second)
+	l.RoutedPeer(r, nil, 96) // unkeyed: no prediction, still work
+	if w := l.Window("e0/0", c.t.UnixNano()); w.Tokens != 144 || w.Requests != 2 {
+		t.Fatalf("window after an unkeyed peer request %+v, want 144 tokens, 2 requests", w)
+	}
+	if w := l.Window("e1/0", c.t.UnixNano()); w.Tokens != 0 || w.Requests != 0 {
+		t.Fatalf("the other replica's window %+v, want empty", w)
+	}
+	// Past the window's span the peer's entries leave it like this router's own.
+	c.t = c.t.Add(l.win.Span())
+	l.Expire()
+	if w := l.Window("e0/0", c.t.UnixNano()); w.Tokens != 0 || w.Requests != 0 {
+		t.Fatalf("window past its span %+v, want empty", w)
+	}
+	l.Remove(other)
+	l.RoutedPeer(other, keys(4), 48)
+	if w := l.Window("e1/0", c.t.UnixNano()); w.Seen || w.Requests != 0 {
+		t.Fatalf("a removed replica's window %+v, want none", w)
 	}
 }

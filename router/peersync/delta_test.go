@@ -50,8 +50,12 @@ func TestShareTakesTotalsAndExpires(t *testing.T) {
 	// A later batch replaces the peer's share; an older one is ignored.
 	d := *b
 	d.Seq, d.Totals = 8, []Total{{Replica: "e0/0", Load: Load{1, 1, 1}}}
-	s.ApplyPeer(&d, now)
-	s.ApplyPeer(b, now)
+	if !s.Apply(&d, now) {
+		t.Fatal("a newer batch not taken")
+	}
+	if s.Apply(b, now) {
+		t.Fatal("a stale batch taken") // peers' routed changes would be applied twice (router/app's window)
+	}
 	if got := s.Of("e0/0"); got != (Load{501, 1, 2}) {
 		t.Fatalf("after a newer batch and a stale one: %+v", got)
 	}

@@ -36,7 +36,11 @@ func NewShare() *Share {
 }
 
 // ApplyPeer replaces the peer's share with the batch's totals.
-func (s *Share) ApplyPeer(b *Batch, now time.Time) {
+func (s *Share) ApplyPeer(b *Batch, now time.Time) { s.Apply(b, now) }
+
+// Apply is ApplyPeer, and reports whether the batch was taken: false for one at or before the
+// peer's last (a replayed message), whose changes were applied already.
+func (s *Share) Apply(b *Batch, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.peers[b.Peer]
@@ -48,7 +52,7 @@ func (s *Share) ApplyPeer(b *Batch, now time.Time) {
 		p = &peerShare{epoch: b.Epoch}
 		s.peers[b.Peer] = p
 	case b.Seq <= p.seq:
-		return // older than what was applied (NATS keeps one publisher's order; a replayed message)
+		return false // older than what was applied (NATS keeps one publisher's order; a replayed message)
 	}
 	s.drop(p)
 	p.seq, p.seen = b.Seq, now
@@ -59,6 +63,7 @@ func (s *Share) ApplyPeer(b *Batch, now time.Time) {
 	for r, l := range p.totals {
 		s.sum[r] = s.sum[r].Add(l)
 	}
+	return true
 }
 
 // drop takes p's totals out of the sums.

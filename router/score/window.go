@@ -60,6 +60,18 @@ func (w *Windows) Routed(nowNs int64, cands []Candidate, chosen int, tokens floa
 	tw.add(nowNs, tokens)
 }
 
+// Add records a request another router replica routed to the replica id, seen here at nowNs
+// with tokens of uncached prefill (router/peersync): the windows count the fleet's routed work,
+// not only this router's, so the bounds compare what every router sent. The replica's clock
+// starts if it had not.
+func (w *Windows) Add(id string, nowNs int64, tokens float64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	tw := w.startLocked(id, nowNs)
+	tw.prune(nowNs, w.span)
+	tw.add(nowNs, tokens)
+}
+
 func (w *Windows) startLocked(id string, nowNs int64) *tokenWindow {
 	tw := w.m[id]
 	if tw == nil {

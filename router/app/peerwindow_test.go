@@ -1,0 +1,59 @@
+package app
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/peersync"
+	"github.com/kvroute/kvroute/sim/vllmsim"
+)
+
+// A peer router's routed requests enter this router's balance windows (issue 24): the kv
+// policy's token and request bounds read the fleet's routed work, as one router's would, not
+// this router's third of it. Each peer Routed change adds its uncached tokens and one request
+// to its replica's window (a request routed without keys too); /debug/route's kv terms show
+// them; a replayed batch is counted once. (Keys enter the predicted index: load.TestRoutedPeer.)
+func TestPeerRoutedEntersTheWindow(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
+	rt.waitStreams(t, "exact")
+	sink := &peerSink{s: rt.s, share: peersync.NewShare()}
+	b := &peersync.Batch{Peer: "router-b", Epoch: 1, Seq: 1, Sent: time.Now().UnixNano(), Deltas: []peersync.Delta{
+		{Kind: peersync.Routed, Request: 1, Replica: "e1/0", Prefill: 480, Tokens: 512},
+		{Kind: peersync.Routed, Request: 2, Replica: "e1/0", Prefill: 96, Tokens: 512},
+	}}
+	sink.ApplyPeer(b, time.Now())
+	sink.ApplyPeer(b, time.Now()) // replayed: counted once
+	now := rt.s.now().UnixNano()
+	if w := rt.s.ledger.Window("e1/0", now); w.Tokens != 576 || w.Requests != 2 {
+		t.Fatalf("e1/0's window after a peer routed 2 requests (480 + 96 uncached tokens) there: %+v", w)
+	}
+	if w := rt.s.ledger.Window("e0/0", now); w.Tokens != 0 || w.Requests != 0 {
+		t.Fatalf("e0/0's window, where no router routed anything: %+v", w)
+	}
+	a := postJSON(t, rt.admin.URL+"/debug/route", idsPrompt(73, 256, 1, 16, 1))
+	var ans RouteAnswer
+	if a.status != 200 || json.Unmarshal(a.body, &ans) != nil || len(ans.Candidates) != 2 {
+		t.Fatalf("/debug/route: %d %s", a.status, a.body)
+	}
+	for _, c := range ans.Candidates {
+		p := c.Breakdown.Policy
+		if p == nil {
+			t.Fatalf("%s has no kv explanation: %s", c.Replica, a.body)
+		}
+		terms := map[string]float64{}
+		for _, tm := range p.Terms {
+			terms[tm.Name] = tm.Value
+		}
+		wantTok, wantReq := 0.0, 0.0
+		if c.Replica == "e1/0" {
+			wantTok, wantReq = 576, 2
+		}
+		if terms["windowed_tokens"] != wantTok || terms["windowed_requests"] != wantReq {
+			t.Errorf("%s: windowed_tokens %v, windowed_requests %v; want %v, %v: %s", c.Replica,
+				terms["windowed_tokens"], terms["windowed_requests"], wantTok, wantReq, a.body)
+		}
+	}
+}
