@@ -430,11 +430,11 @@ func (l *Ledger) Unpredict(id ID) {
 // predicted side index, so that a sibling reaching this router goes where its prefix is being
 // computed, and its uncached prefill into r's balance window, at the ledger's now. The blocks
 // expire like this router's own predictions and are never taken back here (the peer's request
-// is not in this ledger, and its failure is the peer's to account). Without the window entry each router's bounds would read only its own third of
-// the fleet's work (three routers), and the token bound would turn a sibling away from the
-// replica computing its prefix on an imbalance the fleet does not have (docs/router.md,
-// "Several router replicas"). The window entry is not taken back when the peer's request
-// fails (as its predictions are not): it leaves the window with its age.
+// is not in this ledger, and its failure is the peer's to account). Without the window entry
+// each router's bounds would read only its own third of the fleet's work (three routers), and
+// the token bound would turn a sibling away from the replica computing its prefix on an
+// imbalance the fleet does not have (docs/router.md, "Several router replicas"). The window
+// entry is not taken back when the peer's request fails either: it leaves with its age.
 func (l *Ledger) RoutedPeer(r *Replica, keys []blockkey.Key, uncached int) {
 	if r.gone.Load() {
 		return
