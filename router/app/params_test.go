@@ -25,7 +25,9 @@ func TestKVParamsFromScoring(t *testing.T) {
 	sc.Temperature = 0.1
 	sc.TierWeights = config.TierWeights{GPU: 1, CPU: 0.4, Disk: 0.1}
 	got := kvParams(sc)
-	if got.QueuedPrefillWeight != 2*score.DefaultKV.QueuedPrefillWeight || got.DecodeWeight != 2*score.DefaultKV.DecodeWeight ||
+	// The decode load is weighed inside QueuedPrefillWeight (kv_v1.go, load): doubling that
+	// doubles it; DecodeWeight is its exchange rate to prefill tokens and stays.
+	if got.QueuedPrefillWeight != 2*score.DefaultKV.QueuedPrefillWeight || got.DecodeWeight != score.DefaultKV.DecodeWeight ||
 		got.QueueTokens != 2*score.DefaultKV.QueueTokens {
 		t.Errorf("loadWeight 2 did not double every load term: %+v", got)
 	}

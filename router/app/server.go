@@ -434,9 +434,10 @@ func kvParams(sc config.Scoring) score.KVParams {
 	if sc.ImbalanceBound >= 1 {
 		kv.Slack = sc.ImbalanceBound - 1
 	}
-	// loadWeight scales every load term of the cost against the request's own uncached work.
+	// loadWeight scales every load term of the cost against the request's own uncached work:
+	// QueuedPrefillWeight weighs the prefill ahead and the decode load together (kv_v1.go, load),
+	// so DecodeWeight, their exchange rate, stays.
 	kv.QueuedPrefillWeight *= sc.LoadWeight
-	kv.DecodeWeight *= sc.LoadWeight
 	kv.QueueTokens *= sc.LoadWeight
 	return kv
 }

@@ -142,6 +142,25 @@ type Calibrations struct {
 	mu    sync.Mutex
 	prior score.Calibration
 	fleet linFit
+	// drainTok and drainSec are the decayed sums of ObserveDrain: prefill tokens that reached
+	// their first token, and the seconds the replicas spent with prefill pending for them.
+	drainTok, drainSec float64
+}
+
+// ObserveDrain records that a replica whose routed prefill was pending without a break for
+// seconds finished tokens of it (one first token: the request's uncached tokens, the time since
+// the replica's previous first token or since its prefill went from none to some). The ratio of
+// the decayed sums is the drain rate (score.Calibration.DrainTokensPerS): measured from what
+// the engines finished, so it holds the scheduler's decode interference and step overheads,
+// which the TTFT fit's slope need not.
+func (c *Calibrations) ObserveDrain(tokens int, seconds float64) {
+	if tokens <= 0 || !(seconds >= 0) || math.IsInf(seconds, 0) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.drainTok = c.drainTok*fleetDecay + float64(tokens)
+	c.drainSec = c.drainSec*fleetDecay + seconds
 }
 
 // NewCalibrations returns an empty fit that starts from prior (score.DefaultCalibration when
@@ -171,8 +190,12 @@ func (c *Calibrations) Observe(ahead, uncached, decode int, ttft float64) {
 func (c *Calibrations) Read() score.Calibration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	out := c.prior
 	if c.fleet.w > 0 {
-		return c.fleet.calibration()
+		out = c.fleet.calibration()
 	}
-	return c.prior
+	if c.drainSec > 0 {
+		out.DrainTokensPerS = c.drainTok / c.drainSec
+	}
+	return out
 }

@@ -69,8 +69,16 @@ type Replica struct {
 	Name string // the policy's candidate ID ("engine/rank")
 
 	prefill, decode, running atomic.Int64
-	gone                     atomic.Bool
+	// since is when the replica's routed prefill last made progress the ledger saw: the last
+	// first token (or end before one), or when its prefill went from none to some (unix ns on
+	// the ledger's clock). See score.Candidate.PrefillSince.
+	since atomic.Int64
+	gone  atomic.Bool
 }
+
+// PrefillSince is when the replica's routed prefill last made progress the ledger saw (unix ns
+// on the ledger's clock; 0 before any routing).
+func (r *Replica) PrefillSince() int64 { return r.since.Load() }
 
 // Load is a replica's counters at one moment.
 type Load struct {
@@ -309,7 +317,9 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 			l.approx.Predict(r.Replica.ID, r.Keys, rc.At)
 		}
 	}
-	r.Replica.prefill.Add(int64(r.Uncached))
+	if r.Replica.prefill.Add(int64(r.Uncached)) == int64(r.Uncached) {
+		r.Replica.since.Store(rc.At.UnixNano())
+	}
 	r.Replica.running.Add(1)
 	l.gen.Add(1)
 	id := ID(l.next.Add(1))
@@ -333,6 +343,12 @@ func (l *Ledger) FirstToken(id ID) error {
 		rc.first = true
 		rc.FirstTokenAt = l.now()
 		rc.Replica.prefill.Add(-int64(rc.Uncached))
+		// The replica's prefill was pending without a break since `since`: this first token
+		// is one measure of how fast it drains (Calibrations.ObserveDrain).
+		now := rc.FirstTokenAt.UnixNano()
+		if since := rc.Replica.since.Swap(now); since > 0 && now >= since {
+			l.cal.ObserveDrain(rc.Uncached, float64(now-since)/1e9)
+		}
 		rc.Replica.decode.Add(int64(rc.Held))
 		l.cal.Observe(rc.Ahead, rc.Uncached, rc.Decoding, rc.FirstTokenAt.Sub(rc.At).Seconds())
 		l.gen.Add(1)
@@ -391,6 +407,7 @@ func (l *Ledger) end(id ID, rollback bool) (*Record, error) {
 		rep.decode.Add(-int64(rc.Held))
 	} else {
 		rep.prefill.Add(-int64(rc.Uncached))
+		rep.since.Store(l.now().UnixNano())
 	}
 	rep.running.Add(-1)
 	defer l.gen.Add(1) // after the side indexes too, when rolled back

@@ -1,6 +1,7 @@
 package load
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -435,5 +436,51 @@ func TestRoutedPeer(t *testing.T) {
 	l.RoutedPeer(other, keys(4), 48)
 	if w := l.Window("e1/0", c.t.UnixNano()); w.Seen || w.Requests != 0 {
 		t.Fatalf("a removed replica's window %+v, want none", w)
+	}
+}
+
+// The ledger measures how fast a replica's routed prefill drains: uncached tokens that reached a
+// first token over the time prefill was pending there without a break (since the counter left
+// zero, then since the previous first token), and PrefillSince moves with it.
+func TestPrefillDrainRate(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}})
+	r := l.NewReplica(0, "e0/0")
+	if got := l.Calibration("e0/0").DrainTokensPerS; got != 0 {
+		t.Fatalf("before any first token: drain %v, want 0", got)
+	}
+	route := func(unc int) ID {
+		req := &score.Request{Keys: keys(2), Tokens: unc, BlockSize: 16}
+		id, _, err := l.Decide(req, []score.Candidate{{ID: "e0/0", Healthy: true}}, nil, func(int) Routing {
+			return Routing{Replica: r, Keys: req.Keys, Uncached: unc, Held: unc}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a := route(1000)
+	if got := r.PrefillSince(); got != c.t.UnixNano() {
+		t.Fatalf("prefill since %d, want the first routing %d", got, c.t.UnixNano())
+	}
+	c.t = c.t.Add(100 * time.Millisecond)
+	b := route(3000) // the counter was not zero: since stays
+	if got := r.PrefillSince(); got != time.Unix(1000, 0).UnixNano() {
+		t.Fatalf("prefill since moved to %d on a routing behind pending prefill", got)
+	}
+	c.t = c.t.Add(400 * time.Millisecond) // 1,000 tokens in 0.5 s
+	if err := l.FirstToken(a); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.PrefillSince(); got != c.t.UnixNano() {
+		t.Fatalf("prefill since %d, want the first token %d", got, c.t.UnixNano())
+	}
+	c.t = c.t.Add(1500 * time.Millisecond) // 3,000 more in 1.5 s: 4,000 in 2 s
+	if err := l.FirstToken(b); err != nil {
+		t.Fatal(err)
+	}
+	want := (1000*fleetDecay + 3000) / (0.5*fleetDecay + 1.5)
+	if got := l.Calibration("e0/0").DrainTokensPerS; math.Abs(got-want) > 1e-6 {
+		t.Fatalf("drain %v tokens/s, want %v", got, want)
 	}
 }

@@ -252,7 +252,7 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 			ld.Running += r.Peer.Running
 		}
 		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
-			PrefillTokens: int(ld.PrefillTokens), DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
+			PrefillTokens: int(ld.PrefillTokens), PrefillSince: r.Load.PrefillSince(), DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
 			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name)}
 		d.Raw[i] = Overlap{}

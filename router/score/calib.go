@@ -12,6 +12,9 @@ type Calibration struct {
 	LatencyS              float64
 	SecondsPerToken       float64
 	SecondsPerDecodeToken float64
+	// DrainTokensPerS is the measured rate at which a replica's routed prefill reaches first
+	// tokens while some is pending (router/load, Calibrations.ObserveDrain); 0 before any.
+	DrainTokensPerS float64
 	// Observations is the (decayed) weight of first-token times behind the fit; 0 when the
 	// values are the prior.
 	Observations float64

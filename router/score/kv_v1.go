@@ -19,7 +19,8 @@ type KVParams struct {
 	// copy of the prefix that evicts someone else's; at 1 a prefix group scatters as soon as
 	// two queues differ by one prompt.
 	QueuedPrefillWeight float64
-	// DecodeWeight converts tokens held by running sequences into prefill-token equivalents.
+	// DecodeWeight converts tokens held by running sequences into prefill-token equivalents;
+	// they are load, weighed with the queued prefill by QueuedPrefillWeight (kvV1Policy.load).
 	DecodeWeight float64
 	// QueueTokens is the cost of one waiting request in prefill-token equivalents.
 	QueueTokens float64
@@ -125,6 +126,42 @@ func (k *kvV1Policy) span(c *Candidate, now int64) float64 {
 	return math.Min(math.Max(float64(now-since)/1e9, v1MinSpanSeconds), k.p.WindowSeconds)
 }
 
+// load is the replica's load term: QueuedPrefillWeight x (prefill still ahead + DecodeWeight x
+// tokens held by running sequences). Both delay this request once, by the engine's step time, so
+// both take the same weight against an avoidable miss. The decode term used to stand outside the
+// weight, so against queued prefill it counted 1/QueuedPrefillWeight (3.3x) what DecodeWeight
+// says: with the drain credit below, a replica nearly done with a prefill but running fewer
+// sequences then looked cheaper than an idle one (fleet model, no-reuse at 12 req/s: 1,223 of
+// 4,000 decisions against 81; docs/benchmarks.md, "Prefill drain").
+func (k *kvV1Policy) load(c *Candidate, nowNs int64) float64 {
+	return k.p.QueuedPrefillWeight * (prefillAhead(c, nowNs) + k.p.DecodeWeight*float64(c.DecodeTokens))
+}
+
+// prefillAhead is the routed prefill still ahead of a request sent to c at nowNs: the ledger's
+// counter less what the replica has drained since its prefill last moved (c.PrefillSince: its
+// last first token, or the counter leaving zero) at the measured drain rate
+// (Calib.DrainTokensPerS), never below zero. The counter drops only at first tokens, so without
+// this a replica about to finish a long prefill looks as busy as one that just began it, and
+// among equal counters least-queued-prefill picks by the decode term, which says nothing about
+// when each replica's pending prefill ends (round-robin's turn order does).
+//
+// The rate is the one measured from first tokens, not the TTFT fit's slope: vLLM's scheduler
+// (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) serves the running requests first in
+// every step (a decode token each, or a partial prefill's next chunk) and then waiting requests
+// FCFS while the step's token budget (max_num_batched_tokens) lasts, so pending prefill drains at
+// the budget the decodes leave, per step time, oldest first. The ledger measures that drain
+// directly: uncached tokens that reached their first token over the time the replica had prefill
+// pending (router/load, Calibrations.ObserveDrain). Before any first token the rate is 0 and this
+// is the counter.
+func prefillAhead(c *Candidate, nowNs int64) float64 {
+	p := float64(c.PrefillTokens)
+	rate := c.Calib.DrainTokensPerS
+	if p <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
+		return math.Max(p, 0)
+	}
+	return math.Max(p-float64(nowNs-c.PrefillSince)/1e9*rate, 0)
+}
+
 func growV1(s []float64, n int) []float64 {
 	if cap(s) < n {
 		return make([]float64, n)
@@ -220,10 +257,11 @@ func (k *kvV1Policy) evaluate(req *Request, cands []Candidate, e *kvV1Eval) {
 			continue
 		}
 		unc[i] = k.uncached(req, c) * scale[i]
-		// Cost in prefill-token equivalents: the uncached part of this request, the prefill
-		// already routed there, running sequences (they slow every step), waiting requests.
-		raw[i] = unc[i]/scale[i] + k.p.QueuedPrefillWeight*float64(c.PrefillTokens) +
-			k.p.DecodeWeight*float64(c.DecodeTokens) + k.p.QueueTokens*float64(c.Queue)
+		// Cost in prefill-token equivalents: the uncached part of this request, then the
+		// replica's load, which delays it once: the prefill still ahead and the running
+		// sequences (they slow every step) weighed together, as load, by QueuedPrefillWeight;
+		// waiting requests.
+		raw[i] = unc[i]/scale[i] + k.load(c, req.NowNs) + k.p.QueueTokens*float64(c.Queue)
 		val[i] = raw[i]
 		switch {
 		case cnt[i]+scale[i] > e.reqLimit:
@@ -302,8 +340,8 @@ func (k *kvV1Policy) Explain(req *Request, cands []Candidate) []Explanation {
 		}
 		out[i].Terms = []Term{
 			{"uncached_tokens", e.unc[i] / e.scale[i]},
-			{"queued_prefill", k.p.QueuedPrefillWeight * float64(c.PrefillTokens)},
-			{"decode", k.p.DecodeWeight * float64(c.DecodeTokens)},
+			{"queued_prefill", k.p.QueuedPrefillWeight * prefillAhead(c, req.NowNs)},
+			{"decode", k.p.QueuedPrefillWeight * k.p.DecodeWeight * float64(c.DecodeTokens)},
 			{"queue", k.p.QueueTokens * float64(c.Queue)},
 			{"windowed_tokens", e.win[i]},
 			{"token_bound", e.tokenLimit},

@@ -71,6 +71,11 @@ type Candidate struct {
 	// PrefillTokens is the uncached prompt tokens routed to the replica whose prefill has not
 	// finished (queued or running).
 	PrefillTokens int
+	// PrefillSince is when PrefillTokens last dropped (a first token) or went from none to
+	// some, in unix ns on the request clock (0: unknown): the oldest routed prefill there has
+	// been computing since then at the latest (vLLM schedules FCFS). kv reads it to credit the
+	// progress the counter does not show (kv_v1.go, prefillAhead).
+	PrefillSince int64
 	// DecodeTokens is the tokens held by the replica's running sequences.
 	DecodeTokens int
 	// Queue is the number of waiting requests; Running the number of running ones.

@@ -1,0 +1,57 @@
+package score
+
+import (
+	"math"
+	"testing"
+)
+
+// The routed prefill ahead drains at the measured rate since the replica's prefill last moved,
+// never below zero; without a measured rate (or a start) it is the ledger's counter.
+func TestPrefillAheadDrains(t *testing.T) {
+	c := Candidate{PrefillTokens: 10000, PrefillSince: 10 * sec, Calib: Calibration{DrainTokensPerS: 10000}}
+	for _, tc := range []struct {
+		now  int64
+		want float64
+	}{{10 * sec, 10000}, {10*sec + sec/2, 5000}, {11 * sec, 0}, {20 * sec, 0}} {
+		if got := prefillAhead(&c, tc.now); math.Abs(got-tc.want) > 1e-6 {
+			t.Errorf("at %d ns ahead = %v, want %v", tc.now, got, tc.want)
+		}
+	}
+	noRate := c
+	noRate.Calib.DrainTokensPerS = 0
+	noStart := c
+	noStart.PrefillSince = 0
+	for _, x := range []Candidate{noRate, noStart} {
+		if got := prefillAhead(&x, 20*sec); got != 10000 {
+			t.Errorf("%+v: ahead = %v, want the counter 10000", x, got)
+		}
+	}
+}
+
+// Two replicas each with one 7,680-token prompt pending (the ledger's counters are equal): the
+// one whose prefill started 0.35 s ago is nearly done, the other just began. kv picks the first
+// although it runs more sequences; read raw, the counters tie and the decode term picked the
+// replica that had just begun (the no-reuse loss to round-robin, docs/benchmarks.md "Prefill
+// drain").
+func TestKVPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
+	now := 100 * sec
+	cal := Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, DrainTokensPerS: 20000}
+	cands := []Candidate{
+		{ID: "old", Healthy: true, PrefillTokens: 7680, PrefillSince: now - 35*sec/100,
+			DecodeTokens: 8 * 7880, Running: 9, Calib: cal, Window: Window{Seen: true}},
+		{ID: "new", Healthy: true, PrefillTokens: 7680, PrefillSince: now - sec/100,
+			DecodeTokens: 2 * 7880, Running: 3, Calib: cal, Window: Window{Seen: true}},
+	}
+	req := &Request{Tokens: 7680, BlockSize: 512, NowNs: now}
+	k := newKV1ForTest()
+	got, err := k.Pick(req, cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 0 {
+		ex := k.Explain(req, cands)
+		t.Fatalf("picked %s, want old (costs: old %v, new %v)", cands[got].ID, ex[0], ex[1])
+	}
+}
+
+func newKV1ForTest() *kvV1Policy { return newKVV1(Options{Seed: 1}) }
