@@ -109,21 +109,9 @@ func (k *kvV1Policy) uncached(req *Request, c *Candidate) float64 {
 	return uncachedTokens(req, c, k.p.TierWeights)
 }
 
-// v1MinSpanSeconds is the shortest history a replica's window is read over. Measured on the
-// 4 -> 8 scale-up replay: at 1 s the new half got 0.76 of a fair share in the warm-up window
-// with no hit-rate drop; at 5 s (no stretching in an 8 s run) it got 1.67 x, mostly misses,
-// and the fleet's hit rate fell 18%.
-const v1MinSpanSeconds = 1
-
-// span is how long the candidate's window covers at now: the time since the ledger first saw
-// it as a candidate, between v1MinSpanSeconds and the window length. A replica not seen yet has
-// the shortest span, as if its clock started now.
+// span is how long the candidate's window covers at now (windowSpan).
 func (k *kvV1Policy) span(c *Candidate, now int64) float64 {
-	since := now
-	if c.Window.Seen {
-		since = c.Window.Since
-	}
-	return math.Min(math.Max(float64(now-since)/1e9, v1MinSpanSeconds), k.p.WindowSeconds)
+	return windowSpan(c, now, k.p.WindowSeconds)
 }
 
 // load is the replica's load term: QueuedPrefillWeight x (prefill still ahead + DecodeWeight x
