@@ -30,14 +30,10 @@ func TestPeerLoadAddedToCandidates(t *testing.T) {
 	if c := d.Cands[1]; c.PrefillTokens != 0 || c.Running != 0 {
 		t.Fatalf("candidate without load: %+v", c)
 	}
-	// The peer's prefill started at times this ledger did not see: no drain credit from its
-	// own clock (which would read the peer's queue as drained), the counter as it is.
-	if c := d.Cands[0]; c.PrefillSince != 0 {
-		t.Fatalf("candidate with a peer's prefill has PrefillSince %d, want 0 (no drain credit)", c.PrefillSince)
-	}
-	alone := []Replica{{Name: "e0/0", ID: 0, Load: a, Ready: true, Healthy: true}}
-	if d, err := Decide(Input{Tokens: make([]uint32, 64), BlockSize: 16, NowNs: now.UnixNano()}, alone, ix, l); err != nil || d.Cands[0].PrefillSince != now.UnixNano() {
-		t.Fatalf("candidate with only this router's prefill: PrefillSince %d (%v), want the routing's %d", d.Cands[0].PrefillSince, err, now.UnixNano())
+	// The peer's prefill started at times this ledger did not see: it is passed apart, so the
+	// drain credit (this router's clock) is not applied to it.
+	if c := d.Cands[0]; c.PeerPrefillTokens != 300 || c.PrefillSince != now.UnixNano() {
+		t.Fatalf("candidate with a peer's prefill: peer part %d, since %d; want 300 and the routing's %d", c.PeerPrefillTokens, c.PrefillSince, now.UnixNano())
 	}
 	bd := d.Breakdowns(nil)
 	if bd[0].PeerLoad == nil || *bd[0].PeerLoad != peer || bd[1].PeerLoad != nil {

@@ -251,16 +251,11 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 			ld.DecodeTokens += r.Peer.DecodeTokens
 			ld.Running += r.Peer.Running
 		}
-		// The drain credit (score.Candidate.PrefillSince) is for prefill this ledger saw start and
-		// progress. Peers' prefill on the replica started at times it did not see, and its own
-		// "since" can be far older than theirs, which would credit their queue away as drained:
-		// with any, the counter is read as it is.
-		since := r.Load.PrefillSince()
-		if r.Peer.PrefillTokens > 0 {
-			since = 0
-		}
+		// The drain credit (score.Candidate.PrefillSince) is for the prefill this ledger saw start
+		// and progress; the peers' part is passed apart and read as it is.
 		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
-			PrefillTokens: int(ld.PrefillTokens), PrefillSince: since, DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
+			PrefillTokens: int(ld.PrefillTokens), PeerPrefillTokens: int(r.Peer.PrefillTokens), PrefillSince: r.Load.PrefillSince(),
+			DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
 			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name)}
 		d.Raw[i] = Overlap{}

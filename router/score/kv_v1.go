@@ -141,13 +141,18 @@ func (k *kvV1Policy) load(c *Candidate, nowNs int64) float64 {
 // directly: uncached tokens that reached their first token over the time the replica had prefill
 // pending (router/load, Calibrations.ObserveDrain). Before any first token the rate is 0 and this
 // is the counter.
+//
+// Peers' prefill (PeerPrefillTokens, part of PrefillTokens) started at times this router's
+// ledger did not see, so PrefillSince says nothing of it: it is read as it is, and only this
+// router's part is credited.
 func prefillAhead(c *Candidate, nowNs int64) float64 {
-	p := float64(c.PrefillTokens)
+	peer := float64(max(c.PeerPrefillTokens, 0))
+	own := float64(c.PrefillTokens) - peer
 	rate := c.Calib.DrainTokensPerS
-	if p <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
-		return math.Max(p, 0)
+	if own <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
+		return math.Max(own, 0) + peer
 	}
-	return math.Max(p-float64(nowNs-c.PrefillSince)/1e9*rate, 0)
+	return math.Max(own-float64(nowNs-c.PrefillSince)/1e9*rate, 0) + peer
 }
 
 func growV1(s []float64, n int) []float64 {
