@@ -224,6 +224,7 @@ func New(o Options) (*Router, error) {
 		return float64(st.PredictedEvicted), float64(st.ApproximateEvicted)
 	}
 	s.met = metrics.New(state)
+	s.met.Registry.MustRegister(s.ledger.Collectors()...)
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
 	}

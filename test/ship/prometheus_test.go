@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/router/audit"
 	"github.com/kvroute/kvroute/router/capture"
 	"github.com/kvroute/kvroute/router/kvevents"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/metrics"
 	"github.com/kvroute/kvroute/router/peersnap"
 	"github.com/kvroute/kvroute/router/peersync"
@@ -60,6 +61,8 @@ func routerMetrics(t *testing.T) map[string]string {
 	collectors = append(append(append(collectors, rec.Collectors()...), aud.Collectors()...), shadow.New(pol).Collectors()...)
 	// Several router replicas: the load sync's and the snapshot's collectors.
 	collectors = append(append(collectors, peersync.Collectors()...), peersnap.NewMetrics().Collectors()...)
+	// The ledger's fitted engine timing.
+	collectors = append(collectors, load.New(load.Options{Policy: pol}).Collectors()...)
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {

@@ -1,0 +1,54 @@
+package app
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/sim/vllmsim"
+)
+
+// The timing the ledger fits from first tokens is on /metrics: the drain rate is 0 before any
+// first token and positive after requests were served, with the fit's weight growing.
+func TestCalibrationOnMetrics(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
+	read := func() map[string]float64 {
+		resp, err := http.Get(rt.admin.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		out := map[string]float64{}
+		for _, line := range strings.Split(string(body), "\n") {
+			name, val, ok := strings.Cut(line, " ")
+			if !ok || !strings.HasPrefix(name, "kvroute_router_") {
+				continue
+			}
+			if v, err := strconv.ParseFloat(val, 64); err == nil {
+				out[strings.TrimPrefix(name, "kvroute_router_")] = v
+			}
+		}
+		return out
+	}
+	m := read()
+	for _, k := range []string{"prefill_drain_tokens_per_second", "ttft_fit_latency_seconds", "ttft_fit_seconds_per_prefill_token", "ttft_fit_observations"} {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("/metrics lacks kvroute_router_%s", k)
+		}
+	}
+	if m["prefill_drain_tokens_per_second"] != 0 || m["ttft_fit_observations"] != 0 {
+		t.Fatalf("before any request: drain %v, observations %v; want 0", m["prefill_drain_tokens_per_second"], m["ttft_fit_observations"])
+	}
+	for i := range 4 {
+		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 256, 0, 0, 2))
+	}
+	eventually(t, "the drain rate and the fit on /metrics", func() bool {
+		m := read()
+		return m["prefill_drain_tokens_per_second"] > 0 && m["ttft_fit_observations"] > 0
+	})
+}
