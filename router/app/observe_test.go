@@ -235,10 +235,12 @@ func TestFullModeHonouredIsVisible(t *testing.T) {
 // are keyed once the first page is read, instead of every one being routed by load.
 func TestBlockSizeReadFromMetricsWithoutEvents(t *testing.T) {
 	f := startFleet(t, 2, vllmsim.Config{BlockSize: 32}) // not the fallback 16
+	var logs syncBuf
 	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
 		o.Config.BlockSize = 0
 		o.Config.Events.Enabled = false
 		o.ScrapeInterval = 50 * time.Millisecond
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	eventually(t, "block size read from the engines' /metrics", func() bool {
 		_, from := rt.s.blockSize(rt.s.reps())
@@ -246,6 +248,10 @@ func TestBlockSizeReadFromMetricsWithoutEvents(t *testing.T) {
 	})
 	if bs, _ := rt.s.blockSize(rt.s.reps()); bs != 32 {
 		t.Fatalf("block size %d from /metrics, the engines' is 32", bs)
+	}
+	time.Sleep(200 * time.Millisecond) // several more scrapes: still one line per replica
+	if n := strings.Count(logs.String(), "block size read from the engine's /metrics"); n != 2 {
+		t.Fatalf("%d log lines for the block size read from /metrics, want one per replica (2):\n%s", n, logs.String())
 	}
 	for range 3 {
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 256, 0, 0, 2))

@@ -112,6 +112,7 @@ const (
 	faultPublish        // a batch NATS refused to publish
 	faultDecode         // a peer's batch that did not decode
 	faultLost           // a peer's batches that never arrived (sequence gaps)
+	faultStale          // a peer's batch at or before one already applied (delivered again)
 	numFaults
 )
 
@@ -120,6 +121,7 @@ var faultWhy = [numFaults]string{
 	"a load batch was not published; peers keep the last share until it expires, counted in kvroute_router_peer_sync_publish_errors_total",
 	"a peer's load batch did not decode (version skew?); counted in kvroute_router_peer_sync_decode_errors_total",
 	"a peer's load batches were lost in transit; its next totals correct the share, counted in kvroute_router_peer_sync_lost_batches_total",
+	"a peer's load batch arrived again or behind a newer one and was ignored (its changes were applied once), counted in kvroute_router_peer_sync_stale_batches_total",
 }
 
 // SyncFaults is what went wrong in the sync since start, for /debug/engines.
@@ -128,6 +130,7 @@ type SyncFaults struct {
 	PublishErrors  uint64 `json:"publish_errors"`
 	DecodeErrors   uint64 `json:"decode_errors"`
 	LostBatches    uint64 `json:"lost_batches"`
+	StaleBatches   uint64 `json:"stale_batches"`
 }
 
 // fault counts n of one kind (the metric c too) and logs the first of each kind.
@@ -142,7 +145,7 @@ func (n *Node) fault(kind int, c prometheus.Counter, count uint64, args ...any) 
 // Faults returns the sync's fault counts.
 func (n *Node) Faults() SyncFaults {
 	return SyncFaults{DroppedChanges: n.faults[faultDropped].Load(), PublishErrors: n.faults[faultPublish].Load(),
-		DecodeErrors: n.faults[faultDecode].Load(), LostBatches: n.faults[faultLost].Load()}
+		DecodeErrors: n.faults[faultDecode].Load(), LostBatches: n.faults[faultLost].Load(), StaleBatches: n.faults[faultStale].Load()}
 }
 
 type peerInfo struct {
@@ -466,10 +469,15 @@ func (n *Node) receive(m *nats.Msg) {
 		}
 		p = &peerInfo{epoch: b.Epoch}
 		n.peers[b.Peer] = p
+	} else if b.Seq <= p.seq {
+		// Applying it again would count its routed requests twice in the balance windows.
+		n.peersMu.Unlock()
+		n.fault(faultStale, n.met.stale, 1, "peer", b.Peer, "seq", b.Seq, "applied", p.seq)
+		return
 	} else if b.Seq > p.seq+1 {
 		n.fault(faultLost, n.met.lost, b.Seq-p.seq-1, "peer", b.Peer)
 	}
-	p.seq, p.seen, p.url, p.ready = max(p.seq, b.Seq), now, b.SnapshotURL, b.Ready
+	p.seq, p.seen, p.url, p.ready = b.Seq, now, b.SnapshotURL, b.Ready
 	n.met.peers.Set(float64(len(n.peers)))
 	n.peersMu.Unlock()
 	n.o.Sink.ApplyPeer(b, now)
@@ -537,10 +545,10 @@ func (n *Node) shutdownServer() {
 
 // nodeMetrics are the sync's collectors (kvroute_router_peer*).
 type nodeMetrics struct {
-	peers                                      prometheus.Gauge
-	lag                                        prometheus.Histogram
-	bytes, batches                             *prometheus.CounterVec
-	lost, dropped, decodeErrors, publishErrors prometheus.Counter
+	peers                                             prometheus.Gauge
+	lag                                               prometheus.Histogram
+	bytes, batches                                    *prometheus.CounterVec
+	lost, stale, dropped, decodeErrors, publishErrors prometheus.Counter
 }
 
 func newNodeMetrics() nodeMetrics {
@@ -557,6 +565,8 @@ func newNodeMetrics() nodeMetrics {
 			Help: "Load-sync batches, by direction (sent, received)."}, []string{"direction"}),
 		lost: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_sync_lost_batches_total",
 			Help: "Peers' batches that never arrived (sequence gaps; the next batch's totals repair the share)."}),
+		stale: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_sync_stale_batches_total",
+			Help: "Peers' batches at or before one already applied (delivered again), ignored."}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_sync_dropped_changes_total",
 			Help: "Local changes not published (buffer full or batch over the payload limit; totals still carried)."}),
 		decodeErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_sync_decode_errors_total",
@@ -569,7 +579,7 @@ func newNodeMetrics() nodeMetrics {
 func (m nodeMetrics) collectors(per1k func() float64) []prometheus.Collector {
 	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvroute_router", Name: "peer_sync_sent_bytes_per_1k_requests",
 		Help: "Load-sync bytes this router published per 1,000 requests it routed, over its life: bytes/s at 1,000 requests/s."}, per1k)
-	return []prometheus.Collector{m.peers, m.lag, m.bytes, m.batches, m.lost, m.dropped, m.decodeErrors, m.publishErrors, g}
+	return []prometheus.Collector{m.peers, m.lag, m.bytes, m.batches, m.lost, m.stale, m.dropped, m.decodeErrors, m.publishErrors, g}
 }
 
 // Register adds the sync's metrics to reg, with the bytes-per-1k-requests gauge.

@@ -324,3 +324,30 @@ func TestRecordNeverWaitsForAStalledServer(t *testing.T) {
 		t.Fatalf("a Record waited %v while the flusher was stalled; want well under %v", worst, publishTimeout)
 	}
 }
+
+// A peer's batch delivered again (or behind a newer one) is counted, shown in Faults, logged
+// once and not applied: applying it would count its routed requests twice in the balance
+// windows. A gap after it is still a loss.
+func TestStaleBatchCountedNotApplied(t *testing.T) {
+	a := startRouter(t, "a")
+	send := func(seq uint64, prefill int64) {
+		b := Batch{Peer: "b", Epoch: 7, Seq: seq, Sent: time.Now().UnixNano(),
+			Totals: []Total{{Replica: "e0/0", Load: Load{Prefill: prefill}}}}
+		if err := a.node.nc.Publish(a.node.o.Subject, EncodeBatch(nil, &b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(5, 100)
+	waitFor(t, "the peer's first batch", func() bool { return a.share.Of("e0/0").Prefill == 100 })
+	send(5, 999) // delivered again
+	send(4, 999) // behind
+	waitFor(t, "two stale batches counted", func() bool { return a.node.Faults().StaleBatches == 2 })
+	if got := testutil.ToFloat64(a.node.met.stale); got != 2 || !a.node.logged[faultStale].Load() {
+		t.Fatalf("stale batches: metric %v, logged %v", got, a.node.logged[faultStale].Load())
+	}
+	send(7, 300) // seq 6 never came
+	waitFor(t, "the newer batch applied", func() bool { return a.share.Of("e0/0").Prefill == 300 })
+	if f := a.node.Faults(); f.LostBatches != 1 || f.StaleBatches != 2 {
+		t.Fatalf("faults %+v, want 1 lost and 2 stale", f)
+	}
+}
