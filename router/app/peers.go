@@ -165,6 +165,15 @@ func (s *Router) peerLoad(r *replica) load.Load {
 	return load.Load{PrefillTokens: l.Prefill, DecodeTokens: l.Decode, Running: l.Running}
 }
 
+// peerPrefill is the prefill the live peers have routed to the replica and not seen reach a
+// first token (load.Options.PeerPrefill).
+func (s *Router) peerPrefill(replica string) int64 {
+	if s.peer == nil {
+		return 0
+	}
+	return s.peer.share.Of(replica).Prefill
+}
+
 // peerObserver publishes the ledger's transitions of this router's requests to its peers
 // (router/peersync batches them; Record never waits on the network). The ledger's id names the
 // request: unique in this router process, which is all a peer needs.
@@ -196,30 +205,65 @@ func (o peerObserver) Failed(id load.ID, r *load.Record) {
 // peerSink folds peers' batches into the share and their routed requests into the ledger: their
 // predicted blocks into the predicted side index, so a sibling that reaches another router
 // still co-locates, and their uncached prefill into the balance windows, so the kv bounds
-// weigh the fleet's routed work and not this router's part of it.
+// weigh the fleet's routed work and not this router's part of it. A peer's first token or
+// failure on a replica, or its routing to a replica with no prefill pending, is progress of
+// that replica's prefill (load.Ledger.PeerProgress), so kv's drain credit reads the replica's
+// last progress, not this router's.
 type peerSink struct {
 	s     *Router
 	share *peersync.Share
 }
 
 func (k *peerSink) ApplyPeer(b *peersync.Batch, now time.Time) {
-	if !k.share.Apply(b, now) {
-		return // a replayed batch: its routed requests are in the windows already
-	}
 	var byName map[string]*replica
-	for i := range b.Deltas {
-		d := &b.Deltas[i]
-		if d.Kind != peersync.Routed {
-			continue
-		}
+	lookup := func(name string) *replica {
 		if byName == nil {
 			byName = map[string]*replica{}
 			for _, r := range k.s.reps() {
 				byName[r.Name] = r
 			}
 		}
-		if r := byName[d.Replica]; r != nil {
+		return byName[name]
+	}
+	// Which replicas had no prefill pending before this batch, as this router and its peers
+	// saw them: the first prefill a peer routes there starts the replica's drain.
+	var idle map[string]bool
+	for i := range b.Deltas {
+		d := &b.Deltas[i]
+		if d.Kind != peersync.Routed || d.Prefill <= 0 {
+			continue
+		}
+		if _, seen := idle[d.Replica]; seen {
+			continue
+		}
+		if r := lookup(d.Replica); r != nil {
+			if idle == nil {
+				idle = map[string]bool{}
+			}
+			idle[d.Replica] = r.Load.Load().PrefillTokens == 0 && k.share.Of(d.Replica).Prefill == 0
+		}
+	}
+	if !k.share.Apply(b, now) {
+		return // a replayed batch: its routed requests are in the windows already
+	}
+	for i := range b.Deltas {
+		d := &b.Deltas[i]
+		r := lookup(d.Replica)
+		if r == nil {
+			continue
+		}
+		switch d.Kind {
+		case peersync.Routed:
 			k.s.ledger.RoutedPeer(r.Load, d.Keys, int(d.Prefill))
+			if idle[d.Replica] {
+				k.s.ledger.PeerProgress(r.Load)
+				idle[d.Replica] = false
+			}
+		case peersync.FirstToken, peersync.Failed:
+			// Done is not progress: it comes after the first token (the prefill moved then),
+			// and a request that ends before one is rare enough to leave to the peer's next
+			// first token.
+			k.s.ledger.PeerProgress(r.Load)
 		}
 	}
 }

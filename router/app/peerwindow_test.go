@@ -57,3 +57,70 @@ func TestPeerRoutedEntersTheWindow(t *testing.T) {
 		}
 	}
 }
+
+// A peer's progress on a replica's prefill moves the replica's PrefillSince, so kv's drain
+// credit reads the replica's last progress whichever router saw it: a peer routing prefill to
+// a replica with none pending starts it, the peer's first token and failure move it, its Done
+// (after the first token) and a routing behind pending prefill do not, and a replayed batch
+// changes nothing.
+func TestPeerProgressMovesPrefillSince(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{KVEventsPort: 0})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
+	rt.waitStreams(t, "exact")
+	var e1 *replica
+	for _, r := range rt.s.reps() {
+		if r.Name == "e1/0" {
+			e1 = r
+		}
+	}
+	if e1 == nil || e1.Load.PrefillSince() != 0 {
+		t.Fatalf("replica e1/0 missing or already progressed: %+v", e1)
+	}
+	sink := &peerSink{s: rt.s, share: peersync.NewShare()}
+	seq := uint64(0)
+	apply := func(total int64, ds ...peersync.Delta) int64 {
+		seq++
+		b := &peersync.Batch{Peer: "router-b", Epoch: 1, Seq: seq, Sent: time.Now().UnixNano(), Deltas: ds}
+		if total > 0 {
+			b.Totals = []peersync.Total{{Replica: "e1/0", Load: peersync.Load{Prefill: total, Running: 1}}}
+		}
+		before := time.Now().UnixNano()
+		sink.ApplyPeer(b, time.Now())
+		return before
+	}
+	atLeast := func(what string, floor int64) int64 {
+		t.Helper()
+		got := e1.Load.PrefillSince()
+		if got < floor {
+			t.Fatalf("%s: since %d, want at least %d", what, got, floor)
+		}
+		return got
+	}
+	unchanged := func(what string, want int64) {
+		t.Helper()
+		if got := e1.Load.PrefillSince(); got != want {
+			t.Fatalf("%s: since moved from %d to %d", what, want, got)
+		}
+	}
+	started := atLeast("a peer routed to the idle replica", apply(480,
+		peersync.Delta{Kind: peersync.Routed, Request: 1, Replica: "e1/0", Prefill: 480, Tokens: 512}))
+	time.Sleep(2 * time.Millisecond)
+	apply(960, peersync.Delta{Kind: peersync.Routed, Request: 2, Replica: "e1/0", Prefill: 480, Tokens: 512})
+	unchanged("a peer routed behind pending prefill", started)
+	seq-- // the same batch delivered again
+	apply(960, peersync.Delta{Kind: peersync.FirstToken, Request: 1, Replica: "e1/0", Tokens: 512})
+	unchanged("a replayed batch", started)
+	time.Sleep(2 * time.Millisecond)
+	first := atLeast("the peer's first token", apply(480, peersync.Delta{Kind: peersync.FirstToken, Request: 1, Replica: "e1/0", Tokens: 512}))
+	if first <= started {
+		t.Fatalf("since %d did not move past %d at the peer's first token", first, started)
+	}
+	time.Sleep(2 * time.Millisecond)
+	apply(480, peersync.Delta{Kind: peersync.Done, Request: 1, Replica: "e1/0"})
+	unchanged("the peer's Done after its first token", first)
+	time.Sleep(2 * time.Millisecond)
+	failed := atLeast("the peer's failure before a first token", apply(0, peersync.Delta{Kind: peersync.Failed, Request: 2, Replica: "e1/0"}))
+	if failed <= first {
+		t.Fatalf("since %d did not move past %d at the peer's failure", failed, first)
+	}
+}

@@ -182,7 +182,11 @@ func New(o Options) (*Router, error) {
 		// Publishes the ledger's transitions once startPeers below has joined the group.
 		observers = append(append([]load.Observer{}, observers...), peerObserver{s: s})
 	}
-	s.ledger = load.New(load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: observers})
+	lo := load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: observers}
+	if o.Config.Peers != nil {
+		lo.PeerPrefill = s.peerPrefill
+	}
+	s.ledger = load.New(lo)
 	lim := o.Config.Limits
 	idle := lim.IdleTimeout.Duration
 	if o.IdleTimeout > 0 {

@@ -36,6 +36,12 @@ type Options struct {
 	// Calibration is the engine timing a replica is assumed to have before any first token is
 	// seen in the fleet (score.DefaultCalibration when zero).
 	Calibration score.Calibration
+	// PeerPrefill is the prefill other router replicas have routed to the replica (by name)
+	// whose first token they have not seen (their shared totals; router/peersync); nil: none.
+	// A routing that finds it positive does not restart the replica's PrefillSince: the
+	// replica was not idle, and the peers' prefill there has been draining since its last
+	// progress (PeerProgress).
+	PeerPrefill func(replica string) int64
 }
 
 // Observer is the seam where a request's lifecycle is watched (trace capture, prompt audit).
@@ -156,6 +162,8 @@ type Ledger struct {
 	win *score.Windows
 	// cal is every replica's engine timing, fitted from first-token times (its own lock).
 	cal *Calibrations
+	// peerPrefillOf is Options.PeerPrefill (nil: no peers).
+	peerPrefillOf func(replica string) int64
 }
 
 // ErrUnknown is returned for an id the ledger does not hold (finished, or never routed).
@@ -173,7 +181,7 @@ func New(o Options) *Ledger {
 	return &Ledger{now: o.Now, obs: o.Observers, pol: o.Policy, live: map[ID]*Record{},
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
 		approx: index.NewApproximate(index.SideOptions{}),
-		win:    score.NewWindows(span), cal: NewCalibrations(o.Calibration)}
+		win:    score.NewWindows(span), cal: NewCalibrations(o.Calibration), peerPrefillOf: o.PeerPrefill}
 }
 
 // Generation is a number that moves after every change to what a decision reads from the ledger
@@ -317,7 +325,7 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 			l.approx.Predict(r.Replica.ID, r.Keys, rc.At)
 		}
 	}
-	if r.Replica.prefill.Add(int64(r.Uncached)) == int64(r.Uncached) {
+	if r.Replica.prefill.Add(int64(r.Uncached)) == int64(r.Uncached) && l.peerPrefill(r.Replica.Name) <= 0 {
 		r.Replica.since.Store(rc.At.UnixNano())
 	}
 	r.Replica.running.Add(1)
@@ -462,6 +470,36 @@ func (l *Ledger) RoutedPeer(r *Replica, keys []blockkey.Key, uncached int) {
 	}
 	l.win.Add(r.Name, now.UnixNano(), float64(uncached))
 	l.gen.Add(1)
+}
+
+func (l *Ledger) peerPrefill(replica string) int64 {
+	if l.peerPrefillOf == nil {
+		return 0
+	}
+	return l.peerPrefillOf(replica)
+}
+
+// PeerProgress records that another router replica saw r's routed prefill move at the ledger's
+// now: one of its requests there reached its first token or failed before one, or it routed
+// prefill to r while r had none pending (idle, as far as this router's counter and the peers'
+// shared totals say). r's PrefillSince then covers the whole replica's prefill, not only this
+// router's part, so kv's drain credit applies to the peers' part too, and this router's next
+// drain observation measures from the replica's last progress rather than its own (through
+// three routers its own was about three first tokens old, so the measured rate read about a
+// third of the engine's). A peer's change arrives within its flush interval (20 ms) plus
+// transit: PrefillSince can only be that much late, which credits less, never more. It never
+// moves PrefillSince back.
+func (l *Ledger) PeerProgress(r *Replica) {
+	if r.gone.Load() {
+		return
+	}
+	now := l.now().UnixNano()
+	for {
+		old := r.since.Load()
+		if old >= now || r.since.CompareAndSwap(old, now) {
+			return
+		}
+	}
 }
 
 // ExportApprox returns at most max of r's unexpired approximate-index entries (a peer's

@@ -484,3 +484,69 @@ func TestPrefillDrainRate(t *testing.T) {
 		t.Fatalf("drain %v tokens/s, want %v", got, want)
 	}
 }
+
+// With peers, PrefillSince is the replica's last progress any router saw: a peer's progress
+// moves it forward (never back), a routing behind the peers' pending prefill does not restart
+// it, and this router's next first token measures the drain from the peer's progress.
+func TestPeerProgress(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	var peerPrefill int64
+	l := New(Options{Now: c.now, Policy: &recorder{}, PeerPrefill: func(string) int64 { return peerPrefill }})
+	r := l.NewReplica(0, "e0/0")
+	l.PeerProgress(r) // a peer routed the replica's first prefill
+	start := c.t.UnixNano()
+	peerPrefill = 2000
+	if got := r.PrefillSince(); got != start {
+		t.Fatalf("since %d after a peer's progress, want %d", got, start)
+	}
+	c.t = c.t.Add(200 * time.Millisecond)
+	route := func(unc int) ID {
+		req := &score.Request{Keys: keys(2), Tokens: unc, BlockSize: 16}
+		id, _, err := l.Decide(req, []score.Candidate{{ID: "e0/0", Healthy: true}}, nil, func(int) Routing {
+			return Routing{Replica: r, Keys: req.Keys, Uncached: unc, Held: unc}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a := route(1000) // this router's counter leaves zero, but the peer's 2,000 are pending
+	if got := r.PrefillSince(); got != start {
+		t.Fatalf("since moved to %d on a routing behind the peers' prefill, want %d", got, start)
+	}
+	c.t = c.t.Add(300 * time.Millisecond) // the peer's first token, 0.5 s after it started
+	peerPrefill = 0
+	l.PeerProgress(r)
+	peerAt := c.t.UnixNano()
+	if got := r.PrefillSince(); got != peerAt {
+		t.Fatalf("since %d after the peer's first token, want %d", got, peerAt)
+	}
+	late := *c
+	c.t = c.t.Add(-50 * time.Millisecond) // a peer's batch applied late: since never moves back
+	l.PeerProgress(r)
+	if got := r.PrefillSince(); got != peerAt {
+		t.Fatalf("since moved back to %d, want %d", got, peerAt)
+	}
+	*c = late
+	c.t = c.t.Add(250 * time.Millisecond) // 1,000 tokens in the 0.25 s since the peer's first token
+	if err := l.FirstToken(a); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Calibration("e0/0").DrainTokensPerS; math.Abs(got-4000) > 1e-6 {
+		t.Fatalf("drain %v tokens/s, want 4,000 (1,000 tokens since the peer's progress)", got)
+	}
+	// Without peers' prefill a routing that starts the counter restarts since, as before.
+	c.t = c.t.Add(time.Second)
+	route(500)
+	if got := r.PrefillSince(); got != c.t.UnixNano() {
+		t.Fatalf("since %d after routing to an idle replica, want %d", got, c.t.UnixNano())
+	}
+	// A replica that left the fleet takes no progress.
+	l.Remove(r)
+	was := r.PrefillSince()
+	c.t = c.t.Add(time.Second)
+	l.PeerProgress(r)
+	if r.PrefillSince() != was {
+		t.Fatal("a removed replica's since moved")
+	}
+}

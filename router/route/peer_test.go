@@ -30,10 +30,10 @@ func TestPeerLoadAddedToCandidates(t *testing.T) {
 	if c := d.Cands[1]; c.PrefillTokens != 0 || c.Running != 0 {
 		t.Fatalf("candidate without load: %+v", c)
 	}
-	// The peer's prefill started at times this ledger did not see: it is passed apart, so the
-	// drain credit (this router's clock) is not applied to it.
-	if c := d.Cands[0]; c.PeerPrefillTokens != 300 || c.PrefillSince != now.UnixNano() {
-		t.Fatalf("candidate with a peer's prefill: peer part %d, since %d; want 300 and the routing's %d", c.PeerPrefillTokens, c.PrefillSince, now.UnixNano())
+	// The whole prefill is credited from the replica's last progress (score's prefillAhead):
+	// here this router's routing, the replica having been idle.
+	if c := d.Cands[0]; c.PrefillSince != now.UnixNano() {
+		t.Fatalf("candidate with a peer's prefill: since %d; want the routing's %d", c.PrefillSince, now.UnixNano())
 	}
 	bd := d.Breakdowns(nil)
 	if bd[0].PeerLoad == nil || *bd[0].PeerLoad != peer || bd[1].PeerLoad != nil {

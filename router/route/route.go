@@ -251,10 +251,8 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 			ld.DecodeTokens += r.Peer.DecodeTokens
 			ld.Running += r.Peer.Running
 		}
-		// The drain credit (score.Candidate.PrefillSince) is for the prefill this ledger saw start
-		// and progress; the peers' part is passed apart and read as it is.
 		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
-			PrefillTokens: int(ld.PrefillTokens), PeerPrefillTokens: int(r.Peer.PrefillTokens), PrefillSince: r.Load.PrefillSince(),
+			PrefillTokens: int(ld.PrefillTokens), PrefillSince: r.Load.PrefillSince(),
 			DecodeTokens: int(ld.DecodeTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
 			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name)}

@@ -17,15 +17,6 @@ func TestPrefillAheadDrains(t *testing.T) {
 			t.Errorf("at %d ns ahead = %v, want %v", tc.now, got, tc.want)
 		}
 	}
-	// Peers' prefill (their totals) is not this router's to credit: only the own part drains.
-	withPeer := c
-	withPeer.PrefillTokens, withPeer.PeerPrefillTokens = 14000, 4000
-	if got := prefillAhead(&withPeer, 10*sec+sec/2); math.Abs(got-9000) > 1e-6 {
-		t.Errorf("with 4,000 peer tokens, half a second in: ahead = %v, want 5,000 own + 4,000 peer", got)
-	}
-	if got := prefillAhead(&withPeer, 20*sec); math.Abs(got-4000) > 1e-6 {
-		t.Errorf("own part drained: ahead = %v, want the peers' 4,000", got)
-	}
 	noRate := c
 	noRate.Calib.DrainTokensPerS = 0
 	noStart := c

@@ -142,17 +142,17 @@ func (k *kvV1Policy) load(c *Candidate, nowNs int64) float64 {
 // pending (router/load, Calibrations.ObserveDrain). Before any first token the rate is 0 and this
 // is the counter.
 //
-// Peers' prefill (PeerPrefillTokens, part of PrefillTokens) started at times this router's
-// ledger did not see, so PrefillSince says nothing of it: it is read as it is, and only this
-// router's part is credited.
+// With several routers PrefillTokens includes the peers' part (their shared totals), and
+// PrefillSince is the replica's last progress that any of them saw (load.Ledger.PeerProgress):
+// vLLM drains the replica's waiting prefill in one FCFS order whoever routed it, so the whole
+// counter is credited.
 func prefillAhead(c *Candidate, nowNs int64) float64 {
-	peer := float64(max(c.PeerPrefillTokens, 0))
-	own := float64(c.PrefillTokens) - peer
+	ahead := float64(c.PrefillTokens)
 	rate := c.Calib.DrainTokensPerS
-	if own <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
-		return math.Max(own, 0) + peer
+	if ahead <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
+		return math.Max(ahead, 0)
 	}
-	return math.Max(own-float64(nowNs-c.PrefillSince)/1e9*rate, 0) + peer
+	return math.Max(ahead-float64(nowNs-c.PrefillSince)/1e9*rate, 0)
 }
 
 func growV1(s []float64, n int) []float64 {

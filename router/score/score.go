@@ -73,12 +73,10 @@ type Candidate struct {
 	PrefillTokens int
 	// PrefillSince is when PrefillTokens last dropped (a first token) or went from none to
 	// some, in unix ns on the request clock (0: unknown): the oldest routed prefill there has
-	// been computing since then at the latest (vLLM schedules FCFS). kv reads it to credit the
-	// progress the counter does not show (kv_v1.go, prefillAhead).
+	// been computing since then at the latest (vLLM schedules FCFS). With several routers it is
+	// the last such moment any of them saw (load.Ledger.PeerProgress). kv reads it to credit
+	// the progress the counter does not show (kv_v1.go, prefillAhead).
 	PrefillSince int64
-	// PeerPrefillTokens is the part of PrefillTokens other router replicas routed (their shared
-	// totals); PrefillSince is this router's clock and says nothing of it.
-	PeerPrefillTokens int
 	// DecodeTokens is the tokens held by the replica's running sequences.
 	DecodeTokens int
 	// Queue is the number of waiting requests; Running the number of running ones.
