@@ -44,8 +44,11 @@ type routersRun struct {
 	Routers  int     `json:"routers"`
 	Cached   float64 `json:"cached"`    // engines' cached tokens / prompt tokens
 	MaxShare float64 `json:"max_share"` // busiest engine's requests / fair share
-	TTFTP90  float64 `json:"ttft_p90_s"`
-	Errors   int     `json:"errors"`
+	// WorkShare is the busiest engine's uncached prompt tokens / fair share (0 in results
+	// recorded before it was).
+	WorkShare float64 `json:"work_share,omitempty"`
+	TTFTP90   float64 `json:"ttft_p90_s"`
+	Errors    int     `json:"errors"`
 	// The load sync, all routers: bytes published per request replayed, mean lag, fewest peers
 	// a router saw at the end, batches lost in transit and changes dropped unpublished.
 	SyncBytesPerRequest float64 `json:"sync_bytes_per_request"`
@@ -101,8 +104,8 @@ func TestRoutersOneAndThree(t *testing.T) {
 		for _, c := range cases {
 			for _, n := range order {
 				r := replayRouters(t, binDir, c, seed, n)
-				t.Logf("%s seed %d, %d routers: cached %.4f, max_share %.3f, ttft p90 %.3fs, errors %d, sync %.0f B/request, lag %.2f ms, fewest peers %d, %.0f lost batches, %.0f dropped changes",
-					c.name, seed, n, r.Cached, r.MaxShare, r.TTFTP90, r.Errors, r.SyncBytesPerRequest, r.SyncLagMs, r.FewestPeers, r.LostBatches, r.DroppedChanges)
+				t.Logf("%s seed %d, %d routers: cached %.4f, max_share %.3f, work_share %.3f, ttft p90 %.3fs, errors %d, sync %.0f B/request, lag %.2f ms, fewest peers %d, %.0f lost batches, %.0f dropped changes",
+					c.name, seed, n, r.Cached, r.MaxShare, r.WorkShare, r.TTFTP90, r.Errors, r.SyncBytesPerRequest, r.SyncLagMs, r.FewestPeers, r.LostBatches, r.DroppedChanges)
 				runs = append(runs, r)
 				if resultsFile != "" {
 					appendJSONLine(t, resultsFile, r)
@@ -131,7 +134,7 @@ func replayRouters(t *testing.T, binDir string, c routersCase, seed, n int) rout
 		t.Fatalf("kvbench %s: %v\n%s", strings.Join(args, " "), err, stdout.String())
 	}
 	s, run := out.Results[0], out.Runs[0]
-	r := routersRun{Case: c.name, Seed: seed, Routers: n, Cached: s.CachedRatio.Mean, MaxShare: s.MaxEngineShare.Mean,
+	r := routersRun{Case: c.name, Seed: seed, Routers: n, Cached: s.CachedRatio.Mean, MaxShare: s.MaxEngineShare.Mean, WorkShare: s.MaxEngineWorkShare.Mean,
 		TTFTP90: s.TTFTP90.Mean, Errors: s.Errors, FewestPeers: n - 1}
 	var bytes, lag float64
 	for _, rs := range run.RouterSync {
@@ -152,8 +155,8 @@ func replayRouters(t *testing.T, binDir string, c routersCase, seed, n int) rout
 // the paired per-seed ratios (3 routers / 1 router), mean [95% t-interval].
 func routersTable(runs []routersRun, cases []routersCase) string {
 	var b strings.Builder
-	b.WriteString("| case | seeds | cached, 1 router | cached, 3 routers | cached ratio 3/1 | max_share, 1 | max_share, 3 | balance ratio 3/1 | TTFT p90 ratio 3/1 | sync B/request | sync lag | errors |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| case | seeds | cached, 1 router | cached, 3 routers | cached ratio 3/1 | max_share, 1 | max_share, 3 | balance ratio 3/1 | work balance ratio 3/1 | TTFT p90 ratio 3/1 | sync B/request | sync lag | errors |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range cases {
 		one, three := map[int]routersRun{}, map[int]routersRun{}
 		for _, r := range runs {
@@ -165,7 +168,7 @@ func routersTable(runs []routersRun, cases []routersCase) string {
 				three[r.Seed] = r
 			}
 		}
-		var c1, c3, m1, m3, hit, bal, ttft, sync, lag []float64
+		var c1, c3, m1, m3, hit, bal, work, ttft, sync, lag []float64
 		errs := 0
 		for seed, a := range one {
 			z, ok := three[seed]
@@ -175,6 +178,9 @@ func routersTable(runs []routersRun, cases []routersCase) string {
 			c1, c3, m1, m3 = append(c1, a.Cached), append(c3, z.Cached), append(m1, a.MaxShare), append(m3, z.MaxShare)
 			hit = append(hit, z.Cached/a.Cached) // NaN (left out) when neither cached anything
 			bal = append(bal, z.MaxShare/a.MaxShare)
+			if a.WorkShare > 0 && z.WorkShare > 0 {
+				work = append(work, z.WorkShare/a.WorkShare)
+			}
 			ttft = append(ttft, z.TTFTP90/a.TTFTP90)
 			sync, lag = append(sync, z.SyncBytesPerRequest), append(lag, z.SyncLagMs)
 			errs += a.Errors + z.Errors
@@ -182,17 +188,19 @@ func routersTable(runs []routersRun, cases []routersCase) string {
 		if len(hit) == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.3f | %.3f | %s | %.3f | %.3f | %s | %s | %.0f | %.1f ms | %d |\n", c.name, len(hit),
-			mean(c1), mean(c3), ratioCI(hit), mean(m1), mean(m3), ratioCI(bal), ratioCI(ttft), mean(sync), mean(lag), errs)
+		fmt.Fprintf(&b, "| %s | %d | %.3f | %.3f | %s | %.3f | %.3f | %s | %s | %s | %.0f | %.1f ms | %d |\n", c.name, len(hit),
+			mean(c1), mean(c3), ratioCI(hit, "- (nothing cached)"), mean(m1), mean(m3), ratioCI(bal, "-"), ratioCI(work, "- (not recorded)"),
+			ratioCI(ttft, "-"), mean(sync), mean(lag), errs)
 	}
 	return b.String()
 }
 
-// ratioCI prints a per-seed ratio's mean and 95% t-interval (replay.TInterval).
-func ratioCI(xs []float64) string {
+// ratioCI prints a per-seed ratio's mean and 95% t-interval (replay.TInterval), or none when
+// there is no ratio to take.
+func ratioCI(xs []float64, none string) string {
 	iv := replay.TInterval(xs)
 	if math.IsNaN(iv.Mean) {
-		return "- (nothing cached)"
+		return none
 	}
 	return fmt.Sprintf("%.3f [%.3f, %.3f]", iv.Mean, iv.Lo, iv.Hi)
 }
@@ -256,15 +264,15 @@ func readRoutersRuns(t *testing.T, path string) []routersRun {
 // The comparison pairs runs by seed and divides 3 routers by 1.
 func TestRoutersTable(t *testing.T) {
 	runs := []routersRun{
-		{Case: "a", Seed: 1, Routers: 1, Cached: 0.5, MaxShare: 1, TTFTP90: 1},
-		{Case: "a", Seed: 1, Routers: 3, Cached: 0.55, MaxShare: 1.1, TTFTP90: 2, SyncBytesPerRequest: 500},
-		{Case: "a", Seed: 2, Routers: 3, Cached: 0.45, MaxShare: 0.9, TTFTP90: 1},
-		{Case: "a", Seed: 2, Routers: 1, Cached: 0.5, MaxShare: 1, TTFTP90: 1},
+		{Case: "a", Seed: 1, Routers: 1, Cached: 0.5, MaxShare: 1, WorkShare: 1, TTFTP90: 1},
+		{Case: "a", Seed: 1, Routers: 3, Cached: 0.55, MaxShare: 1.1, WorkShare: 1.2, TTFTP90: 2, SyncBytesPerRequest: 500},
+		{Case: "a", Seed: 2, Routers: 3, Cached: 0.45, MaxShare: 0.9, WorkShare: 1, TTFTP90: 1},
+		{Case: "a", Seed: 2, Routers: 1, Cached: 0.5, MaxShare: 1, WorkShare: 1, TTFTP90: 1},
 		{Case: "a", Seed: 3, Routers: 1, Cached: 0.9, MaxShare: 1, TTFTP90: 1}, // unpaired: left out
 		{Case: "b", Seed: 1, Routers: 1}, {Case: "b", Seed: 1, Routers: 3},
 	}
 	got := routersTable(runs, []routersCase{{name: "a"}, {name: "b"}})
-	for _, want := range []string{"| a | 2 | 0.500 | 0.500 | 1.000 [0.900, 1.100] |", "| 1.000 [0.900, 1.100] | 1.500 [1.000, 2.000] | 250 |", "| b | 1 | 0.000 | 0.000 | - (nothing cached) |"} {
+	for _, want := range []string{"| a | 2 | 0.500 | 0.500 | 1.000 [0.900, 1.100] |", "| 1.000 [0.900, 1.100] | 1.100 [1.000, 1.200] | 1.500 [1.000, 2.000] | 250 |", "| b | 1 | 0.000 | 0.000 | - (nothing cached) |", "| - (not recorded) |"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, got)
 		}

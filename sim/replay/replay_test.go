@@ -334,6 +334,15 @@ func TestSummarizeAndScaleUp(t *testing.T) {
 	if got := Summarize([]*RunResult{sp})[0].MaxEngineShare.Mean; got != 1.5 {
 		t.Fatalf("max engine share %v, want 1.5", got)
 	}
+	// Work: engine-1's one request is 600 uncached tokens against engine-0's three of 100 (one
+	// of them half cached): 600 of 850 on 2 engines is 1.41 x a fair share, where requests are
+	// 1.5 on engine-0.
+	wk := &RunResult{Policy: "kv", Seed: 1, Wall: 1, Engines: []string{"engine-0", "engine-1"}}
+	wk.Outcomes = []Outcome{{Engine: "engine-0", PromptTokens: 100}, {Engine: "engine-0", PromptTokens: 100, CachedTokens: 50},
+		{Engine: "engine-0", PromptTokens: 100}, {Engine: "engine-1", PromptTokens: 600}}
+	if got, want := Summarize([]*RunResult{wk})[0].MaxEngineWorkShare.Mean, 600.0*2/850; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("max engine work share %v, want %v", got, want)
+	}
 	// An engine that got nothing still counts towards the fair share.
 	if got := maxShare(map[string]int{"a": 2}, 4, 2); got != 4 {
 		t.Fatalf("all on one of 4 engines: %v, want 4", got)

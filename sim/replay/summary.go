@@ -27,6 +27,11 @@ type Summary struct {
 	// MaxEngineShare is the busiest engine's successful requests over a fair share (requests /
 	// engines): 1 is an even spread, the engine count is everything on one engine.
 	MaxEngineShare Interval `json:"max_engine_share"`
+	// MaxEngineWorkShare is the same over the work the engines did: the busiest engine's
+	// uncached prompt tokens (prompt less cached, as the engines reported them) over a fair
+	// share. Prompts of very different lengths can balance requests and not work, or the
+	// other way round; the kv policy balances work.
+	MaxEngineWorkShare Interval `json:"max_engine_work_share"`
 	// Scale-up runs only.
 	NewShareOfFair *Interval `json:"new_share_of_fair,omitempty"`
 	HitDrop        *Interval `json:"hit_drop,omitempty"`
@@ -59,12 +64,12 @@ func Summarize(runs []*RunResult) []Summary {
 func summarize(runs []*RunResult) Summary {
 	_, events := SplitPolicy(runs[0].Policy)
 	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes), RouterEvents: events}
-	var p50, p90, p99, e50, e90, thr, otps, cached, spread, share, drop []float64
+	var p50, p90, p99, e50, e90, thr, otps, cached, spread, workSpread, share, drop []float64
 	seen := map[string]bool{}
 	for _, r := range runs {
 		var ttft, e2e []float64
-		var c, p, gen int
-		perEngine := map[string]int{}
+		var c, p, gen, work int
+		perEngine, perWork := map[string]int{}, map[string]int{}
 		for _, o := range r.Outcomes {
 			if o.Held > 0 {
 				s.Held++
@@ -83,6 +88,8 @@ func summarize(runs []*RunResult) Summary {
 			p += o.PromptTokens
 			gen += o.OutputTokens
 			perEngine[o.Engine]++
+			perWork[o.Engine] += max(o.PromptTokens-o.CachedTokens, 0)
+			work += max(o.PromptTokens-o.CachedTokens, 0)
 		}
 		sort.Float64s(ttft)
 		sort.Float64s(e2e)
@@ -99,6 +106,7 @@ func summarize(runs []*RunResult) Summary {
 		otps = append(otps, float64(gen)/wall)
 		cached = append(cached, ratio(c, p))
 		spread = append(spread, maxShare(perEngine, len(r.Engines), len(ttft)))
+		workSpread = append(workSpread, maxShare(perWork, len(r.Engines), work))
 		if r.Accuracy != nil {
 			s.Accuracy = addModes(s.Accuracy, r.Accuracy)
 		}
@@ -110,7 +118,7 @@ func summarize(runs []*RunResult) Summary {
 	s.TTFTP50, s.TTFTP90, s.TTFTP99 = TInterval(p50), TInterval(p90), TInterval(p99)
 	s.E2EP50, s.E2EP90 = TInterval(e50), TInterval(e90)
 	s.Throughput, s.OutputTPS, s.CachedRatio = TInterval(thr), TInterval(otps), TInterval(cached)
-	s.MaxEngineShare = TInterval(spread)
+	s.MaxEngineShare, s.MaxEngineWorkShare = TInterval(spread), TInterval(workSpread)
 	if len(share) > 0 {
 		a, b := TInterval(share), TInterval(drop)
 		s.NewShareOfFair, s.HitDrop = &a, &b
@@ -118,7 +126,8 @@ func summarize(runs []*RunResult) Summary {
 	return s
 }
 
-// maxShare is the busiest engine's requests over requests/engines (NaN with no requests).
+// maxShare is the busiest engine's requests over requests/engines (NaN with no requests); with
+// tokens per engine and their total, the same over tokens.
 func maxShare(perEngine map[string]int, engines, requests int) float64 {
 	engines = max(engines, len(perEngine))
 	if requests == 0 || engines == 0 {
