@@ -9,6 +9,7 @@ package load
 
 import (
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -308,11 +309,12 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 		}
 	}
 	*rc = Record{Routing: r, At: l.now()}
-	// The calibration's features are what the policy saw when it chose (peers' load included);
-	// a choice made elsewhere reads this router's counters.
+	// The calibration's features are what the policy saw when it chose (peers' load included,
+	// the prefill ahead less what drained since it last moved: score.PrefillAhead, as kv-ttft
+	// reads it); a choice made elsewhere reads this router's counters.
 	if r.Req != nil && r.Chosen >= 0 && r.Chosen < len(r.Cands) {
 		c := &r.Cands[r.Chosen]
-		rc.Ahead, rc.Decoding = c.PrefillTokens, c.DecodeTokens
+		rc.Ahead, rc.Decoding = int(math.Round(score.PrefillAhead(c, r.Req.NowNs))), c.DecodeTokens
 	} else {
 		rc.Ahead, rc.Decoding = int(r.Replica.prefill.Load()), int(r.Replica.decode.Load())
 	}

@@ -30,7 +30,7 @@ func TestPeerLoadAddedToCandidates(t *testing.T) {
 	if c := d.Cands[1]; c.PrefillTokens != 0 || c.Running != 0 {
 		t.Fatalf("candidate without load: %+v", c)
 	}
-	// The whole prefill is credited from the replica's last progress (score's prefillAhead):
+	// The whole prefill is credited from the replica's last progress (score.PrefillAhead):
 	// here this router's routing, the replica having been idle.
 	if c := d.Cands[0]; c.PrefillSince != now.UnixNano() {
 		t.Fatalf("candidate with a peer's prefill: since %d; want the routing's %d", c.PrefillSince, now.UnixNano())

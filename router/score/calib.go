@@ -1,5 +1,7 @@
 package score
 
+import "math"
+
 // Calibration is one replica's engine timing as the router has measured it (router/load fits it
 // from observed first-token times): the expected time to first token of a request routed there
 // is
@@ -38,9 +40,41 @@ func (c Calibration) Or(d Calibration) Calibration {
 	return c
 }
 
-// TTFT is the expected time to first token of a request whose own uncached prefill is uncached
-// tokens on a replica with candidate c's load, under this calibration.
-func (c Calibration) TTFT(cand *Candidate, uncached float64) float64 {
-	return c.LatencyS + c.SecondsPerToken*(float64(cand.PrefillTokens)+uncached) +
+// TTFT is the expected time to first token at nowNs of a request whose own uncached prefill is
+// uncached tokens on a replica with candidate c's load, under this calibration. The prefill
+// ahead is the ledger's counter less what the replica drained since it last moved
+// (PrefillAhead): the fit's feature is the same quantity (router/load records it at routing).
+func (c Calibration) TTFT(cand *Candidate, uncached float64, nowNs int64) float64 {
+	return c.LatencyS + c.SecondsPerToken*(PrefillAhead(cand, nowNs)+uncached) +
 		c.SecondsPerDecodeToken*float64(cand.DecodeTokens)
+}
+
+// PrefillAhead is the routed prefill still ahead of a request sent to c at nowNs: the ledger's
+// counter less what the replica has drained since its prefill last moved (c.PrefillSince: its
+// last first token, or the counter leaving zero) at the measured drain rate
+// (Calib.DrainTokensPerS), never below zero. The counter drops only at first tokens, so without
+// this a replica about to finish a long prefill looks as busy as one that just began it, and
+// among equal counters least-queued-prefill picks by the decode term, which says nothing about
+// when each replica's pending prefill ends (round-robin's turn order does).
+//
+// The rate is the one measured from first tokens, not the TTFT fit's slope: vLLM's scheduler
+// (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) serves the running requests first in
+// every step (a decode token each, or a partial prefill's next chunk) and then waiting requests
+// FCFS while the step's token budget (max_num_batched_tokens) lasts, so pending prefill drains at
+// the budget the decodes leave, per step time, oldest first. The ledger measures that drain
+// directly: uncached tokens that reached their first token over the time the replica had prefill
+// pending (router/load, Calibrations.ObserveDrain). Before any first token the rate is 0 and this
+// is the counter.
+//
+// With several routers PrefillTokens includes the peers' part (their shared totals), and
+// PrefillSince is the replica's last progress that any of them saw (load.Ledger.PeerProgress):
+// vLLM drains the replica's waiting prefill in one FCFS order whoever routed it, so the whole
+// counter is credited.
+func PrefillAhead(c *Candidate, nowNs int64) float64 {
+	ahead := float64(c.PrefillTokens)
+	rate := c.Calib.DrainTokensPerS
+	if ahead <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
+		return math.Max(ahead, 0)
+	}
+	return math.Max(ahead-float64(nowNs-c.PrefillSince)/1e9*rate, 0)
 }

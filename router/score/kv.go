@@ -113,7 +113,7 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 			continue
 		}
 		cal := c.Calib.Or(DefaultCalibration)
-		e.ttft[i] = cal.TTFT(c, e.unc[i])
+		e.ttft[i] = cal.TTFT(c, e.unc[i], req.NowNs)
 		span := k.span(c, req.NowNs)
 		e.lambda[i] = float64(c.Window.Requests) / span
 		e.rho[i] = math.Min(c.Window.Tokens*cal.SecondsPerToken/span, k.p.RhoMax)
@@ -168,7 +168,7 @@ func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 			{"miss_s", e.miss[i]},
 			{"extra_uncached_tokens", e.unc[i] - e.minUnc},
 			{"latency_s", cal.LatencyS},
-			{"queued_prefill_s", cal.SecondsPerToken * float64(c.PrefillTokens)},
+			{"queued_prefill_s", cal.SecondsPerToken * PrefillAhead(c, req.NowNs)},
 			{"own_prefill_s", cal.SecondsPerToken * e.unc[i]},
 			{"decode_s", cal.SecondsPerDecodeToken * float64(c.DecodeTokens)},
 			{"prefill_tokens_per_s", 1 / cal.SecondsPerToken},

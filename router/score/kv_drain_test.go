@@ -13,7 +13,7 @@ func TestPrefillAheadDrains(t *testing.T) {
 		now  int64
 		want float64
 	}{{10 * sec, 10000}, {10*sec + sec/2, 5000}, {11 * sec, 0}, {20 * sec, 0}} {
-		if got := prefillAhead(&c, tc.now); math.Abs(got-tc.want) > 1e-6 {
+		if got := PrefillAhead(&c, tc.now); math.Abs(got-tc.want) > 1e-6 {
 			t.Errorf("at %d ns ahead = %v, want %v", tc.now, got, tc.want)
 		}
 	}
@@ -22,7 +22,7 @@ func TestPrefillAheadDrains(t *testing.T) {
 	noStart := c
 	noStart.PrefillSince = 0
 	for _, x := range []Candidate{noRate, noStart} {
-		if got := prefillAhead(&x, 20*sec); got != 10000 {
+		if got := PrefillAhead(&x, 20*sec); got != 10000 {
 			t.Errorf("%+v: ahead = %v, want the counter 10000", x, got)
 		}
 	}

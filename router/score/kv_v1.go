@@ -122,37 +122,7 @@ func (k *kvV1Policy) span(c *Candidate, now int64) float64 {
 // sequences then looked cheaper than an idle one (fleet model, no-reuse at 12 req/s: 1,223 of
 // 4,000 decisions against 81; docs/benchmarks.md, "Prefill drain").
 func (k *kvV1Policy) load(c *Candidate, nowNs int64) float64 {
-	return k.p.QueuedPrefillWeight * (prefillAhead(c, nowNs) + k.p.DecodeWeight*float64(c.DecodeTokens))
-}
-
-// prefillAhead is the routed prefill still ahead of a request sent to c at nowNs: the ledger's
-// counter less what the replica has drained since its prefill last moved (c.PrefillSince: its
-// last first token, or the counter leaving zero) at the measured drain rate
-// (Calib.DrainTokensPerS), never below zero. The counter drops only at first tokens, so without
-// this a replica about to finish a long prefill looks as busy as one that just began it, and
-// among equal counters least-queued-prefill picks by the decode term, which says nothing about
-// when each replica's pending prefill ends (round-robin's turn order does).
-//
-// The rate is the one measured from first tokens, not the TTFT fit's slope: vLLM's scheduler
-// (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) serves the running requests first in
-// every step (a decode token each, or a partial prefill's next chunk) and then waiting requests
-// FCFS while the step's token budget (max_num_batched_tokens) lasts, so pending prefill drains at
-// the budget the decodes leave, per step time, oldest first. The ledger measures that drain
-// directly: uncached tokens that reached their first token over the time the replica had prefill
-// pending (router/load, Calibrations.ObserveDrain). Before any first token the rate is 0 and this
-// is the counter.
-//
-// With several routers PrefillTokens includes the peers' part (their shared totals), and
-// PrefillSince is the replica's last progress that any of them saw (load.Ledger.PeerProgress):
-// vLLM drains the replica's waiting prefill in one FCFS order whoever routed it, so the whole
-// counter is credited.
-func prefillAhead(c *Candidate, nowNs int64) float64 {
-	ahead := float64(c.PrefillTokens)
-	rate := c.Calib.DrainTokensPerS
-	if ahead <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
-		return math.Max(ahead, 0)
-	}
-	return math.Max(ahead-float64(nowNs-c.PrefillSince)/1e9*rate, 0)
+	return k.p.QueuedPrefillWeight * (PrefillAhead(c, nowNs) + k.p.DecodeWeight*float64(c.DecodeTokens))
 }
 
 func growV1(s []float64, n int) []float64 {
@@ -333,7 +303,7 @@ func (k *kvV1Policy) Explain(req *Request, cands []Candidate) []Explanation {
 		}
 		out[i].Terms = []Term{
 			{"uncached_tokens", e.unc[i] / e.scale[i]},
-			{"queued_prefill", k.p.QueuedPrefillWeight * prefillAhead(c, req.NowNs)},
+			{"queued_prefill", k.p.QueuedPrefillWeight * PrefillAhead(c, req.NowNs)},
 			{"decode", k.p.QueuedPrefillWeight * k.p.DecodeWeight * float64(c.DecodeTokens)},
 			{"queue", k.p.QueueTokens * float64(c.Queue)},
 			{"windowed_tokens", e.win[i]},
