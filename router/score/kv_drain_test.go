@@ -55,3 +55,35 @@ func TestKVPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 }
 
 func newKV1ForTest() *kvV1Policy { return newKVV1(Options{Seed: 1}) }
+
+// kv-ttft reads the same drain: of two replicas with equal prefill counters, the one whose
+// prefill started 0.35 s ago is expected to reach this request's turn 0.34 s sooner, more than
+// its extra running sequences cost (read raw, the counters tie and the decode term picks the
+// replica that just began).
+func TestKVTTFTPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
+	now := 100 * sec
+	cal := Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 1e-7, DrainTokensPerS: 20000, Observations: 50}
+	cands := []Candidate{
+		{ID: "old", Healthy: true, PrefillTokens: 7680, PrefillSince: now - 35*sec/100,
+			DecodeTokens: 8 * 7880, Running: 9, Calib: cal, Window: Window{Seen: true}},
+		{ID: "new", Healthy: true, PrefillTokens: 7680, PrefillSince: now - sec/100,
+			DecodeTokens: 2 * 7880, Running: 3, Calib: cal, Window: Window{Seen: true}},
+	}
+	req := &Request{Tokens: 7680, BlockSize: 512, NowNs: now}
+	k := newKV(Options{Seed: 1})
+	got, err := k.Pick(req, cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := k.Explain(req, cands)
+	if got != 0 {
+		t.Fatalf("picked %s, want old (costs: old %v, new %v)", cands[got].ID, ex[0], ex[1])
+	}
+	for i, want := range []float64{5e-5 * 680, 5e-5 * 7480} {
+		for _, tm := range ex[i].Terms {
+			if tm.Name == "queued_prefill_s" && math.Abs(tm.Value-want) > 1e-9 {
+				t.Errorf("%s: queued_prefill_s %v, want %v (the counter less the drain)", cands[i].ID, tm.Value, want)
+			}
+		}
+	}
+}
