@@ -449,16 +449,7 @@ func TestPrefillDrainRate(t *testing.T) {
 	if got := l.Calibration("e0/0").DrainTokensPerS; got != 0 {
 		t.Fatalf("before any first token: drain %v, want 0", got)
 	}
-	route := func(unc int) ID {
-		req := &score.Request{Keys: keys(2), Tokens: unc, BlockSize: 16}
-		id, _, err := l.Decide(req, []score.Candidate{{ID: "e0/0", Healthy: true}}, nil, func(int) Routing {
-			return Routing{Replica: r, Keys: req.Keys, Uncached: unc, Held: unc}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	route := func(unc int) ID { return routeUncached(t, l, r, unc) }
 	a := route(1000)
 	if got := r.PrefillSince(); got != c.t.UnixNano() {
 		t.Fatalf("prefill since %d, want the first routing %d", got, c.t.UnixNano())
@@ -500,16 +491,7 @@ func TestPeerProgress(t *testing.T) {
 		t.Fatalf("since %d after a peer's progress, want %d", got, start)
 	}
 	c.t = c.t.Add(200 * time.Millisecond)
-	route := func(unc int) ID {
-		req := &score.Request{Keys: keys(2), Tokens: unc, BlockSize: 16}
-		id, _, err := l.Decide(req, []score.Candidate{{ID: "e0/0", Healthy: true}}, nil, func(int) Routing {
-			return Routing{Replica: r, Keys: req.Keys, Uncached: unc, Held: unc}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	route := func(unc int) ID { return routeUncached(t, l, r, unc) }
 	a := route(1000) // this router's counter leaves zero, but the peer's 2,000 are pending
 	if got := r.PrefillSince(); got != start {
 		t.Fatalf("since moved to %d on a routing behind the peers' prefill, want %d", got, start)
@@ -549,4 +531,17 @@ func TestPeerProgress(t *testing.T) {
 	if r.PrefillSince() != was {
 		t.Fatal("a removed replica's since moved")
 	}
+}
+
+// routeUncached routes one request with unc uncached tokens to r, the ledger's only candidate.
+func routeUncached(t *testing.T, l *Ledger, r *Replica, unc int) ID {
+	t.Helper()
+	req := &score.Request{Keys: keys(2), Tokens: unc, BlockSize: 16}
+	id, _, err := l.Decide(req, []score.Candidate{{ID: r.Name, Healthy: true}}, nil, func(int) Routing {
+		return Routing{Replica: r, Keys: req.Keys, Uncached: unc, Held: unc}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
