@@ -35,13 +35,7 @@ func TestPrefillAheadDrains(t *testing.T) {
 // drain").
 func TestKVPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 	now := 100 * sec
-	cal := Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, DrainTokensPerS: 20000}
-	cands := []Candidate{
-		{ID: "old", Healthy: true, PrefillTokens: 7680, PrefillSince: now - 35*sec/100,
-			DecodeTokens: 8 * 7880, Running: 9, Calib: cal, Window: Window{Seen: true}},
-		{ID: "new", Healthy: true, PrefillTokens: 7680, PrefillSince: now - sec/100,
-			DecodeTokens: 2 * 7880, Running: 3, Calib: cal, Window: Window{Seen: true}},
-	}
+	cands := nearTheEnd(now, Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, DrainTokensPerS: 20000})
 	req := &Request{Tokens: 7680, BlockSize: 512, NowNs: now}
 	k := newKV1ForTest()
 	got, err := k.Pick(req, cands)
@@ -62,13 +56,7 @@ func newKV1ForTest() *kvV1Policy { return newKVV1(Options{Seed: 1}) }
 // replica that just began).
 func TestKVTTFTPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 	now := 100 * sec
-	cal := Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 1e-7, DrainTokensPerS: 20000, Observations: 50}
-	cands := []Candidate{
-		{ID: "old", Healthy: true, PrefillTokens: 7680, PrefillSince: now - 35*sec/100,
-			DecodeTokens: 8 * 7880, Running: 9, Calib: cal, Window: Window{Seen: true}},
-		{ID: "new", Healthy: true, PrefillTokens: 7680, PrefillSince: now - sec/100,
-			DecodeTokens: 2 * 7880, Running: 3, Calib: cal, Window: Window{Seen: true}},
-	}
+	cands := nearTheEnd(now, Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 1e-7, DrainTokensPerS: 20000, Observations: 50})
 	req := &Request{Tokens: 7680, BlockSize: 512, NowNs: now}
 	k := newKV(Options{Seed: 1})
 	got, err := k.Pick(req, cands)
@@ -85,5 +73,16 @@ func TestKVTTFTPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 				t.Errorf("%s: queued_prefill_s %v, want %v (the counter less the drain)", cands[i].ID, tm.Value, want)
 			}
 		}
+	}
+}
+
+// nearTheEnd is two replicas with one 7,680-token prompt pending each at now: "old" began 0.35 s
+// ago and runs 9 sequences, "new" began 10 ms ago and runs 3.
+func nearTheEnd(now int64, cal Calibration) []Candidate {
+	return []Candidate{
+		{ID: "old", Healthy: true, PrefillTokens: 7680, PrefillSince: now - 35*sec/100,
+			DecodeTokens: 8 * 7880, Running: 9, Calib: cal, Window: Window{Seen: true}},
+		{ID: "new", Healthy: true, PrefillTokens: 7680, PrefillSince: now - sec/100,
+			DecodeTokens: 2 * 7880, Running: 3, Calib: cal, Window: Window{Seen: true}},
 	}
 }
