@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,7 +37,13 @@ type replayOutput struct {
 	// EventsRatios pairs each policy run with and without KV events (a label and the same
 	// label with replay.NoEventsSuffix): per-seed with/without ratios and their intervals.
 	EventsRatios []replay.EventsRatio `json:"events_ratios,omitempty"`
-	Runs         []*replay.RunResult  `json:"runs"`
+	// BestOther is the policy under test (--under-test) over the best other policy of each seed,
+	// for TTFT p90, TTFT p99 and the cached-token ratio, with intervals over the seeds.
+	BestOther []replay.BestOtherRatio `json:"best_other_ratios,omitempty"`
+	// RatioHalfWidth is --ratio-halfwidth when seeds were added until the TTFT ratios' intervals
+	// were that narrow (relative half-width).
+	RatioHalfWidth float64             `json:"ratio_halfwidth_target,omitempty"`
+	Runs           []*replay.RunResult `json:"runs"`
 }
 
 const defaultReplayPolicies = "kv,load,round-robin,prefix-char"
@@ -80,6 +87,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	capacity := fs.Bool("capacity", false, "search each policy's highest rate (regimes: --rate; traces: --speed) with TTFT p99 under --slo and no failed request; seeds added up to --seeds (at most 10) until kv / best other is known within 3%")
 	maxProbes := fs.Int("max-probes", 10, "--capacity: probes per policy and seed at most")
 	slo := fs.Duration("slo", 2*time.Second, "--capacity: TTFT p99 bound in trace time (wall time x --sim-time-scale)")
+	underTest := fs.String("under-test", "kv", "the policy under test: the table ends with its per-seed ratio to the best other policy of each seed (TTFT p90, p99: lowest; cached ratio: highest), mean and 95% t-interval; --capacity reports its capacity ratio")
+	ratioHW := fs.Float64("ratio-halfwidth", 0, "adaptive seeds (0 = off): run seeds one at a time from --first-seed, up to --seeds (at most 10), and stop once the --under-test policy's TTFT p90 and p99 ratios to the best other both have a relative half-width under this (0.03: 3%), which takes at least 3 seeds")
 	logDir := fs.String("log-dir", "", "keep process logs here (default: a temporary directory, removed unless a run fails)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -97,6 +106,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if len(names) == 0 {
 		return errors.New("--policies is empty")
 	}
+	if *ratioHW < 0 || *ratioHW > 0 && (*seeds < 3 || *capacity) {
+		return errors.New("--ratio-halfwidth must be >= 0; it needs --seeds >= 3 (the most seeds it may run) and is not for --capacity (which stops at 3%)")
+	}
 	for i, n := range names {
 		base, events := replay.SplitPolicy(n)
 		if _, err := score.New(base, score.Options{}); err != nil {
@@ -105,6 +117,13 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		if events && !*routerEvents {
 			names[i] = n + replay.NoEventsSuffix
 		}
+	}
+	// The policy under test by its label: with --router-events=false kv runs as kv:no-events.
+	if !slices.Contains(names, *underTest) && slices.Contains(names, *underTest+replay.NoEventsSuffix) {
+		*underTest += replay.NoEventsSuffix
+	}
+	if *ratioHW > 0 && (!slices.Contains(names, *underTest) || len(names) < 2) {
+		return fmt.Errorf("--ratio-halfwidth needs the policy under test (--under-test %s) and another policy in --policies", *underTest)
 	}
 	o := replay.Options{Replicas: *replicas, Routers: *routers, BlockSize: *blockSize, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
 		Tokens: replay.Tokenizer{PerBlock: *tpb}, OutputScale: *outScale, MaxOutputTokens: *maxOut,
@@ -137,7 +156,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		}
 		o.LogDir = *logDir
 		return runCapacity(o, *trace, *regime, *offset, *maxReq, *duration, *speed, *rate, *replicas, *warmup,
-			replay.CapacityOptions{Policy: "kv", SLO: slo.Seconds(), TimeScale: *timeScale, MaxSeeds: *seeds,
+			replay.CapacityOptions{Policy: *underTest, SLO: slo.Seconds(), TimeScale: *timeScale, MaxSeeds: *seeds,
 				Target: 0.03, Precision: 0.05, MaxProbes: *maxProbes}, *asJSON, stdout, stderr)
 	}
 	var w replay.Workload
@@ -174,16 +193,16 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs, %d replicas, %d routers, %d policies x %d seeds; logs in %s\n",
 		w.Name, len(w.Requests), w.Span().Seconds(), *replicas, *routers, len(names), *seeds, o.LogDir)
-	runs, err := replay.Replay(ctx, o, w)
+	runs, err := replayRuns(ctx, o, w, *underTest, *ratioHW, replay.Replay, stderr)
 	if err != nil {
 		return fmt.Errorf("%w (logs kept in %s)", err, o.LogDir)
 	}
 	if !keep {
 		os.RemoveAll(o.LogDir)
 	}
-	out := replayOutput{Workload: w.Name, Replicas: *replicas, Routers: *routers, Seeds: *seeds, Requests: len(w.Requests),
+	out := replayOutput{Workload: w.Name, Replicas: *replicas, Routers: *routers, Seeds: seedsRun(runs), Requests: len(w.Requests),
 		Interval: "mean over seeds of each per-seed figure, 95% Student-t interval", Results: replay.Summarize(runs),
-		EventsRatios: replay.EventsRatios(runs), Runs: runs}
+		EventsRatios: replay.EventsRatios(runs), BestOther: replay.PolicyRatios(runs, *underTest), RatioHalfWidth: *ratioHW, Runs: runs}
 	if *report != "" {
 		if err := writeReplayReport(*report, &out, "kvbench replay "+strings.Join(args, " ")); err != nil {
 			return err
@@ -195,6 +214,65 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		return enc.Encode(out)
 	}
 	return writeReplayTable(stdout, &out)
+}
+
+// replayRuns runs the replay: every seed at once, or, with a half-width target (adaptive seeds),
+// one seed at a time (all policies interleaved within it, as replay.Replay does) until the policy
+// under test's TTFT p90 and p99 ratios to the best other are that tight or o.Seeds (at most 10)
+// have run. play is replay.Replay (a test's fake elsewhere).
+func replayRuns(ctx context.Context, o replay.Options, w replay.Workload, underTest string, halfWidth float64,
+	play func(context.Context, replay.Options, replay.Workload) ([]*replay.RunResult, error), stderr io.Writer) ([]*replay.RunResult, error) {
+	if halfWidth <= 0 {
+		return play(ctx, o, w)
+	}
+	maxSeeds, first := min(o.Seeds, 10), max(o.FirstSeed, 1)
+	var runs []*replay.RunResult
+	for seed := first; seed < first+maxSeeds; seed++ {
+		o.FirstSeed, o.Seeds = seed, 1
+		rs, err := play(ctx, o, w)
+		runs = append(runs, rs...)
+		if err != nil {
+			return runs, err
+		}
+		ratios := replay.PolicyRatios(runs, underTest)
+		for _, b := range ratios[:2] {
+			fmt.Fprintf(stderr, "replay: after seed %d: %s\n", seed, ratioLine(b))
+		}
+		if replay.TTFTRatiosSettled(ratios, maxSeeds, halfWidth) {
+			break
+		}
+	}
+	return runs, nil
+}
+
+// seedsRun counts the distinct seeds among the runs.
+func seedsRun(runs []*replay.RunResult) int {
+	seen := map[int]bool{}
+	for _, r := range runs {
+		seen[r.Seed] = true
+	}
+	return len(seen)
+}
+
+// ratioLine prints a policy's ratio to the best other policy of each seed.
+func ratioLine(b replay.BestOtherRatio) string {
+	best := "lowest"
+	if b.Metric == "cached_ratio" {
+		best = "highest"
+	}
+	hw := "n/a (under 3 seeds)"
+	if b.HalfWidth != nil {
+		hw = fmt.Sprintf("%.1f%%", 100**b.HalfWidth)
+	}
+	per := make([]string, len(b.PerSeed))
+	for i, r := range b.PerSeed {
+		per[i] = "-"
+		if r != nil {
+			per[i] = fmt.Sprintf("%.3f", *r)
+		}
+	}
+	return fmt.Sprintf("%s / best other (%s), %s: %s over %d seeds, relative half-width %s; per seed [%s], best other per seed %v",
+		b.Policy, best, b.Metric, ci(b.Ratio, 3), b.Ratio.N, hw, strings.Join(per, " "), b.BestOther)
 }
 
 // defaultSimStepModel is vllm-sim's default step model (vllmsim.DefaultStepModel; a test keeps
@@ -327,6 +405,9 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 			fmt.Fprintf(w, "  %s: %d of %d requests waited for --concurrency: closed-loop, its arrivals were not the workload's (raise --concurrency)\n",
 				r.Policy, r.Held, r.Requests*r.Seeds)
 		}
+	}
+	for _, b := range out.BestOther {
+		fmt.Fprintf(w, "%s\n", ratioLine(b))
 	}
 	writeSyncLines(w, out)
 	writeEventsLines(w, out)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,6 +32,11 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"--regime", "no-reuse", "--bin-dir", "/nonexistent"}, "no vllm-sim binary"},
 		{[]string{"--regime", "bogus", "--vllm-sim", "x", "--kvrouter", "y"}, "unknown regime"},
 		{[]string{"--trace", "/nonexistent.jsonl", "--vllm-sim", "x", "--kvrouter", "y"}, "nonexistent"},
+		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "0.03", "--seeds", "2"}, "--ratio-halfwidth"},
+		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "-1"}, "--ratio-halfwidth"},
+		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "0.03", "--seeds", "5", "--capacity"}, "--ratio-halfwidth"},
+		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "0.03", "--seeds", "5", "--policies", "load,round-robin"}, "--under-test kv"},
+		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "0.03", "--seeds", "5", "--policies", "kv"}, "another policy"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(append([]string{"replay"}, tc.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), tc.want) {
@@ -188,5 +195,104 @@ func TestSimStepArgs(t *testing.T) {
 	}
 	if _, err := simStepArgs("steep", 1250, 20, 1, 32); err == nil {
 		t.Error("unknown step model accepted")
+	}
+}
+
+// seedRuns is one seed of kv against round-robin and load, every request of a run at the TTFT
+// given.
+func seedRuns(seed int, kv, rr, load float64) []*replay.RunResult {
+	var runs []*replay.RunResult
+	for _, p := range []struct {
+		name string
+		ttft float64
+	}{{"kv", kv}, {"round-robin", rr}, {"load", load}} {
+		r := &replay.RunResult{Policy: p.name, Seed: seed, Wall: 1, Engines: []string{"engine-0"}}
+		for range 5 {
+			r.Outcomes = append(r.Outcomes, replay.Outcome{TTFT: p.ttft, E2E: p.ttft, PromptTokens: 100, Engine: "engine-0"})
+		}
+		runs = append(runs, r)
+	}
+	return runs
+}
+
+// The table ends with kv's per-seed ratio to the best other policy of each seed, and --json
+// carries it.
+func TestReplayTableBestOther(t *testing.T) {
+	runs := append(append(seedRuns(1, 1.0, 0.8, 1.0), seedRuns(2, 1.0, 1.0, 0.5)...), seedRuns(3, 1.1, 1.0, 1.0)...)
+	out := &replayOutput{Workload: "w", Replicas: 1, Seeds: 3, Requests: 5, Results: replay.Summarize(runs),
+		BestOther: replay.PolicyRatios(runs, "kv"), Runs: runs}
+	var b bytes.Buffer
+	if err := writeReplayTable(&b, out); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	for _, want := range []string{
+		"kv / best other (lowest), ttft_p90_s: 1.450 [0.252,2.648] over 3 seeds, relative half-width 82.6%; per seed [1.250 2.000 1.100], best other per seed [round-robin load load]",
+		"kv / best other (lowest), ttft_p99_s: 1.450",
+		"kv / best other (highest), cached_ratio: - over 0 seeds",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("table lacks %q:\n%s", want, s)
+		}
+	}
+	j, err := json.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		BestOther []struct {
+			Metric    string     `json:"metric"`
+			PerSeed   []*float64 `json:"ratio_per_seed"`
+			BestOther []string   `json:"best_other_per_seed"`
+			Ratio     struct{ Mean, Hi float64 }
+		} `json:"best_other_ratios"`
+	}
+	if err := json.Unmarshal(j, &back); err != nil || len(back.BestOther) != 3 || back.BestOther[0].Metric != "ttft_p90_s" ||
+		*back.BestOther[0].PerSeed[1] != 2 || back.BestOther[1].BestOther[0] != "round-robin" || back.BestOther[0].Ratio.Mean != 1.45 ||
+		back.BestOther[2].PerSeed[0] != nil {
+		t.Fatalf("JSON: %v %s", err, j)
+	}
+}
+
+// Adaptive seeds: one seed at a time from --first-seed, stopping once the TTFT p90 and p99
+// ratios are both tight, or at the cap; off, one call runs every seed.
+func TestReplayRunsAdaptiveSeeds(t *testing.T) {
+	// kv / best other per seed: 1.17, 1.23, then 1.20: relative half-widths 6.2% at 3 seeds,
+	// 3.2% at 4, 2.2% at 5, so it stops after the fifth seed.
+	kv := map[int]float64{5: 1.17, 6: 1.23, 7: 1.20, 8: 1.20, 9: 1.20, 10: 1.20, 11: 1.20, 12: 1.20, 13: 1.20, 14: 1.20}
+	var called [][2]int
+	play := func(_ context.Context, o replay.Options, _ replay.Workload) ([]*replay.RunResult, error) {
+		called = append(called, [2]int{o.FirstSeed, o.Seeds})
+		var runs []*replay.RunResult
+		for s := o.FirstSeed; s < o.FirstSeed+o.Seeds; s++ {
+			runs = append(runs, seedRuns(s, kv[s], 1.0, 2.0)...)
+		}
+		return runs, nil
+	}
+	o := replay.Options{FirstSeed: 5, Seeds: 20}
+	runs, err := replayRuns(context.Background(), o, replay.Workload{}, "kv", 0.03, play, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := seedsRun(runs); n != 5 || len(called) != 5 || called[0] != [2]int{5, 1} || called[4] != [2]int{9, 1} {
+		t.Errorf("ran %d seeds, calls %v; want seeds 5..9 one at a time", n, called)
+	}
+	rs := replay.PolicyRatios(runs, "kv")
+	if *rs[0].HalfWidth >= 0.03 || *rs[1].HalfWidth >= 0.03 {
+		t.Errorf("stopped at half-widths %v %v", *rs[0].HalfWidth, *rs[1].HalfWidth)
+	}
+	// Never tight: stops at 10 seeds whatever --seeds says.
+	for s := 5; s <= 14; s++ {
+		kv[s] = []float64{1.3, 1.0}[s%2]
+	}
+	called = nil
+	if runs, _ = replayRuns(context.Background(), o, replay.Workload{}, "kv", 0.03, play, io.Discard); seedsRun(runs) != 10 {
+		t.Errorf("a wide ratio ran %d seeds, want the cap of 10", seedsRun(runs))
+	}
+	// Off: one call with every seed.
+	called = nil
+	o.Seeds = 3
+	if runs, _ = replayRuns(context.Background(), o, replay.Workload{}, "kv", 0, play, io.Discard); len(called) != 1 || seedsRun(runs) != 3 {
+		t.Errorf("without a target: calls %v, %d seeds", called, seedsRun(runs))
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"sort"
 )
 
 // RateSearch finds the highest arrival rate at which a policy meets its SLO, one probe at a
@@ -93,28 +92,7 @@ func MeetsSLO(ttfts []float64, failed int, slo float64) bool {
 // which policy that was. caps[p][i] is policy p's capacity in seed i; a seed where the best other
 // policy has capacity 0 gives NaN (no ratio), left out of the interval by TInterval.
 func CapacityRatios(caps map[string][]float64, policy string) (ratios []float64, best []string) {
-	own := caps[policy]
-	others := make([]string, 0, len(caps))
-	for p := range caps {
-		if p != policy {
-			others = append(others, p)
-		}
-	}
-	sort.Strings(others) // ties go to the first name, so the result does not depend on map order
-	for i, c := range own {
-		b, name := 0.0, ""
-		for _, p := range others {
-			if i < len(caps[p]) && caps[p][i] > b {
-				b, name = caps[p][i], p
-			}
-		}
-		r := math.NaN()
-		if b > 0 {
-			r = c / b
-		}
-		ratios, best = append(ratios, r), append(best, name)
-	}
-	return ratios, best
+	return BestOtherRatios(caps, policy, true)
 }
 
 // RelativeHalfWidth is the interval's half-width over its mean (+Inf when it cannot be told:
