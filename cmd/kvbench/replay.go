@@ -260,6 +260,10 @@ func ratioLine(b replay.BestOtherRatio) string {
 	if b.Metric == "cached_ratio" {
 		best = "highest"
 	}
+	if b.Ratio.N == 0 {
+		return fmt.Sprintf("%s / best other (%s), %s: no seed has a ratio (no other policy measured above 0, or %s had no successful request)",
+			b.Policy, best, b.Metric, b.Policy)
+	}
 	hw := "n/a (under 3 seeds)"
 	if b.HalfWidth != nil {
 		hw = fmt.Sprintf("%.1f%%", 100**b.HalfWidth)
