@@ -58,7 +58,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed")
 	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
 	routerEvents := fs.Bool("router-events", true, "routers subscribe to the engines' KV events; false runs every policy as POLICY"+replay.NoEventsSuffix)
-	seeds := fs.Int("seeds", 3, "repetitions; the seed moves arrival jitter, regime draws and the sims' seeds")
+	seeds := fs.Int("seeds", 3, "repetitions; a seed moves the arrival jitter and the sims' seeds (a regime's requests are drawn once and are the same in every seed; --capacity draws them per seed)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	report := fs.String("report", "", "write an HTML report into this directory")
 	duration := fs.Duration("duration", 8*time.Second, "replay only arrivals in the first DURATION of wall time (0 = no bound)")
