@@ -160,7 +160,10 @@ bin/kvrouter --namespace "$NS" --selector "$ENGINE_SEL" --listen "127.0.0.1:$ROU
   --admin-listen "127.0.0.1:$ADMIN_PORT" >"$WORK/kvrouter.log" 2>&1 &
 PIDS+=($!)
 waitfor 30 "kvrouter /readyz" curl -fsS "http://127.0.0.1:$ROUTER_PORT/readyz"
-curl -fsS "http://127.0.0.1:$ADMIN_PORT/debug/engines" | head -c 600; echo
+# Fetched whole, then shortened: piped into head, curl fails (23) with pipefail once the answer
+# outgrows what head reads before it exits.
+curl -fsS -o "$WORK/engines.json" "http://127.0.0.1:$ADMIN_PORT/debug/engines"
+head -c 600 "$WORK/engines.json"; echo
 "$KUBECTL" -n "$NS" wait --for=condition=Available --timeout=60s kvrm/"$MODEL" || true
 "$KUBECTL" -n "$NS" get kvrm "$MODEL"
 
