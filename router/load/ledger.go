@@ -163,8 +163,8 @@ type Ledger struct {
 	win *score.Windows
 	// cal is every replica's engine timing, fitted from first-token times (its own lock).
 	cal *Calibrations
-	// peerPrefillOf is Options.PeerPrefill (nil: no peers).
-	peerPrefillOf func(replica string) int64
+	// peerPrefill is Options.PeerPrefill (none without peers).
+	peerPrefill func(replica string) int64
 }
 
 // ErrUnknown is returned for an id the ledger does not hold (finished, or never routed).
@@ -175,6 +175,9 @@ func New(o Options) *Ledger {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.PeerPrefill == nil {
+		o.PeerPrefill = func(string) int64 { return 0 }
+	}
 	span := score.DefaultWindow
 	if w, ok := o.Policy.(score.Windowed); ok {
 		span = w.WindowSpan()
@@ -182,7 +185,7 @@ func New(o Options) *Ledger {
 	return &Ledger{now: o.Now, obs: o.Observers, pol: o.Policy, live: map[ID]*Record{},
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
 		approx: index.NewApproximate(index.SideOptions{}),
-		win:    score.NewWindows(span), cal: NewCalibrations(o.Calibration), peerPrefillOf: o.PeerPrefill}
+		win:    score.NewWindows(span), cal: NewCalibrations(o.Calibration), peerPrefill: o.PeerPrefill}
 }
 
 // Generation is a number that moves after every change to what a decision reads from the ledger
@@ -472,13 +475,6 @@ func (l *Ledger) RoutedPeer(r *Replica, keys []blockkey.Key, uncached int) {
 	}
 	l.win.Add(r.Name, now.UnixNano(), float64(uncached))
 	l.gen.Add(1)
-}
-
-func (l *Ledger) peerPrefill(replica string) int64 {
-	if l.peerPrefillOf == nil {
-		return 0
-	}
-	return l.peerPrefillOf(replica)
 }
 
 // PeerProgress records that another router replica saw r's routed prefill move at the ledger's

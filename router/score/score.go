@@ -75,7 +75,7 @@ type Candidate struct {
 	// some, in unix ns on the request clock (0: unknown): the oldest routed prefill there has
 	// been computing since then at the latest (vLLM schedules FCFS). With several routers it is
 	// the last such moment any of them saw (load.Ledger.PeerProgress). kv reads it to credit
-	// the progress the counter does not show (kv_v1.go, PrefillAhead).
+	// the progress the counter does not show (calib.go, PrefillAhead).
 	PrefillSince int64
 	// DecodeTokens is the tokens held by the replica's running sequences.
 	DecodeTokens int
