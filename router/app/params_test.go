@@ -27,8 +27,7 @@ func TestKVParamsFromScoring(t *testing.T) {
 	got := kvParams(sc)
 	// The decode load is weighed inside QueuedPrefillWeight (kv_v1.go, load): doubling that
 	// doubles it; DecodeWeight is its exchange rate to prefill tokens and stays.
-	if got.QueuedPrefillWeight != 2*score.DefaultKV.QueuedPrefillWeight || got.DecodeWeight != score.DefaultKV.DecodeWeight ||
-		got.QueueTokens != 2*score.DefaultKV.QueueTokens {
+	if got.QueuedPrefillWeight != 2*score.DefaultKV.QueuedPrefillWeight || got.DecodeWeight != score.DefaultKV.DecodeWeight {
 		t.Errorf("loadWeight 2 did not double every load term: %+v", got)
 	}
 	if got.Slack != 0.5 || got.Temperature != 0.1 || got.TierWeights != [score.NumTiers]float64{1, 0.4, 0.1} {

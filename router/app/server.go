@@ -443,6 +443,5 @@ func kvParams(sc config.Scoring) score.KVParams {
 	// QueuedPrefillWeight weighs the prefill ahead and the decode load together (kv_v1.go, load),
 	// so DecodeWeight, their exchange rate, stays.
 	kv.QueuedPrefillWeight *= sc.LoadWeight
-	kv.QueueTokens *= sc.LoadWeight
 	return kv
 }

@@ -99,7 +99,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 				continue
 			}
 			sum := 0.0
-			for _, term := range e.Terms[:4] { // uncached, queued prefill, decode, queue
+			for _, term := range e.Terms[:3] { // uncached, queued prefill, decode
 				sum += term.Value
 			}
 			if math.Abs(sum-e.Cost) > 1e-6*math.Max(1, e.Cost) {

@@ -334,3 +334,23 @@ func TestKVWarmupCreditIsNotSubtractedFromRealWork(t *testing.T) {
 		t.Fatalf("window %v after the retraction, want 0", w)
 	}
 }
+
+// The engine's waiting-request gauge (Candidate.Queue, scraped once a second) is not part of
+// kv's cost: the requests it counts are already in the ledger's prefill ahead, exactly, and a
+// stale sample kept a replica whose queue had gone out of the running until the next scrape.
+func TestKVIgnoresTheScrapedWaitingGauge(t *testing.T) {
+	p := newKVRig(Options{Seed: 1})
+	req := &Request{Keys: keys(seq(6)...), Tokens: 96, BlockSize: 16, NowNs: sec}
+	c := fleetOf(2)
+	c[0].Queue = 10 // a stale sample: the ledger says a has nothing ahead
+	c[1].PrefillTokens = 64
+	if i, _ := p.Pick(req, c); i != 0 {
+		t.Errorf("kv picked %d; b has 64 prefill tokens ahead and a none, whatever a's last scrape said", i)
+	}
+	ex := p.Explain(req, c)
+	for _, term := range ex[0].Terms {
+		if term.Name == "queue" {
+			t.Errorf("kv explains a queue term %+v: the gauge is not part of its cost", term)
+		}
+	}
+}

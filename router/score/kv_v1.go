@@ -21,9 +21,15 @@ type KVParams struct {
 	QueuedPrefillWeight float64
 	// DecodeWeight converts tokens held by running sequences into prefill-token equivalents;
 	// they are load, weighed with the queued prefill by QueuedPrefillWeight (kvV1Policy.load).
+	// The engine's step time sets it: in vLLM 0.20.1's forward-pass records (sim/vllmsim,
+	// stepmodel.go, vllm-0.20.1-b300) a token of decode context adds 0.068 ms per 1,000 to
+	// every step and a prefill token 0.044 ms, so a running sequence's token slows each step by
+	// 0.0015 prefill tokens; a request waits out its own prefill step and those of the prefill
+	// ahead, a few steps, so 0.005. (It was 0.05, ten times the engine's figure: on a hot
+	// prefix, where every replica holds the prompt and only load decides, it sent requests
+	// behind pending prefill to spare a few running sequences; docs/benchmarks.md, "How kv
+	// decides".)
 	DecodeWeight float64
-	// QueueTokens is the cost of one waiting request in prefill-token equivalents.
-	QueueTokens float64
 	// WindowSeconds is the length of the sliding window over which each replica's routed
 	// uncached prefill tokens are summed (the quantity the balance bound limits). The ledger
 	// keeps the windows (Candidate.Window) at this length (WindowSpan).
@@ -64,8 +70,7 @@ type KVParams struct {
 var DefaultKV = KVParams{
 	TierWeights:         [NumTiers]float64{1, 0.5, 0.25}, // as router/config's defaults
 	QueuedPrefillWeight: 0.3,
-	DecodeWeight:        0.05,
-	QueueTokens:         100,
+	DecodeWeight:        0.005,
 	WindowSeconds:       60,
 	Slack:               0.2,
 	RequestSlack:        1.0,
@@ -222,9 +227,13 @@ func (k *kvV1Policy) evaluate(req *Request, cands []Candidate, e *kvV1Eval) {
 		unc[i] = k.uncached(req, c) * scale[i]
 		// Cost in prefill-token equivalents: the uncached part of this request, then the
 		// replica's load, which delays it once: the prefill still ahead and the running
-		// sequences (they slow every step) weighed together, as load, by QueuedPrefillWeight;
-		// waiting requests.
-		raw[i] = unc[i]/scale[i] + k.load(c, req.NowNs) + k.p.QueueTokens*float64(c.Queue)
+		// sequences (they slow every step) weighed together, as load, by QueuedPrefillWeight.
+		// The engine's waiting-request gauge is not a term: every request it counts is
+		// already in the prefill ahead (the ledger's, with the peers' part), exactly and at
+		// routing, while the gauge is a sample up to a scrape interval old (router/fleet,
+		// DefaultInterval), so weighing it counted a queue twice and kept a replica out of
+		// the running for a second after its queue had gone.
+		raw[i] = unc[i]/scale[i] + k.load(c, req.NowNs)
 		val[i] = raw[i]
 		switch {
 		case cnt[i]+scale[i] > e.reqLimit:
@@ -305,7 +314,6 @@ func (k *kvV1Policy) Explain(req *Request, cands []Candidate) []Explanation {
 			{"uncached_tokens", e.unc[i] / e.scale[i]},
 			{"queued_prefill", k.p.QueuedPrefillWeight * PrefillAhead(c, req.NowNs)},
 			{"decode", k.p.QueuedPrefillWeight * k.p.DecodeWeight * float64(c.DecodeTokens)},
-			{"queue", k.p.QueueTokens * float64(c.Queue)},
 			{"windowed_tokens", e.win[i]},
 			{"token_bound", e.tokenLimit},
 			{"windowed_requests", e.cnt[i]},
