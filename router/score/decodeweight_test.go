@@ -11,8 +11,7 @@ import (
 // of running-sequence context is worth in step time, over the few steps a request waits for its
 // first token. The step models are fits to vLLM's own forward-pass records (sim/vllmsim,
 // stepmodel.go); the weight must stay within 1 to 10 steps' worth of the default model's
-// exchange rate (it was 0.05, 32 steps' worth, and sent hot-prefix requests behind pending
-// prefill to spare a few running sequences).
+// exchange rate.
 func TestKVDecodeWeightIsTheEnginesExchangeRate(t *testing.T) {
 	model := vllmsim.DefaultStepModel
 	const decodes, ctx = 32, 4000

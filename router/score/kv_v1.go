@@ -25,10 +25,8 @@ type KVParams struct {
 	// stepmodel.go, vllm-0.20.1-b300) a token of decode context adds 0.068 ms per 1,000 to
 	// every step and a prefill token 0.044 ms, so a running sequence's token slows each step by
 	// 0.0015 prefill tokens; a request waits out its own prefill step and those of the prefill
-	// ahead, a few steps, so 0.005. (It was 0.05, ten times the engine's figure: on a hot
-	// prefix, where every replica holds the prompt and only load decides, it sent requests
-	// behind pending prefill to spare a few running sequences; docs/benchmarks.md, "How kv
-	// decides".)
+	// ahead, a few steps, so 0.005 (history: docs/benchmarks.md, "kv's load terms at the
+	// engine's figures").
 	DecodeWeight float64
 	// WindowSeconds is the length of the sliding window over which each replica's routed
 	// uncached prefill tokens are summed (the quantity the balance bound limits). The ledger
@@ -228,11 +226,9 @@ func (k *kvV1Policy) evaluate(req *Request, cands []Candidate, e *kvV1Eval) {
 		// Cost in prefill-token equivalents: the uncached part of this request, then the
 		// replica's load, which delays it once: the prefill still ahead and the running
 		// sequences (they slow every step) weighed together, as load, by QueuedPrefillWeight.
-		// The engine's waiting-request gauge is not a term: every request it counts is
-		// already in the prefill ahead (the ledger's, with the peers' part), exactly and at
-		// routing, while the gauge is a sample up to a scrape interval old (router/fleet,
-		// DefaultInterval), so weighing it counted a queue twice and kept a replica out of
-		// the running for a second after its queue had gone.
+		// The engine's waiting-request gauge (Candidate.Queue) is not a term: every request
+		// it counts is already in the prefill ahead, exactly and at routing, while the gauge
+		// is a sample up to a scrape interval old (router/fleet, DefaultInterval).
 		raw[i] = unc[i]/scale[i] + k.load(c, req.NowNs)
 		val[i] = raw[i]
 		switch {
