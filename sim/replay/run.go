@@ -116,8 +116,8 @@ func Replay(ctx context.Context, o Options, w Workload) ([]*RunResult, error) {
 				if o.Routers > 1 {
 					routers = fmt.Sprintf(" through %d routers", o.Routers)
 				}
-				fmt.Fprintf(o.Progress, "replay: %-20s seed %d%s: %d requests in %.1fs, ttft p90 %.3fs, cached %.2f, errors %d\n",
-					pol, seed, routers, len(r.Outcomes), r.Wall, s.TTFTP90.Mean, s.CachedRatio.Mean, s.Errors)
+				fmt.Fprintf(o.Progress, "replay: %-20s seed %d%s: %d requests in %.1fs, ttft p90 %.3fs, p99 %.3fs, cached %.2f, errors %d\n",
+					pol, seed, routers, len(r.Outcomes), r.Wall, s.TTFTP90.Mean, s.TTFTP99.Mean, s.CachedRatio.Mean, s.Errors)
 			}
 		}
 	}
