@@ -69,6 +69,9 @@ type Inflight struct {
 	Running       int64 `json:"running"`
 	PrefillTokens int64 `json:"prefill_tokens"`
 	DecodeTokens  int64 `json:"decode_tokens"`
+	// PrefillHeldTokens: what the requests in prefill will hold once they decode (their
+	// prompts); not carried by other routers' totals, so absent from peer_inflight.
+	PrefillHeldTokens int64 `json:"prefill_held_tokens,omitempty"`
 }
 
 // Accuracy compares predicted and engine-reported cached tokens.
@@ -142,7 +145,8 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 	}
 	ri.Retries = r.C.Retries.Load()
 	ld := r.Load.Load()
-	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens}
+	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens,
+		PrefillHeldTokens: ld.PrefillHeldTokens}
 	if s.peer != nil {
 		p := s.peerLoad(r)
 		ri.PeerInflight = &Inflight{Running: p.Running, PrefillTokens: p.PrefillTokens, DecodeTokens: p.DecodeTokens}

@@ -76,6 +76,9 @@ type Replica struct {
 	Name string // the policy's candidate ID ("engine/rank")
 
 	prefill, decode, running atomic.Int64
+	// prefillHeld is what the requests counted in prefill will hold once they decode (their
+	// Routing.Held): Load.PrefillHeldTokens.
+	prefillHeld atomic.Int64
 	// since is when the replica's routed prefill last made progress the ledger saw: the last
 	// first token (or end before one), or when its prefill went from none to some (unix ns on
 	// the ledger's clock). See score.Candidate.PrefillSince.
@@ -93,13 +96,18 @@ type Load struct {
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// DecodeTokens: tokens held by its requests past their first token.
 	DecodeTokens int64 `json:"decode_tokens"`
+	// PrefillHeldTokens: tokens its requests before their first token will hold once they
+	// decode (their whole prompts, cached part included; score.Candidate.PrefillHeldTokens).
+	// Other routers' totals do not carry it (absent from their share).
+	PrefillHeldTokens int64 `json:"prefill_held_tokens,omitempty"`
 	// Running: requests routed there and not finished.
 	Running int64 `json:"running"`
 }
 
 // Load reads the replica's counters.
 func (r *Replica) Load() Load {
-	return Load{PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load(), Running: r.running.Load()}
+	return Load{PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load(),
+		PrefillHeldTokens: r.prefillHeld.Load(), Running: r.running.Load()}
 }
 
 // Routing is what a decision hands the ledger for the request it routes.
@@ -135,7 +143,7 @@ type Record struct {
 	// At is when it was routed (the ledger's clock); FirstTokenAt when its first token came.
 	At, FirstTokenAt time.Time
 	// What the replica carried when it was routed (the calibration's features): prefill
-	// tokens queued ahead, decode tokens held.
+	// tokens queued ahead, context tokens its steps carry (score.Candidate.ContextTokens).
 	Ahead, Decoding int
 	// predicted: the decision was entered into the side indexes at At.
 	predicted bool
@@ -317,9 +325,9 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 	// reads it); a choice made elsewhere reads this router's counters.
 	if r.Req != nil && r.Chosen >= 0 && r.Chosen < len(r.Cands) {
 		c := &r.Cands[r.Chosen]
-		rc.Ahead, rc.Decoding = int(math.Round(score.PrefillAhead(c, r.Req.NowNs))), c.DecodeTokens
+		rc.Ahead, rc.Decoding = int(math.Round(score.PrefillAhead(c, r.Req.NowNs))), c.ContextTokens()
 	} else {
-		rc.Ahead, rc.Decoding = int(r.Replica.prefill.Load()), int(r.Replica.decode.Load())
+		rc.Ahead, rc.Decoding = int(r.Replica.prefill.Load()), int(r.Replica.decode.Load()+r.Replica.prefillHeld.Load())
 	}
 	if len(r.Keys) > 0 {
 		rc.predicted = true
@@ -333,6 +341,7 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 	if r.Replica.prefill.Add(int64(r.Uncached)) == int64(r.Uncached) && l.peerPrefill(r.Replica.Name) <= 0 {
 		r.Replica.since.Store(rc.At.UnixNano())
 	}
+	r.Replica.prefillHeld.Add(int64(r.Held))
 	r.Replica.running.Add(1)
 	l.gen.Add(1)
 	id := ID(l.next.Add(1))
@@ -362,6 +371,7 @@ func (l *Ledger) FirstToken(id ID) error {
 		if since := rc.Replica.since.Swap(now); since > 0 && now >= since {
 			l.cal.ObserveDrain(rc.Uncached, float64(now-since)/1e9)
 		}
+		rc.Replica.prefillHeld.Add(-int64(rc.Held))
 		rc.Replica.decode.Add(int64(rc.Held))
 		l.cal.Observe(rc.Ahead, rc.Uncached, rc.Decoding, rc.FirstTokenAt.Sub(rc.At).Seconds())
 		l.gen.Add(1)
@@ -420,6 +430,7 @@ func (l *Ledger) end(id ID, rollback bool) (*Record, error) {
 		rep.decode.Add(-int64(rc.Held))
 	} else {
 		rep.prefill.Add(-int64(rc.Uncached))
+		rep.prefillHeld.Add(-int64(rc.Held))
 		rep.since.Store(l.now().UnixNano())
 	}
 	rep.running.Add(-1)

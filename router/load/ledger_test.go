@@ -65,7 +65,9 @@ func TestLifecycle(t *testing.T) {
 	if err != nil || rc.Chosen != 0 || pol.routed != 1 {
 		t.Fatalf("decide: %v chosen %d routed %d", err, rc.Chosen, pol.routed)
 	}
-	if got := r.Load(); got != (Load{PrefillTokens: 48, Running: 1}) {
+	// Before its first token the request's whole prompt is held for the decode term
+	// (score.Candidate.ContextTokens), its uncached part counted as prefill.
+	if got := r.Load(); got != (Load{PrefillTokens: 48, PrefillHeldTokens: 64, Running: 1}) {
 		t.Fatalf("after routed: %+v", got)
 	}
 	if pred, _ := l.Match(req.Keys, 1, false, nil, nil); pred[0] != 4 {
@@ -224,7 +226,8 @@ func TestUnknownAndRepeatedCalls(t *testing.T) {
 	}
 }
 
-// A request that fails after its first token gives back its decode tokens, not its prefill.
+// A request that fails after its first token gives back its decode tokens, not its prefill;
+// the other, still in prefill, keeps its prefill and what it will hold.
 func TestFailedAfterFirstToken(t *testing.T) {
 	l := New(Options{Policy: &recorder{}})
 	r := l.NewReplica(0, "e0/0")
@@ -236,7 +239,7 @@ func TestFailedAfterFirstToken(t *testing.T) {
 	if _, err := l.Failed(id); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Load(); got != (Load{PrefillTokens: 7, Running: 1}) {
+	if got := r.Load(); got != (Load{PrefillTokens: 7, PrefillHeldTokens: 9, Running: 1}) {
 		t.Fatalf("after failing one of two: %+v", got)
 	}
 	if _, err := l.Done(other, nil); err != nil || r.Load() != (Load{}) {

@@ -162,7 +162,8 @@ func TestDecideIsPure(t *testing.T) {
 // loadOf is candidate i's load terms as the ledger's counters.
 func (d *Decision) loadOf(i int) load.Load {
 	c := &d.Cands[i]
-	return load.Load{PrefillTokens: int64(c.PrefillTokens), DecodeTokens: int64(c.DecodeTokens), Running: int64(c.Running)}
+	return load.Load{PrefillTokens: int64(c.PrefillTokens), DecodeTokens: int64(c.DecodeTokens),
+		PrefillHeldTokens: int64(c.PrefillHeldTokens), Running: int64(c.Running)}
 }
 
 func TestDecideUnkeyed(t *testing.T) {
@@ -202,7 +203,7 @@ func TestBreakdownsCarryTheNumbers(t *testing.T) {
 	ex := []score.Explanation{{Cost: 1}, {Cost: 0.5}, {Cost: 2}, {Cost: 3}}
 	b := d.Breakdowns(ex)
 	want0 := Breakdown{Overlap: Overlap{Tiers: [score.NumTiers]int{6, 3, 1}}, ExactBlocks: 9, CachedTokens: 36, UncachedTokens: 4,
-		WarmupCredit: 0.25, PrefillTokens: 100, Running: 1, Queue: 3, KVUtil: 0.5, Policy: &ex[0]}
+		WarmupCredit: 0.25, PrefillTokens: 100, PrefillHeldTokens: 200, Running: 1, Queue: 3, KVUtil: 0.5, Policy: &ex[0]}
 	if !reflect.DeepEqual(b[0], want0) {
 		t.Fatalf("r0 breakdown\n got %+v\nwant %+v", b[0], want0)
 	}

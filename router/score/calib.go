@@ -7,7 +7,7 @@ import "math"
 // is
 //
 //	LatencyS + SecondsPerToken x (prefill tokens queued ahead + its own uncached tokens)
-//	         + SecondsPerDecodeToken x tokens held by running sequences
+//	         + SecondsPerDecodeToken x context tokens (Candidate.ContextTokens)
 //
 // The zero value means "not measured": policies use DefaultCalibration.
 type Calibration struct {
@@ -46,7 +46,7 @@ func (c Calibration) Or(d Calibration) Calibration {
 // (PrefillAhead): the fit's feature is the same quantity (router/load records it at routing).
 func (c Calibration) TTFT(cand *Candidate, uncached float64, nowNs int64) float64 {
 	return c.LatencyS + c.SecondsPerToken*(PrefillAhead(cand, nowNs)+uncached) +
-		c.SecondsPerDecodeToken*float64(cand.DecodeTokens)
+		c.SecondsPerDecodeToken*float64(cand.ContextTokens())
 }
 
 // PrefillAhead is the routed prefill still ahead of a request sent to c at nowNs: the ledger's

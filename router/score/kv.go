@@ -19,7 +19,8 @@ import (
 // u_i: the request's prompt tokens replica i's cache does not cover (tier-weighted exact overlap
 // or the predicted side index, whichever is longer, less the warm-up credit as virtual overlap);
 // u_min the least over the healthy replicas. P_i: uncached prefill routed there whose first
-// token has not come; D_i: tokens held by its running sequences. L, s, c: the engines'
+// token has not come; D_i: the context its steps carry, decoding sequences and those still in
+// prefill (Candidate.ContextTokens). L, s, c: the engines'
 // calibration (Candidate.Calib, fitted online by the ledger from first-token times;
 // DefaultCalibration before any). λ_i and ρ_i: requests per
 // second and prefill utilisation (λ x mean work) over the ledger's window (Candidate.Window),
@@ -170,7 +171,7 @@ func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 			{"latency_s", cal.LatencyS},
 			{"queued_prefill_s", cal.SecondsPerToken * PrefillAhead(c, req.NowNs)},
 			{"own_prefill_s", cal.SecondsPerToken * e.unc[i]},
-			{"decode_s", cal.SecondsPerDecodeToken * float64(c.DecodeTokens)},
+			{"decode_s", cal.SecondsPerDecodeToken * float64(c.ContextTokens())},
 			{"prefill_tokens_per_s", 1 / cal.SecondsPerToken},
 			{"calibration_weight", c.Calib.Observations},
 			{"rho", e.rho[i]},

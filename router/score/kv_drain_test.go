@@ -86,3 +86,38 @@ func nearTheEnd(now int64, cal Calibration) []Candidate {
 			DecodeTokens: 2 * 7880, Running: 3, Calib: cal, Window: Window{Seen: true}},
 	}
 }
+
+// Hot-prefix, after the drain credit: "a" was sent a 2,048-token prompt (1,536 of it cached)
+// 0.2 s ago and the measured drain says its 512 uncached tokens are done, but its first token has
+// not come; "b" has nothing pending and decodes 1,500 tokens of context. Their prefill ahead ties
+// at zero, so the decode term decides. a's request holds its whole prompt from its next steps on
+// (vLLM decodes it every step once its prefill ends), so a carries 2,048 + 1,000 tokens of
+// context against b's 1,500: both kv policies pick b. Counting decoding sequences alone, a
+// (1,000) looked the less busy and took the request (kv / round-robin TTFT p90 1.16 -> 1.06,
+// docs/benchmarks.md "Requests still in prefill").
+func TestKVCountsTheContextOfARequestStillInPrefill(t *testing.T) {
+	now := 100 * sec
+	cal := Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 1e-7, DrainTokensPerS: 20000, Observations: 50}
+	cands := []Candidate{
+		{ID: "a", Healthy: true, ExactBlocks: 3, PrefillTokens: 512, PrefillSince: now - sec/5,
+			PrefillHeldTokens: 2048, DecodeTokens: 1000, Calib: cal},
+		{ID: "b", Healthy: true, ExactBlocks: 3, DecodeTokens: 1500, Calib: cal},
+	}
+	req := &Request{Keys: keys(seq(4)...), Tokens: 2048, BlockSize: 512, NowNs: now}
+	if got := PrefillAhead(&cands[0], now); got != 0 {
+		t.Fatalf("a's prefill ahead %v, want 0 (the case is a drained counter)", got)
+	}
+	for _, p := range []interface {
+		Policy
+		Explain(*Request, []Candidate) []Explanation
+	}{newKV1ForTest(), newKV(Options{Seed: 1})} {
+		got, err := p.Pick(req, cands)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != 1 {
+			ex := p.Explain(req, cands)
+			t.Errorf("%s picked %s, want b (a: %v; b: %v)", p.Name(), cands[got].ID, ex[0], ex[1])
+		}
+	}
+}

@@ -19,7 +19,8 @@ type KVParams struct {
 	// copy of the prefix that evicts someone else's; at 1 a prefix group scatters as soon as
 	// two queues differ by one prompt.
 	QueuedPrefillWeight float64
-	// DecodeWeight converts tokens held by running sequences into prefill-token equivalents;
+	// DecodeWeight converts the context tokens a replica's steps carry (its sequences decoding
+	// and those in prefill, Candidate.ContextTokens) into prefill-token equivalents;
 	// they are load, weighed with the queued prefill by QueuedPrefillWeight (kvV1Policy.load).
 	// The engine's step time sets it: in vLLM 0.20.1's forward-pass records (sim/vllmsim,
 	// stepmodel.go, vllm-0.20.1-b300) a token of decode context adds 0.068 ms per 1,000 to
@@ -118,14 +119,14 @@ func (k *kvV1Policy) span(c *Candidate, now int64) float64 {
 }
 
 // load is the replica's load term: QueuedPrefillWeight x (prefill still ahead + DecodeWeight x
-// tokens held by running sequences). Both delay this request once, by the engine's step time, so
+// the context its steps carry, Candidate.ContextTokens). Both delay this request once, by the engine's step time, so
 // both take the same weight against an avoidable miss. The decode term used to stand outside the
 // weight, so against queued prefill it counted 1/QueuedPrefillWeight (3.3x) what DecodeWeight
 // says: with the drain credit below, a replica nearly done with a prefill but running fewer
 // sequences then looked cheaper than an idle one (fleet model, no-reuse at 12 req/s: 1,223 of
 // 4,000 decisions against 81; docs/benchmarks.md, "Prefill drain").
 func (k *kvV1Policy) load(c *Candidate, nowNs int64) float64 {
-	return k.p.QueuedPrefillWeight * (PrefillAhead(c, nowNs) + k.p.DecodeWeight*float64(c.DecodeTokens))
+	return k.p.QueuedPrefillWeight * (PrefillAhead(c, nowNs) + k.p.DecodeWeight*float64(c.ContextTokens()))
 }
 
 func growV1(s []float64, n int) []float64 {
@@ -309,7 +310,7 @@ func (k *kvV1Policy) Explain(req *Request, cands []Candidate) []Explanation {
 		out[i].Terms = []Term{
 			{"uncached_tokens", e.unc[i] / e.scale[i]},
 			{"queued_prefill", k.p.QueuedPrefillWeight * PrefillAhead(c, req.NowNs)},
-			{"decode", k.p.QueuedPrefillWeight * k.p.DecodeWeight * float64(c.DecodeTokens)},
+			{"decode", k.p.QueuedPrefillWeight * k.p.DecodeWeight * float64(c.ContextTokens())},
 			{"windowed_tokens", e.win[i]},
 			{"token_bound", e.tokenLimit},
 			{"windowed_requests", e.cnt[i]},

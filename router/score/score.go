@@ -77,8 +77,11 @@ type Candidate struct {
 	// the last such moment any of them saw (load.Ledger.PeerProgress). kv reads it to credit
 	// the progress the counter does not show (calib.go, PrefillAhead).
 	PrefillSince int64
-	// DecodeTokens is the tokens held by the replica's running sequences.
+	// DecodeTokens is the tokens held by the replica's sequences past their first token.
 	DecodeTokens int
+	// PrefillHeldTokens is the tokens the requests counted in PrefillTokens will hold once they
+	// decode: their whole prompts, cached part included (ContextTokens).
+	PrefillHeldTokens int
 	// Queue is the number of waiting requests; Running the number of running ones.
 	Queue   int
 	Running int
@@ -96,6 +99,16 @@ type Candidate struct {
 	// measured (DefaultCalibration applies).
 	Calib Calibration
 }
+
+// ContextTokens is the context the replica's steps carry over the few steps a request sent
+// there now waits: the tokens of the sequences decoding and of those still in prefill. vLLM's
+// scheduler (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) keeps a request in its running
+// list from its first prefill chunk on and gives it a decode token every step once its prefill
+// ends, its whole prompt as attention context, so a request whose prefill is about to end weighs
+// on the next steps as much as one already decoding. Counting decoding sequences alone made a
+// replica whose last request was still in prefill look the least busy of the replicas whose
+// prefill counters had drained (hot-prefix, docs/benchmarks.md "Requests still in prefill").
+func (c *Candidate) ContextTokens() int { return c.DecodeTokens + c.PrefillHeldTokens }
 
 // gpuEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.
 func (c *Candidate) gpuEquivalentBlocks(w [NumTiers]float64) float64 {

@@ -241,7 +241,8 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 			cands[r] = score.Candidate{ID: rep.id, ExactBlocks: exact,
 				TierBlocks:      [score.NumTiers]int{exact, 0, 0},
 				PredictedBlocks: pred, PrefillTokens: int(ld.PrefillTokens), PrefillSince: rep.ld.PrefillSince(), DecodeTokens: int(ld.DecodeTokens),
-				Queue: rep.queued(), Running: int(ld.Running),
+				PrefillHeldTokens: int(ld.PrefillHeldTokens),
+				Queue:             rep.queued(), Running: int(ld.Running),
 				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true,
 				Window: s.ledger.Window(rep.id, req.NowNs), Calib: s.ledger.Calibration(rep.id)}
 		}
