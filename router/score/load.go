@@ -3,7 +3,8 @@ package score
 import "math/rand/v2"
 
 // loadPolicy (`load`, alias `least-loaded`) sends each request to the replica with the fewest
-// in-flight tokens (prefill still to do plus tokens held by running sequences), ignoring cache.
+// in-flight tokens (prefill still to do plus the context its sequences hold, those still in
+// prefill included: Candidate.ContextTokens), ignoring cache.
 type loadPolicy struct {
 	name string
 	rng  *rand.Rand
@@ -23,4 +24,9 @@ func (p *loadPolicy) Pick(_ *Request, cands []Candidate) (int, error) {
 
 func (p *loadPolicy) OnRouted(*Request, []Candidate, int) {}
 
-func inflightTokens(c *Candidate) float64 { return float64(c.PrefillTokens + c.DecodeTokens) }
+// inflightTokens counts a request in prefill by its whole prompt, as it counts one decoding,
+// plus its uncached part as the work still to do. Counted by its uncached tokens alone, a
+// request that shares a cached prefix weighed a fraction of one that had reached its first
+// token, and the replica just sent one looked the least loaded and took the next ones
+// (hot-prefix TTFT p90 2.6 x round-robin's; docs/benchmarks.md "Requests still in prefill").
+func inflightTokens(c *Candidate) float64 { return float64(c.PrefillTokens + c.ContextTokens()) }

@@ -294,3 +294,20 @@ func TestDynamoCost(t *testing.T) {
 		t.Errorf("picked %d, want 1 (cost 9 > 8)", i)
 	}
 }
+
+// load weighs a request still in prefill by its whole prompt: "a" was just sent a 7,680-token
+// prompt whose 6,144-token prefix it holds (1,536 uncached), "b" runs one such request past its
+// first token. a has the same context coming and its prefill still to do, so load picks b; by
+// uncached tokens alone a (1,536) looked lighter than b (7,680) and took every request of a hot
+// prefix in turn.
+func TestLoadCountsWhatARequestInPrefillHolds(t *testing.T) {
+	for _, name := range []string{"load", "least-loaded"} {
+		p := mustNew(t, name)
+		c := fleetOf(2)
+		c[0].PrefillTokens, c[0].PrefillHeldTokens = 1536, 7680
+		c[1].DecodeTokens = 7680
+		if i, err := p.Pick(&Request{Tokens: 7680}, c); err != nil || i != 1 {
+			t.Errorf("%s picked %d (%v), want b: a's request in prefill holds as much as b's and has prefill left", name, i, err)
+		}
+	}
+}
