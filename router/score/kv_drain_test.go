@@ -93,7 +93,7 @@ func nearTheEnd(now int64, cal Calibration) []Candidate {
 // at zero, so the decode term decides. a's request holds its whole prompt from its next steps on
 // (vLLM decodes it every step once its prefill ends), so a carries 2,048 + 1,000 tokens of
 // context against b's 1,500: both kv policies pick b. Counting decoding sequences alone, a
-// (1,000) looked the less busy and took the request (kv / round-robin TTFT p90 1.16 -> 1.06,
+// (1,000) looked the less busy and took the request (kv / best other TTFT p90 1.16 -> 1.03,
 // docs/benchmarks.md "Requests still in prefill").
 func TestKVCountsTheContextOfARequestStillInPrefill(t *testing.T) {
 	now := 100 * sec
