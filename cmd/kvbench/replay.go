@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,6 +62,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	seeds := fs.Int("seeds", 3, "repetitions; a seed moves the arrival jitter and the sims' seeds (a regime's requests are drawn once and are the same in every seed; --capacity draws them per seed)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	report := fs.String("report", "", "write an HTML report into this directory")
+	outcomes := fs.String("outcomes", "", "write every request of every run here as JSON lines (policy, seed, and the request's send time, TTFT, end-to-end time, tokens, engine, error): the per-request data behind the percentiles")
 	duration := fs.Duration("duration", 8*time.Second, "replay only arrivals in the first DURATION of wall time (0 = no bound)")
 	maxReq := fs.Int("max-requests", 200, "replay at most this many requests per run (0 = all)")
 	offset := fs.Int("offset", 0, "start at this request of the trace")
@@ -203,6 +205,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	out := replayOutput{Workload: w.Name, Replicas: *replicas, Routers: *routers, Seeds: seedsRun(runs), Requests: len(w.Requests),
 		Interval: "mean over seeds of each per-seed figure, 95% Student-t interval", Results: replay.Summarize(runs),
 		EventsRatios: replay.EventsRatios(runs), BestOther: replay.PolicyRatios(runs, *underTest), RatioHalfWidth: *ratioHW, Runs: runs}
+	if *outcomes != "" {
+		if err := writeOutcomes(*outcomes, runs); err != nil {
+			return err
+		}
+	}
 	if *report != "" {
 		if err := writeReplayReport(*report, &out, "kvbench replay "+strings.Join(args, " ")); err != nil {
 			return err
@@ -661,4 +668,35 @@ func writeCapacityTable(w io.Writer, res *replay.CapacityResult, policies []stri
 	}
 	fmt.Fprintf(w, "%d runs, %d invalid (host CPU over %.0f%%); highest host CPU %.0f%%\n", len(res.Probes), invalid, 100*replay.MaxHostCPU, 100*host)
 	return nil
+}
+
+// outcomeLine is one request of one run in --outcomes.
+type outcomeLine struct {
+	Policy string `json:"policy"`
+	Seed   int    `json:"seed"`
+	replay.Outcome
+}
+
+// writeOutcomes writes every request of every run as a JSON line, in run order, then request
+// order. The percentiles in the table are read from these.
+func writeOutcomes(path string, runs []*replay.RunResult) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(f)
+	enc := json.NewEncoder(bw)
+	for _, r := range runs {
+		for _, o := range r.Outcomes {
+			if err := enc.Encode(outcomeLine{Policy: r.Policy, Seed: r.Seed, Outcome: o}); err != nil {
+				f.Close()
+				return err
+			}
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

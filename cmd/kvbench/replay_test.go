@@ -296,3 +296,38 @@ func TestReplayRunsAdaptiveSeeds(t *testing.T) {
 		t.Errorf("without a target: calls %v, %d seeds", called, seedsRun(runs))
 	}
 }
+
+// --outcomes writes each request of each run as one JSON line carrying its run's policy and
+// seed, so a percentile in the table can be traced to the requests behind it.
+func TestReplayOutcomesFile(t *testing.T) {
+	out := fakeOutput()
+	path := filepath.Join(t.TempDir(), "outcomes.jsonl")
+	if err := writeOutcomes(path, out.Runs); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	want := 0
+	for _, r := range out.Runs {
+		want += len(r.Outcomes)
+	}
+	if want == 0 || len(lines) != want {
+		t.Fatalf("%d lines, want one per request (%d)", len(lines), want)
+	}
+	k := 0
+	for _, r := range out.Runs {
+		for _, o := range r.Outcomes {
+			var got outcomeLine
+			if err := json.Unmarshal([]byte(lines[k]), &got); err != nil {
+				t.Fatalf("line %d: %v", k, err)
+			}
+			if got.Policy != r.Policy || got.Seed != r.Seed || got.Index != o.Index || got.TTFT != o.TTFT || got.Err != o.Err || got.Engine != o.Engine {
+				t.Fatalf("line %d: %+v, want %s seed %d %+v", k, got, r.Policy, r.Seed, o)
+			}
+			k++
+		}
+	}
+}
