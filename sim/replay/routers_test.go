@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +122,24 @@ func TestReplayThroughThreeRouters(t *testing.T) {
 		if s.Err != "" || s.Peers != 2 || s.Requests != 8 || s.SentBytes <= 0 || s.SentBatches <= 0 || s.ReceivedBytes <= 0 {
 			t.Errorf("router %+v: want 2 peers, 8 requests, load batches sent and received", s)
 		}
+	}
+}
+
+// Every router is told the engines' block size, events or not, as the operator configures it;
+// a --block-size among RouterArgs is kept as given.
+func TestRouterArgsCarryTheBlockSize(t *testing.T) {
+	o := Options{BlockSize: 16}
+	for _, p := range []string{"kv", "kv" + NoEventsSuffix} {
+		args := routerArgs(o, "engines.txt", p)
+		if !slices.Equal(args[len(args)-2:], []string{"--block-size", "16"}) {
+			t.Errorf("%s: %v, want --block-size 16", p, args)
+		}
+		if got := slices.Contains(args, "--no-events"); got != (p != "kv") {
+			t.Errorf("%s: --no-events %v", p, got)
+		}
+	}
+	o.RouterArgs = []string{"--block-size", "32"}
+	if args := routerArgs(o, "engines.txt", "kv"); slices.Index(args, "16") >= 0 || !hasFlag(args, "block-size") {
+		t.Errorf("RouterArgs' --block-size replaced: %v", args)
 	}
 }

@@ -333,19 +333,31 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 // startRouters starts o.Routers kvrouters on the engines file, one after another (with several,
 // each names the route ports of those before it), and waits until each is ready, knows the
 // engines and, with several, sees every other router. Each is stopped through stops.
+// routerArgs is a router's command line for the policy label, before its capture and peer
+// flags. Every router is told the engines' block size, as the operator tells it
+// (controllers/render RouterConfig sets it from spec.engine.blockSize): a router left to learn
+// it from the first event keys nothing before then and routes every request by load, so a cold
+// fleet's first requests (the ~0.44 s until hot-prefix's first prefills store their blocks)
+// were all routed unkeyed and counted as full misses, a start no deployed router has
+// (docs/benchmarks.md, "Requests still in prefill"). Without events it is required (check).
+func routerArgs(o Options, enginesFile, policy string) []string {
+	base, events := SplitPolicy(policy)
+	args := append([]string{"--engines-file", enginesFile, "--policy", base}, o.RouterArgs...)
+	if !events {
+		args = append(args, "--no-events")
+	}
+	if o.BlockSize >= 1 && !hasFlag(o.RouterArgs, "block-size") {
+		args = append(args, "--block-size", strconv.Itoa(o.BlockSize))
+	}
+	return args
+}
+
 func startRouters(ctx context.Context, o Options, dir, enginesFile, policy, captureDir string, engines []string, stops *[]func()) ([]*routerProc, error) {
 	var routers []*routerProc
 	var routes []string
 	for i := range o.Routers {
 		id, logName := fmt.Sprintf("router-%d", i), "kvrouter.log"
-		base, events := SplitPolicy(policy)
-		args := append([]string{"--engines-file", enginesFile, "--policy", base}, o.RouterArgs...)
-		if !events {
-			args = append(args, "--no-events")
-			if !hasFlag(o.RouterArgs, "block-size") {
-				args = append(args, "--block-size", strconv.Itoa(o.BlockSize))
-			}
-		}
+		args := routerArgs(o, enginesFile, policy)
 		if captureDir != "" {
 			args = append(args, "--capture-dir", captureDir)
 		}
