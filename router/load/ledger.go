@@ -327,7 +327,8 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 		c := &r.Cands[r.Chosen]
 		rc.Ahead, rc.Decoding = int(math.Round(score.PrefillAhead(c, r.Req.NowNs))), c.ContextTokens()
 	} else {
-		rc.Ahead, rc.Decoding = int(r.Replica.prefill.Load()), int(r.Replica.decode.Load()+r.Replica.prefillHeld.Load())
+		ld := r.Replica.Load()
+		rc.Ahead, rc.Decoding = int(ld.PrefillTokens), int(ld.DecodeTokens+ld.PrefillHeldTokens)
 	}
 	if len(r.Keys) > 0 {
 		rc.predicted = true

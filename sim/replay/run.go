@@ -330,9 +330,6 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	return res, ctx.Err()
 }
 
-// startRouters starts o.Routers kvrouters on the engines file, one after another (with several,
-// each names the route ports of those before it), and waits until each is ready, knows the
-// engines and, with several, sees every other router. Each is stopped through stops.
 // routerArgs is a router's command line for the policy label, before its capture and peer
 // flags. Every router is told the engines' block size, as the operator tells it
 // (controllers/render RouterConfig sets it from spec.engine.blockSize): a router left to learn
@@ -352,6 +349,9 @@ func routerArgs(o Options, enginesFile, policy string) []string {
 	return args
 }
 
+// startRouters starts o.Routers kvrouters on the engines file, one after another (with several,
+// each names the route ports of those before it), and waits until each is ready, knows the
+// engines and, with several, sees every other router. Each is stopped through stops.
 func startRouters(ctx context.Context, o Options, dir, enginesFile, policy, captureDir string, engines []string, stops *[]func()) ([]*routerProc, error) {
 	var routers []*routerProc
 	var routes []string
