@@ -94,7 +94,7 @@ func TestKilledUnderStreamingLoad(t *testing.T) {
 				// Kill it while some of its requests stream and others still wait for a token.
 				eventually(t, "streaming and waiting attempts on e1", func() bool {
 					in := rt.s.Engines()[1].Ranks[0].Inflight
-					return in.DecodeTokens > 0 && in.PrefillTokens > 0
+					return in.DecodeTokens > 0 && in.PrefillTokens > 0 && in.PrefillHeldTokens >= in.PrefillTokens
 				})
 				_ = f.sims[1].Close()
 			}()
@@ -120,6 +120,12 @@ func TestKilledUnderStreamingLoad(t *testing.T) {
 					t.Errorf("request %d failed visibly wrong: %+v", i, r)
 				}
 			}
+			// Every attempt on the killed engine, cut, retried or failed, gives back all it held:
+			// /debug/engines shows nothing left in flight there, the prompts of requests that
+			// never reached a first token included.
+			eventually(t, "nothing left in flight on the killed engine", func() bool {
+				return rt.s.Engines()[1].Ranks[0].Inflight == Inflight{}
+			})
 			retries := testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("e1"))
 			t.Logf("clean %d, cut mid-stream %d, retried off the killed engine %v", clean, cut, retries)
 			if retries+float64(cut) == 0 {
