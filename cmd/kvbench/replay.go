@@ -63,10 +63,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	report := fs.String("report", "", "write an HTML report into this directory")
 	outcomes := fs.String("outcomes", "", "write every request of every run here as JSON lines (policy, seed, and the request's send time, TTFT, end-to-end time, tokens, engine, error): the per-request data behind the percentiles")
-	duration := fs.Duration("duration", 8*time.Second, "replay only arrivals in the first DURATION of wall time (0 = no bound)")
-	maxReq := fs.Int("max-requests", 200, "replay at most this many requests per run (0 = all)")
+	duration := fs.Duration("duration", 8*time.Second, "replay only arrivals in the first DURATION of wall time (0 = no bound; --capacity with --trace: 0 unless given)")
+	maxReq := fs.Int("max-requests", 200, "replay at most this many requests per run (0 = all; --capacity with --regime: 0 unless given, each probe sending --duration of arrivals)")
 	offset := fs.Int("offset", 0, "start at this request of the trace")
-	conc := fs.Int("concurrency", 64, "requests in flight at most")
+	conc := fs.Int("concurrency", 64, "requests in flight at most (--capacity: 4 x the engines' running slots unless given)")
 	tpb := fs.Int("tokens-per-trace-block", replay.DefaultTokensPerTraceBlock, "tokens each 512-token trace block becomes (512 = unscaled)")
 	outScale := fs.Float64("output-scale", 0, "max_tokens = output_length x this (default tokens-per-trace-block/512)")
 	maxOut := fs.Int("max-output-tokens", 32, "cap on max_tokens (0 = none)")
@@ -151,6 +151,19 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 
 	if *capacity {
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		d := capacityDefaults(given, *trace != "", *replicas, *seqs, *dp)
+		if d.Concurrency > 0 {
+			*conc = d.Concurrency
+			o.Concurrency = *conc
+		}
+		if d.SetMaxRequests {
+			*maxReq = d.MaxRequests
+		}
+		if d.SetDuration {
+			*duration = d.Duration
+		}
 		if *logDir == "" {
 			if *logDir, err = os.MkdirTemp("", "kvbench-capacity-"); err != nil {
 				return err
@@ -587,6 +600,59 @@ func enginesOverTime(r *replay.RunResult) []series {
 	return out
 }
 
+// capacityFlagDefaults are the replay flags --capacity sets differently when they are not given.
+type capacityFlagDefaults struct {
+	// Concurrency (0: keep the flag's) is the replay's cap on requests in flight.
+	Concurrency int
+	// MaxRequests and Duration replace the flags' values where Set*.
+	SetMaxRequests bool
+	MaxRequests    int
+	SetDuration    bool
+	Duration       time.Duration
+}
+
+// capacityDefaults are --capacity's defaults for the flags not in given (the flags set on the
+// command line). A capacity is the engines' limit, so nothing in the replay may bind first:
+//   - --concurrency: four times the engines' running slots (replicas x max-num-seqs x DP ranks),
+//     so the engines' waiting queues, not the replay's cap, hold an overload (a request held by
+//     the cap counts its wait in its TTFT, but the cap paces the sends, and 64 slots cap 8
+//     engines of 32 at a quarter of theirs), while a runaway probe stays bounded;
+//   - a regime sends --duration of arrivals at each probed rate, with no count cap: 200 requests
+//     (the replay's default) at 400 req/s arrive in half a second, shorter than the SLO, and
+//     every policy passed hot-prefix at every rate doubled to (measured: 25 to 400 req/s on 8
+//     replicas);
+//   - a trace replays its --max-requests whatever the speed (--duration 0): a wall-time bound
+//     replays fewer of its requests at the slower probes.
+func capacityDefaults(given map[string]bool, trace bool, replicas, maxNumSeqs, dpRanks int) capacityFlagDefaults {
+	var d capacityFlagDefaults
+	if !given["concurrency"] {
+		d.Concurrency = max(64, 4*replicas*maxNumSeqs*max(dpRanks, 1))
+	}
+	switch {
+	case trace && !given["duration"]:
+		d.SetDuration, d.Duration = true, 0
+	case !trace && !given["max-requests"]:
+		d.SetMaxRequests, d.MaxRequests = true, 0
+	}
+	return d
+}
+
+// capacityRequests is how many requests a regime's probe at rate sends: duration's worth of
+// arrivals (a sustained load), at most maxReq when it is > 0; with no duration, maxReq, or 160.
+func capacityRequests(rate float64, duration time.Duration, maxReq int) int {
+	if duration <= 0 {
+		if maxReq > 0 {
+			return maxReq
+		}
+		return 160
+	}
+	n := max(int(duration.Seconds()*rate), 1)
+	if maxReq > 0 {
+		n = min(n, maxReq)
+	}
+	return n
+}
+
 // runCapacity is `kvbench replay --capacity`: the workload is rebuilt at each probed rate (a
 // regime's arrival rate, or a trace's replay speed).
 func runCapacity(o replay.Options, trace, regime string, offset, maxReq int, duration time.Duration, speed, rate float64,
@@ -604,14 +670,8 @@ func runCapacity(o replay.Options, trace, regime string, offset, maxReq int, dur
 		if tr != nil {
 			return replay.TraceSlice(tr, offset, maxReq, r, duration)
 		}
-		n := maxReq
-		if n <= 0 {
-			n = 160
-		}
-		if duration > 0 {
-			n = min(n, max(int(duration.Seconds()*r), 1))
-		}
-		return replay.Regime(regime, replay.RegimeOptions{Requests: n, Rate: r, Replicas: replicas, Warmup: warmup, Seed: uint64(seed)})
+		return replay.Regime(regime, replay.RegimeOptions{Requests: capacityRequests(r, duration, maxReq), Rate: r,
+			Replicas: replicas, Warmup: warmup, Seed: uint64(seed)})
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

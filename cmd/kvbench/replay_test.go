@@ -331,3 +331,46 @@ func TestReplayOutcomesFile(t *testing.T) {
 		}
 	}
 }
+
+// A capacity is the engines' limit: unless told otherwise, the replay's concurrency cap sits well
+// above the engines' running slots, a regime's probe is a sustained load (duration x rate, no
+// count cap), and a trace's probe replays its whole slice whatever the speed.
+func TestCapacityDefaultsLeaveTheEnginesTheBottleneck(t *testing.T) {
+	d := capacityDefaults(map[string]bool{}, false, 8, 32, 1)
+	if d.Concurrency != 1024 || !d.SetMaxRequests || d.MaxRequests != 0 || d.SetDuration {
+		t.Fatalf("regime defaults = %+v; want concurrency 1024 (4 x 8 x 32), max-requests 0, duration kept", d)
+	}
+	if d := capacityDefaults(map[string]bool{}, true, 4, 32, 2); d.Concurrency != 1024 || d.SetMaxRequests || !d.SetDuration || d.Duration != 0 {
+		t.Fatalf("trace defaults = %+v; want concurrency 1024 (4 x 4 x 32 x 2 ranks), max-requests kept, duration 0", d)
+	}
+	given := map[string]bool{"concurrency": true, "max-requests": true, "duration": true}
+	if d := capacityDefaults(given, false, 8, 32, 1); d != (capacityFlagDefaults{}) {
+		t.Fatalf("flags given on the command line were overridden: %+v", d)
+	}
+	if d := capacityDefaults(given, true, 8, 32, 1); d != (capacityFlagDefaults{}) {
+		t.Fatalf("flags given on the command line were overridden: %+v", d)
+	}
+	if d := capacityDefaults(map[string]bool{}, false, 1, 4, 1); d.Concurrency != 64 {
+		t.Fatalf("a small fleet's cap = %d; want the replay's 64 at least", d.Concurrency)
+	}
+}
+
+func TestCapacityRequestsSustainTheProbedRate(t *testing.T) {
+	for _, c := range []struct {
+		rate     float64
+		duration time.Duration
+		maxReq   int
+		want     int
+	}{
+		{400, 8 * time.Second, 0, 3200}, // 8 s at 400/s, not a 200-request burst
+		{25, 8 * time.Second, 0, 200},
+		{400, 8 * time.Second, 500, 500}, // an explicit cap still holds
+		{0.01, 8 * time.Second, 0, 1},
+		{25, 0, 0, 160},
+		{25, 0, 90, 90},
+	} {
+		if got := capacityRequests(c.rate, c.duration, c.maxReq); got != c.want {
+			t.Errorf("capacityRequests(%g, %v, %d) = %d; want %d", c.rate, c.duration, c.maxReq, got, c.want)
+		}
+	}
+}
