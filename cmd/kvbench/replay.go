@@ -66,6 +66,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 8*time.Second, "replay only arrivals in the first DURATION of wall time (0 = no bound; --capacity with --trace: 0 unless given)")
 	maxReq := fs.Int("max-requests", 200, "replay at most this many requests per run (0 = all; --capacity with --regime: 0 unless given, each probe sending --duration of arrivals)")
 	offset := fs.Int("offset", 0, "start at this request of the trace")
+	warmReq := fs.Int("warm-requests", 0, "traces: before each run's measured requests, send the trace's N requests before --offset (--offset >= N) at the same speed through the same routers, unmeasured, and wait for them: a fleet that has served the trace before, where a cold one measures a cold start")
 	conc := fs.Int("concurrency", 64, "requests in flight at most (--capacity: 4 x the engines' running slots unless given)")
 	tpb := fs.Int("tokens-per-trace-block", replay.DefaultTokensPerTraceBlock, "tokens each 512-token trace block becomes (512 = unscaled)")
 	outScale := fs.Float64("output-scale", 0, "max_tokens = output_length x this (default tokens-per-trace-block/512)")
@@ -107,6 +108,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	names := splitList(*policies)
 	if len(names) == 0 {
 		return errors.New("--policies is empty")
+	}
+	if *warmReq < 0 || *warmReq > 0 && (*trace == "" || *offset < *warmReq) {
+		return errors.New("--warm-requests N needs --trace and --offset >= N (the warm-up is the N requests before the offset)")
 	}
 	if *ratioHW < 0 || *ratioHW > 0 && (*seeds < 3 || *capacity) {
 		return errors.New("--ratio-halfwidth must be >= 0; it needs --seeds >= 3 (the most seeds it may run) and is not for --capacity (which stops at 3%)")
@@ -170,7 +174,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		o.LogDir = *logDir
-		return runCapacity(o, *trace, *regime, *offset, *maxReq, *duration, *speed, *rate, *replicas, *warmup,
+		return runCapacity(o, *trace, *regime, *offset, *warmReq, *maxReq, *duration, *speed, *rate, *replicas, *warmup,
 			replay.CapacityOptions{Policy: *underTest, SLO: slo.Seconds(), TimeScale: *timeScale, MaxSeeds: *seeds,
 				Target: 0.03, Precision: 0.05, MaxProbes: *maxProbes}, *asJSON, stdout, stderr)
 	}
@@ -181,6 +185,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		if w, err = replay.TraceSlice(tr, *offset, *maxReq, *speed, *duration); err != nil {
+			return err
+		}
+		if w.Warm, err = replay.WarmSlice(tr, *offset, *warmReq, *speed); err != nil {
 			return err
 		}
 		w.Name = filepath.Base(*trace)
@@ -206,8 +213,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	o.LogDir = *logDir
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs, %d replicas, %d routers, %d policies x %d seeds; logs in %s\n",
-		w.Name, len(w.Requests), w.Span().Seconds(), *replicas, *routers, len(names), *seeds, o.LogDir)
+	warmed := ""
+	if len(w.Warm) > 0 {
+		warmed = fmt.Sprintf(" after %d warm-up requests", len(w.Warm))
+	}
+	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs%s, %d replicas, %d routers, %d policies x %d seeds; logs in %s\n",
+		w.Name, len(w.Requests), w.Span().Seconds(), warmed, *replicas, *routers, len(names), *seeds, o.LogDir)
 	runs, err := replayRuns(ctx, o, w, *underTest, *ratioHW, replay.Replay, stderr)
 	if err != nil {
 		return fmt.Errorf("%w (logs kept in %s)", err, o.LogDir)
@@ -655,7 +666,7 @@ func capacityRequests(rate float64, duration time.Duration, maxReq int) int {
 
 // runCapacity is `kvbench replay --capacity`: the workload is rebuilt at each probed rate (a
 // regime's arrival rate, or a trace's replay speed).
-func runCapacity(o replay.Options, trace, regime string, offset, maxReq int, duration time.Duration, speed, rate float64,
+func runCapacity(o replay.Options, trace, regime string, offset, warmReq, maxReq int, duration time.Duration, speed, rate float64,
 	replicas int, warmup time.Duration, c replay.CapacityOptions, asJSON bool, stdout, stderr io.Writer) error {
 	var tr *fleet.Trace
 	c.Start = rate
@@ -668,14 +679,23 @@ func runCapacity(o replay.Options, trace, regime string, offset, maxReq int, dur
 	}
 	workload := func(r float64, seed int) (replay.Workload, error) {
 		if tr != nil {
-			return replay.TraceSlice(tr, offset, maxReq, r, duration)
+			w, err := replay.TraceSlice(tr, offset, maxReq, r, duration)
+			if err != nil {
+				return w, err
+			}
+			w.Warm, err = replay.WarmSlice(tr, offset, warmReq, r)
+			return w, err
 		}
 		return replay.Regime(regime, replay.RegimeOptions{Requests: capacityRequests(r, duration, maxReq), Rate: r,
 			Replicas: replicas, Warmup: warmup, Seed: uint64(seed)})
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(stderr, "capacity: %d policies, up to %d seeds, SLO %.2fs trace time; logs in %s\n", len(o.Policies), c.MaxSeeds, c.SLO, o.LogDir)
+	warmed := ""
+	if warmReq > 0 {
+		warmed = fmt.Sprintf(", each probe after %d warm-up requests", warmReq)
+	}
+	fmt.Fprintf(stderr, "capacity: %d policies, up to %d seeds, SLO %.2fs trace time%s; logs in %s\n", len(o.Policies), c.MaxSeeds, c.SLO, warmed, o.LogDir)
 	res, err := replay.Capacity(ctx, o, c, workload)
 	if err != nil {
 		return fmt.Errorf("%w (logs kept in %s)", err, o.LogDir)

@@ -87,3 +87,55 @@ func TestCapacityEndToEnd(t *testing.T) {
 		t.Errorf("capacities %v, ratio %v", res.Capacity, res.Ratio)
 	}
 }
+
+// TestWarmUpServesTheFleetBeforeTheMeasuredRequests: a run with Workload.Warm sends the warm-up
+// through the routers first and measures only Requests, so a measured request that repeats a
+// warm-up prompt finds it cached from the first one on, where the same run from cold engines
+// computes it. Real vllm-sim and kvrouter processes, 2 engines, kv.
+func TestWarmUpServesTheFleetBeforeTheMeasuredRequests(t *testing.T) {
+	dir := buildBinaries(t)
+	doc := func(id uint64) []uint64 { return []uint64{id, id + 1, id + 2, id + 3} }
+	var w Workload
+	for i := range 4 {
+		r := Request{At: time.Duration(i) * 50 * time.Millisecond, HashIDs: doc(uint64(100 * (i + 1))), InputLength: 2048, OutputLength: 4}
+		w.Warm = append(w.Warm, r)
+		w.Requests = append(w.Requests, r)
+	}
+	o := Options{SimBin: filepath.Join(dir, "vllm-sim"), RouterBin: filepath.Join(dir, "kvrouter"), Replicas: 2,
+		Policies: []string{"kv"}, Seeds: 1, Concurrency: 8, Tokens: Tokenizer{PerBlock: 16}, BlockSize: 16,
+		OutputScale: 1, MaxOutputTokens: 2, Model: "vllm-sim", LogDir: t.TempDir(), Drain: 15 * time.Second,
+		SimArgs: []string{"--decode-ms-per-token", "2", "--num-gpu-blocks", "512", "--block-size", "16"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cached := func(w Workload) []int {
+		t.Helper()
+		runs, err := Replay(ctx, o, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(runs[0].Outcomes); got != len(w.Requests) {
+			t.Fatalf("%d outcomes, want the %d measured requests only", got, len(w.Requests))
+		}
+		var c []int
+		for _, oc := range runs[0].Outcomes {
+			if oc.Err != "" {
+				t.Fatalf("request %d: %s", oc.Index, oc.Err)
+			}
+			c = append(c, oc.CachedTokens)
+		}
+		return c
+	}
+	warm := cached(w)
+	w.Warm = nil
+	cold := cached(w)
+	for i := range warm {
+		// 64 prompt tokens in 16-token blocks: the engine reuses every full block but the last
+		// (vLLM recomputes a fully cached prompt's last token), so 48.
+		if warm[i] < 48 {
+			t.Errorf("warm fleet: request %d cached %d tokens, want >= 48 (its prompt was served in the warm-up)", i, warm[i])
+		}
+		if cold[i] != 0 {
+			t.Errorf("cold fleet: request %d cached %d tokens, want 0 (every prompt is new)", i, cold[i])
+		}
+	}
+}

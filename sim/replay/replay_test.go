@@ -393,3 +393,31 @@ func TestUnmeasuredFiguresAreJSONNull(t *testing.T) {
 		t.Fatalf("%s (%v) -> %+v", b, err, back)
 	}
 }
+
+func TestWarmSliceIsTheTrafficBeforeTheOffset(t *testing.T) {
+	tr, err := fleet.ReadTrace(strings.NewReader(`{"timestamp": 1000, "input_length": 10, "output_length": 5, "hash_ids": [1]}
+{"timestamp": 3000, "input_length": 10, "output_length": 5, "hash_ids": [1, 2]}
+{"timestamp": 9000, "input_length": 10, "output_length": 5, "hash_ids": [3]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm, err := WarmSlice(tr, 2, 2, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warm) != 2 || warm[0].At != 0 || warm[1].At != time.Second || len(warm[1].HashIDs) != 2 {
+		t.Fatalf("the 2 requests before offset 2 at speed 2: %+v", warm)
+	}
+	if warm, err := WarmSlice(tr, 2, 0, 1); err != nil || warm != nil {
+		t.Fatalf("no warm-up: %v, %v", warm, err)
+	}
+	for _, c := range []struct{ offset, n int }{{1, 2}, {4, 1}} {
+		if _, err := WarmSlice(tr, c.offset, c.n, 1); err == nil {
+			t.Errorf("offset %d, %d warm-up requests accepted", c.offset, c.n)
+		}
+	}
+	if _, err := WarmSlice(tr, 2, 1, 0); err == nil {
+		t.Error("speed 0 accepted")
+	}
+}

@@ -234,6 +234,12 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		bases[i] = "http://" + r.api
 	}
 
+	if len(w.Warm) > 0 {
+		if err := warmFleet(ctx, o, bases, w.Warm); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+
 	// Replay.
 	_, events := SplitPolicy(policy)
 	res = &RunResult{Policy: policy, Seed: seed, Engines: names, CaptureDir: captureDir, Routers: len(routers), RouterEvents: events}
@@ -328,6 +334,55 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		res.ScaleUp = scaleUpResult(out, names[initial:], w.ScaleUp, initial)
 	}
 	return res, ctx.Err()
+}
+
+// warmSettle is how long the measured replay waits after the warm-up's last completion: the
+// engines publish a step's KV events as it ends, and the routers index them within milliseconds
+// on loopback; 250 ms leaves the last batches time to land before the first measured request.
+const warmSettle = 250 * time.Millisecond
+
+// warmFleet sends the warm-up requests through the routers (request i to router i mod N, as
+// the replay does), each at its At, at most o.Concurrency in flight, and waits for all of them.
+// A warm-up request that fails fails the run: the fleet is then not in the state the
+// measurement says it was.
+func warmFleet(ctx context.Context, o Options, bases []string, warm []Request) error {
+	wctx, cancel := context.WithTimeout(ctx, warm[len(warm)-1].At+o.Drain)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}
+	defer client.CloseIdleConnections()
+	sem := make(chan struct{}, o.Concurrency)
+	errs := make([]string, len(warm))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range warm {
+		r := &warm[i]
+		if err := sleepUntil(wctx, start.Add(r.At)); err != nil {
+			break
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-wctx.Done():
+		}
+		if wctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			errs[i] = complete(wctx, client, bases[i%len(bases)], o.Model, r, o.Tokens.Prompt(r), o.maxTokens(r)).Err
+		}(i)
+	}
+	wg.Wait()
+	if err := wctx.Err(); err != nil {
+		return fmt.Errorf("%d requests not done in %v: %w", len(warm), warm[len(warm)-1].At+o.Drain, err)
+	}
+	for i, e := range errs {
+		if e != "" {
+			return fmt.Errorf("request %d of %d: %s", i, len(warm), e)
+		}
+	}
+	return sleepUntil(ctx, time.Now().Add(warmSettle))
 }
 
 // routerArgs is a router's command line for the policy label, before its capture and peer

@@ -37,6 +37,33 @@ type Workload struct {
 	ScaleUp  *ScaleUp
 	// Tenants lists the LoRA adapters the engines must serve (the tenants regime).
 	Adapters []string
+	// Warm are requests each run sends before Requests, through the same routers, and does not
+	// measure: a fleet that has served traffic before (its engines' caches and the routers'
+	// index and windows hold it), as a production fleet has, where a replay from cold engines
+	// measures a cold start. They go out at their own At (from the warm phase's start); the
+	// measured replay starts once every one has completed.
+	Warm []Request
+}
+
+// WarmSlice is the n requests of a trace before offset, timestamps compressed by speed from the
+// first of them: the traffic a fleet served before TraceSlice(t, offset, ...), for Workload.Warm.
+func WarmSlice(t *fleet.Trace, offset, n int, speed float64) ([]Request, error) {
+	switch {
+	case n <= 0:
+		return nil, nil
+	case speed <= 0:
+		return nil, fmt.Errorf("speed %v must be > 0", speed)
+	case n > offset || offset > len(t.Requests):
+		return nil, fmt.Errorf("%d warm-up requests need an offset of at least %d (it is %d, in a trace of %d)", n, n, offset, len(t.Requests))
+	}
+	reqs := t.Requests[offset-n : offset]
+	out := make([]Request, 0, n)
+	t0 := reqs[0].TimestampMs
+	for _, q := range reqs {
+		at := time.Duration(float64(q.TimestampMs-t0) / speed * float64(time.Millisecond))
+		out = append(out, Request{At: at, HashIDs: q.HashIDs, InputLength: q.InputLength, OutputLength: q.OutputLength})
+	}
+	return out, nil
 }
 
 // Span is the arrival time of the last request.
