@@ -41,7 +41,8 @@ type Workload struct {
 	// measure: a fleet that has served traffic before (its engines' caches and the routers'
 	// index and windows hold it), as a production fleet has, where a replay from cold engines
 	// measures a cold start. They go out at their own At (from the warm phase's start); the
-	// measured replay starts once every one has completed.
+	// measured replay starts once every one has completed. The routers' own counters
+	// (RunResult.Accuracy) include them; the outcomes, percentiles and CPU figures do not.
 	Warm []Request
 }
 
