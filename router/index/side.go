@@ -371,7 +371,9 @@ func (s *SideIndex) touch(si int32, id ReplicaID, exp int64) {
 func (s *SideIndex) TTL() time.Duration { return time.Duration(s.ttl) }
 
 // Predict records that the request with these keys was sent to replica id at now: each key
-// counts as held by id until now+TTL. A repeated decision refreshes the expiry.
+// counts as held by id until now+TTL. A repeated decision refreshes the expiry. Callers pass
+// times that do not go back (the ledger stamps its records under its lock): a call at an older
+// time sets a key's expiry back to that time's.
 func (s *SideIndex) Predict(id ReplicaID, keys []blockkey.Key, now time.Time) {
 	t := now.UnixNano()
 	exp := t + s.ttl
