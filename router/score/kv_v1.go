@@ -122,9 +122,10 @@ func (k *kvV1Policy) span(c *Candidate, now int64) float64 {
 // the context its steps carry, Candidate.ContextTokens). Both delay this request once, by the
 // engine's step time, so both take the same weight against an avoidable miss. The decode term
 // used to stand outside the weight, so against queued prefill it counted 1/QueuedPrefillWeight
-// (3.3x) what DecodeWeight says: with the drain credit below, a replica nearly done with a prefill but running fewer
-// sequences then looked cheaper than an idle one (fleet model, no-reuse at 12 req/s: 1,223 of
-// 4,000 decisions against 81; docs/benchmarks.md, "Prefill drain").
+// (3.3x) what DecodeWeight says: with the drain credit below, a replica nearly done with a
+// prefill but running fewer sequences then looked cheaper than an idle one (fleet model,
+// no-reuse at 12 req/s: 1,223 of 4,000 decisions against 81; docs/benchmarks.md, "Prefill
+// drain").
 func (k *kvV1Policy) load(c *Candidate, nowNs int64) float64 {
 	return k.p.QueuedPrefillWeight * (PrefillAhead(c, nowNs) + k.p.DecodeWeight*float64(c.ContextTokens()))
 }

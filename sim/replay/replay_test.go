@@ -70,7 +70,10 @@ func TestTokenizerPartialLastBlockAndScale(t *testing.T) {
 	}
 }
 
-func TestTraceSliceCompressesAndBounds(t *testing.T) {
+// threeRequestTrace is a trace of three requests at 1 s, 3 s and 9 s, the second sharing the
+// first's block.
+func threeRequestTrace(t *testing.T) *fleet.Trace {
+	t.Helper()
 	tr, err := fleet.ReadTrace(strings.NewReader(`{"timestamp": 1000, "input_length": 10, "output_length": 5, "hash_ids": [1]}
 {"timestamp": 3000, "input_length": 10, "output_length": 5, "hash_ids": [1, 2]}
 {"timestamp": 9000, "input_length": 10, "output_length": 5, "hash_ids": [3]}
@@ -78,6 +81,11 @@ func TestTraceSliceCompressesAndBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tr
+}
+
+func TestTraceSliceCompressesAndBounds(t *testing.T) {
+	tr := threeRequestTrace(t)
 	w, err := TraceSlice(tr, 0, 0, 2, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -395,13 +403,7 @@ func TestUnmeasuredFiguresAreJSONNull(t *testing.T) {
 }
 
 func TestWarmSliceIsTheTrafficBeforeTheOffset(t *testing.T) {
-	tr, err := fleet.ReadTrace(strings.NewReader(`{"timestamp": 1000, "input_length": 10, "output_length": 5, "hash_ids": [1]}
-{"timestamp": 3000, "input_length": 10, "output_length": 5, "hash_ids": [1, 2]}
-{"timestamp": 9000, "input_length": 10, "output_length": 5, "hash_ids": [3]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := threeRequestTrace(t)
 	warm, err := WarmSlice(tr, 2, 2, 2)
 	if err != nil {
 		t.Fatal(err)
