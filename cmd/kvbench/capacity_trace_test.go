@@ -48,11 +48,18 @@ func TestCapacityOnACapturedTrace(t *testing.T) {
 			t.Fatalf("go build %s: %v\n%s", b, err, out)
 		}
 	}
+	// The search's temporary log directory goes where os.MkdirTemp puts it: here, so the test
+	// can check that a search that ends without an error removes it.
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
 	out, stderr, rc := kvbench(t, "replay", "--capacity", "--trace", capDir, "--replicas", "2", "--policies", "kv,round-robin",
 		"--seeds", "1", "--max-probes", "2", "--speed", "1", "--slo", "60s", "--duration", "0", "--max-requests", "0",
 		"--tokens-per-trace-block", "16", "--max-output-tokens", "4", "--bin-dir", binDir, "--json")
 	if rc != 0 {
 		t.Fatalf("rc %d: %s", rc, stderr)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "kvbench-capacity-*")); len(left) != 0 {
+		t.Errorf("the search ended without an error and left its log directory behind: %v", left)
 	}
 	var res replay.CapacityResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil {

@@ -168,15 +168,22 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		if d.SetDuration {
 			*duration = d.Duration
 		}
-		if *logDir == "" {
+		// As a replay's: a temporary directory unless --log-dir names one, removed when the search
+		// ends without an error (it holds every probe's engine and router logs).
+		keep := *logDir != ""
+		if !keep {
 			if *logDir, err = os.MkdirTemp("", "kvbench-capacity-"); err != nil {
 				return err
 			}
 		}
 		o.LogDir = *logDir
-		return runCapacity(o, *trace, *regime, *offset, *warmReq, *maxReq, *duration, *speed, *rate, *replicas, *warmup,
+		err = runCapacity(o, *trace, *regime, *offset, *warmReq, *maxReq, *duration, *speed, *rate, *replicas, *warmup,
 			replay.CapacityOptions{Policy: *underTest, SLO: slo.Seconds(), TimeScale: *timeScale, MaxSeeds: *seeds,
 				Target: 0.03, Precision: 0.05, MaxProbes: *maxProbes}, *asJSON, stdout, stderr)
+		if err == nil && !keep {
+			os.RemoveAll(o.LogDir)
+		}
+		return err
 	}
 	var w replay.Workload
 	if *trace != "" {
