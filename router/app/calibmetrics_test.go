@@ -36,7 +36,7 @@ func TestCalibrationOnMetrics(t *testing.T) {
 		return out
 	}
 	m := read()
-	for _, k := range []string{"prefill_drain_tokens_per_second", "ttft_fit_latency_seconds", "ttft_fit_seconds_per_prefill_token", "ttft_fit_observations"} {
+	for _, k := range []string{"prefill_drain_tokens_per_second", "prefill_drain_attention_weight", "ttft_fit_latency_seconds", "ttft_fit_seconds_per_prefill_token", "ttft_fit_observations"} {
 		if _, ok := m[k]; !ok {
 			t.Fatalf("/metrics lacks kvroute_router_%s", k)
 		}

@@ -12,6 +12,8 @@ func (l *Ledger) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		g("prefill_drain_tokens_per_second", "Rate at which routed uncached prefill reaches first tokens while some is pending, measured by the ledger (kv's drain credit); 0 before the first first token.",
 			func() float64 { return l.cal.Read().DrainTokensPerS }),
+		g("prefill_drain_attention_weight", "Tokens of prefill one token pair of attention costs at the drain rate, measured beside it from first tokens of different prompt lengths (kv's drain credit); 0 while they do not tell it apart.",
+			func() float64 { return l.cal.Read().DrainAttentionWeight }),
 		g("ttft_fit_latency_seconds", "Fixed part of the first-token time the ledger fits online (kv-ttft's calibration; the prior until first tokens are seen).",
 			func() float64 { return l.cal.Read().LatencyS }),
 		g("ttft_fit_seconds_per_prefill_token", "Per uncached prefill token part of the fitted first-token time (kv-ttft's calibration).",

@@ -79,6 +79,9 @@ type Replica struct {
 	// prefillHeld is what the requests counted in prefill will hold once they decode (their
 	// Routing.Held): Load.PrefillHeldTokens.
 	prefillHeld atomic.Int64
+	// prefillAttn is the attention of the requests counted in prefill, in token pairs
+	// (Record.Attention): Load.PrefillAttention.
+	prefillAttn atomic.Int64
 	// since is when the replica's routed prefill last made progress the ledger saw: the last
 	// first token (or end before one), or when its prefill went from none to some (unix ns on
 	// the ledger's clock). See score.Candidate.PrefillSince.
@@ -100,6 +103,9 @@ type Load struct {
 	// decode (their whole prompts, cached part included; score.Candidate.PrefillHeldTokens).
 	// Other routers' totals do not carry it (absent from their share).
 	PrefillHeldTokens int64 `json:"prefill_held_tokens,omitempty"`
+	// PrefillAttention: the attention its requests before their first token compute, in
+	// token pairs (score.AttentionPairs). Other routers' totals do not carry it either.
+	PrefillAttention int64 `json:"prefill_attention,omitempty"`
 	// Running: requests routed there and not finished.
 	Running int64 `json:"running"`
 }
@@ -107,7 +113,7 @@ type Load struct {
 // Load reads the replica's counters.
 func (r *Replica) Load() Load {
 	return Load{PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load(),
-		PrefillHeldTokens: r.prefillHeld.Load(), Running: r.running.Load()}
+		PrefillHeldTokens: r.prefillHeld.Load(), PrefillAttention: r.prefillAttn.Load(), Running: r.running.Load()}
 }
 
 // Routing is what a decision hands the ledger for the request it routes.
@@ -122,7 +128,8 @@ type Routing struct {
 	// until the first token); Held the tokens the request holds while it decodes (the live
 	// router counts its prompt, the fleet model prompt and output).
 	Uncached, Held int
-	// Cached is the prompt tokens the router expects the replica to have (for accounting).
+	// Cached is the prompt tokens the router expects the replica to have (for accounting, and
+	// as the context its uncached tokens attend over: Record.Attention).
 	Cached int
 	// Req, Cands and Chosen are the policy's view of the decision (told OnRouted/Retract);
 	// Req nil tells the policy nothing.
@@ -145,6 +152,9 @@ type Record struct {
 	// What the replica carried when it was routed (the calibration's features): prefill
 	// tokens queued ahead, context tokens its steps carry (score.Candidate.ContextTokens).
 	Ahead, Decoding int
+	// Attention is the request's prefill attention in token pairs: score.AttentionPairs of its
+	// uncached tokens after its cached ones.
+	Attention int64
 	// predicted: the decision was entered into the side indexes at At.
 	predicted bool
 	first     bool
@@ -319,7 +329,7 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 			l.win.Routed(r.Req.NowNs, r.Cands, r.Chosen, float64(r.Uncached))
 		}
 	}
-	*rc = Record{Routing: r, At: l.now()}
+	*rc = Record{Routing: r, At: l.now(), Attention: score.AttentionPairs(r.Uncached, r.Cached)}
 	// The calibration's features are what the policy saw when it chose (peers' load included,
 	// the prefill ahead less what drained since it last moved: score.PrefillAhead, as kv-ttft
 	// reads it); a choice made elsewhere reads this router's counters.
@@ -343,6 +353,7 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 		r.Replica.since.Store(rc.At.UnixNano())
 	}
 	r.Replica.prefillHeld.Add(int64(r.Held))
+	r.Replica.prefillAttn.Add(rc.Attention)
 	r.Replica.running.Add(1)
 	l.gen.Add(1)
 	id := ID(l.next.Add(1))
@@ -370,9 +381,10 @@ func (l *Ledger) FirstToken(id ID) error {
 		// is one measure of how fast it drains (Calibrations.ObserveDrain).
 		now := rc.FirstTokenAt.UnixNano()
 		if since := rc.Replica.since.Swap(now); since > 0 && now >= since {
-			l.cal.ObserveDrain(rc.Uncached, float64(now-since)/1e9)
+			l.cal.ObserveDrain(rc.Uncached, rc.Attention, float64(now-since)/1e9)
 		}
 		rc.Replica.prefillHeld.Add(-int64(rc.Held))
+		rc.Replica.prefillAttn.Add(-rc.Attention)
 		rc.Replica.decode.Add(int64(rc.Held))
 		l.cal.Observe(rc.Ahead, rc.Uncached, rc.Decoding, rc.FirstTokenAt.Sub(rc.At).Seconds())
 		l.gen.Add(1)
@@ -432,6 +444,7 @@ func (l *Ledger) end(id ID, rollback bool) (*Record, error) {
 	} else {
 		rep.prefill.Add(-int64(rc.Uncached))
 		rep.prefillHeld.Add(-int64(rc.Held))
+		rep.prefillAttn.Add(-rc.Attention)
 		rep.since.Store(l.now().UnixNano())
 	}
 	rep.running.Add(-1)

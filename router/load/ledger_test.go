@@ -66,8 +66,9 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("decide: %v chosen %d routed %d", err, rc.Chosen, pol.routed)
 	}
 	// Before its first token the request's whole prompt is held for the decode term
-	// (score.Candidate.ContextTokens), its uncached part counted as prefill.
-	if got := r.Load(); got != (Load{PrefillTokens: 48, PrefillHeldTokens: 64, Running: 1}) {
+	// (score.Candidate.ContextTokens), its uncached part counted as prefill, with the attention
+	// of its 48 new tokens over the 16 cached and each other (48 x 16 + 48 x 47 / 2 pairs).
+	if got := r.Load(); got != (Load{PrefillTokens: 48, PrefillHeldTokens: 64, PrefillAttention: 48*16 + 48*47/2, Running: 1}) {
 		t.Fatalf("after routed: %+v", got)
 	}
 	if pred, _ := l.Match(req.Keys, 1, false, nil, nil); pred[0] != 4 {
@@ -239,7 +240,7 @@ func TestFailedAfterFirstToken(t *testing.T) {
 	if _, err := l.Failed(id); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Load(); got != (Load{PrefillTokens: 7, PrefillHeldTokens: 9, Running: 1}) {
+	if got := r.Load(); got != (Load{PrefillTokens: 7, PrefillHeldTokens: 9, PrefillAttention: 7 * 6 / 2, Running: 1}) {
 		t.Fatalf("after failing one of two: %+v", got)
 	}
 	if _, err := l.Done(other, nil); err != nil || r.Load() != (Load{}) {

@@ -249,13 +249,14 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 			d.Peer[i] = r.Peer
 			ld.PrefillTokens += r.Peer.PrefillTokens
 			ld.DecodeTokens += r.Peer.DecodeTokens
-			// The peers' totals do not carry what their requests in prefill hold (peersync.Load);
-			// their uncached part, in the peers' prefill counter, is the part known.
+			// The peers' totals do not carry what their requests in prefill hold, nor their
+			// attention (peersync.Load); their uncached part, in the peers' prefill counter, is
+			// the part known.
 			ld.PrefillHeldTokens += r.Peer.PrefillTokens
 			ld.Running += r.Peer.Running
 		}
 		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
-			PrefillTokens: int(ld.PrefillTokens), PrefillSince: r.Load.PrefillSince(),
+			PrefillTokens: int(ld.PrefillTokens), PrefillAttention: ld.PrefillAttention, PrefillSince: r.Load.PrefillSince(),
 			DecodeTokens: int(ld.DecodeTokens), PrefillHeldTokens: int(ld.PrefillHeldTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
 			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name)}
@@ -342,10 +343,13 @@ type Breakdown struct {
 	DecodeTokens  int `json:"decode_tokens"`
 	// PrefillHeldTokens: what the requests still in prefill will hold once they decode (kv's
 	// decode term weighs it with DecodeTokens; peers' part: their prefill tokens).
-	PrefillHeldTokens int     `json:"prefill_held_tokens"`
-	Running           int     `json:"running"`
-	Queue             int     `json:"queue"`
-	KVUtil            float64 `json:"kv_util"`
+	PrefillHeldTokens int `json:"prefill_held_tokens"`
+	// PrefillAttention: the attention of the requests still in prefill, in token pairs
+	// (score.AttentionPairs; this router's own): kv's drain credit weighs it.
+	PrefillAttention int64   `json:"prefill_attention"`
+	Running          int     `json:"running"`
+	Queue            int     `json:"queue"`
+	KVUtil           float64 `json:"kv_util"`
 	// PeerLoad is the part of the load terms the other router replicas put there (absent for a
 	// router on its own, or when they have nothing there).
 	PeerLoad *load.Load `json:"peer_load,omitempty"`
@@ -365,7 +369,7 @@ func (d *Decision) Breakdowns(ex []score.Explanation) []Breakdown {
 		b := Breakdown{Overlap: d.Raw[i], ExactBlocks: c.ExactBlocks, PredictedBlocks: c.PredictedBlocks,
 			CachedTokens: d.Cached[i], UncachedTokens: d.Uncached(i), WarmupCredit: c.WarmupCredit,
 			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, PrefillHeldTokens: c.PrefillHeldTokens,
-			Running: c.Running, Queue: c.Queue, KVUtil: c.KVUtil,
+			PrefillAttention: c.PrefillAttention, Running: c.Running, Queue: c.Queue, KVUtil: c.KVUtil,
 			Guards: d.Guards[i]}
 		if i < len(d.Peer) && d.Peer[i] != (load.Load{}) {
 			p := d.Peer[i]

@@ -163,7 +163,7 @@ func TestDecideIsPure(t *testing.T) {
 func (d *Decision) loadOf(i int) load.Load {
 	c := &d.Cands[i]
 	return load.Load{PrefillTokens: int64(c.PrefillTokens), DecodeTokens: int64(c.DecodeTokens),
-		PrefillHeldTokens: int64(c.PrefillHeldTokens), Running: int64(c.Running)}
+		PrefillHeldTokens: int64(c.PrefillHeldTokens), PrefillAttention: c.PrefillAttention, Running: int64(c.Running)}
 }
 
 func TestDecideUnkeyed(t *testing.T) {
@@ -203,7 +203,8 @@ func TestBreakdownsCarryTheNumbers(t *testing.T) {
 	ex := []score.Explanation{{Cost: 1}, {Cost: 0.5}, {Cost: 2}, {Cost: 3}}
 	b := d.Breakdowns(ex)
 	want0 := Breakdown{Overlap: Overlap{Tiers: [score.NumTiers]int{6, 3, 1}}, ExactBlocks: 9, CachedTokens: 36, UncachedTokens: 4,
-		WarmupCredit: 0.25, PrefillTokens: 100, PrefillHeldTokens: 200, Running: 1, Queue: 3, KVUtil: 0.5, Policy: &ex[0]}
+		WarmupCredit: 0.25, PrefillTokens: 100, PrefillHeldTokens: 200, Running: 1, Queue: 3, KVUtil: 0.5, Policy: &ex[0],
+		PrefillAttention: 100 * 99 / 2} // the world's 100 uncached tokens, nothing cached before them
 	if !reflect.DeepEqual(b[0], want0) {
 		t.Fatalf("r0 breakdown\n got %+v\nwant %+v", b[0], want0)
 	}

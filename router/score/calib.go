@@ -17,6 +17,10 @@ type Calibration struct {
 	// DrainTokensPerS is the measured rate at which a replica's routed prefill reaches first
 	// tokens while some is pending (router/load, Calibrations.ObserveDrain); 0 before any.
 	DrainTokensPerS float64
+	// DrainAttentionWeight is what one token pair of prefill attention (AttentionPairs) costs
+	// in tokens at that rate, measured beside it; 0 when the first tokens seen do not tell it
+	// apart from the per-token cost (prompts of one length) or before any.
+	DrainAttentionWeight float64
 	// Observations is the (decayed) weight of first-token times behind the fit; 0 when the
 	// values are the prior.
 	Observations float64
@@ -49,9 +53,25 @@ func (c Calibration) TTFT(cand *Candidate, uncached float64, nowNs int64) float6
 		c.SecondsPerDecodeToken*float64(cand.ContextTokens())
 }
 
-// PrefillAhead is the routed prefill still ahead of a request sent to c at nowNs: the ledger's
-// counter less what the replica has drained since its prefill last moved (c.PrefillSince: its
-// last first token, or the counter leaving zero) at the measured drain rate
+// AttentionPairs is the attention a prefill of uncached tokens after cached ones computes, in
+// token pairs: each new token attends over the context before it, Σ over positions p in
+// [cached, cached+uncached) of p, about uncached x (cached + uncached/2). vLLM's forward pass
+// pays for it on top of the per-token cost (sim/vllmsim/stepmodel.go, PerMAttn against PerToken,
+// from vLLM 0.20.1's records: at about 36k tokens of context a token's attention costs as much
+// as the rest of its prefill), so the drain credit weighs it (PrefillAhead).
+func AttentionPairs(uncached, cached int) int64 {
+	if uncached <= 0 {
+		return 0
+	}
+	u, c := int64(uncached), int64(max(cached, 0))
+	return u*c + u*(u-1)/2
+}
+
+// PrefillAhead is the routed prefill still ahead of a request sent to c at nowNs, in tokens at
+// the drain rate: the ledger's counter plus what its attention costs (PrefillAttention x
+// Calib.DrainAttentionWeight: a long prompt is more work than its token count says), less what
+// the replica has drained since its prefill last moved (c.PrefillSince: its last first token,
+// or the counter leaving zero) at the measured drain rate
 // (Calib.DrainTokensPerS), never below zero. The counter drops only at first tokens, so without
 // this a replica about to finish a long prefill looks as busy as one that just began it, and
 // among equal counters least-queued-prefill picks by the decode term, which says nothing about
@@ -71,7 +91,7 @@ func (c Calibration) TTFT(cand *Candidate, uncached float64, nowNs int64) float6
 // vLLM drains the replica's waiting prefill in one FCFS order whoever routed it, so the whole
 // counter is credited.
 func PrefillAhead(c *Candidate, nowNs int64) float64 {
-	ahead := float64(c.PrefillTokens)
+	ahead := float64(c.PrefillTokens) + c.Calib.DrainAttentionWeight*float64(c.PrefillAttention)
 	rate := c.Calib.DrainTokensPerS
 	if ahead <= 0 || rate <= 0 || c.PrefillSince <= 0 || nowNs <= c.PrefillSince {
 		return math.Max(ahead, 0)

@@ -121,3 +121,60 @@ func TestKVCountsTheContextOfARequestStillInPrefill(t *testing.T) {
 		}
 	}
 }
+
+// The prefill ahead counts a pending prompt's attention at the measured weight: an 80,000-token
+// prompt pending with 3.2G pairs of attention at 1/40,000 a pair is 160,000 tokens of work, so
+// at 40,000 tokens/s it is 4 s from its first token, not 2.
+func TestPrefillAheadCountsAttention(t *testing.T) {
+	cal := Calibration{DrainTokensPerS: 40000, DrainAttentionWeight: 1.0 / 40000}
+	c := Candidate{PrefillTokens: 80000, PrefillAttention: AttentionPairs(80000, 0), PrefillSince: 10 * sec, Calib: cal}
+	for _, tc := range []struct {
+		now  int64
+		want float64
+	}{{10 * sec, 159999}, {12 * sec, 79999}, {13 * sec, 39999}, {14 * sec, 0}} {
+		if got := PrefillAhead(&c, tc.now); math.Abs(got-tc.want) > 1 {
+			t.Errorf("at %d s ahead = %v, want %v", tc.now/sec, got, tc.want)
+		}
+	}
+	if got, want := AttentionPairs(3, 2), int64(2+3+4); got != want {
+		t.Errorf("AttentionPairs(3, 2) = %d, want %d (the new tokens at positions 2, 3, 4)", got, want)
+	}
+	if AttentionPairs(0, 100) != 0 || AttentionPairs(-1, 5) != 0 {
+		t.Error("no uncached tokens, no attention")
+	}
+}
+
+// The conversation slice's pile-up (docs/benchmarks.md, "Long prompts and the drain credit"):
+// "long" has a 5,400-token prompt pending for 4.5 s, "short" two 400-token prompts since 0.1 s.
+// At the measured 1,250 tokens/s read per token, long's prompt drained 0.2 s ago and kv sent
+// the next request behind it; with the prompt's attention counted (at 1/3,400 a pair, what the
+// trace-scaled simulator's rates by prompt length imply: 5,500 tokens at 0.56 x the rate of
+// 500) it has about 4,000 tokens of work to go, and kv picks short.
+func TestKVDoesNotQueueBehindALongPromptItThinksDone(t *testing.T) {
+	now := 100 * sec
+	pending := func(weight float64) []Candidate {
+		cal := Calibration{LatencyS: 0.05, SecondsPerToken: 8e-4, DrainTokensPerS: 1250, DrainAttentionWeight: weight}
+		return []Candidate{
+			{ID: "long", Healthy: true, PrefillTokens: 5400, PrefillAttention: AttentionPairs(5400, 0),
+				PrefillSince: now - 45*sec/10, PrefillHeldTokens: 5400, Running: 1, Calib: cal, Window: Window{Seen: true}},
+			{ID: "short", Healthy: true, PrefillTokens: 800, PrefillAttention: 2 * AttentionPairs(400, 0),
+				PrefillSince: now - sec/10, PrefillHeldTokens: 800, Running: 2, Calib: cal, Window: Window{Seen: true}},
+		}
+	}
+	req := &Request{Tokens: 300, BlockSize: 16, NowNs: now}
+	for _, tc := range []struct {
+		weight float64
+		want   string
+	}{{0, "long"}, {1.0 / 3400, "short"}} {
+		cands := pending(tc.weight)
+		k := newKV1ForTest()
+		got, err := k.Pick(req, cands)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cands[got].ID != tc.want {
+			t.Errorf("attention weight %v: picked %s, want %s (ahead: long %.0f, short %.0f tokens)", tc.weight, cands[got].ID, tc.want,
+				PrefillAhead(&cands[0], now), PrefillAhead(&cands[1], now))
+		}
+	}
+}

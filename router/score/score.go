@@ -77,6 +77,9 @@ type Candidate struct {
 	// the last such moment any of them saw (load.Ledger.PeerProgress). kv reads it to credit
 	// the progress the counter does not show (calib.go, PrefillAhead).
 	PrefillSince int64
+	// PrefillAttention is the attention the requests counted in PrefillTokens compute, in token
+	// pairs (AttentionPairs; the peers' part is not shared, so this router's own).
+	PrefillAttention int64
 	// DecodeTokens is the tokens held by the replica's sequences past their first token.
 	DecodeTokens int
 	// PrefillHeldTokens is the tokens the requests counted in PrefillTokens will hold once they

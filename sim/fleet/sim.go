@@ -250,7 +250,8 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 			if r < 0 || r >= n {
 				return load.Routing{Replica: &load.Replica{}}
 			}
-			return load.Routing{Replica: s.reps[r].ld, Keys: keys, Uncached: uncachedTokens(q, cands[r].PredictedBlocks),
+			unc := uncachedTokens(q, cands[r].PredictedBlocks)
+			return load.Routing{Replica: s.reps[r].ld, Keys: keys, Uncached: unc, Cached: max(q.InputLength-unc, 0),
 				Held: q.InputLength + q.OutputLength}
 		})
 		if err != nil {
