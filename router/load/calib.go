@@ -159,21 +159,22 @@ type Calibrations struct {
 // The drain rate is then Σu / (Σt − β·Σa), exponentially decayed: the engines' tokens per
 // second of pending prefill, attention aside, with γ folded in as the rate always held it; the
 // attention weight is β at that rate. With β = 0 that is Σu / Σt, the rate before attention was
-// a term. γ is the time a request costs whatever its size (the steps it takes at the least): without
-// it, a cache hit's few uncached tokens over a long cached prefix (a large a/u) took longer per
-// token than a miss because of that overhead, and a two-term fit read it as attention 30-60 x
-// vLLM's (live on the llm-d trace: 0.01-0.02 tokens a pair, against about 0.0003 the
-// simulator's rates imply), which cost kv 0.71 -> 0.63 of cached tokens there. Why attention at
-// all: vLLM's prefill attention is quadratic in the context (sim/vllmsim/stepmodel.go, PerMAttn:
-// fitted to vLLM 0.20.1's forward-pass records), so a long prompt drains slower per token than a
-// short one; read at one rate, a replica computing a long prompt looked drained seconds before
-// its first token, and kv sent the next requests behind it (docs/benchmarks.md, "Long prompts
-// and the drain credit").
+// a term. γ is the time a request costs whatever its size (the steps it takes at the least):
+// without it a cache hit's few uncached tokens over a long cached prefix, slower per token than
+// a miss only by that overhead, read as attention. Why attention at all: vLLM's prefill
+// attention is quadratic in the context (sim/vllmsim/stepmodel.go, PerMAttn: fitted to vLLM
+// 0.20.1's forward-pass records), so a long prompt drains slower per token than a short one,
+// and read at one rate a replica computing a long prompt looked drained before its first token
+// (measurements, and what the fit without γ cost: docs/benchmarks.md, "Long prompts and the
+// drain credit").
 type drainFit struct {
 	// Decayed sums (fleetDecay): su = Σu, st = Σt (the rate), and the weighted normal
 	// equations' entries: n = Σ1, iu = Σ1/u, au = Σa/u, sa = Σa, aa = Σa²/u; tu = Σt/u,
 	// at = Σa·t/u.
 	su, st, n, iu, au, sa, aa, tu, at float64
+	// rate and weight are solve's answer for the sums above, re-solved at each observation:
+	// every decision reads them, once per candidate, and they change only here.
+	rate, weight float64
 }
 
 // minDrainConditioning is the least determinant of the normal equations' matrix scaled to a
@@ -187,6 +188,7 @@ func (d *drainFit) observe(u, a, t float64) {
 	d.su, d.st, d.n = d.su*f+u, d.st*f+t, d.n*f+1
 	d.iu, d.au, d.sa, d.aa = d.iu*f+1/u, d.au*f+a/u, d.sa*f+a, d.aa*f+a*a/u
 	d.tu, d.at = d.tu*f+t/u, d.at*f+a*t/u
+	d.rate, d.weight = d.solve()
 }
 
 // solve returns the drain rate Σu / (Σt − β·Σa) (tokens per second) and the attention weight β x
@@ -273,6 +275,6 @@ func (c *Calibrations) Read() score.Calibration {
 	if c.fleet.w > 0 {
 		out = c.fleet.calibration()
 	}
-	out.DrainTokensPerS, out.DrainAttentionWeight = c.drain.solve()
+	out.DrainTokensPerS, out.DrainAttentionWeight = c.drain.rate, c.drain.weight
 	return out
 }
