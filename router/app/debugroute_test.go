@@ -3,6 +3,7 @@ package app
 import (
 	"encoding/json"
 	"log/slog"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -153,7 +154,11 @@ func TestDebugRouteChangesNoState(t *testing.T) {
 	if !reflect.DeepEqual(before, after) {
 		t.Fatalf("/debug/route changed the router's state:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if want := [4]int{calls[0], calls[1], calls[2], 4}; callsAfter != want {
+	// The 3 routed requests were explained for the access log (sampled 1 in 1).
+	if calls[3] != 3 {
+		t.Errorf("%d explanations for 3 logged decisions, want 3", calls[3])
+	}
+	if want := [4]int{calls[0], calls[1], calls[2], calls[3] + 4}; callsAfter != want {
 		t.Fatalf("policy calls (pick, routed, retract, explain) %v, want %v", callsAfter, want)
 	}
 	// The same request routed for real does change it: the comparison can fail.
@@ -210,8 +215,9 @@ func TestDebugRouteKVLeavesLedger(t *testing.T) {
 	}
 }
 
-// With AccessLogSample 1 every routed request is logged once with its decision: the pick and
-// each candidate's breakdown, as /debug/route gives them.
+// With AccessLogSample 2 every other routed request is logged once with its decision: the pick
+// and each candidate's breakdown with the policy's explanation, as /debug/route gives them,
+// taken with the pick (the windows before this request was recorded in them).
 func TestAccessLogPrintsTheDecision(t *testing.T) {
 	f := startFleet(t, 2, vllmsim.Config{KVEventsPort: 0})
 	var logs syncBuffer
@@ -242,14 +248,43 @@ func TestAccessLogPrintsTheDecision(t *testing.T) {
 	if len(lines) != 2 {
 		t.Fatalf("%d access log lines for 4 requests sampled 1 in 2, want 2:\n%s", len(lines), logs.String())
 	}
-	for _, d := range lines {
+	for n, d := range lines {
 		if d.Pick == "" || len(d.Candidates) != 2 || d.Policy != "kv" || d.Tokens == 0 {
 			t.Errorf("access log decision %+v", d)
 		}
+		windowed := 0.0
 		for _, c := range d.Candidates {
 			if c.Breakdown.CachedTokens+c.Breakdown.UncachedTokens != d.Tokens {
 				t.Errorf("candidate %s breakdown %+v does not split the prompt's %d tokens", c.Replica, c.Breakdown, d.Tokens)
 			}
+			pol := c.Breakdown.Policy
+			if pol == nil || len(pol.Terms) == 0 || pol.Terms[0].Name != "uncached_tokens" {
+				t.Fatalf("candidate %s has no policy explanation in the access log: %+v", c.Replica, c.Breakdown)
+			}
+			for _, term := range pol.Terms {
+				if term.Name == "windowed_tokens" {
+					windowed += term.Value
+				}
+			}
+		}
+		// The requests before this one were routed and recorded in the windows; this one was not
+		// yet when its candidates were read. The first logged decision (the second request) sees
+		// the first request's work only: at most one prompt, where candidates read after the
+		// record would add this request's uncached tokens too.
+		if windowed <= 0 || (n == 0 && windowed > float64(d.Tokens)) {
+			t.Errorf("logged decision %d: the windows hold %v tokens for prompts of %d; want the earlier requests' work only", n, windowed, d.Tokens)
+		}
+		// The pick is the cheapest candidate the explanation leaves in (kv at temperature 0; the
+		// shared prefix makes its holder cheaper, so there is no tie).
+		cheapest := ""
+		lo := math.Inf(1)
+		for _, c := range d.Candidates {
+			if pol := c.Breakdown.Policy; pol.Excluded == "" && pol.Cost < lo {
+				cheapest, lo = c.Replica, pol.Cost
+			}
+		}
+		if d.Pick != cheapest {
+			t.Errorf("logged decision %d picked %s; its explanation's cheapest eligible is %s", n, d.Pick, cheapest)
 		}
 	}
 }

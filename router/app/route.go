@@ -148,14 +148,16 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 }
 
 // accessLog logs one routed request in Options.AccessLogSample with the breakdown of its
-// decision (the policy's explanation is not recomputed: what the policy weighed is in the
-// numbers).
+// decision and the policy's explanation: each candidate's cost terms and the guard that
+// excluded it, as /debug/route shows them. The explanation reads the decision's own candidates
+// (the snapshot the pick saw, windows and load included) at the decision's time, so it is the
+// decision's; it allocates, which only sampled decisions pay.
 func (s *Router) accessLog(d *decision, p *prepared) {
 	n := s.o.AccessLogSample
 	if n <= 0 || s.routedCount.Add(1)%uint64(n) != 0 {
 		return
 	}
-	s.log.Info("routed", "sample_every", n, "decision", s.routeAnswer(d, nil, p))
+	s.log.Info("routed", "sample_every", n, "decision", s.routeAnswer(d, s.ledger.Explain(&d.Req, d.Cands), p))
 }
 
 // rollback takes back a decision for an attempt that failed before the engine took the
