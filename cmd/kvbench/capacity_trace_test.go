@@ -15,7 +15,8 @@ import (
 
 // `kvbench replay --capacity --trace` on what kvrouter's capture writes (issue 23: TTFT and
 // capacity at SLO for captured traffic): 16 requests over 1.5 s sharing a 4-block system
-// prompt, replayed on 2 vllm-sim engines under kv and round-robin, 2 probes each. The ramp is
+// prompt, replayed on 2 vllm-sim engines under kv and round-robin, 2 probes each, as seed 3
+// (--first-seed). The ramp is
 // the trace's own timing scaled: speed 1 replays the capture's 1.5 s, speed 2 the same requests
 // in 0.75 s. Every probe meets a generous SLO, so each policy's capacity is the second speed;
 // a probe that failed, lost requests or kept the capture's timing unscaled fails the test.
@@ -53,7 +54,7 @@ func TestCapacityOnACapturedTrace(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	out, stderr, rc := kvbench(t, "replay", "--capacity", "--trace", capDir, "--replicas", "2", "--policies", "kv,round-robin",
-		"--seeds", "1", "--max-probes", "2", "--speed", "1", "--slo", "60s", "--duration", "0", "--max-requests", "0",
+		"--seeds", "1", "--first-seed", "3", "--max-probes", "2", "--speed", "1", "--slo", "60s", "--duration", "0", "--max-requests", "0",
 		"--tokens-per-trace-block", "16", "--max-output-tokens", "4", "--bin-dir", binDir, "--json")
 	if rc != 0 {
 		t.Fatalf("rc %d: %s", rc, stderr)
@@ -70,6 +71,9 @@ func TestCapacityOnACapturedTrace(t *testing.T) {
 		order = append(order, fmt.Sprintf("%s@%g", p.Policy, p.Rate))
 		if p.Requests != 16 || math.Abs(p.Span-1.5/p.Rate) > 0.002 {
 			t.Errorf("probe %+v: want the capture's 16 requests over 1.5 s / speed %g", p, p.Rate)
+		}
+		if p.Seed != 3 {
+			t.Errorf("probe %+v: want seed 3 (--first-seed)", p)
 		}
 		if !p.Met || p.Failed != 0 || !(p.P99 > 0) {
 			t.Errorf("probe %+v: want every request answered and TTFT p99 > 0 within the SLO", p)

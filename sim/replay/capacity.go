@@ -157,7 +157,10 @@ type CapacityResult struct {
 func Capacity(ctx context.Context, o Options, c CapacityOptions, workload func(rate float64, seed int) (Workload, error)) (*CapacityResult, error) {
 	c.MaxSeeds = min(max(c.MaxSeeds, 1), 10)
 	res := &CapacityResult{Capacity: map[string][]float64{}, CapacityMean: map[string]Interval{}}
-	for seed := 1; seed <= c.MaxSeeds; seed++ {
+	// Seeds run from o.FirstSeed, as a plain replay's do, so a search can be extended by the
+	// seeds it did not run.
+	first := max(o.FirstSeed, 1)
+	for seed := first; seed < first+c.MaxSeeds; seed++ {
 		searches := make([]*RateSearch, len(o.Policies))
 		for i := range searches {
 			searches[i] = NewRateSearch(c.Start, c.Precision, c.MaxProbes)
@@ -199,7 +202,7 @@ func Capacity(ctx context.Context, o Options, c CapacityOptions, workload func(r
 			res.Capacity[pol] = append(res.Capacity[pol], cp)
 		}
 		res.Ratio, res.BestOther = CapacityRatios(res.Capacity, c.Policy)
-		if seed >= 3 && EnoughSeeds(res.Ratio, c.MaxSeeds, c.Target) {
+		if seed-first+1 >= 3 && EnoughSeeds(res.Ratio, c.MaxSeeds, c.Target) {
 			break
 		}
 	}
