@@ -207,7 +207,7 @@ func (d *drainFit) solve() (rate, attnWeight float64) {
 		return rate, 0
 	}
 	var sol [3]float64
-	for k := range 3 { // Cramer's rule: three unknowns, once per read
+	for k := range 3 { // Cramer's rule: three unknowns, solved once per observation
 		mk := m
 		for r := range 3 {
 			mk[r][k] = rhs[r]
