@@ -25,7 +25,7 @@ func TestKVParamsFromScoring(t *testing.T) {
 	sc.Temperature = 0.1
 	sc.TierWeights = config.TierWeights{GPU: 1, CPU: 0.4, Disk: 0.1}
 	got := kvParams(sc)
-	// The decode load is weighed inside QueuedPrefillWeight (kv_v1.go, load): doubling that
+	// The decode load is weighed inside QueuedPrefillWeight (router/score/kv.go, load): doubling that
 	// doubles it; DecodeWeight is its exchange rate to prefill tokens and stays.
 	if got.QueuedPrefillWeight != 2*score.DefaultKV.QueuedPrefillWeight || got.DecodeWeight != score.DefaultKV.DecodeWeight {
 		t.Errorf("loadWeight 2 did not double every load term: %+v", got)

@@ -440,7 +440,7 @@ func kvParams(sc config.Scoring) score.KVParams {
 		kv.Slack = sc.ImbalanceBound - 1
 	}
 	// loadWeight scales every load term of the cost against the request's own uncached work:
-	// QueuedPrefillWeight weighs the prefill ahead and the decode load together (kv_v1.go, load),
+	// QueuedPrefillWeight weighs the prefill ahead and the decode load together (router/score/kv.go, load),
 	// so DecodeWeight, their exchange rate, stays.
 	kv.QueuedPrefillWeight *= sc.LoadWeight
 	return kv

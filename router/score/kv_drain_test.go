@@ -37,7 +37,7 @@ func TestKVPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 	now := 100 * sec
 	cands := nearTheEnd(now, Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, DrainTokensPerS: 20000})
 	req := &Request{Tokens: 7680, BlockSize: 512, NowNs: now}
-	k := newKV1ForTest()
+	k := newKVForTest()
 	got, err := k.Pick(req, cands)
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func TestKVPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 	}
 }
 
-func newKV1ForTest() *kvV1Policy { return newKVV1(Options{Seed: 1}) }
+func newKVForTest() *kvPolicy { return newKV(Options{Seed: 1}) }
 
 // kv-ttft reads the same drain: of two replicas with equal prefill counters, the one whose
 // prefill started 0.35 s ago is expected to reach this request's turn 0.34 s sooner, more than
@@ -58,7 +58,7 @@ func TestKVTTFTPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 	now := 100 * sec
 	cands := nearTheEnd(now, Calibration{LatencyS: 0.05, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 1e-7, DrainTokensPerS: 20000, Observations: 50})
 	req := &Request{Tokens: 7680, BlockSize: 512, NowNs: now}
-	k := newKV(Options{Seed: 1})
+	k := newTTFT(Options{Seed: 1})
 	got, err := k.Pick(req, cands)
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestKVCountsTheContextOfARequestStillInPrefill(t *testing.T) {
 	for _, p := range []interface {
 		Policy
 		Explain(*Request, []Candidate) []Explanation
-	}{newKV1ForTest(), newKV(Options{Seed: 1})} {
+	}{newKVForTest(), newTTFT(Options{Seed: 1})} {
 		got, err := p.Pick(req, cands)
 		if err != nil {
 			t.Fatal(err)
@@ -167,7 +167,7 @@ func TestKVDoesNotQueueBehindALongPromptItThinksDone(t *testing.T) {
 		want   string
 	}{{0, "long"}, {1.0 / 3400, "short"}} {
 		cands := pending(tc.weight)
-		k := newKV1ForTest()
+		k := newKVForTest()
 		got, err := k.Pick(req, cands)
 		if err != nil {
 			t.Fatal(err)

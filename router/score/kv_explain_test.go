@@ -93,7 +93,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 		for k, e := range ex {
 			excluded[e.Excluded]++
 			if !c[k].Healthy {
-				if e.Excluded != v1GuardUnhealthy {
+				if e.Excluded != guardUnhealthy {
 					t.Fatalf("request %d: unhealthy candidate %d explained as %+v", r, k, e)
 				}
 				continue
@@ -110,7 +110,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 		plain.OnRouted(req, c, i)
 	}
 	// Every guard fired somewhere, or the comparison above did not cover it.
-	for _, g := range []string{"", v1GuardUnhealthy, v1GuardRequests, v1GuardTokens, v1GuardStarvation} {
+	for _, g := range []string{"", guardUnhealthy, guardRequests, guardTokens, guardStarvation} {
 		if excluded[g] == 0 {
 			t.Errorf("no candidate explained with %q over the run: %v", g, excluded)
 		}
@@ -136,8 +136,8 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	c := fleetOf(4)
 	c[0].ExactBlocks = 10
 	req := &Request{Keys: keys(seq(10)...), Tokens: 160, BlockSize: 16, NowNs: 4 * sec}
-	if ex := p.Explain(req, c); ex[0].Excluded != v1GuardRequests {
-		t.Errorf("hot holder explained %+v, want %s", ex[0], v1GuardRequests)
+	if ex := p.Explain(req, c); ex[0].Excluded != guardRequests {
+		t.Errorf("hot holder explained %+v, want %s", ex[0], guardRequests)
 	}
 	// The token bound: replica 0 did 10x the others' uncached work and this request is a miss.
 	p = newKVRig(Options{Seed: 1})
@@ -153,8 +153,8 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	}
 	c = fleetOf(2)
 	req = &Request{Keys: keys(seq(20)...), Tokens: 320, BlockSize: 16, NowNs: sec}
-	if ex := p.Explain(req, c); ex[0].Excluded != v1GuardTokens || ex[1].Excluded != "" {
-		t.Errorf("explanations %+v, want replica 0 over the %s", ex, v1GuardTokens)
+	if ex := p.Explain(req, c); ex[0].Excluded != guardTokens || ex[1].Excluded != "" {
+		t.Errorf("explanations %+v, want replica 0 over the %s", ex, guardTokens)
 	}
 	// The floor: three replicas took 30 requests in the window, the fourth none and runs none.
 	p = newKVRig(Options{Seed: 1})
@@ -170,8 +170,8 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	req = &Request{Keys: keys(seq(2)...), Tokens: 32, BlockSize: 16, NowNs: 3 * sec}
 	ex := p.Explain(req, c)
 	for i := 0; i < 3; i++ {
-		if ex[i].Excluded != v1GuardStarvation {
-			t.Errorf("replica %d explained %+v, want %s", i, ex[i], v1GuardStarvation)
+		if ex[i].Excluded != guardStarvation {
+			t.Errorf("replica %d explained %+v, want %s", i, ex[i], guardStarvation)
 		}
 	}
 	if ex[3].Excluded != "" {
@@ -179,5 +179,46 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 	}
 	if i, _ := p.Pick(req, c); i != 3 {
 		t.Errorf("Pick chose %d, want the starved replica 3", i)
+	}
+}
+
+// kv's cost is the one-screen formula of docs/router.md, "How kv decides": in seconds, at any
+// engine speed s, cost x s/w is the request's time to first token there (Calibration.TTFT, the
+// model kv-ttft reads, with a context token at d prefill tokens and no fixed latency) plus a
+// miss price of (1/w − 1) x the compute of its uncached tokens. So among the replicas the
+// constraints leave, kv picks the least TTFT + miss price.
+func TestKVCostIsTimeToFirstTokenPlusMissPrice(t *testing.T) {
+	k := newKVRig(Options{Seed: 5})
+	w, d := DefaultKV.QueuedPrefillWeight, DefaultKV.DecodeWeight
+	rng := rand.New(rand.NewPCG(7, 8))
+	for r := 0; r < 500; r++ {
+		s := []float64{1e-5, 5e-5, 2e-4}[r%3]
+		engine := Calibration{SecondsPerToken: s, SecondsPerDecodeToken: d * s, DrainTokensPerS: 1 / s}
+		c := fleetOf(5)
+		for i := range c {
+			c[i].ExactBlocks = rng.IntN(12)
+			c[i].PredictedBlocks = rng.IntN(6)
+			c[i].PrefillTokens = rng.IntN(4000)
+			c[i].PrefillHeldTokens = c[i].PrefillTokens + rng.IntN(2000)
+			c[i].DecodeTokens = rng.IntN(20000)
+			if rng.IntN(3) == 0 {
+				c[i].PrefillSince = int64(r)*sec/10 - int64(rng.IntN(int(sec)))
+			}
+			c[i].Calib = engine
+		}
+		req := &Request{Keys: keys(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), Tokens: 200, BlockSize: 16, NowNs: int64(r) * sec / 10}
+		ex := k.Explain(req, c)
+		for i := range c {
+			u := uncachedTokens(req, &c[i], DefaultKV.TierWeights)
+			seconds := engine.TTFT(&c[i], u, req.NowNs) + (1/w-1)*s*u
+			if got := ex[i].Cost * s / w; math.Abs(got-seconds) > 1e-9*math.Max(1, seconds) {
+				t.Fatalf("request %d, replica %d: cost x s/w = %.9f s, TTFT + miss price = %.9f s", r, i, got, seconds)
+			}
+		}
+		i, err := k.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.OnRouted(req, c, i)
 	}
 }

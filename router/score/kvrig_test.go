@@ -5,13 +5,13 @@ package score
 // Decision.Uncached), Pick and Explain read the windows into the candidates first, as
 // route.Decision.Refresh does.
 type kvRig struct {
-	*kvV1Policy
+	*kvPolicy
 	w *Windows
 }
 
 func newKVRig(o Options) *kvRig {
-	k := newKVV1(o)
-	return &kvRig{kvV1Policy: k, w: NewWindows(k.WindowSpan())}
+	k := newKV(o)
+	return &kvRig{kvPolicy: k, w: NewWindows(k.WindowSpan())}
 }
 
 func (r *kvRig) fill(req *Request, c []Candidate) {
@@ -22,12 +22,12 @@ func (r *kvRig) fill(req *Request, c []Candidate) {
 
 func (r *kvRig) Pick(req *Request, c []Candidate) (int, error) {
 	r.fill(req, c)
-	return r.kvV1Policy.Pick(req, c)
+	return r.kvPolicy.Pick(req, c)
 }
 
 func (r *kvRig) Explain(req *Request, c []Candidate) []Explanation {
 	r.fill(req, c)
-	return r.kvV1Policy.Explain(req, c)
+	return r.kvPolicy.Explain(req, c)
 }
 
 func (r *kvRig) OnRouted(req *Request, c []Candidate, i int) {

@@ -179,8 +179,8 @@ var (
 )
 
 var registry = map[string]factory{
-	"kv":                 func(o Options) Policy { return newKVV1(o) },
-	"kv-ttft":            func(o Options) Policy { return newKV(o) },
+	"kv":                 func(o Options) Policy { return newKV(o) },
+	"kv-ttft":            func(o Options) Policy { return newTTFT(o) },
 	"load":               func(o Options) Policy { return newLoad("load", o) },
 	"least-loaded":       func(o Options) Policy { return newLoad("least-loaded", o) },
 	"round-robin":        func(o Options) Policy { return newRoundRobin() },
