@@ -15,9 +15,9 @@ func term(e Explanation, name string) float64 {
 	return math.NaN()
 }
 
-// The objective's terms add up as docs/router.md writes them, and Pick takes the cheapest
+// kv-ttft's terms add up as docs/router.md writes them, and Pick takes the cheapest
 // explained candidate.
-func TestKVObjectiveTermsAndPick(t *testing.T) {
+func TestKVTTFTTermsAndPick(t *testing.T) {
 	k := newTTFT(Options{Seed: 1})
 	rng := rand.New(rand.NewPCG(5, 6))
 	cal := Calibration{LatencyS: 0.03, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 2e-7, Observations: 50}
@@ -67,7 +67,7 @@ func TestKVObjectiveTermsAndPick(t *testing.T) {
 
 // The best-cached replica and an idle replica (no window) pay no miss price; a busier one pays
 // more for the same extra prefill.
-func TestKVMissPrice(t *testing.T) {
+func TestKVTTFTMissPrice(t *testing.T) {
 	k := newTTFT(Options{Seed: 1})
 	req := &Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16, NowNs: 60 * sec}
 	c := fleetOf(3)
@@ -91,7 +91,7 @@ func TestKVMissPrice(t *testing.T) {
 // A hot prefix held by one replica spills once its queue ahead costs more than a miss, and
 // then stays balanced, when load accumulates as the ledger counts it (each pick adds its
 // uncached prefill; the engine drains at the calibrated rate).
-func TestKVHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
+func TestKVTTFTHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
 	k := newTTFT(Options{Seed: 1})
 	const n = 4
 	cal := Calibration{LatencyS: 0.02, SecondsPerToken: 1e-4}
@@ -136,7 +136,7 @@ func TestKVHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
 	}
 }
 
-func TestKVObjectivePickDoesNotAllocate(t *testing.T) {
+func TestKVTTFTPickDoesNotAllocate(t *testing.T) {
 	k := newTTFT(Options{Seed: 1})
 	req := &Request{Keys: keys(seq(20)...), Tokens: 320, BlockSize: 16, NowNs: 5 * sec}
 	c := fleetOf(16)
