@@ -109,7 +109,7 @@ func (k *ttftPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	k.evaluate(req, cands, e)
 	value := func(i int) float64 { return e.val[i] }
 	if k.p.Temperature > 0 {
-		return k.sample(cands, value), nil
+		return sampleNearTies(cands, value, k.p.Temperature, 0, k.rng), nil
 	}
 	return pickMin(cands, value, k.rng), nil
 }
@@ -153,40 +153,6 @@ func (k *ttftPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 		}}
 	}
 	return out
-}
-
-// sample draws from a softmax over cost normalised by the mean finite cost.
-func (k *ttftPolicy) sample(cands []Candidate, value func(int) float64) int {
-	best := pickMin(cands, value, nil)
-	lo := value(best)
-	mean, m := 0.0, 0
-	for i := range cands {
-		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
-			mean += v
-			m++
-		}
-	}
-	scale := mean / float64(m) * k.p.Temperature
-	if scale <= 0 {
-		return best
-	}
-	total := 0.0
-	for i := range cands {
-		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
-			total += math.Exp(-(v - lo) / scale)
-		}
-	}
-	r := k.rng.Float64() * total
-	for i := range cands {
-		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
-			w := math.Exp(-(v - lo) / scale)
-			if r < w {
-				return i
-			}
-			r -= w
-		}
-	}
-	return best
 }
 
 // OnRouted changes nothing: the ledger (router/load) records the request in the windows and

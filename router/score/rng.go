@@ -1,6 +1,9 @@
 package score
 
-import "math/rand/v2"
+import (
+	"math"
+	"math/rand/v2"
+)
 
 // newRNG returns the seeded generator every random choice uses, so runs are reproducible.
 func newRNG(seed int64) *rand.Rand {
@@ -26,6 +29,43 @@ func pickMin(cands []Candidate, value func(i int) float64, rng *rand.Rand) int {
 			if rng != nil && rng.IntN(ties) == 0 {
 				best = i
 			}
+		}
+	}
+	return best
+}
+
+// sampleNearTies draws a healthy candidate with a finite cost from a softmax over cost: weight
+// exp(-(cost - least) / scale), scale = temperature x the mean finite cost, that mean at least
+// minMean (kv's costs are prefill tokens, so 1 keeps an all-hit decision from dividing by 0;
+// kv-ttft's are seconds and pass 0). A scale of 0 or less takes the cheapest.
+func sampleNearTies(cands []Candidate, value func(int) float64, temperature, minMean float64, rng *rand.Rand) int {
+	best := pickMin(cands, value, nil)
+	lo := value(best)
+	mean, m := 0.0, 0
+	for i := range cands {
+		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
+			mean += v
+			m++
+		}
+	}
+	scale := math.Max(mean/float64(m), minMean) * temperature
+	if scale <= 0 {
+		return best
+	}
+	total := 0.0
+	for i := range cands {
+		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
+			total += math.Exp(-(v - lo) / scale)
+		}
+	}
+	r := rng.Float64() * total
+	for i := range cands {
+		if v := value(i); cands[i].Healthy && !math.IsInf(v, 1) {
+			w := math.Exp(-(v - lo) / scale)
+			if r < w {
+				return i
+			}
+			r -= w
 		}
 	}
 	return best
