@@ -221,14 +221,8 @@ func (r *Registry) New(name string, o Options) (Policy, error) {
 	return f(o), nil
 }
 
-// New returns a fresh production policy by name.
-func New(name string, o Options) (Policy, error) {
-	f, ok := production[name]
-	if !ok {
-		return nil, fmt.Errorf("score: unknown policy %q (known: %s)", name, strings.Join(ProductionPolicies, ", "))
-	}
-	return f(o), nil
-}
+// New returns a fresh production policy by name (Production().New).
+func New(name string, o Options) (Policy, error) { return Production().New(name, o) }
 
 // AnyHealthy reports whether some candidate may take traffic.
 func AnyHealthy(cands []Candidate) bool {
