@@ -32,11 +32,11 @@ var (
 	// gap and replay overlap): counted only.
 	trafficFields = map[string]bool{"Received": true, "Applied": true, "QueuedBytes": true, "Pending": true, "Replays": true,
 		"ReplayedBatches": true, "Duplicates": true, "Events": true, "BlocksStored": true, "BlocksReannounced": true, "BlocksRemoved": true, "Clears": true,
-		"ParityChecked": true}
+		"ParityChecked": true, "Heartbeats": true}
 	// stateFields move with a stream state change (a gap, a restart, a reset, the engine down),
 	// which the router logs once with the counters that moved.
 	stateFields = map[string]bool{"Gaps": true, "Uncoverable": true, "Backwards": true, "Downs": true, "SilentRestarts": true,
-		"Restarts": true, "Resets": true, "SubReconnects": true}
+		"Restarts": true, "Resets": true, "SubReconnects": true, "PublisherRestarts": true, "Stalls": true}
 	// siteLoggedFields are logged where they happen, with the batch's seq and payload head
 	// (logDrop, logPanic), the requests that showed it (the router's stale mark), or the reason a
 	// peer's snapshot was not used (seedRejected).
@@ -80,6 +80,9 @@ var counterTable = []counterSpec{
 	{"StaleMarks", "stream_stale_marks_total", "stale_marks", "Times the engine served requests with no events coming (stream taken out of exact).", func(s *Stats) uint64 { return s.StaleMarks }},
 	{"SeedRejected", "stream_seed_rejected_total", "seed_rejected", "Peer snapshots not used for the stream (another engine process, the ring wrapped past them, no replay socket, over the block limit); its ring was replayed from seq 0.", func(s *Stats) uint64 { return s.SeedRejected }},
 	{"Restarts", "stream_restarts_total", "restarts", "Engine restarts reported by discovery.", func(s *Stats) uint64 { return s.Restarts }},
+	{"PublisherRestarts", "stream_publisher_restarts_total", "publisher_restarts", "Engine restarts seen as a changed publisher id in the 24-byte sequence frame (each resets the replica).", func(s *Stats) uint64 { return s.PublisherRestarts }},
+	{"Stalls", "stream_stalls_total", "stalls", "Times an engine that sends heartbeats went silent past the stall limit (stream taken out of exact until a batch comes).", func(s *Stats) uint64 { return s.Stalls }},
+	{"Heartbeats", "stream_heartbeats_total", "heartbeats", "Batches with no events applied (idle engines with a snapshot endpoint send one a second).", func(s *Stats) uint64 { return s.Heartbeats }},
 	{"Resets", "stream_resets_total", "resets", "Times the replica's entries were dropped (stream inexact).", func(s *Stats) uint64 { return s.Resets }},
 	{"Events", "stream_events_total", "events", "Events applied.", func(s *Stats) uint64 { return s.Events }},
 	{"BlocksStored", "stream_blocks_stored_total", "blocks_stored", "Blocks indexed from BlockStored events.", func(s *Stats) uint64 { return s.BlocksStored }},

@@ -1,8 +1,11 @@
 package kvevents
 
 import (
+	"encoding/hex"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/router/kvwire"
 )
 
 // StreamState is how far the index can be trusted for one stream (see the package doc).
@@ -42,6 +45,9 @@ type counters struct {
 	duplicates, backwards, restarts, resets                                atomic.Uint64
 	panics, byteOverflows, replayShort, tooLarge, downs, silentRestarts    atomic.Uint64
 	overCap, subReconnects, staleMarks, seedRejects                        atomic.Uint64
+	publisherRestarts, stalls, heartbeats                                  atomic.Uint64
+	publisher                                                              atomic.Pointer[kvwire.PublisherID]
+	stalled                                                                atomic.Bool
 	seeded                                                                 atomic.Bool
 	pending                                                                atomic.Int64
 	lastApplied                                                            atomic.Int64 // unix ns
@@ -73,6 +79,12 @@ type Stats struct {
 	Seeded bool
 	// BlockSize is the block size learned from the stream's first indexed BlockStored (0: none yet).
 	BlockSize int
+	// Publisher is the engine process's publisher id (hex) from its 24-byte sequence frames;
+	// empty for an engine without a snapshot endpoint.
+	Publisher string
+	// Stalled: the engine sends heartbeats (it sent a publisher id) and none came for longer than
+	// Options.StallAfter; the stream is not exact meanwhile.
+	Stalled bool
 
 	// Receive path.
 	Received        uint64 // messages taken off the SUB socket for this stream
@@ -105,6 +117,10 @@ type Stats struct {
 	LastApplied     time.Time // when the last batch was applied (zero: none)
 	Resets          uint64    // times the replica's entries were cleared because the stream became inexact
 	SeedRejected    uint64    // peer snapshots not used: another engine process, the ring wrapped past them, no replay socket, over the block limit
+	// PublisherRestarts: new engine processes seen as a changed publisher id (each also a reset).
+	PublisherRestarts uint64
+	Stalls            uint64 // times the stream went silent past Options.StallAfter while the engine advertised heartbeats
+	Heartbeats        uint64 // batches with no events applied (an idle engine's heartbeat, with a snapshot endpoint)
 
 	// Ingestion.
 	Events              uint64 // events applied
@@ -131,7 +147,13 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 	if ns := c.lastApplied.Load(); ns != 0 {
 		last = time.Unix(0, ns)
 	}
+	var pub string
+	if p := c.publisher.Load(); p != nil {
+		pub = hex.EncodeToString(p[:])
+	}
 	return Stats{
+		Publisher: pub, Stalled: c.stalled.Load(),
+		PublisherRestarts: c.publisherRestarts.Load(), Stalls: c.stalls.Load(), Heartbeats: c.heartbeats.Load(),
 		LastApplied: last,
 		Engine:      engine, Rank: rank,
 		State:   StreamState(c.state.Load()),

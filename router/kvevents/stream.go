@@ -115,6 +115,16 @@ type stream struct {
 	// yet (the identity replay is in flight).
 	seeding bool
 
+	// pid is the engine process's publisher id, from its 24-byte sequence frames (havePID: one
+	// was seen since the last restart). An engine that sends it also sends a heartbeat batch
+	// every idle second, so a stream silent past Options.StallAfter is stalled.
+	pid      kvwire.PublisherID
+	havePID  bool
+	lastRecv time.Time // when the worker last took a message off the queue
+	stalled  bool      // heartbeats stopped: not exact until a message comes again
+	// loggedPIDRestart, loggedStall: the first publisher change and stall were logged.
+	loggedPIDRestart, loggedStall bool
+
 	lastPanicLog time.Time
 	logged       [numDropKinds]bool
 
@@ -169,13 +179,21 @@ func (st *stream) snapshot() Stats {
 func (st *stream) setState() {
 	s := st.base
 	switch {
-	case st.down || st.stale:
+	case st.down || st.stale || st.stalled:
 		s = Inexact
 	case st.rep != nil:
 		s = Replaying
 	}
 	st.c.state.Store(int32(s))
 	st.c.pending.Store(int64(len(st.pending)))
+	st.c.stalled.Store(st.stalled)
+	switch p := st.c.publisher.Load(); {
+	case !st.havePID && p != nil:
+		st.c.publisher.Store(nil)
+	case st.havePID && (p == nil || *p != st.pid):
+		pid := st.pid
+		st.c.publisher.Store(&pid)
+	}
 	if st.cfg.OnChange != nil {
 		bs := int(st.c.ingest.blockSizeSet.Load())
 		if !st.toldAny || s != st.toldState || bs != st.toldBlockSize {
@@ -232,6 +250,8 @@ func (st *stream) run() {
 	}
 	st.cfg.Seed = nil // the snapshot's blocks are in the index; do not hold them twice
 	st.setState()
+	tick := time.NewTicker(st.sub.opts.StallAfter / 4)
+	defer tick.Stop()
 	for {
 		var out <-chan replayChunk
 		if st.rep != nil {
@@ -250,6 +270,8 @@ func (st *stream) run() {
 			st.resync()
 		case c := <-out:
 			st.onChunk(c)
+		case now := <-tick.C:
+			st.checkStall(now)
 		}
 		st.setState()
 	}
@@ -257,6 +279,8 @@ func (st *stream) run() {
 
 // take handles a live message, or holds it while a replay runs: it is applied in order after.
 func (st *stream) take(m kvwire.Message) {
+	st.lastRecv = time.Now()
+	st.stalled = false // the publisher is back; seq continuity tells whether anything was lost
 	if st.rep != nil {
 		st.pending = append(st.pending, m)
 		return
@@ -269,12 +293,20 @@ func (st *stream) release(m kvwire.Message) { st.queued.Add(-msgCost(m)) }
 // handle applies one live message in sequence, or starts a repair and holds it. checked: the
 // message was held after passing the arrival checks (it started the repair).
 func (st *stream) handle(m kvwire.Message, checked bool) {
-	backwards := !checked && st.havePrev && m.Seq <= st.prevLive
+	// A publisher id names the engine process: a different one is a restart whatever the seq
+	// does, and the same one after an outage is the same process (no seq or byte reasoning).
+	newPID := !checked && m.HasPublisher && st.havePID && m.Publisher != st.pid
+	samePID := !checked && m.HasPublisher && st.havePID && m.Publisher == st.pid
+	backwards := !checked && !newPID && st.havePrev && m.Seq <= st.prevLive
 	if !checked {
 		st.prevLive, st.havePrev = m.Seq, true
 	}
 	switch {
 	case checked:
+	case newPID:
+		st.newPublisher(m.Publisher)
+	case samePID && st.suspect:
+		st.suspect = false
 	case backwards:
 		// A PUB connection keeps order, so a live seq not above the previous one is a new engine
 		// process: forget the old one and take the new one from its seq 0.
@@ -286,6 +318,9 @@ func (st *stream) handle(m kvwire.Message, checked bool) {
 		// process's batches as if they followed the old ones.
 		st.c.silentRestarts.Add(1)
 		st.restart()
+	}
+	if m.HasPublisher && !st.havePID {
+		st.pid, st.havePID = m.Publisher, true
 	}
 	if m.Seq < st.next {
 		st.c.duplicates.Add(1) // already applied from a replay
@@ -364,8 +399,54 @@ func (st *stream) restart() {
 	st.base = Inexact
 	st.fresh = true
 	st.next, st.mustReach, st.fails = 0, 0, 0
-	st.suspect, st.haveSum = false, false
+	st.suspect, st.haveSum, st.havePID = false, false, false
 	st.setState()
+}
+
+// newPublisher handles a publisher id other than the stream's: the engine process restarted
+// (its id is drawn per process). The replica is reset (counted in resets, the reason in
+// publisher_restarts) and the new process is taken from its seq 0; held live messages of another
+// process are dropped, so they cannot restart the stream again.
+func (st *stream) newPublisher(p kvwire.PublisherID) {
+	old := st.pid
+	st.c.publisherRestarts.Add(1)
+	st.restart()
+	st.pid, st.havePID = p, true
+	kept := st.pending[:0]
+	for i, m := range st.pending {
+		if m.HasPublisher && m.Publisher != p {
+			st.release(m)
+			if i == 0 {
+				st.headChecked = false
+			}
+			continue
+		}
+		kept = append(kept, m)
+	}
+	clear(st.pending[len(kept):])
+	st.pending = kept
+	if !st.loggedPIDRestart {
+		st.loggedPIDRestart = true
+		st.sub.log.Warn("engine publisher id changed: a new engine process; replica reset and taken from its seq 0 (counted in publisher_restarts and resets; further ones are not logged)",
+			"engine", st.key.Engine, "rank", st.key.Rank, "old_publisher_id", hex.EncodeToString(old[:]), "publisher_id", hex.EncodeToString(p[:]))
+	}
+}
+
+// checkStall marks the stream stalled when an engine that advertised heartbeats (it sent a
+// publisher id) has been silent past Options.StallAfter: vLLM with a snapshot endpoint sends an
+// empty batch every idle second, so silence means the stream or the engine stopped, and batches
+// published meanwhile could be missing without any later seq showing the gap.
+func (st *stream) checkStall(now time.Time) {
+	if !st.havePID || st.stalled || st.lastRecv.IsZero() || now.Sub(st.lastRecv) <= st.sub.opts.StallAfter {
+		return
+	}
+	st.stalled = true
+	st.c.stalls.Add(1)
+	if !st.loggedStall {
+		st.loggedStall = true
+		st.sub.log.Warn("engine event stream stalled: no batch or heartbeat for longer than the stall limit; stream not exact until one comes (counted in stalls; further ones are not logged)",
+			"engine", st.key.Engine, "rank", st.key.Rank, "silent_for", now.Sub(st.lastRecv).Round(time.Millisecond), "stall_after", st.sub.opts.StallAfter)
+	}
 }
 
 func (st *stream) clearReplica() {
@@ -468,9 +549,27 @@ func (st *stream) onChunk(c replayChunk) {
 	r := st.rep
 msgs:
 	for _, m := range c.msgs {
+		if m.HasPublisher && st.havePID && m.Publisher != st.pid {
+			// The ring is another process's: the engine restarted since the stream last heard it.
+			if st.seeding {
+				st.seedRejected("the engine's publisher id is not the one the stream knew (another process)")
+			}
+			st.newPublisher(m.Publisher)
+			if st.cfg.ReplayEndpoint != "" {
+				st.startReplay(0, false)
+			}
+			return
+		}
+		if m.HasPublisher && !st.havePID {
+			st.pid, st.havePID = m.Publisher, true
+		}
 		if r.verify {
 			r.verify = false
-			if m.Seq != r.from || !st.haveSum || payloadSum(m.Payload) != st.lastSum {
+			same := st.haveSum && payloadSum(m.Payload) == st.lastSum
+			if m.HasPublisher {
+				same = true // the same publisher id (checked above): the same process
+			}
+			if m.Seq != r.from || !same {
 				st.identityLost()
 				return
 			}
@@ -604,6 +703,9 @@ func (st *stream) decodeAndApply(m kvwire.Message) (cleared, ok bool) {
 		return false, false
 	}
 	st.c.applied.Add(1)
+	if len(b.Events) == 0 {
+		st.c.heartbeats.Add(1)
+	}
 	return st.ing.Apply(b), true
 }
 
