@@ -23,7 +23,7 @@ type counterSpec struct {
 }
 
 // gaugeFields are the rows that are levels, not counts.
-var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true}
+var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true, "SharedBlocks": true, "SharedCopies": true}
 
 // How each counter's movement is told beyond /metrics and /debug/engines: every row is in
 // exactly one of these sets (TestEveryCounterIsToldOnce), so a new counter must choose.
@@ -32,7 +32,8 @@ var (
 	// gap and replay overlap): counted only.
 	trafficFields = map[string]bool{"Received": true, "Applied": true, "QueuedBytes": true, "Pending": true, "Replays": true,
 		"ReplayedBatches": true, "Duplicates": true, "Events": true, "BlocksStored": true, "BlocksReannounced": true, "BlocksRemoved": true, "Clears": true,
-		"ParityChecked": true, "Heartbeats": true}
+		"ParityChecked": true, "Heartbeats": true,
+		"CopiesStored": true, "SharedStored": true, "SharedRemoved": true, "SharedBlocks": true, "SharedCopies": true, "SessionStores": true}
 	// stateFields move with a stream state change (a gap, a restart, a reset, the engine down),
 	// which the router logs once with the counters that moved.
 	stateFields = map[string]bool{"Gaps": true, "Uncoverable": true, "Backwards": true, "Downs": true, "SilentRestarts": true,
@@ -47,7 +48,7 @@ var (
 	dropFields = map[string]bool{"TopicMismatches": true, "MalformedFrames": true, "Overflows": true, "ByteOverflows": true,
 		"ReplayFailures": true, "ReplayShort": true, "UnknownEvents": true, "UnknownParent": true, "RekeyErrors": true,
 		"SkippedGroups": true, "SkippedMedia": true, "UnknownRemoves": true, "IndexErrors": true, "BlockSizeMismatches": true,
-		"ParityMismatches": true, "ParitySkipped": true}
+		"ParityMismatches": true, "ParitySkipped": true, "SharedDropped": true}
 )
 
 // counterTable lists every counter of Stats. Metric names that dashboards and alerts already
@@ -93,7 +94,14 @@ var counterTable = []counterSpec{
 	{"UnknownParent", "stream_unknown_parents_total", "unknown_parents", "BlockStored events whose parent the replica does not hold (skipped).", func(s *Stats) uint64 { return s.UnknownParent }},
 	{"RekeyErrors", "stream_rekey_errors_total", "rekey_errors", "BlockStored events whose sizes or extras cannot be keyed (skipped).", func(s *Stats) uint64 { return s.RekeyErrors }},
 	{"SkippedGroups", "stream_skipped_groups_total", "skipped_groups", "Events of non-attention KV cache groups (sliding window, Mamba; skipped).", func(s *Stats) uint64 { return s.SkippedGroups }},
-	{"SkippedMedia", "stream_skipped_media_total", "skipped_media", "Events with a medium this version does not know (skipped).", func(s *Stats) uint64 { return s.SkippedMedia }},
+	{"SkippedMedia", "stream_skipped_media_total", "skipped_media", "Events with a medium or locality this version does not know (skipped: failing closed).", func(s *Stats) uint64 { return s.SkippedMedia }},
+	{"CopiesStored", "stream_copies_stored_total", "copies_stored", "Of the blocks stored, those already held that counted one more physical copy (each copy is removed on its own).", func(s *Stats) uint64 { return s.CopiesStored }},
+	{"SharedStored", "stream_shared_stored_total", "shared_stored", "Block copies stored in storage the engine reaches but does not hold (locality REMOTE; media FS, OBJ, STORAGE): shown, not routed on.", func(s *Stats) uint64 { return s.SharedStored }},
+	{"SharedRemoved", "stream_shared_removed_total", "shared_removed", "Shared-storage block copies removed.", func(s *Stats) uint64 { return s.SharedRemoved }},
+	{"SharedDropped", "stream_shared_dropped_total", "shared_dropped", "Shared-storage block copies not kept: the stream's bound on shared residency keys was reached.", func(s *Stats) uint64 { return s.SharedDropped }},
+	{"SharedBlocks", "stream_shared_blocks", "shared_blocks", "Residency keys (medium, group, locality, ownership, hash) with a copy in shared storage.", func(s *Stats) uint64 { return s.SharedBlocks }},
+	{"SharedCopies", "stream_shared_copies", "shared_copies", "Block copies in shared storage.", func(s *Stats) uint64 { return s.SharedCopies }},
+	{"SessionStores", "stream_session_stores_total", "session_stores", "BlockStored events that carried a session_id.", func(s *Stats) uint64 { return s.SessionStores }},
 	{"UnknownRemoves", "stream_unknown_removes_total", "unknown_removes", "Removed hashes the replica did not hold.", func(s *Stats) uint64 { return s.UnknownRemoves }},
 	{"IndexErrors", "stream_index_errors_total", "index_errors", "Index calls that failed (replica removed under the stream).", func(s *Stats) uint64 { return s.IndexErrors }},
 	{"BlockSizeMismatches", "block_size_mismatches_total", "block_size_mismatches", "BlockStored events with another block size than the configured or learned one.", func(s *Stats) uint64 { return s.BlockSizeMismatches }},

@@ -62,6 +62,10 @@ type ingestCounters struct {
 	unknownRemoves, indexErrors, blockSizeMismatches, overLimit  atomic.Uint64
 	parityChecked, parityMismatches, paritySkipped, blockSizeSet atomic.Uint64
 	blocksReannounced                                            atomic.Uint64
+	copiesStored, sessionStores                                  atomic.Uint64
+	sharedStored, sharedRemoved, sharedDropped                   atomic.Uint64
+	sharedBlocks, sharedCopies                                   atomic.Uint64 // levels
+	owners                                                       atomic.Pointer[[]string]
 }
 
 // Stats is a snapshot of one stream: its state and every counter, as plain values.
@@ -139,6 +143,19 @@ type Stats struct {
 	ParityChecked       uint64 // blocks whose vLLM hash was recomputed
 	ParityMismatches    uint64 // of those, wire ints that differed: seed or algorithm mismatch
 	ParitySkipped       uint64 // sampled blocks that could not be recomputed (unmodelled extra keys)
+	// CopiesStored: of BlocksStored, blocks already held that counted one more physical copy
+	// (IngestOptions.CopyPerStore, or a store with a parent).
+	CopiesStored uint64
+	// Copies in storage the engine reaches but does not hold (locality REMOTE; media FS, OBJ,
+	// STORAGE): counted per residency key, shown, never routed on.
+	SharedStored  uint64
+	SharedRemoved uint64
+	SharedDropped uint64 // shared copies not kept: the stream's bound on shared residency keys was reached
+	SharedBlocks  uint64 // level: residency keys with a shared copy
+	SharedCopies  uint64 // level: shared copies
+	SessionStores uint64 // BlockStored events that carried a session_id
+	// Owners are the ownership values the engine's events named (at most 16 kept).
+	Owners []string
 }
 
 func (c *counters) snapshot(engine string, rank int) Stats {
@@ -181,5 +198,16 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		IndexErrors: in.indexErrors.Load(), BlockSizeMismatches: in.blockSizeMismatches.Load(),
 		ParityChecked: in.parityChecked.Load(), ParityMismatches: in.parityMismatches.Load(),
 		ParitySkipped: in.paritySkipped.Load(),
+		CopiesStored:  in.copiesStored.Load(), SessionStores: in.sessionStores.Load(),
+		SharedStored: in.sharedStored.Load(), SharedRemoved: in.sharedRemoved.Load(), SharedDropped: in.sharedDropped.Load(),
+		SharedBlocks: in.sharedBlocks.Load(), SharedCopies: in.sharedCopies.Load(),
+		Owners: ownersOf(in),
 	}
+}
+
+func ownersOf(in *ingestCounters) []string {
+	if p := in.owners.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
