@@ -2,6 +2,7 @@ package vllmsim
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,6 +29,14 @@ type publisher struct {
 	replayTopic bool
 	drop        int // drop every Nth batch on PUB (fault switch)
 	clock       func() float64
+	// snapshot: the engine has a snapshot endpoint (vLLM PR #57789, docs/features/kv_events.md
+	// read at commit 0aa3ce853c7d): every live and replay data frame's sequence is 24 bytes (seq
+	// and this process's 16-byte publisher id, pid), and an idle publisher sends an empty batch
+	// every heartbeat. pid is drawn at start and on every restart (a new process).
+	snapshot  bool
+	pid       [16]byte // under mu
+	heartbeat time.Duration
+	lastSend  time.Time // send loop only
 
 	in      chan pubItem
 	pub     *zmq.Socket
@@ -102,7 +111,8 @@ func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
 	}
 	p := &publisher{rank: rank, topic: topic, shape: shape, enc: newEventEncoder(), replayTopic: !cfg.ReplayNoTopicFrame, drop: cfg.DropEventEvery,
 		stallAfter: cfg.StallEventsAfter, clock: cfg.eventClock, in: make(chan pubItem, 4096), quit: make(chan struct{}),
-		ring: make([]ringEntry, cfg.BufferSteps)}
+		ring: make([]ringEntry, cfg.BufferSteps), snapshot: cfg.KVSnapshotPort != 0, heartbeat: time.Second}
+	p.newPID()
 	if p.pub, err = zmq.NewSocket(zmq.PUB); err != nil {
 		return nil, err
 	}
@@ -171,11 +181,7 @@ func (p *publisher) close() {
 
 // publish queues one step's events; like vLLM's bounded queue it blocks when full.
 func (p *publisher) publish(ctx context.Context, evs []simEvent, gen uint64) {
-	ts := float64(time.Now().UnixMicro()) / 1e6
-	if p.clock != nil {
-		ts = p.clock()
-	}
-	p.enqueue(ctx, pubItem{ts: ts, evs: evs, gen: gen})
+	p.enqueue(ctx, pubItem{ts: p.now(), evs: evs, gen: gen})
 }
 
 func (p *publisher) enqueue(ctx context.Context, it pubItem) {
@@ -202,14 +208,50 @@ func (p *publisher) setStalled(stalled bool) {
 
 func (p *publisher) sendLoop() {
 	defer p.wg.Done()
+	var tick <-chan time.Time
+	if p.snapshot {
+		t := time.NewTicker(p.heartbeat / 4)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-p.quit:
 			return
 		case it := <-p.in:
 			p.handle(it)
+		case now := <-tick:
+			// An idle publisher's heartbeat: an empty batch with the next seq, held like any
+			// other batch while the publisher is stalled.
+			if !p.stalled && now.Sub(p.lastSend) >= p.heartbeat {
+				p.handle(pubItem{ts: p.now(), gen: p.gen})
+			}
 		}
 	}
+}
+
+func (p *publisher) now() float64 {
+	if p.clock != nil {
+		return p.clock()
+	}
+	return float64(time.Now().UnixMicro()) / 1e6
+}
+
+// newPID draws a publisher id for a new process lifetime.
+func (p *publisher) newPID() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, _ = rand.Read(p.pid[:])
+}
+
+// dataSeq is a data frame's sequence: 8 bytes, or with a snapshot endpoint 8 plus the publisher
+// id (caller holds mu).
+func (p *publisher) dataSeq(seq uint64) []byte {
+	b := seqFrame(seq)
+	if p.snapshot {
+		b = append(b, p.pid[:]...)
+	}
+	return b
 }
 
 func (p *publisher) handle(it pubItem) {
@@ -219,6 +261,7 @@ func (p *publisher) handle(it pubItem) {
 		p.mu.Lock()
 		p.seq, p.sent, p.ringStart, p.ringLen, p.held = 0, 0, 0, 0, nil
 		p.mu.Unlock()
+		p.newPID()
 		return
 	case ctlStall:
 		p.stalled = true
@@ -265,27 +308,30 @@ func (p *publisher) send(it pubItem) {
 	if drop {
 		p.dropped++
 	}
+	seqB := p.dataSeq(seq)
 	p.mu.Unlock()
+	p.lastSend = time.Now()
 	if drop {
 		return
 	}
-	if _, err := p.pub.SendMessageDontwait([]byte(p.topic), seqFrame(seq), payload); err != nil && !errors.Is(err, zmq.ETERM) && !errors.Is(err, zmq.Errno(syscall.EAGAIN)) {
+	if _, err := p.pub.SendMessageDontwait([]byte(p.topic), seqB, payload); err != nil && !errors.Is(err, zmq.ETERM) && !errors.Is(err, zmq.Errno(syscall.EAGAIN)) {
 		slog.Warn("vllm-sim: PUB send", "rank", p.rank, "err", err)
 	}
 }
 
-// replayFrom copies the buffered batches with seq >= start, oldest first.
-func (p *publisher) replayFrom(start uint64) []ringEntry {
+// replayFrom copies the buffered batches with seq >= start, oldest first, with their sequence
+// frames.
+func (p *publisher) replayFrom(start uint64) (out []ringEntry, seqs [][]byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []ringEntry
 	for k := range p.ringLen {
 		e := p.ring[(p.ringStart+k)%len(p.ring)]
 		if e.seq >= start {
 			out = append(out, e)
+			seqs = append(seqs, p.dataSeq(e.seq))
 		}
 	}
-	return out
+	return out, seqs
 }
 
 // replayLoop serves vLLM's replay protocol: [id, "", start_seq8] in; one
@@ -314,8 +360,11 @@ func (p *publisher) replayLoop() {
 			continue
 		}
 		id, start := msg[0], binary.BigEndian.Uint64(msg[2])
-		for _, e := range p.replayFrom(start) {
-			_, _ = p.replay.SendMessage(p.replayFrames(id, []byte(p.topic), seqFrame(e.seq), e.payload)...)
+		// With a snapshot endpoint the data replies carry the 24-byte sequence; the request and
+		// the end marker keep 8 bytes.
+		entries, seqs := p.replayFrom(start)
+		for i, e := range entries {
+			_, _ = p.replay.SendMessage(p.replayFrames(id, []byte(p.topic), seqs[i], e.payload)...)
 		}
 		_, _ = p.replay.SendMessage(p.replayFrames(id, []byte{}, seqFrame(replayEndSeq), []byte{})...)
 	}
