@@ -59,9 +59,11 @@ type RankInfo struct {
 	Seeded bool `json:"seeded,omitempty"`
 	// PublisherID is the engine process's id from its 24-byte sequence frames (hex; absent for
 	// an engine without a snapshot endpoint); Stalled: it sends heartbeats and none came lately.
-	PublisherID string   `json:"publisher_id,omitempty"`
-	Stalled     bool     `json:"stalled,omitempty"`
-	Accuracy    Accuracy `json:"accuracy"`
+	PublisherID string `json:"publisher_id,omitempty"`
+	Stalled     bool   `json:"stalled,omitempty"`
+	// Ownership is the ownership values the engine's events named (vLLM's residency key).
+	Ownership []string `json:"ownership,omitempty"`
+	Accuracy  Accuracy `json:"accuracy"`
 	// Degraded is every reason in force on the replica (see router/degraded), [] when none.
 	Degraded []degraded.Status `json:"degraded"`
 	// Demoted: evidence says its keys are wrong, so it is scored approximately.
@@ -125,7 +127,7 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 				ri.LastSeq = &seq
 			}
 			ri.Partial, ri.Gaps, ri.Replays, ri.Resets, ri.TopicMismatches = st.Partial, st.Gaps, st.Replays, st.Resets, st.TopicMismatches
-			ri.Seeded, ri.PublisherID, ri.Stalled = st.Seeded, st.Publisher, st.Stalled
+			ri.Seeded, ri.PublisherID, ri.Stalled, ri.Ownership = st.Seeded, st.Publisher, st.Stalled, st.Owners
 			ri.DecodeErrors, ri.Panics = st.DecodeErrors, st.Panics
 			ri.Counters = map[string]uint64{}
 			for _, c := range st.Counters() {
