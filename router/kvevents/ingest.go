@@ -130,6 +130,7 @@ func (g *Ingester) Stats() Stats {
 	s.SharedStored, s.SharedRemoved, s.SharedDropped = in.sharedStored.Load(), in.sharedRemoved.Load(), in.sharedDropped.Load()
 	s.SharedBlocks, s.SharedCopies, s.SessionStores = in.sharedBlocks.Load(), in.sharedCopies.Load(), in.sessionStores.Load()
 	s.CopiesStored, s.Owners = in.copiesStored.Load(), ownersOf(in)
+	s.TokenlessResolved, s.TokenlessUnresolved = in.tokenlessResolved.Load(), in.tokenlessUnresolved.Load()
 	return s
 }
 
@@ -192,6 +193,10 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 	}
 	n := len(s.BlockHashes)
 	if n == 0 {
+		return
+	}
+	if len(s.TokenIDs) == 0 && blockkey.ValidBlockSize(s.BlockSize) {
+		g.tokenless(s, tier) // sizes from the wire still checked: a bad one is a re-key error below
 		return
 	}
 	// Sizes first: nothing from an event (its block size least of all, which keys every request
@@ -405,4 +410,35 @@ func (g *Ingester) noteMeta(owner, session kvwire.Opt[string]) {
 	g.owners = append(g.owners, owner.V)
 	list := append([]string(nil), g.owners...)
 	g.c.owners.Store(&list)
+}
+
+// tokenless applies a BlockStored that carries hashes but no token ids: an engine snapshot's
+// tier update for blocks whose tokens came in an earlier store (docs/features/kv_events.md,
+// "tokenless offload entries"). Router keys cannot be computed without tokens, so each hash is
+// resolved through the exact engine hash where the replica already holds it (on any tier: the
+// same hash is the same content) and counted where it does not.
+func (g *Ingester) tokenless(s *kvwire.BlockStored, tier index.Tier) {
+	g.hashes, g.keys = g.hashes[:0], g.keys[:0]
+	for _, h := range s.BlockHashes {
+		k, ok := g.ix.ParentKey(g.id, h.Uint64())
+		if !ok {
+			g.c.tokenlessUnresolved.Add(1)
+			continue
+		}
+		g.hashes, g.keys = append(g.hashes, h.Uint64()), append(g.keys, k)
+	}
+	if len(g.hashes) == 0 {
+		return
+	}
+	_, err := g.ix.StoreCopies(g.id, g.hashes, g.keys, tier)
+	switch {
+	case errors.Is(err, index.ErrFull):
+		g.c.overLimit.Add(1)
+		return
+	case err != nil:
+		g.c.indexErrors.Add(1)
+		return
+	}
+	g.c.tokenlessResolved.Add(uint64(len(g.hashes)))
+	g.c.blocksStored.Add(uint64(len(g.hashes)))
 }

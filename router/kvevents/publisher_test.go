@@ -2,9 +2,11 @@ package kvevents
 
 import (
 	"encoding/hex"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/router/kvwire"
 )
@@ -105,5 +107,24 @@ func TestNoPublisherIDNeverStalls(t *testing.T) {
 	st.checkStall(time.Unix(100, 0).Add(time.Second)) // at the limit, not past it
 	if st.stalled {
 		t.Fatal("stalled at the limit")
+	}
+}
+
+// An engine whose snapshot endpoint does not answer: the failure is counted and the stream takes
+// the ring from seq 0 as it would without one.
+func TestSnapshotFailureFallsBackToTheRing(t *testing.T) {
+	r := newRig(t, Options{SnapshotTimeout: 200 * time.Millisecond})
+	p := newPub(t, kvtest.Options{Publisher: testPID(0x30)})
+	c := newCache(t)
+	st := must[kvwire.Event](t)
+	publish(t, p, st(c.Store(toks(1, 2*testBS), 0)))
+	silent := fmt.Sprintf("tcp://127.0.0.1:%d", testkit.FreePort(t)) // nothing listens there
+	if err := r.sub.Add(StreamConfig{Engine: "e", Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(),
+		SnapshotEndpoint: silent, Topic: p.Topic()}); err != nil {
+		t.Fatal(err)
+	}
+	s := r.waitMirror("e", 0, c, Exact)
+	if s.Snapshots != 1 || s.SnapshotFailures != 1 || s.SnapshotsInstalled != 0 || s.Replays != 1 {
+		t.Fatalf("snapshots %d failures %d installed %d replays %d; want 1 1 0 1", s.Snapshots, s.SnapshotFailures, s.SnapshotsInstalled, s.Replays)
 	}
 }

@@ -126,3 +126,26 @@ func TestParseResidency(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot's tier update carries hashes without tokens: resolved through the engine hash the
+// replica already holds (its tokens came in an earlier store), counted where it does not.
+func TestTokenlessStoreResolvedByEngineHash(t *testing.T) {
+	g, ix, id := newIngest(t, IngestOptions{BlockSize: testBS, CopyPerStore: true})
+	c := newCache(t)
+	st := must[kvwire.Event](t)
+	a := toks(1, 2*testBS)
+	g.Apply(roundTrip(t, st(c.Store(a, 0))))
+	hs := c.Hashes(a)
+	tier := kvwire.Event{Type: kvwire.EventBlockStored, Stored: kvwire.BlockStored{
+		BlockHashes: []kvwire.Hash{kvwire.IntHash(hs[1]), kvwire.IntHash(99)}, TokenIDs: []uint32{}, BlockSize: testBS,
+		Medium: kvwire.Some("CPU")}}
+	g.Apply(roundTrip(t, tier))
+	s := g.Stats()
+	if s.TokenlessResolved != 1 || s.TokenlessUnresolved != 1 || s.RekeyErrors != 0 {
+		t.Fatalf("resolved %d unresolved %d rekey errors %d; want 1 1 0", s.TokenlessResolved, s.TokenlessUnresolved, s.RekeyErrors)
+	}
+	tiers, _ := ix.Export(id)
+	if len(tiers[index.CPU]) != 1 || tiers[index.CPU][0].Hash != hs[1] || tiers[index.CPU][0].Key != c.Resident()[hs[1]] {
+		t.Fatalf("CPU tier %+v, want block 1 under its router key", tiers[index.CPU])
+	}
+}

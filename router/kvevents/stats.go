@@ -46,6 +46,7 @@ type counters struct {
 	panics, byteOverflows, replayShort, tooLarge, downs, silentRestarts    atomic.Uint64
 	overCap, subReconnects, staleMarks, seedRejects                        atomic.Uint64
 	publisherRestarts, stalls, heartbeats                                  atomic.Uint64
+	snapshots, snapshotsInstalled, snapshotFailures                        atomic.Uint64
 	publisher                                                              atomic.Pointer[kvwire.PublisherID]
 	stalled                                                                atomic.Bool
 	seeded                                                                 atomic.Bool
@@ -63,6 +64,7 @@ type ingestCounters struct {
 	parityChecked, parityMismatches, paritySkipped, blockSizeSet atomic.Uint64
 	blocksReannounced                                            atomic.Uint64
 	copiesStored, sessionStores                                  atomic.Uint64
+	tokenlessResolved, tokenlessUnresolved                       atomic.Uint64
 	sharedStored, sharedRemoved, sharedDropped                   atomic.Uint64
 	sharedBlocks, sharedCopies                                   atomic.Uint64 // levels
 	owners                                                       atomic.Pointer[[]string]
@@ -125,6 +127,11 @@ type Stats struct {
 	PublisherRestarts uint64
 	Stalls            uint64 // times the stream went silent past Options.StallAfter while the engine advertised heartbeats
 	Heartbeats        uint64 // batches with no events applied (an idle engine's heartbeat, with a snapshot endpoint)
+	// Snapshots asked of the engine (StreamConfig.SnapshotEndpoint), installed, and failed
+	// (timeout, unavailable, malformed, over the block limit: the stream fell back to its ring).
+	Snapshots          uint64
+	SnapshotsInstalled uint64
+	SnapshotFailures   uint64
 
 	// Ingestion.
 	Events              uint64 // events applied
@@ -154,6 +161,10 @@ type Stats struct {
 	SharedBlocks  uint64 // level: residency keys with a shared copy
 	SharedCopies  uint64 // level: shared copies
 	SessionStores uint64 // BlockStored events that carried a session_id
+	// Blocks of tokenless stores (a snapshot's tier updates) resolved through the engine hash the
+	// replica already held, and those it did not hold (skipped).
+	TokenlessResolved   uint64
+	TokenlessUnresolved uint64
 	// Owners are the ownership values the engine's events named (at most 16 kept).
 	Owners []string
 }
@@ -171,6 +182,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 	return Stats{
 		Publisher: pub, Stalled: c.stalled.Load(),
 		PublisherRestarts: c.publisherRestarts.Load(), Stalls: c.stalls.Load(), Heartbeats: c.heartbeats.Load(),
+		Snapshots: c.snapshots.Load(), SnapshotsInstalled: c.snapshotsInstalled.Load(), SnapshotFailures: c.snapshotFailures.Load(),
 		LastApplied: last,
 		Engine:      engine, Rank: rank,
 		State:   StreamState(c.state.Load()),
@@ -199,6 +211,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		ParityChecked: in.parityChecked.Load(), ParityMismatches: in.parityMismatches.Load(),
 		ParitySkipped: in.paritySkipped.Load(),
 		CopiesStored:  in.copiesStored.Load(), SessionStores: in.sessionStores.Load(),
+		TokenlessResolved: in.tokenlessResolved.Load(), TokenlessUnresolved: in.tokenlessUnresolved.Load(),
 		SharedStored: in.sharedStored.Load(), SharedRemoved: in.sharedRemoved.Load(), SharedDropped: in.sharedDropped.Load(),
 		SharedBlocks: in.sharedBlocks.Load(), SharedCopies: in.sharedCopies.Load(),
 		Owners: ownersOf(in),

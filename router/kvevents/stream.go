@@ -35,6 +35,10 @@ type StreamConfig struct {
 	Endpoint string
 	// ReplayEndpoint is the engine's ROUTER replay address; empty when the engine has none.
 	ReplayEndpoint string
+	// SnapshotEndpoint is the engine's snapshot ROUTER address (vLLM's snapshot_endpoint, PR
+	// #57789); empty when it has none. With it the stream starts from the engine's whole cache
+	// state instead of the ring, and a gap the ring no longer covers is rebuilt from a snapshot.
+	SnapshotEndpoint string
 	// Topic is the topic the engine publishes with (<prefix>@<host>@<model>); messages with any
 	// other topic are counted (TopicMismatches) and dropped.
 	Topic string
@@ -124,6 +128,8 @@ type stream struct {
 	stalled  bool      // heartbeats stopped: not exact until a message comes again
 	// loggedPIDRestart, loggedStall: the first publisher change and stall were logged.
 	loggedPIDRestart, loggedStall bool
+	// snapBlocked: a snapshot failed; none is asked again until the stream restarts or heals.
+	snapBlocked, loggedSnapFail bool
 
 	lastPanicLog time.Time
 	logged       [numDropKinds]bool
@@ -137,6 +143,7 @@ type stream struct {
 // replayRun is one replay exchange: a goroutine owns its DEALER and sends what it receives to
 // the worker in chunks, so the worker keeps taking live messages while the engine answers.
 type replayRun struct {
+	snap   bool // a snapshot exchange, not a replay
 	from   uint64
 	verify bool // an identity check after an outage: the first batch must be the last applied one
 	resync bool // asked after the SUB reconnected, not for a known gap
@@ -164,6 +171,8 @@ type replayChunk struct {
 	end     bool  // the engine's end marker arrived
 	refused bool  // libzmq dropped the connection on a frame over Options.MaxMsgSize
 	err     error // no end marker: timeout, connection lost, malformed reply
+	// snapshot is a snapshot exchange's reply (nil with err).
+	snapshot *kvwire.Snapshot
 }
 
 // msgCost is what a held message counts against the byte budget: its frames plus the
@@ -245,6 +254,8 @@ func (st *stream) run() {
 	case st.cfg.Seed != nil && st.seed(st.cfg.Seed):
 		// Started from a peer's snapshot: the identity replay (startReplay with verify) confirms
 		// the engine process and brings what followed the snapshot.
+	case st.cfg.SnapshotEndpoint != "":
+		st.startSnapshot() // the engine's whole state, whether or not its ring still has seq 0
 	case st.cfg.ReplayEndpoint != "":
 		st.startReplay(0, false)
 	}
@@ -328,9 +339,13 @@ func (st *stream) handle(m kvwire.Message, checked bool) {
 		return
 	}
 	if m.Seq > st.next {
-		if st.canReplay() {
+		if st.canReplay() || st.canSnapshot() {
 			st.c.gaps.Add(1)
-			st.startReplay(st.next, false)
+			if st.canReplay() {
+				st.startReplay(st.next, false)
+			} else {
+				st.startSnapshot()
+			}
 			st.pending = append([]kvwire.Message{m}, st.pending...) // older than anything held
 			st.headChecked = true
 			return
@@ -399,7 +414,7 @@ func (st *stream) restart() {
 	st.base = Inexact
 	st.fresh = true
 	st.next, st.mustReach, st.fails = 0, 0, 0
-	st.suspect, st.haveSum, st.havePID = false, false, false
+	st.suspect, st.haveSum, st.havePID, st.snapBlocked = false, false, false, false
 	st.setState()
 }
 
@@ -547,6 +562,10 @@ func (st *stream) cancelReplay() {
 // onChunk applies what a replay exchange received.
 func (st *stream) onChunk(c replayChunk) {
 	r := st.rep
+	if r.snap {
+		st.finishSnapshot(r, c)
+		return
+	}
 msgs:
 	for _, m := range c.msgs {
 		if m.HasPublisher && st.havePID && m.Publisher != st.pid {
@@ -591,6 +610,13 @@ msgs:
 				break msgs
 			}
 			// The ring's first batch is after st.next: the ring no longer holds the gap.
+			if st.canSnapshot() {
+				r.halt()
+				<-r.done
+				st.rep = nil
+				st.startSnapshot()
+				return
+			}
 			st.uncoverable()
 			st.next = m.Seq
 		}
@@ -1011,4 +1037,140 @@ func (st *stream) export() (peersnap.Stream, bool) {
 		g.export(&sn)
 	}
 	return sn, true
+}
+
+// canSnapshot: the engine has a snapshot endpoint and no snapshot has failed since the stream
+// last restarted or installed one.
+func (st *stream) canSnapshot() bool { return st.cfg.SnapshotEndpoint != "" && !st.snapBlocked }
+
+func (st *stream) startSnapshot() {
+	st.c.snapshots.Add(1)
+	r := &replayRun{snap: true, out: make(chan replayChunk, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	st.rep = r
+	go st.fetchSnapshot(r)
+}
+
+// fetchSnapshot asks the engine for its whole cache state on a DEALER that lives for the one
+// exchange, and hands the reply to the worker. Live messages wait in pending meanwhile, as
+// during a replay.
+func (st *stream) fetchSnapshot(r *replayRun) {
+	defer close(r.done)
+	o := &st.sub.opts
+	fail := func(err error) {
+		select {
+		case r.out <- replayChunk{last: true, err: err}:
+		case <-r.stop:
+		case <-st.stop:
+		}
+	}
+	soc, err := st.sub.ctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer soc.Close()
+	_ = soc.SetLinger(0)
+	_ = soc.SetMaxmsgsize(o.MaxMsgSize)
+	if err := soc.Connect(st.cfg.SnapshotEndpoint); err != nil {
+		fail(fmt.Errorf("snapshot connect %s: %w", st.cfg.SnapshotEndpoint, err))
+		return
+	}
+	if _, err := soc.SendMessage(kvwire.SnapshotRequest()); err != nil {
+		fail(err)
+		return
+	}
+	poller := zmq.NewPoller()
+	poller.Add(soc, zmq.POLLIN)
+	polled, err := pollUntil(poller, time.Now().Add(o.SnapshotTimeout), st.stop, r.stop)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if len(polled) == 0 {
+		fail(errors.New("snapshot timed out"))
+		return
+	}
+	frames, err := soc.RecvMessageBytes(0)
+	if err != nil {
+		fail(err)
+		return
+	}
+	sn, err := kvwire.ParseSnapshotReply(frames)
+	if err != nil {
+		fail(err)
+		return
+	}
+	select {
+	case r.out <- replayChunk{last: true, snapshot: &sn}:
+	case <-r.stop:
+	case <-st.stop:
+	}
+}
+
+// finishSnapshot installs a snapshot reply: the replica is rebuilt from its chunks, the stream
+// continues from the seq after the snapshot's, and the live messages held meanwhile are applied
+// (those the snapshot already covers are duplicates). A snapshot of another publisher than the
+// one the stream knew is a restart first. A failed snapshot is counted and logged once, and the
+// stream falls back to what it does without one (the ring from seq 0, or an uncoverable gap).
+func (st *stream) finishSnapshot(r *replayRun, c replayChunk) {
+	<-r.done
+	st.rep = nil
+	err := c.err
+	if err == nil {
+		err = st.installSnapshot(c.snapshot)
+	}
+	if err != nil {
+		st.c.snapshotFailures.Add(1)
+		st.snapBlocked = true
+		if !st.loggedSnapFail {
+			st.loggedSnapFail = true
+			st.sub.log.Warn("engine snapshot not installed; the stream goes on from the replay ring (counted in snapshot_failures; further ones are not logged)",
+				"engine", st.key.Engine, "rank", st.key.Rank, "endpoint", st.cfg.SnapshotEndpoint, "err", err)
+		}
+		if st.fresh && st.next == 0 && st.cfg.ReplayEndpoint != "" {
+			st.startReplay(0, false)
+			return
+		}
+	}
+	st.drainPending()
+	if st.rep == nil {
+		st.reach()
+	}
+}
+
+func (st *stream) installSnapshot(sn *kvwire.Snapshot) error {
+	if st.havePID && sn.Publisher != st.pid {
+		st.newPublisher(sn.Publisher)
+	}
+	// Built in place: the stream is not exact until the last chunk is in, so a decision
+	// meanwhile scores the replica approximately rather than trusting a partial state.
+	if err := st.ix.Clear(st.id); err != nil {
+		return err
+	}
+	st.base = Inexact
+	over := st.c.ingest.overLimit.Load()
+	for i, chunk := range sn.Chunks {
+		b, err := st.dec.DecodeBatch(chunk)
+		if err != nil {
+			_ = st.ix.Clear(st.id)
+			return fmt.Errorf("chunk %d: %w", i, err)
+		}
+		st.ing.Apply(b)
+		if st.c.ingest.overLimit.Load() != over {
+			_ = st.ix.Clear(st.id)
+			return fmt.Errorf("chunk %d: more blocks than the replica may hold", i)
+		}
+	}
+	st.pid, st.havePID = sn.Publisher, true
+	st.haveSum, st.suspect, st.snapBlocked = false, false, false
+	st.next, st.fresh = uint64(sn.Seq+1), sn.Seq < 0
+	if sn.Seq >= 0 {
+		st.c.lastSeq.Store(uint64(sn.Seq))
+		st.c.haveSeq.Store(true)
+	}
+	st.mustReach = 0
+	st.base = Exact
+	st.c.partial.Store(false)
+	st.c.snapshotsInstalled.Add(1)
+	return nil
 }

@@ -53,6 +53,9 @@ type Options struct {
 	// publisher sends an empty batch every second, and its snapshot subscriber example gives up
 	// after 5s).
 	StallAfter time.Duration
+	// SnapshotTimeout is the longest wait for an engine's snapshot reply (10s: the engine builds
+	// it on its publisher's side thread, sharing the engine's CPU).
+	SnapshotTimeout time.Duration
 	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
 	Ingest IngestOptions
 	// Logger receives what the streams cannot say through counters alone: the first drop of each
@@ -65,10 +68,11 @@ type Options struct {
 
 // Defaults of Options.
 const (
-	DefaultRing       = 10000    // vLLM's buffer_steps
-	DefaultMaxMsgSize = 16 << 20 // far above a real batch (a few KiB to a few hundred KiB)
-	DefaultQueueBytes = 64 << 20
-	DefaultStallAfter = 5 * time.Second
+	DefaultRing            = 10000    // vLLM's buffer_steps
+	DefaultMaxMsgSize      = 16 << 20 // far above a real batch (a few KiB to a few hundred KiB)
+	DefaultQueueBytes      = 64 << 20
+	DefaultStallAfter      = 5 * time.Second
+	DefaultSnapshotTimeout = 10 * time.Second
 )
 
 // ErrClosed is returned after Close.
@@ -160,6 +164,9 @@ func New(opts Options) (*Subscriber, error) {
 	}
 	if opts.StallAfter <= 0 {
 		opts.StallAfter = DefaultStallAfter
+	}
+	if opts.SnapshotTimeout <= 0 {
+		opts.SnapshotTimeout = DefaultSnapshotTimeout
 	}
 	ctx, err := zmq.NewContext()
 	if err != nil {

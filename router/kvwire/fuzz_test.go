@@ -89,5 +89,10 @@ func FuzzParseFrames(f *testing.F) {
 		_, _, _ = ParseReplayReply(frames)
 		_, _, _ = ParseReplayReply(frames[1:])
 		_, _, _ = ParseReplayRequest(frames)
+		if sn, err := ParseSnapshotReply(frames); err == nil {
+			if again, err := ParseSnapshotReply(SnapshotReplyFrames(sn)); err != nil || again.Seq != sn.Seq || again.Publisher != sn.Publisher {
+				t.Fatalf("snapshot reply does not re-frame: %+v %v", again, err)
+			}
+		}
 	})
 }

@@ -56,3 +56,28 @@ func TestSequenceFrameWithPublisherID(t *testing.T) {
 		t.Fatal("a 24-byte replay request was accepted")
 	}
 }
+
+func TestSnapshotFrames(t *testing.T) {
+	var pid PublisherID
+	pid[3] = 9
+	in := Snapshot{Seq: 41, Publisher: pid, Chunks: [][]byte{{0x93}, {0x94}}}
+	got, err := ParseSnapshotReply(SnapshotReplyFrames(in))
+	if err != nil || got.Seq != 41 || got.Publisher != pid || len(got.Chunks) != 2 {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	if got, err := ParseSnapshotReply(append([][]byte{{}}, SnapshotReplyFrames(Snapshot{Seq: SnapshotNone, Publisher: pid})...)); err != nil || got.Seq != -1 {
+		t.Fatalf("empty publisher with a REQ delimiter: %+v %v", got, err)
+	}
+	if _, err := ParseSnapshotReply(SnapshotReplyFrames(Snapshot{Seq: SnapshotUnavailable, Publisher: pid})); err != ErrSnapshotUnavailable {
+		t.Fatalf("seq -2: %v", err)
+	}
+	for _, bad := range [][][]byte{nil, {make([]byte, 8)}, {make([]byte, 7), make([]byte, 16)}, {make([]byte, 8), make([]byte, 15)},
+		SnapshotReplyFrames(Snapshot{Seq: -3}), SnapshotReplyFrames(Snapshot{Seq: -1, Chunks: [][]byte{{0x93}}})} {
+		if _, err := ParseSnapshotReply(bad); err == nil {
+			t.Errorf("accepted %x", bad)
+		}
+	}
+	if !IsSnapshotRequest(SnapshotRequest()) || IsSnapshotRequest([][]byte{[]byte("snap")}) {
+		t.Fatal("request recognition")
+	}
+}

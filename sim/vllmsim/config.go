@@ -53,9 +53,9 @@ type Config struct {
 	// KVSnapshotPort is vLLM's snapshot_endpoint (PR #57789) for rank 0 (rank r: port+r); 0 =
 	// off. Set, the data frames carry a 24-byte sequence (seq and a per-process publisher id) and
 	// an idle publisher sends an empty batch every second.
-	KVSnapshotPort     int
-	BufferSteps        int // replay ring length in batches (default 10000)
-	HWM                int // PUB send high-water mark (default 100000)
+	KVSnapshotPort int
+	BufferSteps    int // replay ring length in batches (default 10000)
+	HWM            int // PUB send high-water mark (default 100000)
 
 	// StepModel is the step-time model: "vllm-0.20.1-b300" (the default: stepmodel.go, fitted to
 	// vLLM 0.20.1's own per-step records, Qwen3-32B TP1 on a B300), "splitwise-h100" (the same

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,11 @@ type publisher struct {
 	pid       [16]byte // under mu
 	heartbeat time.Duration
 	lastSend  time.Time // send loop only
+	// snap is the snapshot ROUTER; rec what it answers from (under mu), fed with every batch
+	// numbered, so a snapshot and the seq it names are one cut.
+	snap     *zmq.Socket
+	snapAddr string
+	rec      recorder
 
 	in      chan pubItem
 	pub     *zmq.Socket
@@ -151,6 +157,18 @@ func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
 		}
 		p.repAddr, _ = p.replay.GetLastEndpoint()
 	}
+	if p.snapshot {
+		// Snapshot sockets bind, even when the PUB dials out (docs/features/kv_events.md).
+		if p.snap, err = zmq.NewSocket(zmq.ROUTER); err == nil {
+			_ = p.snap.SetLinger(0)
+			err = p.snap.Bind(bindAddr(cfg.Host, cfg.KVSnapshotPort, rank))
+		}
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("kv snapshot bind rank %d: %w", rank, err)
+		}
+		p.snapAddr, _ = p.snap.GetLastEndpoint()
+	}
 	return p, nil
 }
 
@@ -160,6 +178,10 @@ func (p *publisher) start() {
 	if p.replay != nil {
 		p.wg.Add(1)
 		go p.replayLoop()
+	}
+	if p.snap != nil {
+		p.wg.Add(1)
+		go p.snapshotLoop()
 	}
 }
 
@@ -172,7 +194,7 @@ func (p *publisher) close() {
 	}
 	close(p.quit)
 	p.wg.Wait()
-	for _, s := range []*zmq.Socket{p.pub, p.replay} {
+	for _, s := range []*zmq.Socket{p.pub, p.replay, p.snap} {
 		if s != nil {
 			_ = s.Close()
 		}
@@ -260,6 +282,7 @@ func (p *publisher) handle(it pubItem) {
 		p.gen = it.gen
 		p.mu.Lock()
 		p.seq, p.sent, p.ringStart, p.ringLen, p.held = 0, 0, 0, 0, nil
+		p.rec = recorder{}
 		p.mu.Unlock()
 		p.newPID()
 		return
@@ -304,6 +327,9 @@ func (p *publisher) send(it pubItem) {
 		p.ringLen++
 	}
 	p.ring[i] = ringEntry{seq: seq, payload: payload}
+	if p.snapshot {
+		p.rec.apply(it.evs)
+	}
 	drop := p.drop > 0 && (seq+1)%uint64(p.drop) == 0
 	if drop {
 		p.dropped++
@@ -383,4 +409,165 @@ func (p *publisher) replayFrames(id, topic, seq, payload []byte) []any {
 		out = append(out, topic)
 	}
 	return append(out, seq, payload)
+}
+
+// SnapshotEndpoints are the bound snapshot ROUTER endpoints per rank, empty when snapshots are
+// off.
+func (s *Sim) SnapshotEndpoints() []string {
+	var out []string
+	for _, rk := range s.ranks {
+		if rk.pub != nil && rk.pub.snap != nil {
+			out = append(out, rk.pub.snapAddr)
+		}
+	}
+	return out
+}
+
+// snapshotChunk bounds the events per snapshot chunk (one KVEventBatch each).
+const snapshotChunk = 512
+
+// snapshotLoop answers snapshot requests: "snapshot" in (from a DEALER, or with a REQ's empty
+// delimiter); [seq, publisher id, chunk...] out, seq being the last batch the chunks include
+// (-1 before the first).
+func (p *publisher) snapshotLoop() {
+	defer p.wg.Done()
+	enc := newEventEncoder()
+	poller := zmq.NewPoller()
+	poller.Add(p.snap, zmq.POLLIN)
+	for {
+		select {
+		case <-p.quit:
+			return
+		default:
+		}
+		polled, err := poller.Poll(20 * time.Millisecond)
+		if err != nil || len(polled) == 0 {
+			continue
+		}
+		msg, err := p.snap.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil || len(msg) < 2 {
+			continue
+		}
+		id, rest := msg[0], msg[1:]
+		var head []any
+		if len(rest) == 2 && len(rest[0]) == 0 { // REQ
+			head, rest = []any{id, []byte{}}, rest[1:]
+		} else {
+			head = []any{id}
+		}
+		if len(rest) != 1 || string(rest[0]) != "snapshot" {
+			slog.Warn("vllm-sim: ignoring malformed snapshot request", "rank", p.rank, "frames", len(msg))
+			continue
+		}
+		p.mu.Lock()
+		seq, pid := int64(p.seq)-1, p.pid // -1: no batch recorded yet
+		evs := p.rec.events()
+		p.mu.Unlock()
+		ts := p.now()
+		var chunks []any
+		for len(evs) > 0 {
+			n := min(len(evs), snapshotChunk)
+			payload, err := enc.encode(toWireBatch(ts, evs[:n], p.rank), p.shape)
+			if err != nil {
+				slog.Error("vllm-sim: encoding a snapshot chunk", "rank", p.rank, "err", err)
+				seq, chunks = -2, nil // unavailable
+				break
+			}
+			chunks = append(chunks, payload)
+			evs = evs[n:]
+		}
+		out := append(head, binary.BigEndian.AppendUint64(nil, uint64(seq)), pid[:])
+		_, _ = p.snap.SendMessage(append(out, chunks...)...)
+	}
+}
+
+// recorder is the event-derived cache state a snapshot is answered from, in the manner
+// docs/features/kv_events.md describes for vLLM's: the BlockStored events still needed (a
+// resident block's, or an ancestor a retained store chains from), and the copies resident per
+// hash; a snapshot is the retained stores followed by removals of what they over-state.
+type recorder struct {
+	stores []simEvent
+	live   map[string]int
+}
+
+func (r *recorder) apply(evs []simEvent) {
+	if r.live == nil {
+		r.live = map[string]int{}
+	}
+	for _, ev := range evs {
+		switch ev.kind {
+		case evStored:
+			r.stores = append(r.stores, ev)
+			for _, h := range ev.hashes {
+				r.live[string(h)]++
+			}
+		case evRemoved:
+			for _, h := range ev.hashes {
+				if n := r.live[string(h)]; n > 1 {
+					r.live[string(h)] = n - 1
+				} else {
+					delete(r.live, string(h))
+				}
+			}
+		case evCleared: // the sim's pool is the GPU pool: everything goes
+			r.stores = nil
+			clear(r.live)
+		}
+	}
+	if len(r.stores) > 2*len(r.live)+64 {
+		r.compact()
+	}
+}
+
+// compact drops the stores no resident block and no retained descendant needs (newest first:
+// a store's parent is in an earlier store).
+func (r *recorder) compact() {
+	need := map[string]bool{}
+	keep := make([]bool, len(r.stores))
+	for i := len(r.stores) - 1; i >= 0; i-- {
+		ev := r.stores[i]
+		for _, h := range ev.hashes {
+			if r.live[string(h)] > 0 || need[string(h)] {
+				keep[i] = true
+				break
+			}
+		}
+		if keep[i] && ev.parent != nil {
+			need[string(ev.parent)] = true
+		}
+	}
+	kept := r.stores[:0]
+	for i, ev := range r.stores {
+		if keep[i] {
+			kept = append(kept, ev)
+		}
+	}
+	clear(r.stores[len(kept):])
+	r.stores = kept
+}
+
+// events is the snapshot: the retained stores, then one removal per copy they state beyond the
+// resident ones.
+func (r *recorder) events() []simEvent {
+	r.compact()
+	out := slices.Clone(r.stores)
+	stated := map[string]int{}
+	for _, ev := range r.stores {
+		for _, h := range ev.hashes {
+			stated[string(h)]++
+		}
+	}
+	rm := simEvent{kind: evRemoved}
+	for _, ev := range r.stores {
+		for _, h := range ev.hashes {
+			if k := string(h); stated[k] > r.live[k] {
+				stated[k]--
+				rm.hashes = append(rm.hashes, h)
+			}
+		}
+	}
+	if len(rm.hashes) > 0 {
+		out = append(out, rm)
+	}
+	return out
 }

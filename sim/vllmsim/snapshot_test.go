@@ -85,3 +85,79 @@ func TestRouterFollowsSnapshotFramesAndPublisherRestart(t *testing.T) {
 		t.Fatalf("publisher %s (was %s) resets %d backwards %d silent %d", st.Publisher, first, st.Resets, st.Backwards, st.SilentRestarts)
 	}
 }
+
+// A lone router started after the engine's ring wrapped: from the ring alone it could only
+// start approximate (partial); from the engine's snapshot it is exact within seconds, its index
+// holding exactly the engine's cache.
+func TestLateRouterIsExactFromSnapshot(t *testing.T) {
+	cfg := snapshotConfig()
+	cfg.BufferSteps = 4
+	s := startSim(t, cfg)
+	for i := range 12 { // a batch or more each: the 4-batch ring wraps
+		complete(t, s, map[string]any{"prompt": seqTokens(100*i, 40)})
+	}
+	// The control: from the ring alone the router starts partial, not exact.
+	ringOnly, err := kvevents.New(kvevents.Options{Index: index.New(index.Options{}), ReplayTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ringOnly.Close() })
+	if err := ringOnly.Add(kvevents.StreamConfig{Engine: "sim", Endpoint: s.EventEndpoints()[0], ReplayEndpoint: s.ReplayEndpoints()[0],
+		Topic: s.Topic()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ring-only router's replay", func() bool {
+		st, _ := ringOnly.Stats("sim", 0)
+		return st.Replays > 0 && st.State != kvevents.Replaying && st.Applied > 0
+	})
+	if st, _ := ringOnly.Stats("sim", 0); st.State == kvevents.Exact || !st.Partial {
+		t.Fatalf("ring-only router: state %v partial %v; the ring should have wrapped", st.State, st.Partial)
+	}
+
+	ix := index.New(index.Options{})
+	sub, err := kvevents.New(kvevents.Options{Index: ix, ReplayTimeout: 2 * time.Second,
+		Ingest: kvevents.IngestOptions{BlockSize: s.Config().BlockSize, CopyPerStore: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	if err := sub.Add(kvevents.StreamConfig{Engine: "sim", Endpoint: s.EventEndpoints()[0], ReplayEndpoint: s.ReplayEndpoints()[0],
+		SnapshotEndpoint: s.SnapshotEndpoints()[0], Topic: s.Topic()}); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := ix.Replica("sim", 0)
+	engine := func() map[uint64]bool {
+		out := map[uint64]bool{}
+		for _, h := range s.CacheState().Ranks[0].Hashes {
+			out[h] = true
+		}
+		return out
+	}
+	mirrors := func() bool {
+		st, _ := sub.Stats("sim", 0)
+		if st.State != kvevents.Exact {
+			return false
+		}
+		tiers, _ := ix.Export(id)
+		want := engine()
+		if len(tiers[index.GPU]) != len(want) {
+			return false
+		}
+		for _, e := range tiers[index.GPU] {
+			if !want[e.Hash] {
+				return false
+			}
+		}
+		return true
+	}
+	start := time.Now()
+	waitFor(t, "the index to mirror the engine from its snapshot", mirrors)
+	st, _ := sub.Stats("sim", 0)
+	if st.SnapshotsInstalled != 1 || st.Partial || len(engine()) < 12 {
+		t.Fatalf("snapshots installed %d partial %v engine blocks %d", st.SnapshotsInstalled, st.Partial, len(engine()))
+	}
+	t.Logf("exact %v after the router started, %d blocks", time.Since(start).Round(time.Millisecond), len(engine()))
+	// It stays exact as the engine goes on.
+	complete(t, s, map[string]any{"prompt": seqTokens(5000, 40)})
+	waitFor(t, "the next request's blocks", func() bool { return mirrors() && len(engine()) >= 14 })
+}
