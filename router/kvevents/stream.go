@@ -1148,6 +1148,12 @@ func (st *stream) installSnapshot(sn *kvwire.Snapshot) error {
 		return err
 	}
 	st.base = Inexact
+	// A snapshot states every copy as a store and the excess as trailing removals: its stores
+	// are copies whatever the live stream's report mode.
+	if g, ok := st.ing.(*Ingester); ok && !g.copyPerStore {
+		g.copyPerStore = true
+		defer func() { g.copyPerStore = false }()
+	}
 	over := st.c.ingest.overLimit.Load()
 	for i, chunk := range sn.Chunks {
 		b, err := st.dec.DecodeBatch(chunk)
