@@ -14,7 +14,7 @@ import (
 // The contract vectors (testdata/vllm/kv-contract, from vLLM's contract test and
 // docs/features/kv_events.md; see testdata/vllm/README.md) through the ingester and a real ZMQ
 // stream.
-func loadContractFrames(t *testing.T) map[string][][]byte {
+func loadContractFrames(t testing.TB) map[string][][]byte {
 	t.Helper()
 	raw, err := os.ReadFile("../../testdata/vllm/kv-contract/vectors.json")
 	if err != nil {
@@ -106,4 +106,13 @@ func TestContractSnapshotFrameOverZMQ(t *testing.T) {
 	if ist, _ := r.ix.Stats(r.id("e", 0)); ist.Blocks[index.GPU] != 3 {
 		t.Fatalf("%d GPU blocks, want 3", ist.Blocks[index.GPU])
 	}
+}
+
+// contractSeeds are the contract vectors' frames, for the fuzz corpora.
+func contractSeeds(t testing.TB) [][][]byte {
+	var out [][][]byte
+	for _, fr := range loadContractFrames(t) {
+		out = append(out, fr)
+	}
+	return out
 }
