@@ -128,3 +128,41 @@ func TestSnapshotFailureFallsBackToTheRing(t *testing.T) {
 		t.Fatalf("snapshots %d failures %d installed %d replays %d; want 1 1 0 1", s.Snapshots, s.SnapshotFailures, s.SnapshotsInstalled, s.Replays)
 	}
 }
+
+// After an outage the publisher id decides: the ring's answer with the same id is the same
+// process whatever the seq did; another id is a restart, counted as such.
+func TestOutageIdentityByPublisherID(t *testing.T) {
+	for _, restarted := range []bool{false, true} {
+		t.Run(fmt.Sprint("restarted=", restarted), func(t *testing.T) {
+			r := newRig(t, Options{})
+			p := newPub(t, kvtest.Options{Topic: "kv@pid@m", Publisher: testPID(0x50)})
+			r.add("e", p, 0)
+			eng := newEngineSim(t, p, 20, 4096)
+			eng.publish(10)
+			r.waitMirror("e", 0, eng.cache, Exact)
+			if err := r.sub.Down("e", 0); err != nil {
+				t.Fatal(err)
+			}
+			if restarted {
+				p.Restart()
+				eng = newEngineSim(t, p, 21, 4096)
+			}
+			for range 20 { // published while away: the seq jumps past 10 either way
+				if _, err := p.PublishLost(eng.batch()...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := r.sub.Up("e", 0); err != nil {
+				t.Fatal(err)
+			}
+			s := r.waitMirror("e", 0, eng.cache, Exact)
+			want := uint64(0)
+			if restarted {
+				want = 1
+			}
+			if s.PublisherRestarts != want || s.SilentRestarts != 0 || s.Resets != want {
+				t.Fatalf("publisher restarts %d silent %d resets %d; want %d 0 %d", s.PublisherRestarts, s.SilentRestarts, s.Resets, want, want)
+			}
+		})
+	}
+}

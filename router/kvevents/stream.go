@@ -579,15 +579,14 @@ msgs:
 			}
 			return
 		}
+		knownPID := m.HasPublisher && st.havePID // and equal: checked above
 		if m.HasPublisher && !st.havePID {
 			st.pid, st.havePID = m.Publisher, true
 		}
 		if r.verify {
 			r.verify = false
-			same := st.haveSum && payloadSum(m.Payload) == st.lastSum
-			if m.HasPublisher {
-				same = true // the same publisher id (checked above): the same process
-			}
+			// The same publisher id is the same process; without one known, the bytes decide.
+			same := knownPID || st.haveSum && payloadSum(m.Payload) == st.lastSum
 			if m.Seq != r.from || !same {
 				st.identityLost()
 				return
