@@ -203,7 +203,9 @@ func New(o Options) (*Router, error) {
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		s.peers = kvevents.NewPeerTable()
-		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize, Peers: s.peers}
+		// Without full report mode every BlockStored is a physical copy (vLLM's contract); with
+		// it, a parent-nil store may be a re-announcement no removal balances.
+		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize, Peers: s.peers, CopyPerStore: !o.FullReport}
 		// Parity recomputes each sampled event's block 0 at the event's own block size, so it
 		// runs whether the router's block size is configured or learned.
 		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil {
