@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// One list of policy names (the project's interface contract, changes agreed for issue 22): the CRD's enum is the
+// One list of policy names (the project's interface contract): the CRD's enum is the
 // production policies, router/config validation and kvrouter's --policy help take every policy,
 // kvbench's flags take score.Names too, and every listed name is a registered policy.
 func TestOnePolicyList(t *testing.T) {
