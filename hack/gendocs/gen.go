@@ -346,7 +346,17 @@ func headline(runs []*fleetRun, results []*resultFile) string {
 			cell(rr.TTFTP90.Mean, rr.CachedRatio.Mean), peerCell)
 		cmds = append(cmds, "bin/"+strings.TrimSuffix(strings.TrimPrefix(f.Command, "bin/"), " --json"))
 	}
-	b.WriteString("\nEach cell: time to first token, p90, and the share of prompt tokens served from cache. Reproduce (after `make build`):\n\n```sh\n")
+	b.WriteString("\nEach cell: time to first token, p90, and the share of prompt tokens served from cache.")
+	var commits []string
+	for _, f := range results {
+		if !slices.Contains(commits, "`"+f.Commit+"`") {
+			commits = append(commits, "`"+f.Commit+"`")
+		}
+	}
+	if len(commits) > 0 {
+		fmt.Fprintf(&b, " Live rows measured at commit %s ([docs/results/](docs/results/)).", strings.Join(commits, ", "))
+	}
+	b.WriteString(" Reproduce (after `make build`):\n\n```sh\n")
 	for _, c := range cmds {
 		b.WriteString(c + "\n")
 	}
