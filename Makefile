@@ -123,8 +123,9 @@ test-images: ## Build the images into a temp dir and run each under chroot (root
 	KVROUTE_IMAGE_TESTS=1 $(GO) test -count=1 -timeout 40m -v ./test/images/
 
 .PHONY: docs
-docs: ## Regenerate docs/configuration.md from the CRD.
+docs: ## Regenerate docs/configuration.md from the CRD; the benchmark tables, README headline and plots (hack/gendocs: the fleet model on the traces, docs/results/*.json).
 	$(GO) run ./hack/gen-config-reference.go config/crd/bases/serving.kvroute.io_kvroutedmodels.yaml > docs/configuration.md
+	$(GO) run ./hack/gendocs
 
 ##@ Tools
 

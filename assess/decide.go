@@ -25,9 +25,9 @@ type Thresholds struct {
 	// HighHitRate: when every replica hits at least this share of its prompt tokens under blind
 	// placement, the reused prefixes must recur on every replica (see the model: at 0.5 over 4
 	// replicas each reused prefix is looked up >= 7 times and already sits on >= 86% of them),
-	// i.e. they are the hot, broad kind blind placement already serves. kvroute's own replays
-	// agree: round-robin at 0.74-0.78 left kv-aware routing +0.00..0.03 (hot-prefix, tenants),
-	// while round-robin at 0.12-0.40 left +0.25..0.8 (docs/benchmarks.md).
+	// i.e. they are the hot, broad kind blind placement already serves: on kvroute's own replays
+	// (`kvbench replay`, docs/benchmarks.md), where round-robin's cached share is already high,
+	// kv-aware routing adds little to it.
 	HighHitRate float64 `json:"high_hit_rate"`
 	// MinGain: below this ceiling gain (share of prompt tokens routing could newly hit, in the
 	// favourable reading), the prefill routing could save is smaller than what its balancing

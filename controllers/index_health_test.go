@@ -130,7 +130,7 @@ func TestRouterReportsBecomeIndexHealthy(t *testing.T) {
 	}
 
 	// Both routers stop reporting; the model must show it within 60 s of their last write
-	// (issue 19; the former 2-minute TTL fails the first check). Their last writes are stamped
+	// (a TTL of two minutes would fail the first check). Their last writes are stamped
 	// ReportTTL-3s ago on the operator's clock, router a's naming a fault so that the reconcile
 	// that read them shows (IndexHealthy=False); then the clock moves 4 s, past the expiry,
 	// with no write at all: only the reconciler's own look at the expiry (NextReportExpiry)

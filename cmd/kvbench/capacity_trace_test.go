@@ -13,8 +13,8 @@ import (
 	"github.com/kvroute/kvroute/sim/replay"
 )
 
-// `kvbench replay --capacity --trace` on what kvrouter's capture writes (issue 23: TTFT and
-// capacity at SLO for captured traffic): 16 requests over 1.5 s sharing a 4-block system
+// `kvbench replay --capacity --trace` on what kvrouter's capture writes (TTFT and capacity at
+// SLO for captured traffic): 16 requests over 1.5 s sharing a 4-block system
 // prompt, replayed on 2 vllm-sim engines under kv and round-robin, 2 probes each, as seed 3
 // (--first-seed). The ramp is
 // the trace's own timing scaled: speed 1 replays the capture's 1.5 s, speed 2 the same requests

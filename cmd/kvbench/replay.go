@@ -649,8 +649,7 @@ type capacityFlagDefaults struct {
 //     engines of 32 at a quarter of theirs), while a runaway probe stays bounded;
 //   - a regime sends --duration of arrivals at each probed rate, with no count cap: 200 requests
 //     (the replay's default) at 400 req/s arrive in half a second, shorter than the SLO, and
-//     every policy passed hot-prefix at every rate doubled to (measured: 25 to 400 req/s on 8
-//     replicas);
+//     every policy would pass hot-prefix at every rate the search doubles to;
 //   - a trace replays its --max-requests whatever the speed (--duration 0): a wall-time bound
 //     replays fewer of its requests at the slower probes.
 func capacityDefaults(given map[string]bool, trace bool, replicas, maxNumSeqs, dpRanks int) capacityFlagDefaults {

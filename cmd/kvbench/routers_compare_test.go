@@ -58,14 +58,13 @@ type routersRun struct {
 	DroppedChanges      float64 `json:"dropped_changes"`
 }
 
-// TestRoutersOneAndThree is issue 24's paired comparison: every replay regime and two trace
+// TestRoutersOneAndThree is a paired comparison: every replay regime and two trace
 // slices, kv policy, replayed through 1 router and through 3 peered routers (request i to
 // router i mod 3), the two interleaved within each seed (their order alternating by seed) on
 // fresh engines, each exactly `kvbench replay <case flags> --policies kv --seeds 1 --first-seed S
 // --routers N`. Per seed it takes the ratio 3 routers / 1 router of the cached-token ratio, of
 // the balance (busiest engine's requests over a fair share) and of TTFT p90, and reports each
-// ratio's mean with its 95% t-interval over the seeds. A measurement, not a check (figures in
-// docs/router.md, "Several router replicas"):
+// ratio's mean with its 95% t-interval over the seeds. A measurement, not a check:
 //
 //	KVROUTE_ROUTERS_COMPARE=1 go test -count=1 -timeout 120m -run TestRoutersOneAndThree -v ./cmd/kvbench/
 //

@@ -28,7 +28,7 @@ func turnBody(c, k int) string {
 }
 
 // A conversation's next turn goes to its last turn's replica before that turn's blocks are
-// announced (issue 22's session affinity): the engines' event streams are up but say nothing
+// announced: the engines' event streams are up but say nothing
 // for the whole test, so only what the router predicted from its own decisions (the ledger's
 // side index) can keep the turns together. Six conversations of five turns, interleaved, over
 // three engines: under kv every turn follows its first; under load (the contrast, which keeps

@@ -8,8 +8,8 @@ import (
 
 // A routed decision in the steady state (every replica already chosen once, so every side-index
 // entry of the prompt exists) allocates nothing: keys, views, candidates, matches, the ledger's
-// Record and the side-index records all reuse memory (issue 22's decision-time target; the
-// decision's share of BenchmarkDecision). It covers what Generate does around forward: decide,
+// Record and the side-index records all reuse memory (the decision's share of
+// BenchmarkDecision: an allocation per decision is garbage at every request). It covers what Generate does around forward: decide,
 // the ledger's Done, release.
 func TestSteadyStateDecisionDoesNotAllocate(t *testing.T) {
 	if raceEnabled {

@@ -134,8 +134,8 @@ func TestWarmupShareDecays(t *testing.T) {
 
 // The credit shapes the choice but the balance window counts the prefill a warming engine
 // really does, so with the default bound (1.2 x the fleet mean) the new engine gets more than a
-// third and no more than the bound allows. Before the fix the window held the credited work and
-// e2 took 0.57 of the first phase, past the bound (issue 22).
+// third and no more than the bound allows. A window that held the credited work instead would
+// let the warming engine take most of the first phase, past the bound.
 func TestWarmupKeepsTheImbalanceBound(t *testing.T) {
 	start, mid, after := warmupShares(t, 0)
 	t.Logf("new engine's share: start %.2f, midway %.2f, after expiry %.2f", start, mid, after)

@@ -10,7 +10,7 @@ import (
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
-// A peer router's routed requests enter this router's balance windows (issue 24): the kv
+// A peer router's routed requests enter this router's balance windows: the kv
 // policy's token and request bounds read the fleet's routed work, as one router's would, not
 // this router's third of it. Each peer Routed change adds its uncached tokens and one request
 // to its replica's window (a request routed without keys too); /debug/route's kv terms show

@@ -13,7 +13,7 @@ type Key uint64
 // attention (--block-size) and a few hundred to about two thousand when it raises the attention
 // block size of a hybrid (Mamba) model to match its state page; 4096 leaves room above that. The
 // bound matters because block_size arrives on the wire: it is multiplied by a block count and
-// used to slice token ids, and a forged 2^62 once wrapped that product to 0 (issue 15).
+// used to slice token ids, and a forged 2^62 wraps that product to 0.
 const MaxBlockSize = 4096
 
 // ValidBlockSize reports whether n is a block size kvroute can key with.

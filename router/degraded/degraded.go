@@ -49,7 +49,7 @@ const QuietRequests = 3
 // BlockStored within milliseconds, so one such request followed by 45 s of silence is a
 // publisher that stopped, not a late batch. 45 s, not the whole Window, so that the sample
 // (at most 5 s after the last message), the report (1 s) and a reconcile put it on the
-// KVRoutedModel within 60 s of the last event (issue 19; measured in test/e2e/indexhealth).
+// KVRoutedModel within 60 s of the last event (test/e2e/indexhealth checks it).
 const QuietWindow = 45 * time.Second
 
 // Reason is one way a replica's index can go wrong.

@@ -15,7 +15,7 @@ import (
 // part; a part is open addressing with linear probing, at most 3/4 full, deletion by backward
 // shift (no tombstones). A part grows by doubling up to keyPartMax entries and then splits in
 // two, so an insert moves at most one part's keys, under the owner's write lock, where a single
-// table would move all of them (docs/benchmarks.md, "Decision time"). A zero value marks an
+// table would move all of them, inside one decision. A zero value marks an
 // empty entry.
 // The zero table is empty and ready. Reads may share it; writes need the owner's lock.
 type keyTable[V ~uint32 | ~uint64] struct {

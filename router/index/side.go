@@ -44,7 +44,7 @@ const (
 // It is the machinery of both the predicted side index and the approximate index. Safe for
 // concurrent use.
 //
-// Layout (docs/benchmarks.md, "Decision time"): one map from key to a slot; the slot holds the
+// Layout (for decision time: BenchmarkDecision in router/app): one map from key to a slot; the slot holds the
 // key's holders (replica, expiry, LRU node) and, for Match, a bit mask of its holders below
 // replica 64 and their earliest expiry, so a block costs Match one lookup and no walk over its
 // holders while none has expired. Each replica's LRU is a doubly linked list threaded through

@@ -65,9 +65,10 @@ func FuzzIngest(f *testing.F) {
 // FuzzStoredSizes builds BlockStored events from typed sizes (hash count, block size, token
 // count, parent, extra keys) and runs them through AppendRouterKeys and Ingester.Apply, so the
 // arithmetic on wire sizes is fuzzed directly rather than reached by chance through msgpack
-// bytes. The seed corpus holds the event of issue 15 (4 hashes, block size 2^62, no tokens).
+// bytes. The seed corpus holds an event that once crashed the router (4 hashes, block size
+// 2^62, no tokens).
 func FuzzStoredSizes(f *testing.F) {
-	f.Add(uint16(4), int64(1)<<62, uint16(0), false, uint64(0), uint8(0))                      // issue 15
+	f.Add(uint16(4), int64(1)<<62, uint16(0), false, uint64(0), uint8(0))                      // block size 2^62
 	f.Add(uint16(2), int64(testBS), uint16(2*testBS), false, uint64(0), uint8(0))              // valid
 	f.Add(uint16(2), int64(testBS), uint16(2*testBS), true, uint64(7), uint8(2))               // unknown parent, extras
 	f.Add(uint16(3), int64(-1), uint16(3), false, uint64(0), uint8(3))                         // negative

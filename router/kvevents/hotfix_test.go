@@ -85,7 +85,7 @@ func TestGroupsAreBounded(t *testing.T) {
 }
 
 // The batch that crashed kvrouter, published over a real PUB socket: it is counted as a decode
-// error, and the stream applies the batches around it (issue 15).
+// error, and the stream applies the batches around it.
 func TestOversizedBlockSizeBatchIsSkipped(t *testing.T) {
 	var logBuf testkit.LockedBuffer
 	r := newRig(t, Options{Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})

@@ -710,7 +710,7 @@ func (st *stream) drainPending() {
 // (sizes from the wire are checked before use): the batch is skipped and counted, the first
 // one on the stream is logged with its seq and the start of its payload, and the stream goes on
 // with the next batch. Without it one bad batch kills the router, and since the batch stays in
-// the engine's replay ring every restarted router replays it and dies again (issue 15). The
+// the engine's replay ring every restarted router replays it and dies again. The
 // index takes its locks with defer, so a recovered panic leaves none held; the batch's events
 // applied before the panic stay, as they would if its later events had been of unknown types.
 func (st *stream) decodeAndApply(m kvwire.Message) (cleared, ok bool) {

@@ -273,8 +273,8 @@ func TestFrames(t *testing.T) {
 	}
 }
 
-// Every block size from the wire is range-checked before it is multiplied or used to slice
-// (issue 15): the decoder refuses a BlockStored outside 1..MaxBlockSize, and CheckTokens and
+// Every block size from the wire is range-checked before it is multiplied or used to slice:
+// the decoder refuses a BlockStored outside 1..MaxBlockSize, and CheckTokens and
 // AppendRouterKeys refuse it on an event built by hand, without a panic.
 func TestBlockSizeBounds(t *testing.T) {
 	hashes := func(n int) []Hash {

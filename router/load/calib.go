@@ -14,8 +14,8 @@ const fleetDecay = 0.995
 // Calibrations is the fleet's prefill drain, fitted from every replica's first tokens. The
 // ledger owns the one instance; decisions read it into Candidate.Calib. Its own lock makes reads
 // safe beside the ledger's writes. One fit serves every replica: a kvroute pool serves one model
-// on one kind of engine, and separate per-replica fits measured as noise, not difference
-// (docs/benchmarks.md: they raised no-reuse imbalance and cost the llm-d trace hit rate).
+// on one kind of engine, so replicas differ in their load, not their speed, and a fit per
+// replica, from a few first tokens each, would read noise as difference.
 type Calibrations struct {
 	mu sync.Mutex
 	// drain is the decayed sums behind the drain rate and its attention weight (drainFit).
@@ -40,9 +40,8 @@ type Calibrations struct {
 // a miss only by that overhead, read as attention. Why attention at all: vLLM's prefill
 // attention is quadratic in the context (sim/vllmsim/stepmodel.go, PerMAttn: fitted to vLLM
 // 0.20.1's forward-pass records), so a long prompt drains slower per token than a short one,
-// and read at one rate a replica computing a long prompt looked drained before its first token
-// (measurements, and what the fit without γ cost: docs/benchmarks.md, "Long prompts and the
-// drain credit").
+// and read at one rate a replica computing a long prompt would look drained before its first
+// token.
 type drainFit struct {
 	// Decayed sums (fleetDecay): su = Σu, st = Σt (the rate), and the weighted normal
 	// equations' entries: n = Σ1, iu = Σ1/u, au = Σa/u, sa = Σa, aa = Σa²/u; tu = Σt/u,

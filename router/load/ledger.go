@@ -511,8 +511,8 @@ func (l *Ledger) RoutedPeer(r *Replica, keys []blockkey.Key, uncached int) {
 // shared totals say). r's PrefillSince then covers the whole replica's prefill, not only this
 // router's part, so kv's drain credit applies to the peers' part too, and this router's next
 // drain observation measures from the replica's last progress rather than its own (through
-// three routers its own was about three first tokens old, so the measured rate read about a
-// third of the engine's). A peer's change arrives within its flush interval (20 ms) plus
+// N routers its own is about N first tokens old, so a rate measured from it would read about
+// 1/N of the engine's). A peer's change arrives within its flush interval (20 ms) plus
 // transit: PrefillSince can only be that much late, which credits less, never more. It never
 // moves PrefillSince back.
 func (l *Ledger) PeerProgress(r *Replica) {

@@ -7,7 +7,7 @@ import (
 	"github.com/kvroute/kvroute/router/score"
 )
 
-// The ledger owns the balance windows (issue 21): a routed request's uncached tokens enter its
+// The ledger owns the balance windows: a routed request's uncached tokens enter its
 // replica's window at the decision's time and every healthy candidate's clock starts; a failed
 // attempt takes its tokens back; a replica that leaves loses its window; the window's length is
 // the kv policy's. The policy's own Pick and Explain write nothing.

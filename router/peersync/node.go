@@ -47,7 +47,7 @@ type Options struct {
 	// RoutedFlush bounds how long a routed request's change (its replica and predicted blocks)
 	// waits before it is published (2ms), sooner than Flush: siblings of one prefix arriving
 	// at other routers within milliseconds must see where it went, or each picks by load and
-	// the burst lands on more engines (measured through 3 routers: docs/router.md). It is also
+	// the burst lands on more engines. It is also
 	// the shortest interval between two batches, which bounds the batch rate.
 	RoutedFlush time.Duration
 	// MaxKeys bounds the predicted blocks carried per routed request (256).

@@ -52,8 +52,8 @@ type Options struct {
 
 // DefaultHeartbeat is how often an unchanged report is confirmed: 20 s, so that the operator
 // can count a report stale after 50 s (two confirmations missed) and show a router that
-// stopped within 60 s. Three status writes a minute per router pod when nothing changes (one
-// before issue 19); each is one server-side apply of the router's own entry.
+// stopped within 60 s. Three status writes a minute per router pod when nothing changes; each
+// is one server-side apply of the router's own entry.
 const DefaultHeartbeat = 20 * time.Second
 
 // Reporter writes the report.

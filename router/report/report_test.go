@@ -114,8 +114,7 @@ func TestSyncWritesPeers(t *testing.T) {
 	}
 }
 
-// The write rate the heartbeat costs (issue 19 moved it from 60 s to 20 s so that a router
-// that stops shows within 60 s): ten minutes of Sync once a second, as Run does, with one
+// The write rate the heartbeat costs (20 s, so that a router that stops shows within 60 s): ten minutes of Sync once a second, as Run does, with one
 // fault whose detail moves at every 5 s sample and one reason that begins and ends, count
 // 60 s / DefaultHeartbeat writes a minute, plus about one per change (a change restarts the
 // heartbeat). With the former 60 s heartbeat the same run wrote 12 times (1.2 a minute), now

@@ -44,7 +44,7 @@ type kvPolicy struct {
 
 // KVParams tune the kv policy. DefaultKV holds the router's defaults; the fleet model uses the
 // same values, nothing per trace. kvbench's `kv-ttft` (sim/policies) reads TierWeights,
-// WindowSeconds and Temperature. Their measurements are in docs/benchmarks.md, "How kv decides".
+// WindowSeconds and Temperature. docs/router.md, "How kv decides", says why each is what it is.
 type KVParams struct {
 	// TierWeights credit an exact overlap block by where it sits (GPU, CPU, disk): a block on a
 	// slower tier still costs a load.
@@ -101,7 +101,7 @@ func (k *kvPolicy) Name() string { return "kv" }
 // uncached is the request's prefill tokens the replica's cache does not cover, less the warm-up
 // credit (virtual overlap): what the choice compares. The credit shapes the choice only; the
 // balance window records the prefill the replica really does (the ledger's routed uncached
-// tokens), so a warming replica's load is never under-counted (issue 22).
+// tokens), so a warming replica's load is never under-counted.
 func (k *kvPolicy) uncached(req *Request, c *Candidate) float64 {
 	return UncachedTokens(req, c, k.p.TierWeights)
 }
@@ -113,7 +113,7 @@ func (k *kvPolicy) span(c *Candidate, now int64) float64 {
 
 // load is w·(A_i + d·D_i): the prefill still ahead and the context the replica's steps carry
 // both delay this request once, by the engine's step time, so both take the same weight against
-// an avoidable miss (docs/benchmarks.md, "Prefill drain", measures the decode term outside it).
+// an avoidable miss.
 func (k *kvPolicy) load(c *Candidate, nowNs int64) float64 {
 	return k.p.QueuedPrefillWeight * (PrefillAhead(c, nowNs) + k.p.DecodeWeight*float64(c.ContextTokens()))
 }
@@ -325,8 +325,9 @@ func UncachedTokens(req *Request, c *Candidate, tiers [NumTiers]float64) float64
 }
 
 // minSpanSeconds is the shortest history a replica's window is read over, so a replica seen a
-// moment ago does not read one request as a huge rate or a huge share (kv, and kvbench's kv-ttft; the
-// scale-up measurement behind 1 s is in docs/benchmarks.md, "How kv decides").
+// moment ago does not read one request as a huge rate or a huge share (kv, and kvbench's kv-ttft).
+// Much longer, and a replica that joined a running fleet a moment ago has its work read over more
+// time than it was there: it looks idle and takes a burst of requests, most of them misses.
 const minSpanSeconds = 1
 
 // WindowSpanSeconds is how long (seconds) the candidate's window covers at now: the time since the ledger first

@@ -30,9 +30,8 @@ func TestPrefillAheadDrains(t *testing.T) {
 
 // Two replicas each with one 7,680-token prompt pending (the ledger's counters are equal): the
 // one whose prefill started 0.35 s ago is nearly done, the other just began. kv picks the first
-// although it runs more sequences; read raw, the counters tie and the decode term picked the
-// replica that had just begun (the no-reuse loss to round-robin, docs/benchmarks.md "Prefill
-// drain").
+// although it runs more sequences; read raw, the counters tie and the decode term would pick
+// the replica that has just begun, which is how a cache-blind fleet loses to round-robin.
 func TestKVPicksTheReplicaNearerTheEndOfItsPrefill(t *testing.T) {
 	now := 100 * sec
 	cands := nearTheEnd(now, Calibration{DrainTokensPerS: 20000})
@@ -67,9 +66,7 @@ func nearTheEnd(now int64, cal Calibration) []Candidate {
 // at zero, so the decode term decides. a's request holds its whole prompt from its next steps on
 // (vLLM decodes it every step once its prefill ends), so a carries 2,048 + 1,000 tokens of
 // context against b's 1,500: kv picks b (so does kvbench's kv-ttft, sim/policies). Counting
-// decoding sequences alone, a
-// (1,000) looked the less busy and took the request (kv / best other TTFT p90 1.16 -> 1.03,
-// docs/benchmarks.md "Requests still in prefill").
+// decoding sequences alone, a (1,000) would look the less busy and take the request.
 func TestKVCountsTheContextOfARequestStillInPrefill(t *testing.T) {
 	now := 100 * sec
 	cal := Calibration{DrainTokensPerS: 20000}
@@ -115,7 +112,7 @@ func TestPrefillAheadCountsAttention(t *testing.T) {
 	}
 }
 
-// The conversation slice's pile-up (docs/benchmarks.md, "Long prompts and the drain credit"):
+// A pile-up behind a long prompt, as on the Mooncake conversation trace:
 // "long" has a 5,400-token prompt pending for 4.5 s, "short" two 400-token prompts since 0.1 s.
 // At the measured 1,250 tokens/s read per token, long's prompt drained 0.2 s ago and kv sent
 // the next request behind it; with the prompt's attention counted (at 1/3,400 a pair, what the

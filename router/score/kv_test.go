@@ -310,8 +310,8 @@ func TestKVRetractAndForget(t *testing.T) {
 
 // Warm-up credit shapes the choice, never the accounting: a fully credited replica wins the
 // pick, but its balance window records the whole prefill it will really do, and a retraction
-// takes back exactly that (issue 22). Before, the window recorded the credited 0 tokens, so a
-// warming replica looked idle to the bound while it prefilled everything it was sent.
+// takes back exactly that. A window that recorded the credited 0 tokens would make a warming
+// replica look idle to the bound while it prefilled everything it was sent.
 func TestKVWarmupCreditIsNotSubtractedFromRealWork(t *testing.T) {
 	p := newKVRig(Options{Seed: 1})
 	c := fleetOf(2)

@@ -26,7 +26,6 @@ func (p *loadPolicy) OnRouted(*Request, []Candidate, int) {}
 
 // inflightTokens counts a request in prefill by its whole prompt, as it counts one decoding,
 // plus its uncached part as the work still to do. Counted by its uncached tokens alone, a
-// request that shares a cached prefix weighed a fraction of one that had reached its first
-// token, and the replica just sent one looked the least loaded and took the next ones
-// (hot-prefix TTFT p90 2.6 x round-robin's; docs/benchmarks.md "Requests still in prefill").
+// request that shares a cached prefix would weigh a fraction of one that has reached its first
+// token, and the replica just sent one would look the least loaded and take the next ones.
 func inflightTokens(c *Candidate) float64 { return float64(c.PrefillTokens + c.ContextTokens()) }

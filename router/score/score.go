@@ -107,9 +107,9 @@ type Candidate struct {
 // scheduler (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) keeps a request in its running
 // list from its first prefill chunk on and gives it a decode token every step once its prefill
 // ends, its whole prompt as attention context, so a request whose prefill is about to end weighs
-// on the next steps as much as one already decoding. Counting decoding sequences alone made a
-// replica whose last request was still in prefill look the least busy of the replicas whose
-// prefill counters had drained (hot-prefix, docs/benchmarks.md "Requests still in prefill").
+// on the next steps as much as one already decoding. Counting decoding sequences alone would
+// make a replica whose last request is still in prefill look the least busy of the replicas
+// whose prefill counters have drained.
 func (c *Candidate) ContextTokens() int { return c.DecodeTokens + c.PrefillHeldTokens }
 
 // GPUEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.

@@ -11,10 +11,9 @@ import (
 	"github.com/kvroute/kvroute/router/score"
 )
 
-// TestKVFrontier is a measurement, not a check (issue 22; docs/benchmarks.md, "The hit and
-// balance frontier"): it runs `kv` over a grid of its two balance settings, the token bound's
-// slack and the weight of queued prefill, on the three shared traces at the benchmark's
-// defaults, and prints each point's hit rate over global-lru beside its imbalance p95, with the
+// TestKVFrontier is a measurement, not a check (docs/benchmarks.md, "Tie-break seeds"): it
+// runs `kv` over a grid of its two balance settings, the token bound's slack and the weight of
+// queued prefill, on the three shared traces at the benchmark's defaults, and prints each point's hit rate over global-lru beside its imbalance p95, with the
 // other policies' points for reference. It says whether any setting reaches both fleet-model
 // targets at once (hit >= 0.97 x global-lru, p95 <= 1.05 x the trace's online floor).
 //

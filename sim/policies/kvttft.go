@@ -58,7 +58,7 @@ func (k *ttftPolicy) Name() string { return "kv-ttft" }
 // uncached is the request's prefill tokens the replica's cache does not cover, less the warm-up
 // credit (virtual overlap): what the choice compares. The credit shapes the choice only; the
 // balance window records the prefill the replica really does (the ledger's routed uncached
-// tokens), so a warming replica's load is never under-counted (issue 22).
+// tokens), so a warming replica's load is never under-counted.
 func (k *ttftPolicy) uncached(req *score.Request, c *score.Candidate) float64 {
 	return score.UncachedTokens(req, c, k.p.TierWeights)
 }

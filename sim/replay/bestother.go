@@ -36,7 +36,8 @@ func BestOtherRatios(vals map[string][]float64, policy string, higherIsBetter bo
 
 // BestOtherRatio is one figure's per-seed ratio of a policy to the best other policy of the same
 // seed (all policies of a seed run interleaved, so drifting machine load hits them alike), with
-// the mean and 95% t-interval over the seeds: the statistic issue 22 sets its targets on.
+// the mean and 95% t-interval over the seeds: a ratio within one seed cancels the machine's
+// load, which moves every policy's figures alike.
 type BestOtherRatio struct {
 	Metric    string     `json:"metric"` // ttft_p90_s, ttft_p99_s (lower is best), cached_ratio (higher is best)
 	Policy    string     `json:"policy"` // the policy under test

@@ -89,11 +89,10 @@ type RunResult struct {
 // ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
 type ScaleUpResult struct {
 	// NewShareOfFair is the share of requests sent in the window that the new replicas served,
-	// over their fair share (added / final size); the target is >= 0.8 (docs/benchmarks.md, "Against
-	// the targets").
+	// over their fair share (added / final size): near 1, new replicas take their share at once.
 	NewShareOfFair float64 `json:"new_share_of_fair"`
 	// HitBefore/HitDuring are cached-token ratios in the window before the scale-up and in the
-	// warm-up window; HitDrop = 1 - during/before (the target is <= 0.10, docs/benchmarks.md).
+	// warm-up window; HitDrop = 1 - during/before: what routing to cold replicas costs.
 	HitBefore float64 `json:"hit_before"`
 	HitDuring float64 `json:"hit_during"`
 	HitDrop   float64 `json:"hit_drop"`
@@ -393,9 +392,8 @@ func warmFleet(ctx context.Context, o Options, bases []string, warm []Request) e
 // flags. Every router is told the engines' block size, as the operator tells it
 // (controllers/render RouterConfig sets it from spec.engine.blockSize): a router left to learn
 // it from the first event keys nothing before then and routes every request by load, so a cold
-// fleet's first requests (the ~0.44 s until hot-prefix's first prefills store their blocks)
-// were all routed unkeyed and counted as full misses, a start no deployed router has
-// (docs/benchmarks.md, "Requests still in prefill"). Without events it is required (check).
+// fleet's first requests (until the first prefills store their blocks) would all be routed
+// unkeyed and counted as full misses, a start no deployed router has. Without events it is required (check).
 func routerArgs(o Options, enginesFile, policy string) []string {
 	base, events := SplitPolicy(policy)
 	args := append([]string{"--engines-file", enginesFile, "--policy", base}, o.RouterArgs...)

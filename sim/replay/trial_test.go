@@ -13,7 +13,7 @@ import (
 	"github.com/kvroute/kvroute/sim/fleet"
 )
 
-// The trial's acceptance (issue 23): traffic captured by a real kvrouter under round-robin in
+// The trial's acceptance: traffic captured by a real kvrouter under round-robin in
 // front of vllm-sim engines, run through the fleet model (kvbench cache) for kv, load,
 // round-robin and prefix-char, must name the same top policy as live runs of every policy on
 // the same traffic, with trial/live hit-rate ratios within 10%.

@@ -36,7 +36,7 @@ func toks(seed uint32, n int) []uint32 {
 	return out
 }
 
-// The batch that crash-looped kvrouter (issue 15), held in a real replay ring behind a real PUB:
+// A batch that once crash-looped kvrouter, held in a real replay ring behind a real PUB:
 // every restarted router replays it, counts it once as a decode error, indexes the batches around
 // it, stays up, and stops cleanly; three times over.
 func TestPoisonBatchInReplayRingSurvivesRestarts(t *testing.T) {

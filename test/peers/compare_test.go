@@ -79,8 +79,8 @@ func runWorkload(t *testing.T, rs []*router, seed int) runResult {
 }
 
 // TestCompareOneAndThreeRouters measures one router, three routers sharing their load, and three
-// routers each on its own (kvroute before issue 24), on fresh engines each time, per seed. It
-// is a measurement, not a check: set KVROUTE_PEERS_COMPARE=1 (figures in docs/router.md).
+// routers each on its own (no shared load), on fresh engines each time, per seed. It is a
+// measurement, not a check: set KVROUTE_PEERS_COMPARE=1.
 func TestCompareOneAndThreeRouters(t *testing.T) {
 	if os.Getenv("KVROUTE_PEERS_COMPARE") == "" {
 		t.Skip("a measurement; set KVROUTE_PEERS_COMPARE=1")

@@ -1,6 +1,5 @@
 // Package perf holds measurements that need real processes: the router's proxy overhead
-// against an engine reached directly. They run only when asked (KVROUTE_OVERHEAD=1); see
-// docs/benchmarks.md for how the figures in the notes were taken.
+// against an engine reached directly. They run only when asked (KVROUTE_OVERHEAD=1).
 package perf
 
 import (

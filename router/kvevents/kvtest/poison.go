@@ -10,7 +10,7 @@ import (
 // product to 0.
 const PoisonBlockSize = int64(1) << 62
 
-// OversizedBlockSizeBatch returns the payload that crashed kvrouter in a loop (issue 15): an
+// OversizedBlockSizeBatch returns a payload that once crashed kvrouter in a loop: an
 // array batch holding one map-layout BlockStored with four block hashes, no token ids and
 // block_size 2^62. The router once checked len(token_ids) == hashes x block_size, which wrapped
 // to 0 == len([]), and then sliced token_ids[0:2^62]. It is written with the msgpack library, the

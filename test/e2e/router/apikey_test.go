@@ -22,7 +22,7 @@ import (
 	"github.com/kvroute/kvroute/sim/simproc/simproctest"
 )
 
-// The done-when check of the engine API key (issue 17): real vllm-sim processes started with
+// The engine API key end to end: real vllm-sim processes started with
 // an API key (from VLLM_API_KEY, as vLLM reads it, so it is in no argument list) behind a real
 // kvrouter process given the key through --engine-api-key-env. Text completions (rendered by
 // the engines' guarded /v1/completions/render), chat (/v1/chat/completions/render) and a LoRA
