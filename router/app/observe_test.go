@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
@@ -64,7 +65,7 @@ func TestEveryStreamCounterOnMetricsAndDebug(t *testing.T) {
 	}
 
 	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 2))
-	eventually(t, "last_event after the first batch", func() bool { return rt.s.Engines()[0].Ranks[0].LastEvent != nil })
+	testkit.WaitFor(t, waitBound, "last_event after the first batch", func() bool { return rt.s.Engines()[0].Ranks[0].LastEvent != nil })
 }
 
 // With the block size left to learn, requests are routed by load without keys (counted, with the
@@ -84,7 +85,7 @@ func TestBlockSizeLearnedBeforeKeying(t *testing.T) {
 	if n := unkeyed(); n != 1 {
 		t.Fatalf("%v unkeyed requests, want the first one", n)
 	}
-	eventually(t, "block size learned from events", func() bool {
+	testkit.WaitFor(t, waitBound, "block size learned from events", func() bool {
 		_, from := rt.s.blockSize(rt.s.reps())
 		return from == blockSizeFromEvents
 	})
@@ -185,7 +186,7 @@ func TestUnroutableTopicCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	eventually(t, "an unroutable message counted", func() bool {
+	testkit.WaitFor(t, waitBound, "an unroutable message counted", func() bool {
 		_, _ = pub.PublishPayload([]byte("x")) // dropped by topic before decoding
 		return rt.s.sub.Unroutable() > 0
 	})
@@ -214,9 +215,9 @@ func TestFullModeHonouredIsVisible(t *testing.T) {
 		rt.waitStreams(t, "exact")
 		body := idsPrompt(7, 64, 0, 0, 1)
 		postJSON(t, rt.api.URL+"/v1/completions", body)
-		eventually(t, "the first request's blocks", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 4 })
+		testkit.WaitFor(t, waitBound, "the first request's blocks", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 4 })
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(7, 64, 1, 16, 1)) // the same 64 tokens, then one more block
-		eventually(t, "the second request's new block", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 5 })
+		testkit.WaitFor(t, waitBound, "the second request's new block", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 5 })
 		st, _ := rt.s.sub.Stats("e0", 0)
 		if got := rt.s.Engines()[0].Ranks[0].Counters["blocks_reannounced"]; got != st.BlocksReannounced {
 			t.Fatalf("/debug/engines blocks_reannounced %d, stats %d", got, st.BlocksReannounced)
@@ -242,7 +243,7 @@ func TestBlockSizeReadFromMetricsWithoutEvents(t *testing.T) {
 		o.ScrapeInterval = 50 * time.Millisecond
 		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
-	eventually(t, "block size read from the engines' /metrics", func() bool {
+	testkit.WaitFor(t, waitBound, "block size read from the engines' /metrics", func() bool {
 		_, from := rt.s.blockSize(rt.s.reps())
 		return from == blockSizeFromMetrics
 	})
