@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/sim/vllmsim"
@@ -250,7 +251,7 @@ func TestBlockSizeReadFromMetricsWithoutEvents(t *testing.T) {
 	if bs, _ := rt.s.blockSize(rt.s.reps()); bs != 32 {
 		t.Fatalf("block size %d from /metrics, the engines' is 32", bs)
 	}
-	time.Sleep(200 * time.Millisecond) // several more scrapes: still one line per replica
+	waitScrapes(t, rt, 4) // several more scrapes: still one line per replica
 	if n := strings.Count(logs.String(), "block size read from the engine's /metrics"); n != 2 {
 		t.Fatalf("%d log lines for the block size read from /metrics, want one per replica (2):\n%s", n, logs.String())
 	}
@@ -280,8 +281,30 @@ func TestMetricsBlockSizeNotUsedBesideAStream(t *testing.T) {
 		o.ScrapeInterval = 50 * time.Millisecond
 	})
 	rt.waitStreams(t, "exact")
-	time.Sleep(300 * time.Millisecond) // several scrapes
+	waitScrapes(t, rt, 6) // several scrapes
 	if bs, from := rt.s.blockSize(rt.s.reps()); bs != 0 || from != blockSizeUnknown {
 		t.Fatalf("block size %d from %q with a stream and no event yet, want unknown", bs, from)
 	}
+}
+
+// waitScrapes waits until every replica's view has been published n+1 more times. Each /metrics
+// page read publishes one; the one more covers a health sample (every 5 s by default), the only
+// other publisher once discovery and the streams have settled.
+func waitScrapes(t *testing.T, rt *router, n int) {
+	t.Helper()
+	reps := rt.s.reps()
+	last, seen := make([]*fleet.View, len(reps)), make([]int, len(reps))
+	for i, r := range reps {
+		last[i] = r.View()
+	}
+	testkit.WaitFor(t, waitBound, fmt.Sprintf("%d scrapes of every engine", n), func() bool {
+		done := true
+		for i, r := range reps {
+			if v := r.View(); v != last[i] {
+				last[i], seen[i] = v, seen[i]+1
+			}
+			done = done && seen[i] > n
+		}
+		return done
+	})
 }
