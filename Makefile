@@ -39,12 +39,26 @@ fmt:
 vet:
 	$(GO) vet ./...
 
+# golangci-lint from the module proxy, built once into bin/ (its version in the name).
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml): import layering (depguard), errcheck, function length.
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN)/.tmp-gl $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(BIN)/.tmp-gl/golangci-lint $@ && rm -rf $(BIN)/.tmp-gl
+
 .PHONY: envtest
 envtest: ## Build (once) and print the envtest control-plane binaries.
 	@hack/envtest-assets.sh
 
 .PHONY: test
 test: ## Every test: unit, envtest, e2e over real ZMQ, bundle validation, brief fuzzing.
+	@$(MAKE) --no-print-directory lint
 	@assets=$$(hack/envtest-assets.sh); \
 	KUBEBUILDER_ASSETS="$$assets" $(GO) test -count=1 -timeout 30m ./...
 	VLLMSIM_HOLD_HEADERS=1 $(GO) test -count=1 -timeout 10m ./router/proxy ./router/app ./test/e2e/router

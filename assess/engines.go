@@ -69,37 +69,105 @@ func CollectEngines(ctx context.Context, o EngineOptions) (Snapshot, error) {
 	if o.Client == nil {
 		o.Client = &http.Client{}
 	}
-	targets := make([]string, len(o.URLs))
-	pods := make([]string, len(o.URLs))
+	targets, pods, err := engineTargets(o.URLs)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	w, err := o.sampleWindow(ctx, targets)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	notes := w.notes
+
+	snap := Snapshot{Source: "engines", WindowSeconds: w.elapsed}
+	models := map[string]bool{}
+	for _, s := range w.last {
+		for k := range s.values[MetricQueries] {
+			models[k.model] = true
+		}
+	}
+	switch {
+	case o.Model != "" && !models[o.Model]:
+		return snap, fmt.Errorf("no engine serves model_name %q; they serve %s", o.Model, strings.Join(sortedKeys(models), ", "))
+	case o.Model == "" && len(models) > 1:
+		return snap, fmt.Errorf("the engines serve %d models (%s): a fleet is one model, pass --model",
+			len(models), strings.Join(sortedKeys(models), ", "))
+	}
+	snap.Model = o.Model
+	for m := range models {
+		if o.Model == "" {
+			snap.Model = m
+		}
+	}
+
+	usageName := MetricKVUsage
+	for i := range targets {
+		reps, oldUsage, n := engineReplicas(w, i, pods[i], snap.Model)
+		notes = append(notes, n...)
+		if oldUsage {
+			usageName = MetricKVUsageOld
+		}
+		snap.Replicas = append(snap.Replicas, reps...)
+		if len(reps) == 0 {
+			notes = append(notes, fmt.Sprintf("%s serves no %s series for model %s: left out.", pods[i], MetricQueries, snap.Model))
+		}
+	}
+	sortReplicas(snap.Replicas)
+	if usageName == MetricKVUsageOld {
+		notes = append(notes, fmt.Sprintf("KV usage read from %s (the name before %s).", MetricKVUsageOld, MetricKVUsage))
+	}
+	snap.Notes = append([]string{fmt.Sprintf("Counters: two scrapes of each engine's /metrics %s apart; gauges: "+
+		"%d samples.", secs(w.elapsed), len(w.samples))}, notes...)
+	return snap, nil
+}
+
+// engineTargets turns the engine URLs into their /metrics URLs and pod names (host:port),
+// refusing anything that is not an http(s) URL and any engine listed twice.
+func engineTargets(urls []string) (targets, pods []string, err error) {
+	targets = make([]string, len(urls))
+	pods = make([]string, len(urls))
 	seen := map[string]bool{}
-	for i, raw := range o.URLs {
+	for i, raw := range urls {
 		u, err := url.Parse(strings.TrimSpace(raw))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return Snapshot{}, fmt.Errorf("engine %q: want an http(s) URL of a vLLM server, e.g. http://10.0.0.5:8000", raw)
+			return nil, nil, fmt.Errorf("engine %q: want an http(s) URL of a vLLM server, e.g. http://10.0.0.5:8000", raw)
 		}
 		if !strings.HasSuffix(u.Path, "/metrics") {
 			u.Path = strings.TrimSuffix(u.Path, "/") + "/metrics"
 		}
 		pods[i] = u.Host
 		if seen[u.String()] {
-			return Snapshot{}, fmt.Errorf("engine %s is listed twice", u)
+			return nil, nil, fmt.Errorf("engine %s is listed twice", u)
 		}
 		seen[u.String()] = true
 		targets[i] = u.String()
 	}
+	return targets, pods, nil
+}
 
+// window is what sampleWindow read: the opening and closing scrapes (the counters' two ends),
+// every gauge sample in between them included, and the seconds between the two ends.
+type window struct {
+	first, last []scrape
+	samples     [][]scrape
+	elapsed     float64
+	notes       []string
+}
+
+// sampleWindow scrapes every target at the start, every SampleEvery until the window ends
+// (Window, or Wait returning), and at the end.
+func (o EngineOptions) sampleWindow(ctx context.Context, targets []string) (window, error) {
 	first, err := o.scrapeAll(ctx, targets)
 	if err != nil {
-		return Snapshot{}, err
+		return window{}, err
 	}
 	start := time.Now()
 	for i, s := range first {
 		if err := requireCounters(targets[i], s); err != nil {
-			return Snapshot{}, err
+			return window{}, err
 		}
 	}
-	samples := [][]scrape{first}
-	var notes []string
+	w := window{first: first, samples: [][]scrape{first}}
 	failed := 0
 
 	waitCtx, cancel := context.WithCancel(ctx)
@@ -126,96 +194,67 @@ wait:
 		select {
 		case err := <-done:
 			if err != nil {
-				return Snapshot{}, fmt.Errorf("during the window: %w", err)
+				return window{}, fmt.Errorf("during the window: %w", err)
 			}
 			break wait
 		case <-tick.C:
 			// Gauge samples only; a failed one is skipped, the counters need just the two ends.
 			if s, err := o.scrapeAll(ctx, targets); err == nil {
-				samples = append(samples, s)
+				w.samples = append(w.samples, s)
 			} else {
 				failed++
 			}
 		}
 	}
-	last, err := o.scrapeAll(ctx, targets)
+	w.last, err = o.scrapeAll(ctx, targets)
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("closing scrape: %w", err)
+		return window{}, fmt.Errorf("closing scrape: %w", err)
 	}
-	elapsed := time.Since(start).Seconds()
-	samples = append(samples, last)
+	w.elapsed = time.Since(start).Seconds()
+	w.samples = append(w.samples, w.last)
 	if failed > 0 {
-		notes = append(notes, fmt.Sprintf("%d intermediate gauge sample(s) failed and were skipped.", failed))
+		w.notes = append(w.notes, fmt.Sprintf("%d intermediate gauge sample(s) failed and were skipped.", failed))
 	}
+	return w, nil
+}
 
-	snap := Snapshot{Source: "engines", WindowSeconds: elapsed}
-	models := map[string]bool{}
-	for _, s := range last {
-		for k := range s.values[MetricQueries] {
-			models[k.model] = true
+// engineReplicas reads target i's replicas of model from the window, with the notes on their
+// counters; oldUsage: a replica's KV usage came from the gauge's name before MetricKVUsage.
+func engineReplicas(w window, i int, pod, model string) (reps []Replica, oldUsage bool, notes []string) {
+	first, last := w.first[i], w.last[i]
+	for k := range last.values[MetricQueries] {
+		if k.model != model {
+			continue
 		}
-	}
-	switch {
-	case o.Model != "" && !models[o.Model]:
-		return snap, fmt.Errorf("no engine serves model_name %q; they serve %s", o.Model, strings.Join(sortedKeys(models), ", "))
-	case o.Model == "" && len(models) > 1:
-		return snap, fmt.Errorf("the engines serve %d models (%s): a fleet is one model, pass --model",
-			len(models), strings.Join(sortedKeys(models), ", "))
-	}
-	snap.Model = o.Model
-	for m := range models {
-		if o.Model == "" {
-			snap.Model = m
-		}
-	}
-
-	usageName := MetricKVUsage
-	for i := range targets {
-		found := false
-		for k := range last[i].values[MetricQueries] {
-			if k.model != snap.Model {
-				continue
-			}
-			found = true
-			r := Replica{Pod: pods[i], Engine: k.engine, Model: k.model}
-			var n string
-			r.QueryTokens, n = delta(first[i], last[i], MetricQueries, k)
+		r := Replica{Pod: pod, Engine: k.engine, Model: k.model}
+		var n string
+		r.QueryTokens, n = delta(first, last, MetricQueries, k)
+		notes = appendNote(notes, n, r.ID())
+		r.HitTokens, n = delta(first, last, MetricHits, k)
+		notes = appendNote(notes, n, r.ID())
+		if _, ok := last.values[MetricPreemptions][k]; ok {
+			v, n := delta(first, last, MetricPreemptions, k)
+			r.Preemptions = ptr(v)
 			notes = appendNote(notes, n, r.ID())
-			r.HitTokens, n = delta(first[i], last[i], MetricHits, k)
+		}
+		if _, ok := last.values[MetricRequests][k]; ok {
+			v, n := delta(first, last, MetricRequests, k)
+			r.Requests = ptr(v)
 			notes = appendNote(notes, n, r.ID())
-			if _, ok := last[i].values[MetricPreemptions][k]; ok {
-				v, n := delta(first[i], last[i], MetricPreemptions, k)
-				r.Preemptions = ptr(v)
-				notes = appendNote(notes, n, r.ID())
-			}
-			if _, ok := last[i].values[MetricRequests][k]; ok {
-				v, n := delta(first[i], last[i], MetricRequests, k)
-				r.Requests = ptr(v)
-				notes = appendNote(notes, n, r.ID())
-			}
-			name := MetricKVUsage
-			if _, ok := last[i].values[name][k]; !ok {
-				name = MetricKVUsageOld
-			}
-			r.KVUsageMean, r.KVUsageMax = gauge(samples, i, name, k)
-			if r.KVUsageMean != nil && name == MetricKVUsageOld {
-				usageName = MetricKVUsageOld
-			}
-			r.RunningMean, _ = gauge(samples, i, MetricRunning, k)
-			r.WaitingMean, _ = gauge(samples, i, MetricWaiting, k)
-			snap.Replicas = append(snap.Replicas, r)
 		}
-		if !found {
-			notes = append(notes, fmt.Sprintf("%s serves no %s series for model %s: left out.", pods[i], MetricQueries, snap.Model))
+		name := MetricKVUsage
+		if _, ok := last.values[name][k]; !ok {
+			name = MetricKVUsageOld
 		}
+		r.KVUsageMean, r.KVUsageMax = gauge(w.samples, i, name, k)
+		if r.KVUsageMean != nil && name == MetricKVUsageOld {
+			oldUsage = true
+		}
+		r.RunningMean, _ = gauge(w.samples, i, MetricRunning, k)
+		r.WaitingMean, _ = gauge(w.samples, i, MetricWaiting, k)
+		reps = append(reps, r)
 	}
-	sortReplicas(snap.Replicas)
-	if usageName == MetricKVUsageOld {
-		notes = append(notes, fmt.Sprintf("KV usage read from %s (the name before %s).", MetricKVUsageOld, MetricKVUsage))
-	}
-	snap.Notes = append([]string{fmt.Sprintf("Counters: two scrapes of each engine's /metrics %s apart; gauges: "+
-		"%d samples.", secs(elapsed), len(samples))}, notes...)
-	return snap, nil
+	return reps, oldUsage, notes
 }
 
 func appendNote(notes []string, n, id string) []string {

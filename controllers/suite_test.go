@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
@@ -90,20 +91,11 @@ func runSuite(m *testing.M) int {
 	return code
 }
 
-// eventually polls f until it returns nil or the timeout passes, then fails with f's last error.
+// eventually polls f until it returns nil, failing t with f's last error when timeout passes
+// first: testkit.Eventually for this package's many calls, which name no condition of their own.
 func eventually(t *testing.T, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.Eventually(t, timeout, "condition", f)
 }
 
 func namespace(t *testing.T, name string) string {

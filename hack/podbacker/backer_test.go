@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -92,11 +93,11 @@ func TestBackerAgainstAPIServer(t *testing.T) {
 	// waitPods reconciles until n pods are Ready, and returns them.
 	waitPods := func(n int) []corev1.Pod {
 		t.Helper()
-		for i := 0; i < 200; i++ {
+		var pods corev1.PodList
+		testkit.Eventually(t, 30*time.Second, fmt.Sprintf("%d Ready pods", n), func() error {
 			if err := b.Reconcile(ctx); err != nil {
 				t.Logf("reconcile: %v", err)
 			}
-			var pods corev1.PodList
 			if err := c.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 				t.Fatal(err)
 			}
@@ -106,13 +107,12 @@ func TestBackerAgainstAPIServer(t *testing.T) {
 					ready++
 				}
 			}
-			if len(pods.Items) == n && ready == n {
-				return pods.Items
+			if len(pods.Items) != n || ready != n {
+				return fmt.Errorf("%d pods, %d Ready", len(pods.Items), ready)
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		t.Fatalf("never reached %d Ready pods", n)
-		return nil
+			return nil
+		})
+		return pods.Items
 	}
 	pods := waitPods(2)
 	ips := map[string]bool{}

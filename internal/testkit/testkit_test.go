@@ -71,6 +71,22 @@ func TestEventuallyReturnsOnceNil(t *testing.T) {
 	WaitFor(t, 5*time.Second, "fifth try", func() bool { n++; return n >= 5 })
 }
 
+// Until reports a condition that never holds as false once its timeout passes, and one that
+// holds on the fourth look as true, having looked soon after the first (it backs off from 1 ms).
+func TestUntil(t *testing.T) {
+	if Until(30*time.Millisecond, func() bool { return false }) {
+		t.Fatal("Until reported a condition that never held")
+	}
+	n := 0
+	t0 := time.Now()
+	if !Until(5*time.Second, func() bool { n++; return n >= 4 }) {
+		t.Fatal("Until gave up on a condition that held")
+	}
+	if took := time.Since(t0); took > time.Second {
+		t.Fatalf("three looks took %v; want the first few a few milliseconds apart", took)
+	}
+}
+
 func TestMetric(t *testing.T) {
 	const text = `# HELP x_total a counter
 # TYPE x_total counter

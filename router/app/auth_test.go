@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -70,7 +71,7 @@ func TestEngineAPIKeyEveryCall(t *testing.T) {
 	if a := postAuth(t, f.sims[2].URL()+"/v1/completions", warm, "Bearer engine-key"); a.status != 200 {
 		t.Fatalf("warm-up: %d %s", a.status, a.body)
 	}
-	eventually(t, "the prefix indexed", func() bool { return rt.s.Engines()[2].Ranks[0].Blocks["GPU"] >= 20 })
+	testkit.WaitFor(t, waitBound, "the prefix indexed", func() bool { return rt.s.Engines()[2].Ranks[0].Blocks["GPU"] >= 20 })
 	next := strings.Replace(warm, "first", "second", 1)
 	for _, client := range []string{"", "Bearer some-gateway-key", "Basic dXNlcjpwdw=="} {
 		a := postAuth(t, rt.api.URL+"/v1/completions", next, client)

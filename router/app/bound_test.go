@@ -6,6 +6,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -40,15 +41,15 @@ func TestBoundModeEngineDownAtStart(t *testing.T) {
 	if a := postJSON(t, sim.URL()+"/v1/completions", idsPrompt(91, 320, 1, 3, 1)); a.status != 200 {
 		t.Fatal(a.status)
 	}
-	eventually(t, "models read", func() bool { return rt.s.Engines()[0].Model == "vllm-sim" })
+	testkit.WaitFor(t, waitBound, "models read", func() bool { return rt.s.Engines()[0].Model == "vllm-sim" })
 	rt.waitStreams(t, "exact")
-	eventually(t, "the early blocks replayed into the index", func() bool {
+	testkit.WaitFor(t, waitBound, "the early blocks replayed into the index", func() bool {
 		return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] >= 20
 	})
 	// And live events over the bound socket now match the topic.
 	before := rt.s.Engines()[0].Ranks[0].Blocks["GPU"]
 	i := 1
-	eventually(t, "live events over the bound socket", func() bool {
+	testkit.WaitFor(t, waitBound, "live events over the bound socket", func() bool {
 		i++
 		if a := postJSON(t, sim.URL()+"/v1/completions", idsPrompt(92+i, 320, i, 3, 1)); a.status != 200 {
 			t.Fatal(a.status)

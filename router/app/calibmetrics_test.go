@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -47,7 +48,7 @@ func TestCalibrationOnMetrics(t *testing.T) {
 	for i := range 4 {
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 256, 0, 0, 2))
 	}
-	eventually(t, "the drain rate on /metrics", func() bool {
+	testkit.WaitFor(t, waitBound, "the drain rate on /metrics", func() bool {
 		return read()["prefill_drain_tokens_per_second"] > 0
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/load"
@@ -293,7 +294,7 @@ func TestAccessLogPrintsTheDecision(t *testing.T) {
 // replica, what the ledger predicted there, so nothing moves while the state is compared.
 func settled(t *testing.T, rt *router) {
 	t.Helper()
-	eventually(t, "every predicted block indexed", func() bool {
+	testkit.WaitFor(t, waitBound, "every predicted block indexed", func() bool {
 		st := stateOf(t, rt.s)
 		n := 0
 		for _, b := range st.Blocks {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -62,7 +63,7 @@ func TestDegradedHashMismatch(t *testing.T) {
 	for i := range 40 {
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(100+i, 64, 0, 0, 1))
 	}
-	eventually(t, "a parity mismatch counted", func() bool {
+	testkit.WaitFor(t, waitBound, "a parity mismatch counted", func() bool {
 		st, _ := rt.s.sub.Stats("e1", 0)
 		return st.ParityMismatches > 0
 	})
@@ -103,7 +104,7 @@ func TestDegradedUndecodable(t *testing.T) {
 	}
 	t0 := time.Now()
 	rt.s.healthTick(t0)
-	eventually(t, "decode errors", func() bool {
+	testkit.WaitFor(t, waitBound, "decode errors", func() bool {
 		_, _ = pub.PublishPayload([]byte("not msgpack at all"))
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.DecodeErrors > 0
@@ -165,17 +166,18 @@ func TestDegradedNoEventsOnEvidence(t *testing.T) {
 		t.Fatalf("fleet.StaleHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", fleet.StaleHits, degraded.QuietRequests)
 	}
 	sim := startSim(t, vllmsim.Config{})
-	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
+	clk := &fakeClock{}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), func(o *Options) { noHealthLoop(o); o.Now = clk.now })
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 1))
-	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
+	testkit.WaitFor(t, waitBound, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
 	rt.s.healthTick(t0.Add(5 * time.Second))
 	if r := reasonsOf(rt, "e0/0"); len(r) != 0 {
 		t.Fatalf("healthy stream degraded: %v", r)
 	}
 	sim.SetEventsStalled(true)
-	time.Sleep(fleet.StaleAfter) // each quiet request must come fleet.StaleAfter past the last applied batch
+	clk.advance(fleet.StaleAfter) // each quiet request must come fleet.StaleAfter past the last applied batch
 	for i := range degraded.QuietRequests {
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, 0, 0, 1))
 	}
@@ -184,7 +186,7 @@ func TestDegradedNoEventsOnEvidence(t *testing.T) {
 		t.Fatalf("degraded %+v after %d requests with no events", rt.s.Degraded(), degraded.QuietRequests)
 	}
 	sim.SetEventsStalled(false)
-	eventually(t, "the held batches", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 1 })
+	testkit.WaitFor(t, waitBound, "the held batches", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 1 })
 	rt.s.healthTick(t0.Add(15 * time.Second))
 	if hasReason(rt, "e0/0", degraded.NoEvents) {
 		t.Fatalf("still no-events after the batches arrived: %+v", rt.s.Degraded())
@@ -196,13 +198,14 @@ func TestDegradedNoEventsOnEvidence(t *testing.T) {
 // last batch, are no evidence of a silent publisher: the replica stays exact and not degraded.
 func TestRepeatedCachedPromptIsNotNoEvents(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{})
-	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), noHealthLoop)
+	clk := &fakeClock{}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e0", sim)}), func(o *Options) { noHealthLoop(o); o.Now = clk.now })
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	prompt := idsPrompt(3, 64, 1, 6, 1) // 70 tokens: a repeat hits all four full blocks, stores none
 	postJSON(t, rt.api.URL+"/v1/completions", prompt)
-	eventually(t, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
-	time.Sleep(fleet.StaleAfter) // past the last applied batch, as a silent publisher's requests would be
+	testkit.WaitFor(t, waitBound, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
+	clk.advance(fleet.StaleAfter) // past the last applied batch, as a silent publisher's requests would be
 	for range 2 * degraded.QuietRequests {
 		postJSON(t, rt.api.URL+"/v1/completions", prompt)
 	}
@@ -212,27 +215,6 @@ func TestRepeatedCachedPromptIsNotNoEvents(t *testing.T) {
 	}
 	if st, _ := rt.s.sub.Stats("e0", 0); st.State != kvevents.Exact {
 		t.Fatalf("stream %v after repeats of a cached prompt; want exact", st.State)
-	}
-}
-
-func TestMustStoreBlock(t *testing.T) {
-	for _, c := range []struct {
-		prompt, cached, bs int
-		want               bool
-	}{
-		{64, 0, 16, true},       // nothing cached: four fresh blocks
-		{64, 48, 16, false},     // a full hit capped at prompt-1 recomputes one stored block
-		{70, 48, 16, true},      // the cap allowed a fourth block, so the fourth is fresh
-		{70, 64, 16, false},     // every full block hit; the partial tail is never stored
-		{31, 0, 16, true},       // the cap allowed the one full block; it missed, so it is fresh
-		{16, 0, 16, false},      // a one-block prompt never hits: its block may be stored already
-		{32, 0, 16, true},       // of two blocks the first could have hit and did not
-		{64, 0, 0, false},       // block size unknown
-		{4096, 4080, 16, false}, // capped full hit of a long prompt
-	} {
-		if got := fleet.MustStoreBlock(c.prompt, c.cached, c.bs); got != c.want {
-			t.Errorf("fleet.MustStoreBlock(%d, %d, %d) = %v, want %v", c.prompt, c.cached, c.bs, got, c.want)
-		}
 	}
 }
 
@@ -346,7 +328,7 @@ func TestKeysWrongProvokedByEvents(t *testing.T) {
 			}
 			prompts = append(prompts, toks)
 		}
-		eventually(t, "the announced blocks indexed", func() bool { return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] >= 6*16 })
+		testkit.WaitFor(t, waitBound, "the announced blocks indexed", func() bool { return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] >= 6*16 })
 		for _, toks := range prompts {
 			if a := postJSON(t, rt.api.URL+"/v1/completions", promptOf(toks)); a.status != 200 {
 				t.Fatalf("status %d: %s", a.status, a.body)
@@ -373,7 +355,7 @@ func TestKeysWrongProvokedByEvents(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, "re-key errors counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.RekeyErrors >= 8 })
+		testkit.WaitFor(t, waitBound, "re-key errors counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.RekeyErrors >= 8 })
 		rt.s.healthTick(t0.Add(5 * time.Second))
 		check(t, rt, "could not be re-keyed")
 		if body := scrape(t, rt); !strings.Contains(body, `kvroute_router_stream_rekey_errors_total{engine="e0",rank="0"} 8`) {
@@ -524,7 +506,7 @@ func TestAccuracyPerMode(t *testing.T) {
 	rt.waitStreams(t, "exact")
 	body := idsPrompt(3, 128, 0, 0, 1)
 	postJSON(t, rt.api.URL+"/v1/completions", body)
-	eventually(t, "blocks indexed", func() bool { return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] > 0 })
+	testkit.WaitFor(t, waitBound, "blocks indexed", func() bool { return rt.s.Engines()[0].Ranks[0].Blocks["GPU"] > 0 })
 	postJSON(t, rt.api.URL+"/v1/completions", body)
 	pred := testutil.ToFloat64(rt.s.met.ModePredictedCached.WithLabelValues("e0", modeExact))
 	act := testutil.ToFloat64(rt.s.met.ModeActualCached.WithLabelValues("e0", modeExact))
@@ -596,7 +578,7 @@ func TestDegradedPeerMismatch(t *testing.T) {
 	body := idsPrompt(9, 64, 0, 0, 1)
 	postJSON(t, rt.api.URL+"/v1/completions", body)
 	postJSON(t, rt.api.URL+"/v1/completions", body)
-	eventually(t, "a cross-replica mismatch", func() bool {
+	testkit.WaitFor(t, waitBound, "a cross-replica mismatch", func() bool {
 		n, _, _ := rt.s.peers.Mismatches(rt.s.reps()[0].ID)
 		return n > 0
 	})
@@ -661,7 +643,7 @@ func newLogRig(t *testing.T, replay bool) *logRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a first batch applied", func() bool {
+	testkit.WaitFor(t, waitBound, "a first batch applied", func() bool {
 		_, _ = pub.Publish(ev)
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.Applied > 0 && st.State == kvevents.Exact
@@ -676,7 +658,7 @@ func TestStreamStateChangeLoggedOnce(t *testing.T) {
 	t0 := time.Now()
 	rt.s.healthTick(t0)
 	_, _ = pub.PublishLost(ev) // a gap the engine cannot replay (no replay socket)
-	eventually(t, "the stream leaves exact", func() bool {
+	testkit.WaitFor(t, waitBound, "the stream leaves exact", func() bool {
 		_, _ = pub.Publish(ev)
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.State != kvevents.Exact
@@ -743,14 +725,14 @@ func pubRouter(t *testing.T, opts kvtest.Options, replay []string, logs ...*sync
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a first batch applied", func() bool {
+	testkit.WaitFor(t, waitBound, "a first batch applied", func() bool {
 		_, _ = pub.Publish(ev)
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.Applied > 0
 	})
 	// The batches published while the SUB was joining have all arrived: the test's samples
 	// start from a settled stream.
-	eventually(t, "every published batch applied", func() bool {
+	testkit.WaitFor(t, waitBound, "every published batch applied", func() bool {
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.HaveSeq && st.LastSeq+1 == pub.NextSeq()
 	})
@@ -781,7 +763,7 @@ func TestDegradedUnchained(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "unknown parents counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.UnknownParent >= 8 })
+	testkit.WaitFor(t, waitBound, "unknown parents counted", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.UnknownParent >= 8 })
 	rt.s.healthTick(t0.Add(5 * time.Second))
 	if !hasReason(rt, "e0/0", degraded.Unchained) {
 		st, _ := rt.s.sub.Stats("e0", 0)
@@ -810,7 +792,7 @@ func TestDegradedHybridGroupsSkipped(t *testing.T) {
 	if _, err := pub.Publish(ev); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the group skipped", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.SkippedGroups > 0 })
+	testkit.WaitFor(t, waitBound, "the group skipped", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.SkippedGroups > 0 })
 	rt.s.healthTick(t0.Add(5 * time.Second))
 	if got := reasonsOf(rt, "e0/0"); len(got) != 1 || got[0] != degraded.HybridGroupsSkipped {
 		t.Fatalf("degraded %v", got)
@@ -850,7 +832,7 @@ func TestDegradedStalled(t *testing.T) {
 	for range 4 {
 		_, _ = pub.Publish(ev)
 	}
-	eventually(t, "live batches held behind the replay", func() bool {
+	testkit.WaitFor(t, waitBound, "live batches held behind the replay", func() bool {
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.State == kvevents.Replaying && st.Pending >= 3
 	})
@@ -880,7 +862,7 @@ func TestFirstDropOfEachKindLoggedOnce(t *testing.T) {
 		if _, err := pub.Publish(ev, ev2); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the drops counted", func() bool {
+		testkit.WaitFor(t, waitBound, "the drops counted", func() bool {
 			st, _ := rt.s.sub.Stats("e0", 0)
 			return st.UnknownParent >= uint64(i+1) && st.SkippedMedia >= uint64(i+1)
 		})
@@ -908,7 +890,7 @@ func TestDegradedInexact(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = pub.PublishLost(ev) // a gap, and no replay socket to fill it
-	eventually(t, "the stream inexact", func() bool {
+	testkit.WaitFor(t, waitBound, "the stream inexact", func() bool {
 		_, _ = pub.Publish(ev)
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.State == kvevents.Inexact
@@ -923,7 +905,7 @@ func TestDegradedInexact(t *testing.T) {
 		st, _ := rt.s.sub.Stats("e0", 0)
 		t.Fatalf("degraded %+v; stream %s", rt.s.Degraded(), st.State)
 	}
-	eventually(t, "healed by a cache reset", func() bool {
+	testkit.WaitFor(t, waitBound, "healed by a cache reset", func() bool {
 		_, _ = pub.Publish(cache.Clear())
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.State == kvevents.Exact
@@ -944,7 +926,7 @@ func TestTransientStreamStateChangeLogged(t *testing.T) {
 	rt.s.healthTick(t0)
 	_, _ = pub.PublishLost(ev) // a gap the replay ring still holds
 	_, _ = pub.Publish(ev)
-	eventually(t, "the gap repaired by replay, the stream exact again", func() bool {
+	testkit.WaitFor(t, waitBound, "the gap repaired by replay, the stream exact again", func() bool {
 		st, _ := rt.s.sub.Stats("e0", 0)
 		return st.Gaps > 0 && st.ReplayedBatches > 0 && st.State == kvevents.Exact
 	})

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -20,7 +21,7 @@ func TestWarmedPrefixAttracts(t *testing.T) {
 	if a := postJSON(t, f.sims[2].URL()+"/v1/completions", idsPrompt(1, 256, 1, 5, 1)); a.status != 200 {
 		t.Fatalf("warm-up: %d %s", a.status, a.body)
 	}
-	eventually(t, "the warmed blocks to be indexed", func() bool {
+	testkit.WaitFor(t, waitBound, "the warmed blocks to be indexed", func() bool {
 		return rt.s.Engines()[2].Ranks[0].Blocks["GPU"] >= 16
 	})
 	a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 256, 2, 40, 1))
@@ -50,7 +51,7 @@ func TestChatRoutedByRenderedTokens(t *testing.T) {
 	if a := postJSON(t, f.sims[1].URL()+"/v1/chat/completions", chat("first question")); a.status != 200 {
 		t.Fatalf("warm-up: %d %s", a.status, a.body)
 	}
-	eventually(t, "the system prompt indexed", func() bool { return rt.s.Engines()[1].Ranks[0].Blocks["GPU"] > 10 })
+	testkit.WaitFor(t, waitBound, "the system prompt indexed", func() bool { return rt.s.Engines()[1].Ranks[0].Blocks["GPU"] > 10 })
 	a := postJSON(t, rt.api.URL+"/v1/chat/completions", chat("second question, different"))
 	if a.status != 200 || a.header.Get("x-kvroute-engine") != "e1" {
 		t.Fatalf("chat routed to %q (%d %s), want e1", a.header.Get("x-kvroute-engine"), a.status, a.body)
@@ -143,7 +144,7 @@ func TestDPRankAffinity(t *testing.T) {
 	if first.status != 200 || first.header.Get("x-kvroute-engine") != "dp/"+rank {
 		t.Fatalf("first: %d engine %q rank %q", first.status, first.header.Get("x-kvroute-engine"), rank)
 	}
-	eventually(t, "blocks on the rank", func() bool {
+	testkit.WaitFor(t, waitBound, "blocks on the rank", func() bool {
 		for _, ri := range rt.s.Engines()[0].Ranks {
 			if fmt.Sprint(ri.Rank) == rank && ri.Blocks["GPU"] >= 20 {
 				return true

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 )
 
@@ -40,10 +41,10 @@ func TestEngineQueueAndKVUseReachTheDecision(t *testing.T) {
 		}
 		return ans
 	}
-	eventually(t, "the engine's figures in the decision", func() bool {
+	testkit.WaitFor(t, waitBound, "the engine's figures in the decision", func() bool {
 		c := read().Candidates
 		return c[0].Breakdown.Queue == 7 && c[0].Breakdown.KVUtil == 0.5 && c[1].Breakdown.Queue == 2 && c[1].Breakdown.KVUtil == 0.25
 	})
 	waiting.Store(11)
-	eventually(t, "the next page's queue", func() bool { return read().Candidates[0].Breakdown.Queue == 11 })
+	testkit.WaitFor(t, waitBound, "the next page's queue", func() bool { return read().Candidates[0].Breakdown.Queue == 11 })
 }

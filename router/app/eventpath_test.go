@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
@@ -89,10 +90,10 @@ func TestStaticEngineRestartWhileDown(t *testing.T) {
 			t.Fatalf("status %d", a.status)
 		}
 	}
-	eventually(t, "index mirrors the engine", func() bool { return mirrors(rt, "e", g.sim) && streamState(rt, "e") == "exact" })
+	testkit.WaitFor(t, waitBound, "index mirrors the engine", func() bool { return mirrors(rt, "e", g.sim) && streamState(rt, "e") == "exact" })
 	t0 := time.Now()
 	g.down.Store(true)
-	eventually(t, "not exact once the probe fails", func() bool { return streamState(rt, "e") != "exact" })
+	testkit.WaitFor(t, waitBound, "not exact once the probe fails", func() bool { return streamState(rt, "e") != "exact" })
 	t.Logf("not exact %v after the engine went down (probe interval %v)", time.Since(t0).Round(time.Millisecond), probe)
 	if time.Since(t0) > probe+time.Second {
 		t.Fatalf("took %v", time.Since(t0))
@@ -100,7 +101,7 @@ func TestStaticEngineRestartWhileDown(t *testing.T) {
 	g.sim.Restart()
 	t1 := time.Now()
 	g.down.Store(false)
-	eventually(t, "the new process mirrored", func() bool { return mirrors(rt, "e", g.sim) && streamState(rt, "e") == "exact" })
+	testkit.WaitFor(t, waitBound, "the new process mirrored", func() bool { return mirrors(rt, "e", g.sim) && streamState(rt, "e") == "exact" })
 	took := time.Since(t1)
 	t.Logf("old blocks gone, exact again %v after the engine's return", took.Round(time.Millisecond))
 	if took > probe+time.Second {
@@ -113,13 +114,14 @@ func TestStaticEngineRestartWhileDown(t *testing.T) {
 // order and it is exact again.
 func TestEngineServesButStopsPublishing(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{})
-	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e", sim)}), nil)
+	clk := &fakeClock{}
+	rt := startRouter(t, discovery.NewStatic([]discovery.Engine{simEngine("e", sim)}), func(o *Options) { o.Now = clk.now })
 	rt.waitStreams(t, "exact")
 	if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 1, 16, 2)); a.status != 200 {
 		t.Fatalf("status %d", a.status)
 	}
 	sim.SetEventsStalled(true)
-	time.Sleep(fleet.StaleAfter + 100*time.Millisecond)
+	clk.advance(fleet.StaleAfter + 100*time.Millisecond)
 	t0 := time.Now()
 	for i := range fleet.StaleHits {
 		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, i, 16, 2)); a.status != 200 {
@@ -131,7 +133,7 @@ func TestEngineServesButStopsPublishing(t *testing.T) {
 	}
 	t.Logf("stale after %d requests, %v", fleet.StaleHits, time.Since(t0).Round(time.Millisecond))
 	sim.SetEventsStalled(false)
-	eventually(t, "exact again with the held batches applied", func() bool { return mirrors(rt, "e", sim) && streamState(rt, "e") == "exact" })
+	testkit.WaitFor(t, waitBound, "exact again with the held batches applied", func() bool { return mirrors(rt, "e", sim) && streamState(rt, "e") == "exact" })
 }
 
 // Kubernetes engines: discovery reports a restart by the pod's incarnation; the new process's
@@ -149,7 +151,7 @@ func TestKubernetesEngineRestart(t *testing.T) {
 			for i := range 4 {
 				postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(i, 64, i, 16, 2))
 			}
-			eventually(t, "mirror", func() bool { return mirrors(rt, "pod", sim) && streamState(rt, "pod") == "exact" })
+			testkit.WaitFor(t, waitBound, "mirror", func() bool { return mirrors(rt, "pod", sim) && streamState(rt, "pod") == "exact" })
 			sim.Restart()
 			for i := range n {
 				postJSON(t, sim.URL()+"/v1/completions", idsPrompt(100+i, 64, i, 16, 2))
@@ -157,8 +159,8 @@ func TestKubernetesEngineRestart(t *testing.T) {
 			t0 := time.Now()
 			e.Incarnation = "uid-1/1"
 			src.ch <- []discovery.Engine{e}
-			eventually(t, "restart applied", func() bool { st, _ := rt.s.sub.Stats("pod", 0); return st.Restarts == 1 })
-			eventually(t, "the new process mirrored", func() bool { return mirrors(rt, "pod", sim) && streamState(rt, "pod") == "exact" })
+			testkit.WaitFor(t, waitBound, "restart applied", func() bool { st, _ := rt.s.sub.Stats("pod", 0); return st.Restarts == 1 })
+			testkit.WaitFor(t, waitBound, "the new process mirrored", func() bool { return mirrors(rt, "pod", sim) && streamState(rt, "pod") == "exact" })
 			t.Logf("new process mirrored %v after discovery reported it", time.Since(t0).Round(time.Millisecond))
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -160,12 +161,10 @@ func TestEngineKilledMidRun(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for sent.Load() < 12 {
-			time.Sleep(5 * time.Millisecond)
-		}
+		testkit.WaitFor(t, waitBound, "12 requests sent", func() bool { return sent.Load() >= 12 })
 		// Non-streamed answers are read whole before anything reaches the client, so every
 		// attempt in flight on the killed engine must be retried: wait for some.
-		eventually(t, "attempts in flight on e1", func() bool { return rt.s.Engines()[1].Ranks[0].Inflight.Running > 0 })
+		testkit.WaitFor(t, waitBound, "attempts in flight on e1", func() bool { return rt.s.Engines()[1].Ranks[0].Inflight.Running > 0 })
 		_ = f.sims[1].Close()
 	}()
 	var fails []string
@@ -198,7 +197,7 @@ func TestEngineKilledMidRun(t *testing.T) {
 	if n := testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("e1")); n == 0 {
 		t.Fatal("attempts were in flight on the killed engine, yet none was retried")
 	}
-	eventually(t, "the dead engine marked unhealthy", func() bool { return !rt.s.Engines()[1].Health.Healthy })
+	testkit.WaitFor(t, waitBound, "the dead engine marked unhealthy", func() bool { return !rt.s.Engines()[1].Health.Healthy })
 }
 
 // A router restarted mid-run rebuilds its index from the engines' replay rings.
@@ -214,7 +213,7 @@ func TestRouterRestartRebuildsFromReplay(t *testing.T) {
 	rt2.waitStreams(t, "exact")
 	for i := range f.sims {
 		want := len(f.sims[i].CacheState().Ranks[0].Hashes)
-		eventually(t, "replayed blocks", func() bool { return rt2.s.Engines()[i].Ranks[0].Blocks["GPU"] == want })
+		testkit.WaitFor(t, waitBound, "replayed blocks", func() bool { return rt2.s.Engines()[i].Ranks[0].Blocks["GPU"] == want })
 	}
 	b := postJSON(t, rt2.api.URL+"/v1/completions", idsPrompt(77, 480, 2, 30, 1))
 	if b.header.Get("x-kvroute-engine") != holder || b.cachedTokens(t) < 480 {

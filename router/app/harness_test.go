@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
@@ -148,36 +149,24 @@ func (rt *router) stop() {
 	rt.admin.Close()
 }
 
+// waitBound bounds every wait on a condition in this package's tests (a bound, not a wait).
+const waitBound = 10 * time.Second
+
 // waitStreams waits until every rank's stream is in state want.
 func (rt *router) waitStreams(t *testing.T, want string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ok := true
+	all := func() bool {
 		for _, e := range rt.s.Engines() {
 			for _, r := range e.Ranks {
-				ok = ok && r.Stream == want
+				if r.Stream != want {
+					return false
+				}
 			}
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("streams not %s: %+v", want, rt.s.Engines())
-		}
-		time.Sleep(20 * time.Millisecond)
+		return true
 	}
-}
-
-// eventually polls cond for up to 10s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testkit.Until(waitBound, all) {
+		t.Fatalf("streams not %s: %+v", want, rt.s.Engines())
 	}
 }
 

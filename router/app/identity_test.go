@@ -6,6 +6,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -33,7 +34,7 @@ func TestLoRAAndCacheSaltIdentity(t *testing.T) {
 	if a := postJSON(t, f.sims[2].URL()+"/v1/completions", salted); a.status != 200 {
 		t.Fatalf("%d %s", a.status, a.body)
 	}
-	eventually(t, "both indexed", func() bool {
+	testkit.WaitFor(t, waitBound, "both indexed", func() bool {
 		es := rt.s.Engines()
 		return es[1].Ranks[0].Blocks["GPU"] >= 20 && es[2].Ranks[0].Blocks["GPU"] >= 20
 	})
@@ -77,24 +78,24 @@ func TestEnginesChangeAtRuntime(t *testing.T) {
 	es[0].Incarnation = "uid-0"
 	es[1].Incarnation = "uid-1"
 	src.ch <- es
-	eventually(t, "second engine added", func() bool { return len(rt.s.Engines()) == 2 })
+	testkit.WaitFor(t, waitBound, "second engine added", func() bool { return len(rt.s.Engines()) == 2 })
 	rt.waitStreams(t, "exact")
 	if a := postJSON(t, f.sims[1].URL()+"/v1/completions", idsPrompt(71, 320, 1, 3, 1)); a.status != 200 {
 		t.Fatal(a.status)
 	}
-	eventually(t, "e1 indexed", func() bool { return rt.s.Engines()[1].Ranks[0].Blocks["GPU"] >= 20 })
+	testkit.WaitFor(t, waitBound, "e1 indexed", func() bool { return rt.s.Engines()[1].Ranks[0].Blocks["GPU"] >= 20 })
 	if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(71, 320, 2, 3, 1)); a.header.Get("x-kvroute-engine") != "e1" {
 		t.Fatalf("routed to %q", a.header.Get("x-kvroute-engine"))
 	}
 	// A restart seen by discovery drops e1's entries at once.
 	es[1].Incarnation = "uid-2"
 	src.ch <- es
-	eventually(t, "restart applied", func() bool {
+	testkit.WaitFor(t, waitBound, "restart applied", func() bool {
 		r := rt.s.Engines()[1].Ranks[0]
 		return r.Resets > 0 || r.Blocks["GPU"] == 0
 	})
 	src.ch <- es[:1]
-	eventually(t, "e1 removed", func() bool { return len(rt.s.Engines()) == 1 })
+	testkit.WaitFor(t, waitBound, "e1 removed", func() bool { return len(rt.s.Engines()) == 1 })
 	for i := range 4 {
 		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(71, 320, 10+i, 3, 1)); a.header.Get("x-kvroute-engine") != "e0" {
 			t.Fatalf("routed to removed engine: %q", a.header.Get("x-kvroute-engine"))
@@ -117,12 +118,12 @@ func TestBoundModeEvents(t *testing.T) {
 	rt := startRouter(t, src, func(o *Options) { o.EventsBind = bind })
 	sim := startSim(t, vllmsim.Config{KVEventsConnect: bind})
 	src.ch <- []discovery.Engine{{Name: "b0", URL: sim.URL(), Replay: sim.ReplayEndpoints(), Ready: true}}
-	eventually(t, "engine added", func() bool { return len(rt.s.Engines()) == 1 })
+	testkit.WaitFor(t, waitBound, "engine added", func() bool { return len(rt.s.Engines()) == 1 })
 	rt.waitStreams(t, "exact")
 	// A PUB that dials in drops what it sends before its connection is up, and a lost tail
 	// is only noticed at the next batch: keep sending until the index has the blocks.
 	i := 0
-	eventually(t, "events over the bound socket", func() bool {
+	testkit.WaitFor(t, waitBound, "events over the bound socket", func() bool {
 		i++
 		if a := postJSON(t, sim.URL()+"/v1/completions", idsPrompt(81, 320, i, 3, 1)); a.status != 200 {
 			t.Fatal(a.status)

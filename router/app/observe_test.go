@@ -15,7 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/sim/vllmsim"
@@ -64,7 +66,7 @@ func TestEveryStreamCounterOnMetricsAndDebug(t *testing.T) {
 	}
 
 	postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 2))
-	eventually(t, "last_event after the first batch", func() bool { return rt.s.Engines()[0].Ranks[0].LastEvent != nil })
+	testkit.WaitFor(t, waitBound, "last_event after the first batch", func() bool { return rt.s.Engines()[0].Ranks[0].LastEvent != nil })
 }
 
 // With the block size left to learn, requests are routed by load without keys (counted, with the
@@ -84,7 +86,7 @@ func TestBlockSizeLearnedBeforeKeying(t *testing.T) {
 	if n := unkeyed(); n != 1 {
 		t.Fatalf("%v unkeyed requests, want the first one", n)
 	}
-	eventually(t, "block size learned from events", func() bool {
+	testkit.WaitFor(t, waitBound, "block size learned from events", func() bool {
 		_, from := rt.s.blockSize(rt.s.reps())
 		return from == blockSizeFromEvents
 	})
@@ -185,7 +187,7 @@ func TestUnroutableTopicCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	eventually(t, "an unroutable message counted", func() bool {
+	testkit.WaitFor(t, waitBound, "an unroutable message counted", func() bool {
 		_, _ = pub.PublishPayload([]byte("x")) // dropped by topic before decoding
 		return rt.s.sub.Unroutable() > 0
 	})
@@ -214,9 +216,9 @@ func TestFullModeHonouredIsVisible(t *testing.T) {
 		rt.waitStreams(t, "exact")
 		body := idsPrompt(7, 64, 0, 0, 1)
 		postJSON(t, rt.api.URL+"/v1/completions", body)
-		eventually(t, "the first request's blocks", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 4 })
+		testkit.WaitFor(t, waitBound, "the first request's blocks", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 4 })
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(7, 64, 1, 16, 1)) // the same 64 tokens, then one more block
-		eventually(t, "the second request's new block", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 5 })
+		testkit.WaitFor(t, waitBound, "the second request's new block", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.BlocksStored >= 5 })
 		st, _ := rt.s.sub.Stats("e0", 0)
 		if got := rt.s.Engines()[0].Ranks[0].Counters["blocks_reannounced"]; got != st.BlocksReannounced {
 			t.Fatalf("/debug/engines blocks_reannounced %d, stats %d", got, st.BlocksReannounced)
@@ -242,14 +244,14 @@ func TestBlockSizeReadFromMetricsWithoutEvents(t *testing.T) {
 		o.ScrapeInterval = 50 * time.Millisecond
 		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
-	eventually(t, "block size read from the engines' /metrics", func() bool {
+	testkit.WaitFor(t, waitBound, "block size read from the engines' /metrics", func() bool {
 		_, from := rt.s.blockSize(rt.s.reps())
 		return from == blockSizeFromMetrics
 	})
 	if bs, _ := rt.s.blockSize(rt.s.reps()); bs != 32 {
 		t.Fatalf("block size %d from /metrics, the engines' is 32", bs)
 	}
-	time.Sleep(200 * time.Millisecond) // several more scrapes: still one line per replica
+	waitScrapes(t, rt, 4) // several more scrapes: still one line per replica
 	if n := strings.Count(logs.String(), "block size read from the engine's /metrics"); n != 2 {
 		t.Fatalf("%d log lines for the block size read from /metrics, want one per replica (2):\n%s", n, logs.String())
 	}
@@ -279,8 +281,30 @@ func TestMetricsBlockSizeNotUsedBesideAStream(t *testing.T) {
 		o.ScrapeInterval = 50 * time.Millisecond
 	})
 	rt.waitStreams(t, "exact")
-	time.Sleep(300 * time.Millisecond) // several scrapes
+	waitScrapes(t, rt, 6) // several scrapes
 	if bs, from := rt.s.blockSize(rt.s.reps()); bs != 0 || from != blockSizeUnknown {
 		t.Fatalf("block size %d from %q with a stream and no event yet, want unknown", bs, from)
 	}
+}
+
+// waitScrapes waits until every replica's view has been published n+1 more times. Each /metrics
+// page read publishes one; the one more covers a health sample (every 5 s by default), the only
+// other publisher once discovery and the streams have settled.
+func waitScrapes(t *testing.T, rt *router, n int) {
+	t.Helper()
+	reps := rt.s.reps()
+	last, seen := make([]*fleet.View, len(reps)), make([]int, len(reps))
+	for i, r := range reps {
+		last[i] = r.View()
+	}
+	testkit.WaitFor(t, waitBound, fmt.Sprintf("%d scrapes of every engine", n), func() bool {
+		done := true
+		for i, r := range reps {
+			if v := r.View(); v != last[i] {
+				last[i], seen[i] = v, seen[i]+1
+			}
+			done = done && seen[i] > n
+		}
+		return done
+	})
 }

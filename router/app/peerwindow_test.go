@@ -65,7 +65,8 @@ func TestPeerRoutedEntersTheWindow(t *testing.T) {
 // changes nothing.
 func TestPeerProgressMovesPrefillSince(t *testing.T) {
 	f := startFleet(t, 2, vllmsim.Config{KVEventsPort: 0})
-	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
+	clk := &fakeClock{} // the ledger's clock: each step below moves it on, as time passing would
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) { o.Now = clk.now })
 	rt.waitStreams(t, "exact")
 	var e1 *replica
 	for _, r := range rt.s.reps() {
@@ -84,7 +85,7 @@ func TestPeerProgressMovesPrefillSince(t *testing.T) {
 		if total > 0 {
 			b.Totals = []peersync.Total{{Replica: "e1/0", Load: peersync.Load{Prefill: total, Running: 1}}}
 		}
-		before := time.Now().UnixNano()
+		before := clk.now().UnixNano()
 		sink.ApplyPeer(b, time.Now())
 		return before
 	}
@@ -104,21 +105,21 @@ func TestPeerProgressMovesPrefillSince(t *testing.T) {
 	}
 	started := atLeast("a peer routed to the idle replica", apply(480,
 		peersync.Delta{Kind: peersync.Routed, Request: 1, Replica: "e1/0", Prefill: 480, Tokens: 512}))
-	time.Sleep(2 * time.Millisecond)
+	clk.advance(2 * time.Millisecond)
 	apply(960, peersync.Delta{Kind: peersync.Routed, Request: 2, Replica: "e1/0", Prefill: 480, Tokens: 512})
 	unchanged("a peer routed behind pending prefill", started)
 	seq-- // the same batch delivered again
 	apply(960, peersync.Delta{Kind: peersync.FirstToken, Request: 1, Replica: "e1/0", Tokens: 512})
 	unchanged("a replayed batch", started)
-	time.Sleep(2 * time.Millisecond)
+	clk.advance(2 * time.Millisecond)
 	first := atLeast("the peer's first token", apply(480, peersync.Delta{Kind: peersync.FirstToken, Request: 1, Replica: "e1/0", Tokens: 512}))
 	if first <= started {
 		t.Fatalf("since %d did not move past %d at the peer's first token", first, started)
 	}
-	time.Sleep(2 * time.Millisecond)
+	clk.advance(2 * time.Millisecond)
 	apply(480, peersync.Delta{Kind: peersync.Done, Request: 1, Replica: "e1/0"})
 	unchanged("the peer's Done after its first token", first)
-	time.Sleep(2 * time.Millisecond)
+	clk.advance(2 * time.Millisecond)
 	failed := atLeast("the peer's failure before a first token", apply(0, peersync.Delta{Kind: peersync.Failed, Request: 2, Replica: "e1/0"}))
 	if failed <= first {
 		t.Fatalf("since %d did not move past %d at the peer's failure", failed, first)

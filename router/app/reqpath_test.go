@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -92,7 +93,7 @@ func TestKilledUnderStreamingLoad(t *testing.T) {
 			go func() {
 				defer close(killed)
 				// Kill it while some of its requests stream and others still wait for a token.
-				eventually(t, "streaming and waiting attempts on e1", func() bool {
+				testkit.WaitFor(t, waitBound, "streaming and waiting attempts on e1", func() bool {
 					in := rt.s.Engines()[1].Ranks[0].Inflight
 					return in.DecodeTokens > 0 && in.PrefillTokens > 0 && in.PrefillHeldTokens >= in.PrefillTokens
 				})
@@ -123,7 +124,7 @@ func TestKilledUnderStreamingLoad(t *testing.T) {
 			// Every attempt on the killed engine, cut, retried or failed, gives back all it held:
 			// /debug/engines shows nothing left in flight there, the prompts of requests that
 			// never reached a first token included.
-			eventually(t, "nothing left in flight on the killed engine", func() bool {
+			testkit.WaitFor(t, waitBound, "nothing left in flight on the killed engine", func() bool {
 				return rt.s.Engines()[1].Ranks[0].Inflight == Inflight{}
 			})
 			retries := testutil.ToFloat64(rt.s.met.Retries.WithLabelValues("e1"))

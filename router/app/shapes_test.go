@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/sim/vllmsim"
@@ -38,7 +39,7 @@ func TestEveryBatchShapeIndexesExactly(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s has no replica", name)
 		}
-		eventually(t, name+" index equal to the engine's cache", func() bool {
+		testkit.WaitFor(t, waitBound, name+" index equal to the engine's cache", func() bool {
 			want := s.CacheState().Ranks[0].Hashes
 			st, err := rt.s.ix.Stats(id)
 			if err != nil || len(want) == 0 || st.Blocks[index.GPU] != len(want) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -114,7 +115,15 @@ func TestNoErrorsBeforeFirstSnapshot(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	api := httptest.NewServer(s.APIHandler())
+	// entered closes when the completion reaches the router: the snapshot is sent only then.
+	entered := make(chan struct{})
+	h := s.APIHandler()
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" {
+			close(entered)
+		}
+		h.ServeHTTP(w, r)
+	}))
 	defer api.Close()
 	resp, err := http.Get(api.URL + "/readyz")
 	if err != nil {
@@ -129,7 +138,7 @@ func TestNoErrorsBeforeFirstSnapshot(t *testing.T) {
 	go func() {
 		got <- postJSON(t, api.URL+"/v1/completions", `{"model":"vllm-sim","prompt":"hi","max_tokens":2}`)
 	}()
-	time.Sleep(50 * time.Millisecond)
+	<-entered
 	src.ch <- []discovery.Engine{simEngine("e0", sim)}
 	if a := <-got; a.status != 200 {
 		t.Fatalf("request sent before discovery: %d %s", a.status, a.body)
@@ -247,7 +256,7 @@ func TestRemovedPodLeavesNoState(t *testing.T) {
 		t.Fatalf("before removal: predicted %d", rt.s.ledger.Stats().Predicted)
 	}
 	src.ch <- []discovery.Engine{simEngine("e0", a)}
-	eventually(t, "e1 removed", func() bool { return len(rt.s.Engines()) == 1 })
+	testkit.WaitFor(t, waitBound, "e1 removed", func() bool { return len(rt.s.Engines()) == 1 })
 	if m := scrape(); strings.Contains(m, `engine="e1"`) {
 		t.Errorf("series of the removed engine still exported")
 	}

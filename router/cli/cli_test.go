@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -118,21 +119,7 @@ func TestRunServesThroughEngine(t *testing.T) {
 	case code := <-done:
 		t.Fatalf("exited %d: %s", code, logs.String())
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		resp, err := http.Get("http://" + a[0] + "/readyz")
-		if err == nil && resp.StatusCode == 200 {
-			resp.Body.Close()
-			break
-		}
-		if err == nil {
-			resp.Body.Close()
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("never ready")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReady(t, a[0], 5*time.Second)
 	resp, err := http.Post("http://"+a[0]+"/v1/completions", "application/json", strings.NewReader(`{"model":"vllm-sim","prompt":"hi there","max_tokens":2}`))
 	if err != nil {
 		t.Fatal(err)
@@ -167,3 +154,16 @@ type syncBuf struct {
 
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// waitReady waits until the router's API listener at addr answers /readyz with 200.
+func waitReady(t *testing.T, addr string, timeout time.Duration) {
+	t.Helper()
+	testkit.WaitFor(t, timeout, "/readyz 200 on "+addr, func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}

@@ -48,6 +48,7 @@ func TestCaptureAndAuditThroughTheRouter(t *testing.T) {
 	case code := <-done:
 		t.Fatalf("exited %d: %s", code, logs.String())
 	}
+	waitReady(t, a[0], 10*time.Second)
 	system := strings.Repeat("You are the assistant of a bookshop; answer briefly and never invent delivery dates. ", 16)
 	t0 := time.Date(2026, 12, 3, 17, 15, 2, 0, time.UTC)
 	const n = 40
@@ -56,17 +57,7 @@ func TestCaptureAndAuditThroughTheRouter(t *testing.T) {
 		body, _ := json.Marshal(map[string]any{"model": "vllm-sim", "max_tokens": 3, "messages": []map[string]string{
 			{"role": "system", "content": "Current time: " + stamp + ". " + system},
 			{"role": "user", "content": fmt.Sprintf("Where is order %d?", i)}}})
-		var resp *http.Response
-		for try := 0; ; try++ {
-			resp, err = http.Post("http://"+a[0]+"/v1/chat/completions", "application/json", bytes.NewReader(body))
-			if err == nil && (resp.StatusCode != http.StatusServiceUnavailable || try > 100) {
-				break
-			}
-			if err == nil {
-				resp.Body.Close()
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		resp, err := http.Post("http://"+a[0]+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,19 +75,16 @@ func TestCaptureAndAuditThroughTheRouter(t *testing.T) {
 			Examples []string
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Until the first pattern is classified; the checks below say what is wrong if it never is.
+	testkit.Until(10*time.Second, func() bool {
 		resp, err := http.Get("http://" + a[1] + "/debug/audit")
 		if err != nil {
 			t.Fatal(err)
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&audit)
 		resp.Body.Close()
-		if len(audit.Patterns) > 0 && audit.Patterns[0].Shape != "<pending>" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(audit.Patterns) > 0 && audit.Patterns[0].Shape != "<pending>"
+	})
 	// The chat template's "<|im_start|>system\n" and "Current time: " come first: the stamp's
 	// varying seconds fall in 16-token block 1 (block 0 only where the stamp leads the text).
 	if len(audit.Patterns) != 1 || audit.Patterns[0].Shape != "<timestamp>" || audit.Patterns[0].Block > 1 || len(audit.Patterns[0].Examples) != 0 {
@@ -203,23 +191,18 @@ func TestShadowThroughTheRouter(t *testing.T) {
 	case code := <-done:
 		t.Fatalf("exited %d: %s", code, logs.String())
 	}
+	waitReady(t, a[0], 10*time.Second)
 	send := func(prompt string) {
 		t.Helper()
 		body, _ := json.Marshal(map[string]any{"model": "vllm-sim", "prompt": prompt, "max_tokens": 1})
-		for try := 0; ; try++ {
-			resp, err := http.Post("http://"+a[0]+"/v1/completions", "application/json", bytes.NewReader(body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-			if resp.StatusCode != http.StatusServiceUnavailable || try > 100 {
-				t.Fatalf("%d %s", resp.StatusCode, b)
-			}
-			time.Sleep(20 * time.Millisecond)
+		resp, err := http.Post("http://"+a[0]+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
 		}
 	}
 	doc := func(i int) string {

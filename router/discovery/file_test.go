@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -87,7 +88,12 @@ func names(es []Engine) string {
 	return strings.Join(n, ",")
 }
 
-func TestFileSourceReload(t *testing.T) {
+// The source polls every 10 ms: in a synctest bubble its ticker and the waits' 30 s bounds run on
+// the bubble's clock, so each poll comes as soon as the test waits for one and a lost change
+// fails at once instead of after 30 s.
+func TestFileSourceReload(t *testing.T) { synctest.Test(t, testFileSourceReload) }
+
+func testFileSourceReload(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "engines")
 	writeAtomically(t, path, `# two engines
 b=http://10.0.0.2:8000;events=tcp://10.0.0.2:5557

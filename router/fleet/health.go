@@ -257,11 +257,12 @@ func (f *Fleet) Served(rep *Replica, promptTokens, cached, blockSize int) {
 	if !ok {
 		return
 	}
-	if !st.LastApplied.IsZero() && time.Since(st.LastApplied) < StaleAfter {
+	now := f.o.Now()
+	if !st.LastApplied.IsZero() && now.Sub(st.LastApplied) < StaleAfter {
 		rep.quiet.Store(0)
 		return
 	}
-	rep.lastQuiet.Store(time.Now().UnixNano())
+	rep.lastQuiet.Store(now.UnixNano())
 	if rep.quiet.Add(1) >= StaleHits && st.State == kvevents.Exact {
 		if err := f.o.Sub.Stale(rep.Eng.Name, rep.Rank); err == nil {
 			f.log.Warn("engine serves but publishes no KV events; replica scored approximately until they resume",

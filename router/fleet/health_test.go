@@ -35,3 +35,24 @@ func TestStateTrail(t *testing.T) {
 		t.Fatalf("path %q", got)
 	}
 }
+
+func TestMustStoreBlock(t *testing.T) {
+	for _, c := range []struct {
+		prompt, cached, bs int
+		want               bool
+	}{
+		{64, 0, 16, true},       // nothing cached: four fresh blocks
+		{64, 48, 16, false},     // a full hit capped at prompt-1 recomputes one stored block
+		{70, 48, 16, true},      // the cap allowed a fourth block, so the fourth is fresh
+		{70, 64, 16, false},     // every full block hit; the partial tail is never stored
+		{31, 0, 16, true},       // the cap allowed the one full block; it missed, so it is fresh
+		{16, 0, 16, false},      // a one-block prompt never hits: its block may be stored already
+		{32, 0, 16, true},       // of two blocks the first could have hit and did not
+		{64, 0, 0, false},       // block size unknown
+		{4096, 4080, 16, false}, // capped full hit of a long prompt
+	} {
+		if got := MustStoreBlock(c.prompt, c.cached, c.bs); got != c.want {
+			t.Errorf("MustStoreBlock(%d, %d, %d) = %v, want %v", c.prompt, c.cached, c.bs, got, c.want)
+		}
+	}
+}

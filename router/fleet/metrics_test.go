@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -85,8 +86,10 @@ func TestMain(m *testing.M) {
 // serveFarm starts n servers of a 1-rank vLLM page, prints their URLs and serves until stdin
 // closes.
 func serveFarm(n string) {
-	var count int
-	fmt.Sscan(n, &count)
+	count, err := strconv.Atoi(n)
+	if err != nil {
+		panic(err)
+	}
 	page := []byte(vllmPage(1, 3, 12, 0.61, false))
 	for range count {
 		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -97,7 +100,7 @@ func serveFarm(n string) {
 	}
 	fmt.Println("ready")
 	buf := make([]byte, 1)
-	os.Stdin.Read(buf)
+	_, _ = os.Stdin.Read(buf) // any byte or EOF: the parent is done
 }
 
 func cpuTime() time.Duration {
@@ -124,7 +127,7 @@ func BenchmarkReaderRound(b *testing.B) {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { stdin.Close(); cmd.Wait() }()
+	defer func() { stdin.Close(); _ = cmd.Wait() }()
 	var ts []Target
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() && sc.Text() != "ready" {

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
@@ -109,12 +110,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	if err := p.WaitSubscribers(1, 10*time.Second); err != nil {
 		b.Fatal(err)
 	}
-	for {
-		if s, _ := sub.Stats("e", 0); s.Replays > 0 && s.State == Exact {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(b, 10*time.Second, "the ring replayed and the stream exact", func() bool {
+		s, _ := sub.Stats("e", 0)
+		return s.Replays > 0 && s.State == Exact
+	})
 	b.ResetTimer()
 	for i := range b.N {
 		for _, pl := range payloads[(2*i)%len(payloads) : (2*i)%len(payloads)+2] {

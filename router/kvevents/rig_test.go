@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
@@ -13,17 +14,8 @@ import (
 
 const testBS = 16
 
-// waitFor polls cond until it holds or 10 seconds pass (a bound, not a sleep as synchronisation).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// waitBound bounds a wait on a condition (a bound, not a sleep as synchronisation).
+const waitBound = 10 * time.Second
 
 // toks returns n distinct-looking token ids starting from a seed.
 func toks(seed uint32, n int) []uint32 {
@@ -122,7 +114,7 @@ func (r *rig) stats(engine string, rank int) Stats {
 func (r *rig) waitStats(engine string, rank int, what string, cond func(Stats) bool) Stats {
 	r.t.Helper()
 	var s Stats
-	waitFor(r.t, what, func() bool { s = r.stats(engine, rank); return cond(s) })
+	testkit.WaitFor(r.t, waitBound, what, func() bool { s = r.stats(engine, rank); return cond(s) })
 	return s
 }
 
@@ -141,18 +133,16 @@ func (r *rig) waitMirror(engine string, rank int, c *kvtest.Cache, state StreamS
 	id := r.id(engine, rank)
 	var diff string
 	var s Stats
-	deadline := time.Now().Add(30 * time.Second) // a bound, not a wait: a loaded CI machine replays 10,000-batch rings slowly
-	for {
+	mirrored := func() bool {
 		s = r.stats(engine, rank)
 		diff = kvtest.Diff(r.ix, id, c.Resident())
-		if diff == "" && s.State == state {
-			return s
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("index never mirrored the engine in state %v: %s (state %v, stats %+v)", state, diff, s.State, s)
-		}
-		time.Sleep(2 * time.Millisecond)
+		return diff == "" && s.State == state
 	}
+	// A bound, not a wait: a loaded CI machine replays 10,000-batch rings slowly.
+	if !testkit.Until(30*time.Second, mirrored) {
+		r.t.Fatalf("index never mirrored the engine in state %v: %s (state %v, stats %+v)", state, diff, s.State, s)
+	}
+	return s
 }
 
 func publish(t *testing.T, p *kvtest.Publisher, evs ...kvwire.Event) uint64 {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/router/kvwire"
 )
@@ -316,7 +317,7 @@ func TestBoundMode(t *testing.T) {
 	publish(t, stray, st(newCache(t).Store(toks(3, testBS), 0)))
 	r.waitMirror("a", 0, c0, Exact)
 	r.waitMirror("b", 0, c1, Exact)
-	waitFor(t, "unroutable", func() bool { return r.sub.Unroutable() == 1 })
+	testkit.WaitFor(t, waitBound, "unroutable", func() bool { return r.sub.Unroutable() == 1 })
 }
 
 func TestRemoveStream(t *testing.T) {

@@ -13,20 +13,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/blockkey"
 )
 
-// waitFor polls cond until it holds or 15 seconds pass (a bound, not a synchronisation sleep).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitBound bounds every wait on a condition in this package's tests (a bound, not a wait).
+const waitBound = 15 * time.Second
 
 // testRouter is one router's load picture: local counters it publishes and the share of its
 // peers it applies.
@@ -75,20 +67,20 @@ func TestThreeRoutersShareLoad(t *testing.T) {
 	b := startRouter(t, "b", a.node.ClusterAddr())
 	c := startRouter(t, "c", a.node.ClusterAddr(), b.node.ClusterAddr())
 	for _, r := range []*testRouter{a, b, c} {
-		waitFor(t, "every router sees two peers", func() bool { return len(r.node.Peers()) == 2 })
+		testkit.WaitFor(t, waitBound, "every router sees two peers", func() bool { return len(r.node.Peers()) == 2 })
 	}
 	a.route(1, "e0/0", 700)
-	waitFor(t, "b and c see a's request", func() bool {
+	testkit.WaitFor(t, waitBound, "b and c see a's request", func() bool {
 		return b.share.Of("e0/0") == (Load{Prefill: 700, Running: 1}) && c.share.Of("e0/0") == (Load{Prefill: 700, Running: 1})
 	})
 	c.route(2, "e0/0", 300)
-	waitFor(t, "b sees both", func() bool { return b.share.Of("e0/0") == (Load{Prefill: 1000, Running: 2}) })
+	testkit.WaitFor(t, waitBound, "b sees both", func() bool { return b.share.Of("e0/0") == (Load{Prefill: 1000, Running: 2}) })
 	if got := a.share.Of("e0/0"); got.Running > 1 {
 		// a's share is its peers' only; its own request is local
 		t.Fatalf("a counts its own request among its peers': %+v", got)
 	}
 	a.node.Close()
-	waitFor(t, "a's share expires on b", func() bool { return b.share.Of("e0/0") == (Load{Prefill: 300, Running: 1}) })
+	testkit.WaitFor(t, waitBound, "a's share expires on b", func() bool { return b.share.Of("e0/0") == (Load{Prefill: 300, Running: 1}) })
 	if per1k := c.node.SentBytesPer1kRouted(); per1k <= 0 {
 		t.Fatalf("bytes per 1k routed: %v", per1k)
 	}
@@ -111,12 +103,12 @@ func TestRoutedChangeFlushesEarly(t *testing.T) {
 	}
 	a := start("a")
 	b := start("b", a.node.ClusterAddr())
-	waitFor(t, "a and b see each other", func() bool { return len(a.node.Peers()) == 1 && len(b.node.Peers()) == 1 })
+	testkit.WaitFor(t, waitBound, "a and b see each other", func() bool { return len(a.node.Peers()) == 1 && len(b.node.Peers()) == 1 })
 	for i := range 3 {
 		t0 := time.Now()
 		a.route(uint64(10+i), "e0/0", 100)
 		want := Load{Prefill: int64(100 * (i + 1)), Running: int64(i + 1)}
-		waitFor(t, "b sees a's routed request", func() bool { return b.share.Of("e0/0") == want })
+		testkit.WaitFor(t, waitBound, "b sees a's routed request", func() bool { return b.share.Of("e0/0") == want })
 		if took := time.Since(t0); took > 300*time.Millisecond {
 			t.Fatalf("routed change %d reached the peer after %v; want it well before the 3 s tick (RoutedFlush 2 ms)", i, took)
 		}
@@ -187,17 +179,17 @@ func TestPartitionHeals(t *testing.T) {
 	a := startRouter(t, "a")
 	px := newProxy(t, a.node.ClusterAddr())
 	b := startRouter(t, "b", px.addr())
-	waitFor(t, "b sees a", func() bool { return len(b.node.Peers()) == 1 && len(a.node.Peers()) == 1 })
+	testkit.WaitFor(t, waitBound, "b sees a", func() bool { return len(b.node.Peers()) == 1 && len(a.node.Peers()) == 1 })
 	a.route(1, "e0/0", 100)
-	waitFor(t, "b sees a's load", func() bool { return b.share.Of("e0/0").Running == 1 })
+	testkit.WaitFor(t, waitBound, "b sees a's load", func() bool { return b.share.Of("e0/0").Running == 1 })
 
 	px.cutAll()
-	waitFor(t, "b drops a", func() bool { return len(b.node.Peers()) == 0 && b.share.Of("e0/0") == (Load{}) })
-	waitFor(t, "a drops b", func() bool { return len(a.node.Peers()) == 0 })
+	testkit.WaitFor(t, waitBound, "b drops a", func() bool { return len(b.node.Peers()) == 0 && b.share.Of("e0/0") == (Load{}) })
+	testkit.WaitFor(t, waitBound, "a drops b", func() bool { return len(a.node.Peers()) == 0 })
 
 	px.cut.Store(false)
-	waitFor(t, "the route comes back", func() bool { return len(b.node.Peers()) == 1 && len(a.node.Peers()) == 1 })
-	waitFor(t, "b sees a's load again", func() bool { return b.share.Of("e0/0").Running == 1 })
+	testkit.WaitFor(t, waitBound, "the route comes back", func() bool { return len(b.node.Peers()) == 1 && len(a.node.Peers()) == 1 })
+	testkit.WaitFor(t, waitBound, "b sees a's load again", func() bool { return b.share.Of("e0/0").Running == 1 })
 }
 
 // Messages on the subject that are not batches are counted and dropped, never applied.
@@ -206,7 +198,7 @@ func TestForeignMessagesDropped(t *testing.T) {
 	if err := a.node.nc.Publish(a.node.o.Subject, []byte("not a batch")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "decode error counted", func() bool { return testutil.ToFloat64(a.node.met.decodeErrors) == 1 })
+	testkit.WaitFor(t, waitBound, "decode error counted", func() bool { return testutil.ToFloat64(a.node.met.decodeErrors) == 1 })
 	if n := len(a.node.Peers()); n != 0 {
 		t.Fatalf("%d peers from a foreign message", n)
 	}
@@ -214,7 +206,7 @@ func TestForeignMessagesDropped(t *testing.T) {
 	if err := a.node.nc.Publish(a.node.o.Subject, []byte("nor this")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "second decode error counted", func() bool { return a.node.Faults().DecodeErrors == 2 })
+	testkit.WaitFor(t, waitBound, "second decode error counted", func() bool { return a.node.Faults().DecodeErrors == 2 })
 	if !a.node.logged[faultDecode].Load() || testutil.ToFloat64(a.node.met.decodeErrors) != 2 {
 		t.Fatalf("decode errors: logged %v, metric %v", a.node.logged[faultDecode].Load(), testutil.ToFloat64(a.node.met.decodeErrors))
 	}
@@ -338,15 +330,15 @@ func TestStaleBatchCountedNotApplied(t *testing.T) {
 		}
 	}
 	send(5, 100)
-	waitFor(t, "the peer's first batch", func() bool { return a.share.Of("e0/0").Prefill == 100 })
+	testkit.WaitFor(t, waitBound, "the peer's first batch", func() bool { return a.share.Of("e0/0").Prefill == 100 })
 	send(5, 999) // delivered again
 	send(4, 999) // behind
-	waitFor(t, "two stale batches counted", func() bool { return a.node.Faults().StaleBatches == 2 })
+	testkit.WaitFor(t, waitBound, "two stale batches counted", func() bool { return a.node.Faults().StaleBatches == 2 })
 	if got := testutil.ToFloat64(a.node.met.stale); got != 2 || !a.node.logged[faultStale].Load() {
 		t.Fatalf("stale batches: metric %v, logged %v", got, a.node.logged[faultStale].Load())
 	}
 	send(7, 300) // seq 6 never came
-	waitFor(t, "the newer batch applied", func() bool { return a.share.Of("e0/0").Prefill == 300 })
+	testkit.WaitFor(t, waitBound, "the newer batch applied", func() bool { return a.share.Of("e0/0").Prefill == 300 })
 	if f := a.node.Faults(); f.LostBatches != 1 || f.StaleBatches != 2 {
 		t.Fatalf("faults %+v, want 1 lost and 2 stale", f)
 	}

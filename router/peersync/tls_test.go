@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testkit"
 )
 
 // writeCerts writes a CA and a certificate it signed for 127.0.0.1 (client and server use), and
@@ -69,9 +71,9 @@ func TestTLSRoutes(t *testing.T) {
 	ours, stranger := writeCerts(t)
 	a := startTLSRouter(t, "a", ours)
 	b := startTLSRouter(t, "b", ours, a.node.ClusterAddr())
-	waitFor(t, "the TLS route", func() bool { return len(a.node.Peers()) == 1 && len(b.node.Peers()) == 1 })
+	testkit.WaitFor(t, waitBound, "the TLS route", func() bool { return len(a.node.Peers()) == 1 && len(b.node.Peers()) == 1 })
 	a.route(1, "e0/0", 10)
-	waitFor(t, "b sees a's load over TLS", func() bool { return b.share.Of("e0/0").Running == 1 })
+	testkit.WaitFor(t, waitBound, "b sees a's load over TLS", func() bool { return b.share.Of("e0/0").Running == 1 })
 
 	x := startTLSRouter(t, "x", stranger, a.node.ClusterAddr())
 	time.Sleep(1500 * time.Millisecond) // a bound for a join that must not happen

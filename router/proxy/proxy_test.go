@@ -324,10 +324,11 @@ func TestHealthPassiveBackoff(t *testing.T) {
 
 // A client that goes away cancels the engine request (the engine stops generating).
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
-	cancelled := make(chan struct{})
+	cancelled, serving := make(chan struct{}), make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("data: {}\n\n"))
 		w.(http.Flusher).Flush()
+		close(serving)
 		select {
 		case <-r.Context().Done():
 			close(cancelled)
@@ -341,7 +342,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	go func() {
 		done <- New(Options{}).Do(ctx, rec, Target{URL: srv.URL, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, Stream: true})
 	}()
-	time.Sleep(50 * time.Millisecond)
+	<-serving // the engine is streaming the request when the client goes
 	cancel()
 	select {
 	case <-cancelled:

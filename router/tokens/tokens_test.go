@@ -5,12 +5,11 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
+	"testing/synctest"
 
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -131,50 +130,67 @@ func TestEngineErrorIsAnError(t *testing.T) {
 	}
 }
 
-// Concurrent identical renders share one engine call.
+// Concurrent identical renders share one engine call. The engine is the same handler served
+// in memory inside a synctest bubble, so the test can wait until all eight siblings are blocked
+// (one in the engine call, the others joined to its flight) before the engine answers.
 func TestSiblingsShareOneRender(t *testing.T) {
-	var mu sync.Mutex
-	calls := 0
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		calls++
-		mu.Unlock()
-		<-release
-		_, _ = w.Write([]byte(`{"token_ids":[1,2,3]}`))
-	}))
-	defer srv.Close()
-	tk := New(Options{})
-	body := []byte(`{"model":"m","messages":[{"role":"user","content":"q"}]}`)
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, _ := Parse(Chat, body)
-			ids, _, err := tk.Tokens(context.Background(), srv.URL, r, body)
-			if err == nil && !slices.Equal(ids, []uint32{1, 2, 3}) {
-				t.Errorf("ids %v", ids)
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		calls := 0
+		release := make(chan struct{})
+		engine := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			calls++
+			mu.Unlock()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
 			}
-			errs <- err
-		}()
-	}
-	for tk.Stats().CacheMisses < 8 {
-		runtime.Gosched()
-	}
-	time.Sleep(50 * time.Millisecond) // the last one counted its miss; let it join the flight
-	close(release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
+			_, _ = w.Write([]byte(`{"token_ids":[1,2,3]}`))
+		})
+		tk := New(Options{Client: &http.Client{Transport: handlerTransport{engine}}})
+		body := []byte(`{"model":"m","messages":[{"role":"user","content":"q"}]}`)
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for range 8 {
+			wg.Go(func() {
+				r, _ := Parse(Chat, body)
+				ids, _, err := tk.Tokens(context.Background(), "http://engine", r, body)
+				if err == nil && !slices.Equal(ids, []uint32{1, 2, 3}) {
+					t.Errorf("ids %v", ids)
+				}
+				errs <- err
+			})
 		}
+		synctest.Wait() // every sibling is in the engine call or waiting on one
+		if n := tk.Stats().CacheMisses; n != 8 {
+			t.Fatalf("%d cache misses before the engine answered, want 8", n)
+		}
+		close(release)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if calls != 1 {
+			t.Fatalf("%d engine calls for 8 identical siblings, want 1", calls)
+		}
+	})
+}
+
+// handlerTransport serves each request with h in memory, on the caller's goroutine.
+type handlerTransport struct{ h http.Handler }
+
+func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	t.h.ServeHTTP(rec, req)
+	if err := req.Context().Err(); err != nil {
+		return nil, err
 	}
-	if calls != 1 {
-		t.Fatalf("%d engine calls for 8 identical siblings, want 1", calls)
-	}
+	return rec.Result(), nil
 }
 
 func TestParseRejects(t *testing.T) {

@@ -163,7 +163,7 @@ func waitHTTP(ctx context.Context, p *proc, url string, timeout time.Duration) e
 	for {
 		resp, err := c.Get(url)
 		if err == nil {
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body) // drained so the connection is reused; the status is the answer
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testkit"
 )
 
 // metricValue reads one sample from /metrics text, e.g. name `vllm:prefix_cache_hits_total`
@@ -116,18 +118,6 @@ func slowConfig() Config {
 	return cfg
 }
 
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func TestDataParallelLeastLoaded(t *testing.T) {
 	cfg := slowConfig()
 	cfg.DataParallelSize = 3
@@ -143,7 +133,7 @@ func TestDataParallelLeastLoaded(t *testing.T) {
 				t.Errorf("long request %d on rank %s, want %s", i, got, want)
 			}
 		}()
-		waitFor(t, "the long request to run", func() bool { return s.CacheState().Ranks[i].Running == 1 })
+		testkit.WaitFor(t, 5*time.Second, "the long request to run", func() bool { return s.CacheState().Ranks[i].Running == 1 })
 	}
 	res := post(t, s, "/v1/completions", map[string]any{"model": "m", "prompt": "x"})
 	if got := res.header.Get("x-vllm-sim-rank"); got != "2" {
@@ -193,7 +183,7 @@ func TestClientDisconnectFreesBlocks(t *testing.T) {
 		}
 	}
 	ctxReq()
-	waitFor(t, "the abandoned request to be dropped", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the abandoned request to be dropped", func() bool {
 		r := s.CacheState().Ranks[0]
 		return r.Running == 0 && r.FreeBlocks == r.CapacityBlocks
 	})
@@ -205,7 +195,7 @@ func TestRestartFailsRequestsInFlight(t *testing.T) {
 	go func() {
 		done <- post(t, s, "/v1/completions", map[string]any{"model": "m", "prompt": "abc", "max_tokens": 1000})
 	}()
-	waitFor(t, "the request to run", func() bool { return s.CacheState().Ranks[0].Running == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the request to run", func() bool { return s.CacheState().Ranks[0].Running == 1 })
 	s.Restart()
 	res := <-done
 	if e := decodeJSON[errorBody](t, res); res.status != http.StatusInternalServerError || !strings.Contains(e.Error.Message, "restarted") {

@@ -64,7 +64,7 @@ func recvBatch(t *testing.T, sub *zmq.Socket) (kvwire.Message, *kvwire.Batch) {
 func noMessage(t *testing.T, sub *zmq.Socket, d time.Duration) {
 	t.Helper()
 	_ = sub.SetRcvtimeo(d)
-	defer sub.SetRcvtimeo(5 * time.Second)
+	defer func() { _ = sub.SetRcvtimeo(5 * time.Second) }()
 	frames, err := sub.RecvMessageBytes(0)
 	if err == nil {
 		m, _ := kvwire.ParseFrames(frames)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/kvwire"
 )
 
@@ -64,7 +65,7 @@ func TestSleepClearsPrefixCacheAndWakeUpResumes(t *testing.T) {
 		t.Fatalf("asleep: %d cached hashes, is_sleeping %v", n, isSleeping(t, s))
 	}
 	pending := asyncComplete(s, map[string]any{"prompt": seqTokens(0, 64), "max_tokens": 1})
-	waitFor(t, "the request to queue", func() bool { return s.CacheState().Ranks[0].Waiting == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the request to queue", func() bool { return s.CacheState().Ranks[0].Waiting == 1 })
 	if !strings.Contains(string(get(t, s, "/metrics").body), `vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 1`) {
 		t.Error("queued request not counted as waiting for capacity")
 	}
@@ -102,7 +103,7 @@ func TestSleepLevelZeroAndAbort(t *testing.T) {
 	complete(t, s, map[string]any{"prompt": seqTokens(0, 32)})
 	recvBatch(t, sub)
 	slow := asyncComplete(s, map[string]any{"prompt": seqTokens(500, 20), "max_tokens": 1000})
-	waitFor(t, "the slow request to run", func() bool { return s.CacheState().Ranks[0].Running == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the slow request to run", func() bool { return s.CacheState().Ranks[0].Running == 1 })
 	if r := post(t, s, "/sleep?level=0", ""); r.status != http.StatusOK {
 		t.Fatalf("/sleep?level=0: %d %s", r.status, r.body)
 	}

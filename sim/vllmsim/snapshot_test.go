@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvwire"
@@ -67,9 +68,9 @@ func TestRouterFollowsSnapshotFramesAndPublisherRestart(t *testing.T) {
 	id, _ := ix.Replica("sim", 0)
 	gpu := func() int { st, _ := ix.Stats(id); return st.Blocks[index.GPU] }
 	// The SUB's first heartbeat shows the subscription is live.
-	waitFor(t, "a heartbeat", func() bool { return stats().Heartbeats > 0 })
+	testkit.WaitFor(t, 5*time.Second, "a heartbeat", func() bool { return stats().Heartbeats > 0 })
 	complete(t, s, map[string]any{"prompt": seqTokens(0, 48)})
-	waitFor(t, "3 blocks indexed", func() bool { return gpu() == 3 && stats().State == kvevents.Exact })
+	testkit.WaitFor(t, 5*time.Second, "3 blocks indexed", func() bool { return gpu() == 3 && stats().State == kvevents.Exact })
 	first := stats().Publisher
 	if len(first) != 2*kvwire.PublisherIDLen {
 		t.Fatalf("publisher id %q", first)
@@ -78,9 +79,9 @@ func TestRouterFollowsSnapshotFramesAndPublisherRestart(t *testing.T) {
 	if r := post(t, s, "/debug/restart", ""); r.status != http.StatusOK {
 		t.Fatalf("restart: %d", r.status)
 	}
-	waitFor(t, "the restart seen", func() bool { return stats().PublisherRestarts == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the restart seen", func() bool { return stats().PublisherRestarts == 1 })
 	complete(t, s, map[string]any{"prompt": seqTokens(1000, 32)})
-	waitFor(t, "the new process's 2 blocks, the old ones gone", func() bool { return gpu() == 2 && stats().State == kvevents.Exact })
+	testkit.WaitFor(t, 5*time.Second, "the new process's 2 blocks, the old ones gone", func() bool { return gpu() == 2 && stats().State == kvevents.Exact })
 	st := stats()
 	if st.Publisher == first || st.Resets != 1 || st.Backwards+st.SilentRestarts != 0 {
 		t.Fatalf("publisher %s (was %s) resets %d backwards %d silent %d", st.Publisher, first, st.Resets, st.Backwards, st.SilentRestarts)
@@ -108,7 +109,7 @@ func TestLateRouterIsExactFromSnapshot(t *testing.T) {
 		Topic: s.Topic()}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the ring-only router's replay", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the ring-only router's replay", func() bool {
 		st, _ := ringOnly.Stats("sim", 0)
 		return st.Replays > 0 && st.State != kvevents.Replaying && st.Applied > 0
 	})
@@ -155,7 +156,7 @@ func TestLateRouterIsExactFromSnapshot(t *testing.T) {
 		return true
 	}
 	start := time.Now()
-	waitFor(t, "the index to mirror the engine from its snapshot", mirrors)
+	testkit.WaitFor(t, 5*time.Second, "the index to mirror the engine from its snapshot", mirrors)
 	st, _ := sub.Stats("sim", 0)
 	if st.SnapshotsInstalled != 1 || st.Partial || len(engine()) == 0 {
 		t.Fatalf("snapshots installed %d partial %v engine blocks %d", st.SnapshotsInstalled, st.Partial, len(engine()))
@@ -165,5 +166,5 @@ func TestLateRouterIsExactFromSnapshot(t *testing.T) {
 	complete(t, s, map[string]any{"prompt": seqTokens(5000, 40)})
 	before := s.CacheState().Ranks[0].Hashes
 	complete(t, s, map[string]any{"prompt": seqTokens(6000, 40)})
-	waitFor(t, "the next requests' blocks", func() bool { return mirrors() && !slices.Equal(s.CacheState().Ranks[0].Hashes, before) })
+	testkit.WaitFor(t, 5*time.Second, "the next requests' blocks", func() bool { return mirrors() && !slices.Equal(s.CacheState().Ranks[0].Hashes, before) })
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testkit"
 )
 
 func timingConfig() Config {
@@ -68,7 +70,7 @@ func TestTTFTRisesWithLoad(t *testing.T) {
 			ttft(t, s, seqTokens(60000+10000*i, 8000))
 		}()
 	}
-	waitFor(t, "the load to be queued", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the load to be queued", func() bool {
 		r := s.CacheState().Ranks[0]
 		return r.Running+r.Waiting == 3
 	})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/router/kvwire"
@@ -127,19 +128,16 @@ func (e *engine) labels(extra ...string) []string {
 func (r *router) converged(e *engine, state string, t0 time.Time, timeout time.Duration) time.Duration {
 	r.t.Helper()
 	want := float64(len(e.cache.Resident()))
-	deadline := time.Now().Add(timeout)
-	for {
+	var n, s float64
+	if !testkit.Until(timeout, func() bool {
 		r.alive()
-		n, _ := r.metric("kvroute_router_index_blocks_gpu", e.labels()...)
-		s, _ := r.metric("kvroute_router_stream_state", e.labels(`state="`+state+`"`)...)
-		if n == want && s == 1 {
-			return time.Since(t0)
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%s: %v of %v blocks, state %s %v, after %v\n%s", e.name, n, want, state, s, timeout, tail(r.logs(), 3000))
-		}
-		time.Sleep(10 * time.Millisecond)
+		n, _ = r.metric("kvroute_router_index_blocks_gpu", e.labels()...)
+		s, _ = r.metric("kvroute_router_stream_state", e.labels(`state="`+state+`"`)...)
+		return n == want && s == 1
+	}) {
+		r.t.Fatalf("%s: %v of %v blocks, state %s %v, after %v\n%s", e.name, n, want, state, s, timeout, tail(r.logs(), 3000))
 	}
+	return time.Since(t0)
 }
 
 func tail(s string, n int) string {
@@ -204,14 +202,10 @@ func TestRouterStartInFrontOfFullRings(t *testing.T) {
 	kvrouterBin(t)
 	t0 := time.Now()
 	r := startFor(t, es...)
-	var readyAt time.Duration
-	for !r.ready() {
-		if time.Since(t0) > 10*time.Second {
-			t.Fatal("not ready within 10 s")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testkit.Until(10*time.Second-time.Since(t0), r.ready) {
+		t.Fatal("not ready within 10 s")
 	}
-	readyAt = time.Since(t0)
+	readyAt := time.Since(t0)
 	for range 100 {
 		for _, e := range es {
 			e.publish(1, false)
@@ -355,16 +349,18 @@ func TestPoisonOversizeAndMemory(t *testing.T) {
 	if _, err := e.pub.PublishPayload(kvtest.OversizedBlockSizeBatch()); err != nil {
 		t.Fatal(err)
 	}
-	// The engine goes on publishing, as a serving one does: its batches show any gap the lost
-	// connections left.
-	for range 10 {
-		time.Sleep(200 * time.Millisecond)
+	// The engine goes on publishing, as a serving one does, until every frame is counted: its
+	// batches show any gap the lost connections left.
+	testkit.Eventually(t, 60*time.Second, "oversize frames counted", func() error {
 		if _, err := e.pub.Publish(); err != nil { // an empty batch
 			t.Fatal(err)
 		}
-	}
-	r.waitMetric(60*time.Second, "oversize frames counted", func(v float64) bool { return v == float64(frames) },
-		"kvroute_router_stream_too_large_total", e.labels()...)
+		r.alive()
+		if v, _ := r.metric("kvroute_router_stream_too_large_total", e.labels()...); v != float64(frames) {
+			return fmt.Errorf("%v of %d oversize frames counted\n%s", v, frames, tail(r.logs(), 3000))
+		}
+		return nil
+	})
 	peak := r.rssMiB()
 	r.waitMetric(10*time.Second, "over the block limit counted", func(v float64) bool { return v >= 1 },
 		"kvroute_router_stream_over_limit_total", e.labels()...)

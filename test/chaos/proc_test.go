@@ -143,16 +143,14 @@ func (r *router) metric(name string, labels ...string) (float64, bool) {
 // waitMetric polls until cond holds for the series' value, or fails after timeout.
 func (r *router) waitMetric(timeout time.Duration, what string, cond func(float64) bool, name string, labels ...string) float64 {
 	r.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var v float64
+	var ok bool
+	if !testkit.Until(timeout, func() bool {
 		r.alive()
-		v, ok := r.metric(name, labels...)
-		if ok && cond(v) {
-			return v
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%s: %s%v = %v (present %v) after %v\n%s", what, name, labels, v, ok, timeout, r.logs())
-		}
-		time.Sleep(20 * time.Millisecond)
+		v, ok = r.metric(name, labels...)
+		return ok && cond(v)
+	}) {
+		r.t.Fatalf("%s: %s%v = %v (present %v) after %v\n%s", what, name, labels, v, ok, timeout, r.logs())
 	}
+	return v
 }

@@ -58,20 +58,16 @@ func TestReadyWithADeadEngine(t *testing.T) {
 	// 0.5-0.6 s past the timeout at load average 2-5).
 	bound := peerDiscoverWait + readyTimeout + 5*time.Second
 	var reasons []string
-	var took time.Duration
-	for {
+	ready := testkit.Until(bound-time.Since(t0), func() bool {
 		code, why := c.readyz()
-		if code == 200 {
-			took = time.Since(t0)
-			break
-		}
-		if !slices.Contains(reasons, why) {
+		if code != 200 && !slices.Contains(reasons, why) {
 			reasons = append(reasons, why)
 		}
-		if time.Since(t0) > bound {
-			t.Fatalf("not ready %v after start (bound %v); reasons seen %q", time.Since(t0).Round(time.Millisecond), bound, reasons)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return code == 200
+	})
+	took := time.Since(t0)
+	if !ready {
+		t.Fatalf("not ready %v after start (bound %v); reasons seen %q", took.Round(time.Millisecond), bound, reasons)
 	}
 	t.Logf("ready %v after process start with engine %s dead (readyTimeout %v); /readyz said meanwhile %q",
 		took.Round(time.Millisecond), dead.name, readyTimeout, reasons)

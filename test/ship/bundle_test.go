@@ -54,7 +54,7 @@ func TestBundleIsCurrent(t *testing.T) {
 		}
 	}
 	for _, sub := range []string{"manifests", "metadata", "tests"} {
-		filepath.WalkDir(filepath.Join(root, "bundle", sub), func(p string, d os.DirEntry, err error) error {
+		err := filepath.WalkDir(filepath.Join(root, "bundle", sub), func(p string, d os.DirEntry, err error) error {
 			if err == nil && !d.IsDir() {
 				rel, _ := filepath.Rel(filepath.Join(root, "bundle"), p)
 				if _, ok := files[filepath.ToSlash(rel)]; !ok {
@@ -63,6 +63,9 @@ func TestBundleIsCurrent(t *testing.T) {
 			}
 			return nil
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -70,67 +70,14 @@ func Generate(rendered []byte, o Options) (map[string][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var (
-		csv           *unstructured.Unstructured
-		deployments   []*unstructured.Unstructured
-		roles         = map[string]*unstructured.Unstructured{} // kind/name -> role
-		bindings      []*unstructured.Unstructured
-		examples      []any
-		files         = map[string][]byte{}
-		relatedImages = map[string]string{}
-	)
-	for _, u := range objs {
-		switch u.GetKind() {
-		case "ClusterServiceVersion":
-			if csv != nil {
-				return nil, errors.New("olmbundle: more than one ClusterServiceVersion in the rendering")
-			}
-			csv = u
-		case "Deployment":
-			deployments = append(deployments, u)
-		case "ClusterRole", "Role":
-			roles[u.GetKind()+"/"+u.GetName()] = u
-		case "ClusterRoleBinding", "RoleBinding":
-			bindings = append(bindings, u)
-		case "KVRoutedModel":
-			ex := u.DeepCopy()
-			// alm-examples are created in whatever namespace the user picks.
-			ex.SetNamespace("")
-			examples = append(examples, ex.Object)
-		case "Namespace", "ServiceAccount":
-			// OLM creates the install namespace and the ServiceAccounts named in the CSV.
-		case "CustomResourceDefinition":
-			b, err := yaml.Marshal(u.Object)
-			if err != nil {
-				return nil, err
-			}
-			group, _, _ := unstructured.NestedString(u.Object, "spec", "group")
-			plural, _, _ := unstructured.NestedString(u.Object, "spec", "names", "plural")
-			files["manifests/"+group+"_"+plural+".yaml"] = b
-		case "Service", "ConfigMap":
-			u = u.DeepCopy()
-			u.SetNamespace("")
-			b, err := yaml.Marshal(u.Object)
-			if err != nil {
-				return nil, err
-			}
-			files[fmt.Sprintf("manifests/%s_%s_%s.yaml", u.GetName(), u.GroupVersionKind().Version, strings.ToLower(u.GetKind()))] = b
-		default:
-			return nil, fmt.Errorf("olmbundle: %s %s has no place in a registry+v1 bundle", u.GetKind(), u.GetName())
-		}
+	r, err := sortRendering(objs)
+	if err != nil {
+		return nil, err
 	}
-	if csv == nil {
-		return nil, errors.New("olmbundle: no base ClusterServiceVersion in the rendering")
-	}
-	if len(deployments) == 0 {
-		return nil, errors.New("olmbundle: no Deployment in the rendering")
-	}
-	if len(examples) == 0 {
-		return nil, errors.New("olmbundle: no KVRoutedModel samples for alm-examples")
-	}
+	csv, files, relatedImages := r.csv, r.files, map[string]string{}
 
 	var strategyDeployments []any
-	for _, d := range deployments {
+	for _, d := range r.deployments {
 		spec, _, _ := unstructured.NestedMap(d.Object, "spec")
 		if spec == nil {
 			return nil, fmt.Errorf("olmbundle: Deployment %s has no spec", d.GetName())
@@ -144,12 +91,12 @@ func Generate(rendered []byte, o Options) (map[string][]byte, error) {
 			return nil, err
 		}
 	}
-	clusterPerms, perms, err := permissions(roles, bindings)
+	clusterPerms, perms, err := permissions(r.roles, r.bindings)
 	if err != nil {
 		return nil, err
 	}
 
-	almExamples, err := json.MarshalIndent(examples, "", "  ")
+	almExamples, err := json.MarshalIndent(r.examples, "", "  ")
 	if err != nil {
 		return nil, err
 	}
@@ -199,6 +146,72 @@ func Generate(rendered []byte, o Options) (map[string][]byte, error) {
 		return nil, err
 	}
 	return files, nil
+}
+
+// rendering is the kustomize output sorted by where each object goes in the bundle.
+type rendering struct {
+	csv         *unstructured.Unstructured
+	deployments []*unstructured.Unstructured
+	roles       map[string]*unstructured.Unstructured // kind/name -> role
+	bindings    []*unstructured.Unstructured
+	examples    []any
+	files       map[string][]byte // manifests copied as they are (CRDs, Services, ConfigMaps)
+}
+
+// sortRendering sorts the rendered objects, refusing one a registry+v1 bundle has no place for
+// and a rendering without a base CSV, a Deployment or a sample.
+func sortRendering(objs []*unstructured.Unstructured) (*rendering, error) {
+	r := &rendering{roles: map[string]*unstructured.Unstructured{}, files: map[string][]byte{}}
+	for _, u := range objs {
+		switch u.GetKind() {
+		case "ClusterServiceVersion":
+			if r.csv != nil {
+				return nil, errors.New("olmbundle: more than one ClusterServiceVersion in the rendering")
+			}
+			r.csv = u
+		case "Deployment":
+			r.deployments = append(r.deployments, u)
+		case "ClusterRole", "Role":
+			r.roles[u.GetKind()+"/"+u.GetName()] = u
+		case "ClusterRoleBinding", "RoleBinding":
+			r.bindings = append(r.bindings, u)
+		case "KVRoutedModel":
+			ex := u.DeepCopy()
+			// alm-examples are created in whatever namespace the user picks.
+			ex.SetNamespace("")
+			r.examples = append(r.examples, ex.Object)
+		case "Namespace", "ServiceAccount":
+			// OLM creates the install namespace and the ServiceAccounts named in the CSV.
+		case "CustomResourceDefinition":
+			b, err := yaml.Marshal(u.Object)
+			if err != nil {
+				return nil, err
+			}
+			group, _, _ := unstructured.NestedString(u.Object, "spec", "group")
+			plural, _, _ := unstructured.NestedString(u.Object, "spec", "names", "plural")
+			r.files["manifests/"+group+"_"+plural+".yaml"] = b
+		case "Service", "ConfigMap":
+			u = u.DeepCopy()
+			u.SetNamespace("")
+			b, err := yaml.Marshal(u.Object)
+			if err != nil {
+				return nil, err
+			}
+			r.files[fmt.Sprintf("manifests/%s_%s_%s.yaml", u.GetName(), u.GroupVersionKind().Version, strings.ToLower(u.GetKind()))] = b
+		default:
+			return nil, fmt.Errorf("olmbundle: %s %s has no place in a registry+v1 bundle", u.GetKind(), u.GetName())
+		}
+	}
+	if r.csv == nil {
+		return nil, errors.New("olmbundle: no base ClusterServiceVersion in the rendering")
+	}
+	if len(r.deployments) == 0 {
+		return nil, errors.New("olmbundle: no Deployment in the rendering")
+	}
+	if len(r.examples) == 0 {
+		return nil, errors.New("olmbundle: no KVRoutedModel samples for alm-examples")
+	}
+	return r, nil
 }
 
 // Write replaces dir's manifests/, metadata/ and tests/ with files; other files (README.md) stay.
