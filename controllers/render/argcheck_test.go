@@ -15,6 +15,7 @@ func TestCheckEngineArgs(t *testing.T) {
 		{args: []string{"--max-model-len", "4096", "--gpu-memory-utilization=0.85", "--enforce-eager"}},
 		{args: []string{"--max_model_len=4096", "--no-enable-chunked-prefill", "-q", "awq", "-O3", "--compilation-config.level", "3"}},
 		{args: []string{"--kv-cache-dtype", "fp8", "--speculative-config", `{"method":"ngram"}`, "--seed", "-1"}},
+		{args: []string{"--kv-offloading-size", "8", "-ep", "--attention-backend=FLASHINFER", "--no-kv-cache-metrics"}},
 		{args: []string{"--gpu-memory-utilisation", "0.9"}, want: map[int]string{0: "--gpu-memory-utilization"}},
 		{args: []string{"--max-model-length=8192"}, want: map[int]string{0: "--max-model-len"}},
 		{args: []string{"--enable-prefix-cacheing"}, want: map[int]string{0: "--enable-prefix-caching"}},

@@ -6,11 +6,15 @@ package render
 // names are written with dashes; vLLM's parser also takes them with underscores, as
 // --name=value and, for JSON-valued ones, as --name.key value.
 //
-// Read from vllm-project/vllm: arg_utils.py at commit 99d7eb5d6a51, cli_args.py at commit
-// 789340fbad95, the newest snapshot of each the project's source index held (it held no
-// tagged v0.26.0 or later tree). A flag vLLM added after that snapshot is reported as unknown
-// by CheckEngineArgs: a warning, never a refusal, until this list is read again. Re-read it
-// whenever TestedVLLMReleases[0] moves; a test fails until VLLMFlagsTag follows.
+// Read from vllm-project/vllm: arg_utils.py at commit 99d7eb5d6a51 and cli_args.py at commit
+// 789340fbad95, plus the options a later arg_utils.py snapshot adds (the "later snapshot"
+// group below: attention, offloading, observability and parallel options; its commit was not
+// recorded by the source index, and its fork-only groups, AFD and fault tolerance, are left
+// out). The index held no tree tagged v0.26.0 or later, so the list is the union of what those
+// snapshots register: an option removed since is not flagged (vLLM refuses it at start), and
+// one added since is reported as unknown by CheckEngineArgs, a warning, never a refusal.
+// Re-read both files at the tag whenever TestedVLLMReleases[0] moves; a test fails until
+// VLLMFlagsTag follows.
 const VLLMFlagsTag = "v0.26.0"
 
 // vllmFlags: name -> whether argparse also registers --no-<name> (BooleanOptionalAction).
@@ -119,6 +123,21 @@ var vllmFlags = map[string]bool{
 	// Other engine and AsyncEngineArgs options
 	"disable-log-stats": false, "aggregate-engine-logging": false,
 	"enable-log-requests": true, "disable-log-requests": true,
+
+	// The later snapshot's additions
+	"allow-deprecated-quantization": true, "enable-return-routed-experts": true,
+	"attention-backend": false, "reasoning-parser-plugin": false, "master-addr": false,
+	"master-port": false, "nnodes": false, "node-rank": false,
+	"dcp-kv-cache-interleave-size": false, "cp-kv-cache-interleave-size": false,
+	"prefill-context-parallel-size": false, "data-parallel-external-lb": true,
+	"ubatch-size": false, "mamba-cache-mode": false, "kv-offloading-size": false,
+	"kv-offloading-backend": false, "mm-encoder-only": true,
+	"enable-tower-connector-lora": true, "specialize-active-lora": true,
+	"kv-cache-metrics": true, "kv-cache-metrics-sample": false, "cudagraph-metrics": true,
+	"enable-layerwise-nvtx-tracing": true, "enable-mfu-metrics": true,
+	"enable-logging-iteration-details": true, "stream-interval": false,
+	"ec-transfer-config": false, "attention-config": false, "profiler-config": false,
+	"optimization-level": false, "weight-transfer-config": false,
 }
 
 // vllmShortFlags are the single-dash aliases, each with its long name.
@@ -128,4 +147,8 @@ var vllmShortFlags = map[string]string{
 	"-dp": "data-parallel-size", "-dpn": "data-parallel-rank", "-dpr": "data-parallel-start-rank",
 	"-dpl": "data-parallel-size-local", "-dpa": "data-parallel-address",
 	"-dpp": "data-parallel-rpc-port", "-dpb": "data-parallel-backend", "-O": "compilation-config",
+	// The later snapshot's
+	"-n": "nnodes", "-r": "node-rank", "-pcp": "prefill-context-parallel-size",
+	"-dph": "data-parallel-hybrid-lb", "-dpe": "data-parallel-external-lb",
+	"-ep": "enable-expert-parallel", "-cc": "compilation-config", "-ac": "attention-config",
 }
