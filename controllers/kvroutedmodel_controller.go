@@ -54,6 +54,7 @@ type KVRoutedModelReconciler struct {
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
@@ -82,6 +83,7 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 
 	if m.Status.ObservedGeneration != m.Generation {
 		r.warnUntestedEngine(m)
+		r.warnUnknownEngineArgs(m)
 	}
 	objs, err := render.All(m, r.Render)
 	if err != nil {
@@ -94,6 +96,7 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 
 	retry, err := r.applyChildren(ctx, m, objs, &obs)
+	r.observeModelCache(ctx, m, &obs)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -130,6 +133,58 @@ func (r *KVRoutedModelReconciler) warnUntestedEngine(m *v1alpha1.KVRoutedModel) 
 	r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonUntestedEngineImage, "Reconcile",
 		"engine image %s is not a vLLM release kvroute is tested with (%s:%s); its KV-event shape, replay framing, flags or metrics may differ",
 		image, render.VLLMImage, strings.Join(render.TestedVLLMTags(), ", "))
+}
+
+// ReasonUnknownEngineArg is the reason of the Warning event for a spec.engine.args entry that
+// is not an option of the pinned vLLM's `vllm serve` (render.CheckEngineArgs).
+const ReasonUnknownEngineArg = "UnknownEngineArg"
+
+// warnUnknownEngineArgs records one Warning event per unknown or misspelt engine argument,
+// naming the nearest known flag. Like warnUntestedEngine, once per spec generation. Only a
+// warning: vLLM itself refuses an unknown flag at start, and a newer image may know it.
+func (r *KVRoutedModelReconciler) warnUnknownEngineArgs(m *v1alpha1.KVRoutedModel) {
+	if r.Recorder == nil {
+		return
+	}
+	args := make([]string, len(m.Spec.Engine.Args))
+	for i, a := range m.Spec.Engine.Args {
+		args[i] = string(a)
+	}
+	for _, w := range render.CheckEngineArgs(args) {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonUnknownEngineArg, "Reconcile", "%s", w.String())
+	}
+}
+
+// ReasonModelCache is the reason of the Warning event for a model cache claim that is missing,
+// lost, or of another access mode than the spec says (status.engine.modelCache.message).
+const ReasonModelCache = "ModelCacheUnusable"
+
+// observeModelCache reads the cache's claim live (an existing claim carries none of the labels
+// the cache filters on) into the status, and records a Warning event when its message changes.
+func (r *KVRoutedModelReconciler) observeModelCache(ctx context.Context, m *v1alpha1.KVRoutedModel, obs *status.Observed) {
+	if m.Spec.Model.Cache == nil || r.APIReader == nil {
+		return
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: render.ModelCacheClaimName(m)}, pvc)
+	switch {
+	case apierrors.IsNotFound(err):
+		pvc = nil
+	case err != nil:
+		log.FromContext(ctx).Error(err, "read the model cache claim; status.engine.modelCache keeps its last value")
+		if m.Status.Engine != nil {
+			obs.ModelCache = m.Status.Engine.ModelCache
+		}
+		return
+	}
+	obs.ModelCache = status.ModelCache(m, pvc)
+	var prev string
+	if e := m.Status.Engine; e != nil && e.ModelCache != nil {
+		prev = e.ModelCache.Message
+	}
+	if msg := obs.ModelCache.Message; msg != "" && msg != prev && r.Recorder != nil {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonModelCache, "Reconcile", "%s", msg)
+	}
 }
 
 // routerPods names the model's router pods, read live (the cache holds engine pods only), when
@@ -310,7 +365,8 @@ type optionalChild struct {
 // handled on its own): deleted when the spec stops wanting them — the network policies when
 // spec.networkPolicy.enabled turns false, the events Service and the router's policy when
 // spec.engine.kvEvents.mode goes back to RouterConnects, the router peers' headless Service and
-// disruption budget when spec.router.replicas goes back to 1.
+// disruption budget when spec.router.replicas goes back to 1, the model cache's claim when
+// spec.model.cache no longer asks the operator for one.
 func optionalChildren(m *v1alpha1.KVRoutedModel) []optionalChild {
 	np := networkingv1.SchemeGroupVersion.WithKind("NetworkPolicy")
 	return []optionalChild{
@@ -319,5 +375,8 @@ func optionalChildren(m *v1alpha1.KVRoutedModel) []optionalChild {
 		{corev1.SchemeGroupVersion.WithKind("Service"), render.EventsServiceName(m)},
 		{corev1.SchemeGroupVersion.WithKind("Service"), render.RouterPeersName(m)},
 		{policyv1.SchemeGroupVersion.WithKind("PodDisruptionBudget"), render.RouterName(m)},
+		// Only a claim the model controls (onDelete: Delete) is deleted when spec.model.cache
+		// stops asking for it; a retained one is left, as it is when the model goes.
+		{corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"), render.ManagedModelCacheName(m)},
 	}
 }

@@ -35,6 +35,7 @@ func ownedTypes() []client.Object {
 		&appsv1.Deployment{}, &corev1.Service{}, &corev1.ConfigMap{}, &corev1.ServiceAccount{},
 		&rbacv1.Role{}, &rbacv1.RoleBinding{}, &policyv1.PodDisruptionBudget{},
 		&networkingv1.NetworkPolicy{}, &autoscalingv2.HorizontalPodAutoscaler{},
+		&corev1.PersistentVolumeClaim{},
 	}
 }
 

@@ -189,11 +189,28 @@ func objectRules(path string, s apiextensionsv1.JSONSchemaProps) []string {
 	for _, v := range s.XValidations {
 		msg := v.Message
 		if msg == "" {
+			msg = messageTemplate(v.MessageExpression)
+		}
+		if msg == "" {
 			msg = "`" + cell(v.Rule) + "`"
 		}
 		out = append(out, cell(msg))
 	}
 	return out
+}
+
+// messageTemplate shows a messageExpression of the form '...'.format([...]) as its text with
+// the values as N (numbers) and … (anything else); "" for any other expression.
+func messageTemplate(expr string) string {
+	text, ok := strings.CutPrefix(expr, "'")
+	if !ok {
+		return ""
+	}
+	i := strings.Index(text, "'.format(")
+	if i < 0 {
+		return ""
+	}
+	return strings.NewReplacer("%d", "N", "%s", "…").Replace(text[:i])
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -49,9 +49,12 @@ type KVRoutedModelList struct {
 // meaningful setting distinct from the default (replicas 0, replay port 0, enabled false, ...).
 // The EnginesConnect rules start with has() guards for the same reason as EngineSpec's: the
 // apiserver also checks them against the bare `{}` defaults.
-// +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.router) || !has(self.router.replicas) || self.router.replicas <= 1`,message="spec.router.replicas must be 0 or 1 with spec.engine.kvEvents.mode EnginesConnect: each engine sends its events to one router (use RouterConnects to run several)",fieldPath=".router.replicas"
-// +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.engine.parallelism) || !has(self.engine.parallelism.dataLocal) || self.engine.parallelism.dataLocal == 1`,message="spec.engine.parallelism.dataLocal must be 1 with spec.engine.kvEvents.mode EnginesConnect: kvrouter binds one events socket, and vLLM sends each DP rank to its own port",fieldPath=".engine.parallelism.dataLocal"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.router) || !has(self.router.replicas) || self.router.replicas <= 1`,messageExpression=`'spec.router.replicas is %d but must be 0 or 1 with spec.engine.kvEvents.mode EnginesConnect: each engine sends its events to one router (use RouterConnects to run several)'.format([self.router.replicas])`,fieldPath=".router.replicas"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.engine.parallelism) || !has(self.engine.parallelism.dataLocal) || self.engine.parallelism.dataLocal == 1`,messageExpression=`'spec.engine.parallelism.dataLocal is %d but must be 1 with spec.engine.kvEvents.mode EnginesConnect: kvrouter binds one events socket, and vLLM sends each DP rank to its own port (use RouterConnects for several DP ranks per pod)'.format([self.engine.parallelism.dataLocal])`,fieldPath=".engine.parallelism.dataLocal"
 // +kubebuilder:validation:XValidation:rule=`!(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.engine.kvEvents.basePort) || (self.engine.kvEvents.basePort != 8000 && self.engine.kvEvents.basePort != 9090)`,message="spec.engine.kvEvents.basePort must not be 8000 or 9090 with spec.engine.kvEvents.mode EnginesConnect: the router binds it beside its API (8000) and metrics (9090) ports",fieldPath=".engine.kvEvents.basePort"
+// +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode == 'ReadWriteMany' || !has(self.replicas) || self.replicas <= 1`,messageExpression=`'spec.replicas is %d but spec.model.cache.accessMode %s attaches the cache to one node, so only one engine pod can use it: set spec.replicas to 1 or 0, or use a ReadWriteMany claim (spec.model.cache.accessMode: ReadWriteMany)'.format([self.replicas, self.model.cache.accessMode])`,fieldPath=".replicas"
+// +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode == 'ReadWriteMany' || !has(self.autoscaling) || self.autoscaling.maxReplicas <= 1`,messageExpression=`'spec.autoscaling.maxReplicas is %d but spec.model.cache.accessMode %s attaches the cache to one node, so only one engine pod can use it: set spec.autoscaling.maxReplicas to 1, or use a ReadWriteMany claim (spec.model.cache.accessMode: ReadWriteMany)'.format([self.autoscaling.maxReplicas, self.model.cache.accessMode])`,fieldPath=".autoscaling.maxReplicas"
+// +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.engine) || !has(self.engine.env) || self.engine.env.all(e, e.name != 'HF_HOME')`,message="spec.engine.env must not set HF_HOME with spec.model.cache: the cache sets it to the claim's mount",fieldPath=".engine.env"
 type KVRoutedModelSpec struct {
 	// Model identity and weights.
 	// +required
@@ -110,16 +113,70 @@ type ModelSpec struct {
 	// AuthSecretRef selects a Secret key that becomes HF_TOKEN in the engine.
 	// +optional
 	AuthSecretRef *corev1.SecretKeySelector `json:"authSecretRef,omitempty"`
+
+	// Cache is a PersistentVolumeClaim the engines keep the downloaded weights on (HF_HOME), so
+	// a restarted or added replica loads them from the cache instead of downloading them again.
+	// Unset: the weights go to the pod's emptyDir and are downloaded at every pod start.
+	// +optional
+	Cache *ModelCacheSpec `json:"cache,omitempty"`
 }
+
+// ModelCacheSpec is the engines' weight cache: an existing claim, or one the operator creates.
+// +kubebuilder:validation:XValidation:rule=`has(self.claimName) != has(self.size)`,message="spec.model.cache needs exactly one of claimName (an existing PersistentVolumeClaim) or size (the operator creates <name>-model-cache)"
+// +kubebuilder:validation:XValidation:rule=`!has(self.storageClassName) || has(self.size)`,message="spec.model.cache.storageClassName applies only to a claim the operator creates: set spec.model.cache.size, or drop storageClassName for an existing claimName",fieldPath=".storageClassName"
+// +kubebuilder:validation:XValidation:rule=`!has(self.claimName) || !has(self.onDelete) || self.onDelete == 'Retain'`,message="spec.model.cache.onDelete must be Retain with claimName: the operator never deletes a claim it did not create",fieldPath=".onDelete"
+type ModelCacheSpec struct {
+	// ClaimName is an existing PersistentVolumeClaim in the model's namespace. The operator
+	// mounts it and never changes or deletes it.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +optional
+	ClaimName string `json:"claimName,omitempty"`
+
+	// Size of the claim the operator creates, named <metadata.name>-model-cache. It may grow
+	// later (where the storage class allows expansion), never shrink.
+	// +kubebuilder:validation:XValidation:rule=`quantity(string(self)).isGreaterThan(quantity('0'))`,message="spec.model.cache.size must be positive"
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+
+	// StorageClassName of the claim the operator creates; the cluster's default class when unset.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	StorageClassName *string `json:"storageClassName,omitempty"`
+
+	// AccessMode of the claim: the mode the operator creates it with, or the mode the existing
+	// claim has (the operator checks it and warns when it differs). ReadWriteOnce and
+	// ReadWriteOncePod attach the volume to one node, so they allow one engine replica only
+	// and roll it out by stopping the old pod before the new one starts; ReadWriteMany
+	// (NFS, CephFS, EFS, Filestore, ...) shares one cache between every replica.
+	// +kubebuilder:default=ReadWriteOnce
+	// +kubebuilder:validation:Enum=ReadWriteOnce;ReadWriteOncePod;ReadWriteMany
+	// +optional
+	AccessMode corev1.PersistentVolumeAccessMode `json:"accessMode,omitempty"`
+
+	// OnDelete is what happens to a claim the operator created when the model is deleted or
+	// stops asking for it: Retain (the default) leaves it, so a model re-created under the same
+	// name finds its weights again; Delete removes it with the model.
+	// +kubebuilder:default=Retain
+	// +kubebuilder:validation:Enum=Retain;Delete
+	// +optional
+	OnDelete string `json:"onDelete,omitempty"`
+}
+
+// Model cache deletion policies (spec.model.cache.onDelete).
+const (
+	CacheRetain = "Retain"
+	CacheDelete = "Delete"
+)
 
 // EngineSpec configures the vLLM engine pods. The port rules start with has() guards only
 // because the apiserver also checks them against the bare `{}` default; real objects always
 // carry the nested defaults.
-// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.basePort + self.parallelism.dataLocal - 1 <= 65535`,message="spec.engine.kvEvents.basePort + spec.engine.parallelism.dataLocal - 1 must be <= 65535 (one event port per DP rank)",fieldPath=".kvEvents.basePort"
-// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1 <= 65535`,message="spec.engine.kvEvents.replayBasePort + spec.engine.parallelism.dataLocal - 1 must be <= 65535 (one replay port per DP rank)",fieldPath=".kvEvents.replayBasePort"
-// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.port < self.kvEvents.basePort || self.port >= self.kvEvents.basePort + self.parallelism.dataLocal`,message="spec.engine.port collides with the KV event ports spec.engine.kvEvents.basePort .. basePort+dataLocal-1",fieldPath=".port"
-// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.port < self.kvEvents.replayBasePort || self.port >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,message="spec.engine.port collides with the KV replay ports spec.engine.kvEvents.replayBasePort .. replayBasePort+dataLocal-1",fieldPath=".port"
-// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort >= self.kvEvents.basePort + self.parallelism.dataLocal || self.kvEvents.basePort >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,message="spec.engine.kvEvents.replayBasePort range overlaps the event port range spec.engine.kvEvents.basePort .. basePort+dataLocal-1",fieldPath=".kvEvents.replayBasePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.basePort + self.parallelism.dataLocal - 1 <= 65535`,messageExpression=`'spec.engine.kvEvents.basePort + spec.engine.parallelism.dataLocal - 1 must be <= 65535 (one event port per DP rank): %d + %d - 1 = %d; lower spec.engine.kvEvents.basePort to at most %d'.format([self.kvEvents.basePort, self.parallelism.dataLocal, self.kvEvents.basePort + self.parallelism.dataLocal - 1, 65536 - self.parallelism.dataLocal])`,fieldPath=".kvEvents.basePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1 <= 65535`,messageExpression=`'spec.engine.kvEvents.replayBasePort + spec.engine.parallelism.dataLocal - 1 must be <= 65535 (one replay port per DP rank): %d + %d - 1 = %d; lower spec.engine.kvEvents.replayBasePort to at most %d'.format([self.kvEvents.replayBasePort, self.parallelism.dataLocal, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, 65536 - self.parallelism.dataLocal])`,fieldPath=".kvEvents.replayBasePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.port < self.kvEvents.basePort || self.port >= self.kvEvents.basePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.port %d collides with the KV event ports spec.engine.kvEvents.basePort .. basePort+dataLocal-1 (%d..%d): it is the event port of DP rank %d; move spec.engine.port or spec.engine.kvEvents.basePort'.format([self.port, self.kvEvents.basePort, self.kvEvents.basePort + self.parallelism.dataLocal - 1, self.port - self.kvEvents.basePort])`,fieldPath=".port"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.port < self.kvEvents.replayBasePort || self.port >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.port %d collides with the KV replay ports spec.engine.kvEvents.replayBasePort .. replayBasePort+dataLocal-1 (%d..%d): it is the replay port of DP rank %d; move spec.engine.port or spec.engine.kvEvents.replayBasePort'.format([self.port, self.kvEvents.replayBasePort, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, self.port - self.kvEvents.replayBasePort])`,fieldPath=".port"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort >= self.kvEvents.basePort + self.parallelism.dataLocal || self.kvEvents.basePort >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.kvEvents.replayBasePort range %d..%d overlaps the event port range spec.engine.kvEvents.basePort .. basePort+dataLocal-1 (%d..%d), one port per DP rank each: move spec.engine.kvEvents.replayBasePort to %d or above, or to at most %d'.format([self.kvEvents.replayBasePort, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort, self.kvEvents.basePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort + self.parallelism.dataLocal, self.kvEvents.basePort - self.parallelism.dataLocal])`,fieldPath=".kvEvents.replayBasePort"
 type EngineSpec struct {
 	// Image of vLLM; the operator's --default-engine-image when empty.
 	// +kubebuilder:validation:MaxLength=512
@@ -222,6 +279,7 @@ type EngineSpec struct {
 // +kubebuilder:validation:MaxLength=1024
 // +kubebuilder:validation:XValidation:rule=`!self.matches('^(--(no[-_])?(kv[-_]events[-_]config|port|served[-_]model[-_]name|data[-_]parallel[-_]size|tensor[-_]parallel[-_]size|block[-_]size|prefix[-_]caching[-_]hash[-_]algo|config|enable[-_]prompt[-_]tokens[-_]details|model)([=.].*)?|-(dp|tp)([=0-9].*)?)$')`,message="spec.engine.args must not set a flag the operator owns (--kv-events-config, --port, --served-model-name, --data-parallel-size/-dp, --tensor-parallel-size/-tp, --block-size, --prefix-caching-hash-algo, --config, --enable-prompt-tokens-details, --model, in any spelling): use the matching spec.engine field"
 // +kubebuilder:validation:XValidation:rule=`!self.matches('^--api[-_]key([=.].*)?$')`,message="spec.engine.args must not set --api-key: put the key in a Secret and name it in spec.engine.apiKeySecretRef (the router needs it too, and args are visible in the pod spec)"
+// +kubebuilder:validation:XValidation:rule=`!self.matches('^--(no[-_]enable[-_]prefix[-_]caching|enable[-_]prefix[-_]caching[=.])')`,message="spec.engine.args must not switch off prefix caching (--no-enable-prefix-caching, --enable-prefix-caching=...): the router routes on the engines' prefix caches, and the operator switches them on"
 type EngineArg string
 
 // ParallelismSpec is the parallel layout of one engine pod.
@@ -320,6 +378,7 @@ type LoRAAdapter struct {
 
 // PodOverrides is the narrow part of the engine pod a user may set. A curated struct, not a
 // PodTemplateSpec, keeps the CRD small and the operator's invariants intact.
+// +kubebuilder:validation:XValidation:rule=`!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))`,messageExpression=`'spec.engine.pod.volumeMounts: %s names no volume of spec.engine.pod.volumes: add the volume there (volumes the operator adds are mounted already)'.format([self.volumeMounts.filter(m, !has(self.volumes) || !self.volumes.exists(v, v.name == m.name)).map(m, m.name)])`,fieldPath=".volumeMounts"
 type PodOverrides struct {
 	// +kubebuilder:validation:MaxProperties=32
 	// +optional
@@ -344,6 +403,267 @@ type PodOverrides struct {
 	// +kubebuilder:validation:MaxProperties=32
 	// +optional
 	Annotations map[string]string `json:"annotations,omitempty"`
+
+	// ImagePullSecrets name Secrets in the model's namespace that the kubelet pulls the engine
+	// image with.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+
+	// ServiceAccountName runs the engine pods as this ServiceAccount (cloud workload identity,
+	// image pull credentials). Its API token is still not mounted: vLLM never calls the API
+	// server.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// Volumes are added to the engine pod, beside the operator's own (home, dshm, model-cache,
+	// pvc-N), whose names they must not take. Only the sources the Pod Security "restricted"
+	// profile admits are offered.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:XValidation:rule=`self.all(v, !(v.name in ['home', 'dshm', 'model-cache']) && !v.name.matches('^pvc-[0-9]+$'))`,messageExpression=`'spec.engine.pod.volumes: %s is the name of a volume the operator adds (home, dshm, model-cache, pvc-N): rename it'.format([self.filter(v, v.name in ['home', 'dshm', 'model-cache'] || v.name.matches('^pvc-[0-9]+$')).map(v, v.name)])`
+	// +optional
+	Volumes []EngineVolume `json:"volumes,omitempty"`
+
+	// VolumeMounts are added to the vllm container. Each names a volume of spec.engine.pod.volumes
+	// and a path the operator does not mount (/home/vllm, /dev/shm, /mnt/pvc/..., the model
+	// cache's /var/lib/kvroute/model-cache).
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +kubebuilder:validation:XValidation:rule=`self.all(m, m.mountPath != '/home/vllm' && m.mountPath != '/dev/shm' && m.mountPath != '/var/lib/kvroute/model-cache' && !m.mountPath.matches('^/mnt/pvc(/.*)?$'))`,messageExpression=`'spec.engine.pod.volumeMounts: mountPath %s is where the operator mounts its own volumes (HOME /home/vllm, /dev/shm, pvc:// claims under /mnt/pvc, the model cache): choose another path'.format([self.filter(m, m.mountPath in ['/home/vllm', '/dev/shm', '/var/lib/kvroute/model-cache'] || m.mountPath.matches('^/mnt/pvc(/.*)?$')).map(m, m.mountPath)])`
+	// +optional
+	VolumeMounts []EngineVolumeMount `json:"volumeMounts,omitempty"`
+
+	// TopologySpreadConstraints spread the model's engine pods across zones or nodes: each
+	// selects the engine pods of this model (the operator writes the labelSelector).
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	// +optional
+	TopologySpreadConstraints []EngineTopologySpread `json:"topologySpreadConstraints,omitempty"`
+
+	// EnvFrom adds every key of ConfigMaps or Secrets to the vllm container's environment.
+	// spec.engine.env and the operator's own variables (POD_IP, PYTHONHASHSEED, HOME,
+	// HF_HOME, HF_TOKEN, VLLM_API_KEY) win over a key of the same name.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
+
+	// SecurityContext overrides fields of the operator's pod security context (non-root uid and
+	// gid 1000, fsGroup 1000, RuntimeDefault seccomp), within the Pod Security "restricted"
+	// profile.
+	// +kubebuilder:validation:XValidation:rule=`!has(self.runAsNonRoot) || self.runAsNonRoot`,message="spec.engine.pod.securityContext.runAsNonRoot must not be false: the restricted Pod Security profile runs engines as non-root (drop the field)",fieldPath=".runAsNonRoot"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.runAsUser) || self.runAsUser != 0`,message="spec.engine.pod.securityContext.runAsUser must not be 0 (root): pick a non-zero uid, or drop the field for the operator's 1000",fieldPath=".runAsUser"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.seccompProfile) || self.seccompProfile.type in ['RuntimeDefault', 'Localhost']`,message="spec.engine.pod.securityContext.seccompProfile.type must be RuntimeDefault or Localhost (restricted Pod Security profile), not Unconfined",fieldPath=".seccompProfile.type"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.appArmorProfile) || self.appArmorProfile.type != 'Unconfined'`,message="spec.engine.pod.securityContext.appArmorProfile.type must not be Unconfined (restricted Pod Security profile): use RuntimeDefault or Localhost",fieldPath=".appArmorProfile.type"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.seLinuxOptions) || (!has(self.seLinuxOptions.user) && !has(self.seLinuxOptions.role) && (!has(self.seLinuxOptions.type) || self.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']))`,message="spec.engine.pod.securityContext.seLinuxOptions may set only level and a type of container_t, container_init_t, container_kvm_t or container_engine_t (restricted Pod Security profile): drop user and role",fieldPath=".seLinuxOptions"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.sysctls) || self.sysctls.all(s, s.name in ['kernel.shm_rmid_forced', 'net.ipv4.ip_local_port_range', 'net.ipv4.ip_unprivileged_port_start', 'net.ipv4.tcp_syncookies', 'net.ipv4.ping_group_range', 'net.ipv4.ip_local_reserved_ports', 'net.ipv4.tcp_keepalive_time', 'net.ipv4.tcp_fin_timeout', 'net.ipv4.tcp_keepalive_intvl', 'net.ipv4.tcp_keepalive_probes'])`,messageExpression=`'spec.engine.pod.securityContext.sysctls: %s is not a safe sysctl of the Pod Security profiles: remove it'.format([self.sysctls.filter(s, !(s.name in ['kernel.shm_rmid_forced', 'net.ipv4.ip_local_port_range', 'net.ipv4.ip_unprivileged_port_start', 'net.ipv4.tcp_syncookies', 'net.ipv4.ping_group_range', 'net.ipv4.ip_local_reserved_ports', 'net.ipv4.tcp_keepalive_time', 'net.ipv4.tcp_fin_timeout', 'net.ipv4.tcp_keepalive_intvl', 'net.ipv4.tcp_keepalive_probes'])).map(s, s.name)])`,fieldPath=".sysctls"
+	// +optional
+	SecurityContext *PodSecurityOverrides `json:"securityContext,omitempty"`
+
+	// ContainerSecurityContext overrides fields of the vllm container's security context (no
+	// privilege escalation, every capability dropped), within the Pod Security "restricted"
+	// profile.
+	// +kubebuilder:validation:XValidation:rule=`!has(self.privileged) || !self.privileged`,message="spec.engine.pod.containerSecurityContext.privileged must not be true: the restricted Pod Security profile refuses privileged containers (the GPU device plugin gives vLLM its GPUs without it)",fieldPath=".privileged"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.allowPrivilegeEscalation) || !self.allowPrivilegeEscalation`,message="spec.engine.pod.containerSecurityContext.allowPrivilegeEscalation must not be true (restricted Pod Security profile): drop the field",fieldPath=".allowPrivilegeEscalation"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.capabilities) || !has(self.capabilities.add) || self.capabilities.add.all(c, c == 'NET_BIND_SERVICE')`,message="spec.engine.pod.containerSecurityContext.capabilities.add may hold NET_BIND_SERVICE only (the restricted Pod Security profile): remove the other capabilities",fieldPath=".capabilities.add"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.capabilities) || !has(self.capabilities.drop) || 'ALL' in self.capabilities.drop`,message="spec.engine.pod.containerSecurityContext.capabilities.drop must include ALL (restricted Pod Security profile), or be left out: the operator drops ALL",fieldPath=".capabilities.drop"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.runAsNonRoot) || self.runAsNonRoot`,message="spec.engine.pod.containerSecurityContext.runAsNonRoot must not be false: the restricted Pod Security profile runs engines as non-root (drop the field)",fieldPath=".runAsNonRoot"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.runAsUser) || self.runAsUser != 0`,message="spec.engine.pod.containerSecurityContext.runAsUser must not be 0 (root): pick a non-zero uid, or drop the field",fieldPath=".runAsUser"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.procMount) || self.procMount == 'Default'`,message="spec.engine.pod.containerSecurityContext.procMount must be Default (restricted Pod Security profile)",fieldPath=".procMount"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.seccompProfile) || self.seccompProfile.type in ['RuntimeDefault', 'Localhost']`,message="spec.engine.pod.containerSecurityContext.seccompProfile.type must be RuntimeDefault or Localhost (restricted Pod Security profile), not Unconfined",fieldPath=".seccompProfile.type"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.appArmorProfile) || self.appArmorProfile.type != 'Unconfined'`,message="spec.engine.pod.containerSecurityContext.appArmorProfile.type must not be Unconfined (restricted Pod Security profile): use RuntimeDefault or Localhost",fieldPath=".appArmorProfile.type"
+	// +kubebuilder:validation:XValidation:rule=`!has(self.seLinuxOptions) || (!has(self.seLinuxOptions.user) && !has(self.seLinuxOptions.role) && (!has(self.seLinuxOptions.type) || self.seLinuxOptions.type in ['', 'container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']))`,message="spec.engine.pod.containerSecurityContext.seLinuxOptions may set only level and a type of container_t, container_init_t, container_kvm_t or container_engine_t (restricted Pod Security profile): drop user and role",fieldPath=".seLinuxOptions"
+	// +optional
+	ContainerSecurityContext *ContainerSecurityOverrides `json:"containerSecurityContext,omitempty"`
+}
+
+// PodSecurityOverrides are the fields of the engine pod's securityContext a user may set
+// (corev1.PodSecurityContext's, less the Windows ones). A field left out keeps the operator's.
+type PodSecurityOverrides struct {
+	// +optional
+	RunAsUser *int64 `json:"runAsUser,omitempty"`
+	// +optional
+	RunAsGroup *int64 `json:"runAsGroup,omitempty"`
+	// +optional
+	RunAsNonRoot *bool `json:"runAsNonRoot,omitempty"`
+	// FSGroup owns the pod's volumes (the model cache included).
+	// +optional
+	FSGroup *int64 `json:"fsGroup,omitempty"`
+	// +kubebuilder:validation:Enum=OnRootMismatch;Always
+	// +optional
+	FSGroupChangePolicy *corev1.PodFSGroupChangePolicy `json:"fsGroupChangePolicy,omitempty"`
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	// +optional
+	SupplementalGroups []int64 `json:"supplementalGroups,omitempty"`
+	// +optional
+	SeccompProfile *corev1.SeccompProfile `json:"seccompProfile,omitempty"`
+	// +optional
+	AppArmorProfile *corev1.AppArmorProfile `json:"appArmorProfile,omitempty"`
+	// +optional
+	SELinuxOptions *corev1.SELinuxOptions `json:"seLinuxOptions,omitempty"`
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	Sysctls []corev1.Sysctl `json:"sysctls,omitempty"`
+}
+
+// ContainerSecurityOverrides are the fields of the vllm container's securityContext a user may
+// set (corev1.SecurityContext's, less the Windows ones). A field left out keeps the operator's.
+type ContainerSecurityOverrides struct {
+	// +optional
+	Privileged *bool `json:"privileged,omitempty"`
+	// +optional
+	AllowPrivilegeEscalation *bool `json:"allowPrivilegeEscalation,omitempty"`
+	// Capabilities: ALL stays dropped; NET_BIND_SERVICE is the one that may be added.
+	// +optional
+	Capabilities *corev1.Capabilities `json:"capabilities,omitempty"`
+	// +optional
+	RunAsUser *int64 `json:"runAsUser,omitempty"`
+	// +optional
+	RunAsGroup *int64 `json:"runAsGroup,omitempty"`
+	// +optional
+	RunAsNonRoot *bool `json:"runAsNonRoot,omitempty"`
+	// ReadOnlyRootFilesystem: HOME, /dev/shm and the model cache are volumes already; Python's
+	// temporary files need one more, an emptyDir mounted at /tmp through volumes.
+	// +optional
+	ReadOnlyRootFilesystem *bool `json:"readOnlyRootFilesystem,omitempty"`
+	// +optional
+	ProcMount *corev1.ProcMountType `json:"procMount,omitempty"`
+	// +optional
+	SeccompProfile *corev1.SeccompProfile `json:"seccompProfile,omitempty"`
+	// +optional
+	AppArmorProfile *corev1.AppArmorProfile `json:"appArmorProfile,omitempty"`
+	// +optional
+	SELinuxOptions *corev1.SELinuxOptions `json:"seLinuxOptions,omitempty"`
+}
+
+// EngineTopologySpread is a topology spread constraint over this model's engine pods.
+type EngineTopologySpread struct {
+	// MaxSkew is the most the number of engine pods may differ between two domains.
+	// +kubebuilder:validation:Minimum=1
+	// +required
+	MaxSkew int32 `json:"maxSkew"`
+	// TopologyKey is the node label whose values are the domains (topology.kubernetes.io/zone,
+	// kubernetes.io/hostname).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	// +required
+	TopologyKey string `json:"topologyKey"`
+	// WhenUnsatisfiable: DoNotSchedule keeps a pod Pending rather than break the skew;
+	// ScheduleAnyway only prefers the spread.
+	// +kubebuilder:validation:Enum=DoNotSchedule;ScheduleAnyway
+	// +kubebuilder:default=DoNotSchedule
+	// +optional
+	WhenUnsatisfiable corev1.UnsatisfiableConstraintAction `json:"whenUnsatisfiable,omitempty"`
+	// MinDomains is the number of eligible domains below which the global minimum counts as 0
+	// (DoNotSchedule only).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MinDomains *int32 `json:"minDomains,omitempty"`
+}
+
+// EngineVolumeMount mounts a volume of spec.engine.pod.volumes in the vllm container.
+type EngineVolumeMount struct {
+	// Name of the volume in spec.engine.pod.volumes.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +required
+	Name string `json:"name"`
+	// MountPath in the container, absolute.
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^/`
+	// +required
+	MountPath string `json:"mountPath"`
+	// SubPath within the volume to mount instead of its root.
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	SubPath string `json:"subPath,omitempty"`
+	// +optional
+	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// EngineVolume is a volume of the engine pod, limited to the sources the Pod Security
+// "restricted" profile admits that an engine needs: exactly one of them.
+// +kubebuilder:validation:XValidation:rule=`[has(self.configMap), has(self.secret), has(self.persistentVolumeClaim), has(self.emptyDir), has(self.csi)].filter(x, x).size() == 1`,messageExpression=`'spec.engine.pod.volumes[%s] needs exactly one of configMap, secret, persistentVolumeClaim, emptyDir or csi'.format([self.name])`
+type EngineVolume struct {
+	// Name is what a volumeMount names.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +required
+	Name string `json:"name"`
+	// ConfigMap mounts every key of a ConfigMap as a file.
+	// +optional
+	ConfigMap *ConfigMapVolume `json:"configMap,omitempty"`
+	// Secret mounts every key of a Secret as a file.
+	// +optional
+	Secret *SecretVolume `json:"secret,omitempty"`
+	// PersistentVolumeClaim mounts a claim in the model's namespace.
+	// +optional
+	PersistentVolumeClaim *corev1.PersistentVolumeClaimVolumeSource `json:"persistentVolumeClaim,omitempty"`
+	// EmptyDir is scratch space that lives as long as the pod.
+	// +optional
+	EmptyDir *corev1.EmptyDirVolumeSource `json:"emptyDir,omitempty"`
+	// CSI is an inline CSI volume (the Secrets Store CSI driver, for instance).
+	// +optional
+	CSI *CSIVolume `json:"csi,omitempty"`
+}
+
+// ConfigMapVolume is a ConfigMap mounted as files.
+type ConfigMapVolume struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+	// Optional lets the pod start without the ConfigMap.
+	// +optional
+	Optional *bool `json:"optional,omitempty"`
+	// DefaultMode of the files (octal 0644 is decimal 420).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=511
+	// +optional
+	DefaultMode *int32 `json:"defaultMode,omitempty"`
+}
+
+// SecretVolume is a Secret mounted as files.
+type SecretVolume struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	SecretName string `json:"secretName"`
+	// Optional lets the pod start without the Secret.
+	// +optional
+	Optional *bool `json:"optional,omitempty"`
+	// DefaultMode of the files (octal 0644 is decimal 420).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=511
+	// +optional
+	DefaultMode *int32 `json:"defaultMode,omitempty"`
+}
+
+// CSIVolume is an inline CSI volume.
+type CSIVolume struct {
+	// Driver is the CSI driver's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +required
+	Driver string `json:"driver"`
+	// +optional
+	ReadOnly *bool `json:"readOnly,omitempty"`
+	// VolumeAttributes are passed to the driver.
+	// +kubebuilder:validation:MaxProperties=32
+	// +optional
+	VolumeAttributes map[string]string `json:"volumeAttributes,omitempty"`
+	// NodePublishSecretRef names a Secret the driver reads.
+	// +optional
+	NodePublishSecretRef *corev1.LocalObjectReference `json:"nodePublishSecretRef,omitempty"`
 }
 
 // RouterSpec configures the KV-aware router.
@@ -553,7 +873,7 @@ type NetworkPolicySpec struct {
 }
 
 // AutoscalingSpec makes HPA or KEDA scale the resource through /scale.
-// +kubebuilder:validation:XValidation:rule=`self.minReplicas <= self.maxReplicas`,message="spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",fieldPath=".minReplicas"
+// +kubebuilder:validation:XValidation:rule=`self.minReplicas <= self.maxReplicas`,messageExpression=`'spec.autoscaling.minReplicas %d must be <= spec.autoscaling.maxReplicas %d'.format([self.minReplicas, self.maxReplicas])`,fieldPath=".minReplicas"
 // +kubebuilder:validation:XValidation:rule=`self.provider == 'KEDA' || !has(self.keda)`,message="spec.autoscaling.keda may only be set when spec.autoscaling.provider is KEDA",fieldPath=".keda"
 // +kubebuilder:validation:XValidation:rule=`self.provider == 'HPA' || !has(self.hpa)`,message="spec.autoscaling.hpa may only be set when spec.autoscaling.provider is HPA",fieldPath=".hpa"
 // +kubebuilder:validation:XValidation:rule=`self.provider != 'KEDA' || (has(self.keda) && has(self.keda.prometheus) && size(self.keda.prometheus.serverAddress) > 0)`,message="spec.autoscaling.keda.prometheus.serverAddress is required when spec.autoscaling.provider is KEDA"
@@ -716,6 +1036,34 @@ type EngineStatus struct {
 	// +listType=atomic
 	// +optional
 	ReplayPorts []int32 `json:"replayPorts,omitempty"`
+	// ModelCache is the claim the weights are cached on; absent without spec.model.cache.
+	// +optional
+	ModelCache *ModelCacheStatus `json:"modelCache,omitempty"`
+}
+
+// ModelCacheStatus reports the weight cache's claim as the API server has it.
+type ModelCacheStatus struct {
+	// ClaimName of the PersistentVolumeClaim.
+	// +optional
+	ClaimName string `json:"claimName,omitempty"`
+	// Managed is true for a claim the operator created (spec.model.cache.size).
+	// +optional
+	Managed bool `json:"managed,omitempty"`
+	// Phase of the claim (Pending, Bound, Lost); empty when it was not found.
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// Capacity of the bound volume.
+	// +optional
+	Capacity string `json:"capacity,omitempty"`
+	// AccessModes the claim has.
+	// +listType=atomic
+	// +optional
+	AccessModes []corev1.PersistentVolumeAccessMode `json:"accessModes,omitempty"`
+	// Message says what is wrong with the claim: not found, or an access mode other than
+	// spec.model.cache.accessMode.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // RouterStatus reports the router children.

@@ -152,3 +152,74 @@ func TestRenderEverySample(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderNamesEveryBadDocumentWithItsLine: a duplicate key, an invalid spec and a valid
+// model with a misspelt engine flag in one stream: both refusals are reported with the line
+// their document starts on (the duplicate at its own file line), the typo as a warning with
+// the nearest flag, and nothing is rendered.
+func TestRenderNamesEveryBadDocumentWithItsLine(t *testing.T) {
+	in := `apiVersion: serving.kvroute.io/v1alpha1
+kind: KVRoutedModel
+metadata: {name: a}
+spec:
+  model: {name: a, uri: org/a}
+---
+apiVersion: serving.kvroute.io/v1alpha1
+kind: KVRoutedModel
+metadata: {name: b}
+spec:
+  replicas: 1
+  model: {name: b, uri: org/b}
+  replicas: 2
+--- # the third
+apiVersion: serving.kvroute.io/v1alpha1
+kind: KVRoutedModel
+metadata: {name: c}
+spec:
+  model: {name: c, uri: org/c}
+  engine: {port: 5557}
+---
+apiVersion: serving.kvroute.io/v1alpha1
+kind: KVRoutedModel
+metadata: {name: d}
+spec:
+  model: {name: d, uri: org/d}
+  engine: {args: ["--gpu-memory-utilisation", "0.8"]}
+`
+	code, out, stderr := renderCLI(t, in, "-f", "-")
+	if code != 1 || out != "" {
+		t.Fatalf("exit %d, stdout %d bytes", code, len(out))
+	}
+	for _, want := range []string{
+		`-:7: document 2: decode: `, `line 13: key "replicas" already set in map`,
+		`-:15: document 3: `, `spec.engine.port 5557 collides with the KV event ports`,
+		`-:22: document 4 (default/d): warning: spec.engine.args[0] "--gpu-memory-utilisation" is not a ` + "`vllm serve`" + ` option of vLLM`,
+		`did you mean --gpu-memory-utilization?`,
+		`2 of 4 documents refused`,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, "document 1") {
+		t.Errorf("the valid first document was reported:\n%s", stderr)
+	}
+}
+
+// A warning alone does not stop the render.
+func TestRenderWarnsOnUnknownFlagAndStillRenders(t *testing.T) {
+	in := `apiVersion: serving.kvroute.io/v1alpha1
+kind: KVRoutedModel
+metadata: {name: d}
+spec:
+  model: {name: d, uri: org/d}
+  engine: {args: ["--max-model-len", "4096", "--enable-chunked-prefil"]}
+`
+	code, out, stderr := renderCLI(t, in, "-f", "-")
+	if code != 0 || !strings.Contains(out, "kind: Deployment") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stderr, `spec.engine.args[2] "--enable-chunked-prefil"`) || !strings.Contains(stderr, "did you mean --enable-chunked-prefill?") {
+		t.Errorf("stderr %q", stderr)
+	}
+}

@@ -242,6 +242,9 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
+	if sc := e.Pod.ContainerSecurityContext; sc != nil {
+		container.SecurityContext = overlayContainerSecurity(container.SecurityContext, sc)
+	}
 	volumes := []corev1.Volume{{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	if e.Parallelism.Tensor > 1 || e.SharedMemorySize != nil {
 		// NCCL between tensor-parallel workers needs more than the runtime's 64 MiB /dev/shm.
@@ -256,26 +259,74 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: pvcMountRoot + "/" + claim, ReadOnly: true})
 	}
 
+	if claim := ModelCacheClaimName(m); claim != "" {
+		volumes = append(volumes, corev1.Volume{Name: ModelCacheVolume, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: ModelCacheVolume, MountPath: ModelCacheMountPath})
+	}
 	pod := e.Pod
+	// The user's volumes and mounts come after the operator's; the CRD keeps their names and
+	// paths apart.
+	for i := range pod.Volumes {
+		volumes = append(volumes, userVolume(&pod.Volumes[i]))
+	}
+	for _, vm := range pod.VolumeMounts {
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: vm.Name, MountPath: vm.MountPath, SubPath: vm.SubPath, ReadOnly: vm.ReadOnly})
+	}
+	for i := range pod.EnvFrom {
+		container.EnvFrom = append(container.EnvFrom, *pod.EnvFrom[i].DeepCopy())
+	}
+	podSecurity := &corev1.PodSecurityContext{
+		RunAsNonRoot:        ptr(true),
+		RunAsUser:           ptr(int64(engineUID)),
+		RunAsGroup:          ptr(int64(engineUID)),
+		FSGroup:             ptr(int64(engineUID)),
+		FSGroupChangePolicy: ptr(corev1.FSGroupChangeOnRootMismatch),
+		SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	if pod.SecurityContext != nil {
+		podSecurity = overlayPodSecurity(podSecurity, pod.SecurityContext)
+	}
 	podSpec := corev1.PodSpec{
 		Containers:                    []corev1.Container{container},
 		Volumes:                       volumes,
 		AutomountServiceAccountToken:  ptr(false), // vLLM never talks to the API server
 		EnableServiceLinks:            ptr(false), // a Service named "vllm" would inject VLLM_PORT, which vLLM reads
 		TerminationGracePeriodSeconds: ptr(int64(120)),
-		SecurityContext: &corev1.PodSecurityContext{
-			RunAsNonRoot:        ptr(true),
-			RunAsUser:           ptr(int64(engineUID)),
-			RunAsGroup:          ptr(int64(engineUID)),
-			FSGroup:             ptr(int64(engineUID)),
-			FSGroupChangePolicy: ptr(corev1.FSGroupChangeOnRootMismatch),
-			SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		SecurityContext:               podSecurity,
+		NodeSelector:                  copyMap(pod.NodeSelector),
+		Tolerations:                   copyTolerations(pod.Tolerations),
+		Affinity:                      pod.Affinity.DeepCopy(),
+		RuntimeClassName:              copyPtr(pod.RuntimeClassName),
+		PriorityClassName:             pod.PriorityClassName,
+		ServiceAccountName:            pod.ServiceAccountName,
+	}
+	podSpec.ImagePullSecrets = append(podSpec.ImagePullSecrets, pod.ImagePullSecrets...)
+	for _, t := range pod.TopologySpreadConstraints {
+		podSpec.TopologySpreadConstraints = append(podSpec.TopologySpreadConstraints, corev1.TopologySpreadConstraint{
+			MaxSkew:           t.MaxSkew,
+			TopologyKey:       t.TopologyKey,
+			WhenUnsatisfiable: t.WhenUnsatisfiable,
+			MinDomains:        copyPtr(t.MinDomains),
+			LabelSelector:     &metav1.LabelSelector{MatchLabels: EngineSelector(m)},
+			// Spread each revision on its own, so a rollout's surge pod is not counted against
+			// the pods it replaces.
+			MatchLabelKeys: []string{appsv1.DefaultDeploymentUniqueLabelKey},
+		})
+	}
+	// Never take a serving replica down before its replacement is Ready, unless the cache's
+	// claim attaches to one node only: the replacement could not mount it while the old pod
+	// holds it (and with maxUnavailable 0 the rollout would wait forever), so the old pod goes
+	// first.
+	strategy := appsv1.DeploymentStrategy{
+		Type: appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{
+			MaxUnavailable: ptr(intstr.FromInt32(0)),
+			MaxSurge:       ptr(intstr.FromInt32(1)),
 		},
-		NodeSelector:      copyMap(pod.NodeSelector),
-		Tolerations:       copyTolerations(pod.Tolerations),
-		Affinity:          pod.Affinity.DeepCopy(),
-		RuntimeClassName:  copyPtr(pod.RuntimeClassName),
-		PriorityClassName: pod.PriorityClassName,
+	}
+	if cacheSingleNode(m) {
+		strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
 	}
 
 	d := &appsv1.Deployment{
@@ -284,14 +335,7 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr(*m.Spec.Replicas),
 			Selector: &metav1.LabelSelector{MatchLabels: EngineSelector(m)},
-			// Never take a serving replica down before its replacement is Ready.
-			Strategy: appsv1.DeploymentStrategy{
-				Type: appsv1.RollingUpdateDeploymentStrategyType,
-				RollingUpdate: &appsv1.RollingUpdateDeployment{
-					MaxUnavailable: ptr(intstr.FromInt32(0)),
-					MaxSurge:       ptr(intstr.FromInt32(1)),
-				},
-			},
+			Strategy: strategy,
 			// Downloading and loading weights can take far longer than the 600 s default.
 			ProgressDeadlineSeconds: ptr(int32(startupTimeout + 600)),
 			Template: corev1.PodTemplateSpec{
@@ -339,7 +383,7 @@ func engineContainerPorts(m *v1alpha1.KVRoutedModel, p Ports) []corev1.Container
 }
 
 // engineEnv: POD_IP for the topic, PYTHONHASHSEED for deterministic block hashes, HOME on the
-// writable emptyDir, HF_TOKEN and VLLM_API_KEY from their secrets; user variables replace ours
+// writable emptyDir, HF_HOME on the model cache's claim, HF_TOKEN and VLLM_API_KEY from their secrets; user variables replace ours
 // by name, except POD_IP, PYTHONHASHSEED and VLLM_API_KEY (the CRD refuses the last two),
 // which routing depends on.
 //
@@ -352,6 +396,11 @@ func engineEnv(m *v1alpha1.KVRoutedModel) []corev1.EnvVar {
 		{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
 		{Name: "PYTHONHASHSEED", Value: m.Spec.Engine.HashSeed},
 		{Name: "HOME", Value: engineHome},
+	}
+	if m.Spec.Model.Cache != nil {
+		// Hugging Face downloads (hub/) and token lookups go to the cache; vLLM's own compile
+		// caches stay under HOME.
+		env = append(env, corev1.EnvVar{Name: "HF_HOME", Value: ModelCacheMountPath})
 	}
 	if ref := m.Spec.Model.AuthSecretRef; ref != nil {
 		env = append(env, corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: ref.DeepCopy()}})
@@ -472,4 +521,112 @@ func copyPtr[T any](p *T) *T {
 		return nil
 	}
 	return ptr(*p)
+}
+
+// overlayPodSecurity sets on ours every field the user set (the CRD keeps them within the
+// restricted Pod Security profile).
+func overlayPodSecurity(ours *corev1.PodSecurityContext, user *v1alpha1.PodSecurityOverrides) *corev1.PodSecurityContext {
+	out, u := ours.DeepCopy(), user.DeepCopy()
+	if u.SELinuxOptions != nil {
+		out.SELinuxOptions = u.SELinuxOptions
+	}
+	if u.RunAsUser != nil {
+		out.RunAsUser = u.RunAsUser
+	}
+	if u.RunAsGroup != nil {
+		out.RunAsGroup = u.RunAsGroup
+	}
+	if u.RunAsNonRoot != nil {
+		out.RunAsNonRoot = u.RunAsNonRoot
+	}
+	if u.SupplementalGroups != nil {
+		out.SupplementalGroups = u.SupplementalGroups
+	}
+	if u.FSGroup != nil {
+		out.FSGroup = u.FSGroup
+	}
+	if u.Sysctls != nil {
+		out.Sysctls = u.Sysctls
+	}
+	if u.FSGroupChangePolicy != nil {
+		out.FSGroupChangePolicy = u.FSGroupChangePolicy
+	}
+	if u.SeccompProfile != nil {
+		out.SeccompProfile = u.SeccompProfile
+	}
+	if u.AppArmorProfile != nil {
+		out.AppArmorProfile = u.AppArmorProfile
+	}
+	return out
+}
+
+// overlayContainerSecurity sets on ours every field the user set. Capabilities merge: ALL
+// stays dropped, and the user's additions (NET_BIND_SERVICE at most, per the CRD) are added.
+func overlayContainerSecurity(ours *corev1.SecurityContext, user *v1alpha1.ContainerSecurityOverrides) *corev1.SecurityContext {
+	out, u := ours.DeepCopy(), user.DeepCopy()
+	if u.Capabilities != nil && len(u.Capabilities.Add) > 0 {
+		out.Capabilities.Add = u.Capabilities.Add
+	}
+	if u.Privileged != nil {
+		out.Privileged = u.Privileged
+	}
+	if u.SELinuxOptions != nil {
+		out.SELinuxOptions = u.SELinuxOptions
+	}
+	if u.RunAsUser != nil {
+		out.RunAsUser = u.RunAsUser
+	}
+	if u.RunAsGroup != nil {
+		out.RunAsGroup = u.RunAsGroup
+	}
+	if u.RunAsNonRoot != nil {
+		out.RunAsNonRoot = u.RunAsNonRoot
+	}
+	if u.ReadOnlyRootFilesystem != nil {
+		out.ReadOnlyRootFilesystem = u.ReadOnlyRootFilesystem
+	}
+	if u.AllowPrivilegeEscalation != nil {
+		out.AllowPrivilegeEscalation = u.AllowPrivilegeEscalation
+	}
+	if u.ProcMount != nil {
+		out.ProcMount = u.ProcMount
+	}
+	if u.SeccompProfile != nil {
+		out.SeccompProfile = u.SeccompProfile
+	}
+	if u.AppArmorProfile != nil {
+		out.AppArmorProfile = u.AppArmorProfile
+	}
+	return out
+}
+
+// userVolume turns a spec.engine.pod.volumes entry into the pod's volume.
+func userVolume(v *v1alpha1.EngineVolume) corev1.Volume {
+	out := corev1.Volume{Name: v.Name}
+	switch {
+	case v.ConfigMap != nil:
+		out.ConfigMap = &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: v.ConfigMap.Name},
+			Optional:             copyPtr(v.ConfigMap.Optional),
+			DefaultMode:          copyPtr(v.ConfigMap.DefaultMode),
+		}
+	case v.Secret != nil:
+		out.Secret = &corev1.SecretVolumeSource{
+			SecretName:  v.Secret.SecretName,
+			Optional:    copyPtr(v.Secret.Optional),
+			DefaultMode: copyPtr(v.Secret.DefaultMode),
+		}
+	case v.PersistentVolumeClaim != nil:
+		out.PersistentVolumeClaim = v.PersistentVolumeClaim.DeepCopy()
+	case v.EmptyDir != nil:
+		out.EmptyDir = v.EmptyDir.DeepCopy()
+	case v.CSI != nil:
+		out.CSI = &corev1.CSIVolumeSource{
+			Driver:               v.CSI.Driver,
+			ReadOnly:             copyPtr(v.CSI.ReadOnly),
+			VolumeAttributes:     copyMap(v.CSI.VolumeAttributes),
+			NodePublishSecretRef: copyPtr(v.CSI.NodePublishSecretRef),
+		}
+	}
+	return out
 }

@@ -107,8 +107,8 @@ func objectMeta(m *v1alpha1.KVRoutedModel, name, component string) metav1.Object
 	return om
 }
 
-// All renders every child in a stable order: router config and RBAC, engine Service,
-// Deployment and disruption budget, network policy, router Deployment and Service, with
+// All renders every child in a stable order: router config and RBAC, engine Service, the
+// model cache's claim when the operator creates it, engine Deployment and disruption budget, network policy, router Deployment and Service, with
 // EnginesConnect the events Service and the router's network policy, and the autoscaler.
 // Children switched off by the spec (network policies, events Service, autoscaler) are absent.
 func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
@@ -127,7 +127,11 @@ func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	objs := []client.Object{cm, ServiceAccount(m), Role(m), RoleBinding(m), EngineService(m), engine, PodDisruptionBudget(m)}
+	objs := []client.Object{cm, ServiceAccount(m), Role(m), RoleBinding(m), EngineService(m)}
+	if pvc := ModelCachePVC(m); pvc != nil {
+		objs = append(objs, pvc)
+	}
+	objs = append(objs, engine, PodDisruptionBudget(m))
 	if np := NetworkPolicy(m); np != nil {
 		objs = append(objs, np)
 	}

@@ -53,6 +53,8 @@ type Observed struct {
 	// RouterPods are the router pods that exist (nil: not known); reports of other pods are
 	// ignored and, once stale, dropped.
 	RouterPods map[string]bool
+	// ModelCache is the weight cache's claim (ModelCache()); nil without spec.model.cache.
+	ModelCache *v1alpha1.ModelCacheStatus
 }
 
 // Compute returns the new status. The previous conditions are copied, then each of the four
@@ -74,7 +76,7 @@ func Compute(o Observed) v1alpha1.KVRoutedModelStatus {
 	if e := o.Engine; e != nil {
 		st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = e.Status.Replicas, e.Status.ReadyReplicas, e.Status.UpdatedReplicas
 		p := render.EnginePorts(m)
-		st.Engine = &v1alpha1.EngineStatus{DeploymentName: e.Name, KVEventPorts: p.Events, ReplayPorts: p.Replay}
+		st.Engine = &v1alpha1.EngineStatus{DeploymentName: e.Name, KVEventPorts: p.Events, ReplayPorts: p.Replay, ModelCache: o.ModelCache}
 	}
 	if o.Router != nil {
 		st.Router = &v1alpha1.RouterStatus{DeploymentName: o.Router.Name, ServiceName: render.RouterName(m), Endpoint: render.RouterEndpoint(m),

@@ -200,8 +200,10 @@ func blockingError(errs field.ErrorList) *field.Error {
 // metadata.namespace. Errors are the apiserver's (*apierrors.StatusError), so err.Error() is
 // the message kubectl would print after "Error from server".
 func (v *Validator) Admit(ctx context.Context, doc []byte, namespace string) (*v1alpha1.KVRoutedModel, error) {
-	// Decode as the apiserver does: integers stay int64 (CEL's int), not float64.
-	js, err := yaml.YAMLToJSON(doc)
+	// Decode as the apiserver does: integers stay int64 (CEL's int), not float64. A key given
+	// twice in one mapping is an error, as with kubectl's strict field validation: the last
+	// one silently winning hides edits.
+	js, err := yaml.YAMLToJSONStrict(doc)
 	if err != nil {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("decode: %v", err))
 	}

@@ -152,6 +152,17 @@ func TestAdmitRejectsWrongKindAndGarbage(t *testing.T) {
 	}
 }
 
+// A key given twice is refused (the last one winning would hide an edit), naming the key and
+// its line.
+func TestAdmitRefusesDuplicateKeys(t *testing.T) {
+	v := newValidator(t)
+	doc := "apiVersion: serving.kvroute.io/v1alpha1\nkind: KVRoutedModel\nmetadata: {name: x}\nspec:\n  model: {name: m, uri: org/m}\n  replicas: 1\n  replicas: 3\n"
+	_, err := v.Admit(context.Background(), []byte(doc), "default")
+	if err == nil || !strings.Contains(err.Error(), `line 7: key "replicas" already set`) {
+		t.Errorf("Admit = %v", err)
+	}
+}
+
 // TestInvalidCasesOffline runs the shared table through the offline validator; the envtest
 // test below checks kube-apiserver gives the same message.
 func TestInvalidCasesOffline(t *testing.T) {

@@ -1,0 +1,126 @@
+package render
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// ArgWarning is one spec.engine.args entry that is no option of the pinned vLLM's `vllm serve`.
+type ArgWarning struct {
+	// Index in spec.engine.args.
+	Index int
+	// Arg as written.
+	Arg string
+	// Suggestion is the nearest known flag ("--gpu-memory-utilization"), "" when none is close.
+	Suggestion string
+}
+
+func (w ArgWarning) String() string {
+	s := fmt.Sprintf("spec.engine.args[%d] %q is not a `vllm serve` option of vLLM %s", w.Index, w.Arg, VLLMFlagsTag)
+	if w.Suggestion != "" {
+		s += "; did you mean " + w.Suggestion + "?"
+	}
+	return s
+}
+
+// CheckEngineArgs names the arguments that look like options (a leading dash, not a number)
+// but are none of vLLM's (vllmFlags), each with the nearest known flag by edit distance. It
+// only warns: the engine image may be newer than the list. Values (4096, JSON, a path) pass.
+func CheckEngineArgs(args []string) []ArgWarning {
+	var out []ArgWarning
+	for i, a := range args {
+		if !strings.HasPrefix(a, "-") || a == "-" || isNumber(a) {
+			continue
+		}
+		if known, suggestion := knownFlag(a); !known {
+			out = append(out, ArgWarning{Index: i, Arg: a, Suggestion: suggestion})
+		}
+	}
+	return out
+}
+
+// knownFlag reports whether a is an option vLLM's parser takes in one of its spellings:
+// --name, --name=value, --name.key (JSON fields), --no-name for booleans, underscores for
+// dashes, and the short aliases (-tp 2, -tp=2, -O3).
+func knownFlag(a string) (bool, string) {
+	if !strings.HasPrefix(a, "--") {
+		name, _, _ := strings.Cut(a, "=")
+		if _, ok := vllmShortFlags[name]; ok {
+			return true, ""
+		}
+		if strings.HasPrefix(name, "-O") { // -O3, -O.level
+			return true, ""
+		}
+		return false, nearestFlag(name)
+	}
+	name := a[2:]
+	if i := strings.IndexAny(name, "=."); i >= 0 {
+		name = name[:i]
+	}
+	name = strings.ReplaceAll(name, "_", "-")
+	if _, ok := vllmFlags[name]; ok {
+		return true, ""
+	}
+	if rest, ok := strings.CutPrefix(name, "no-"); ok && vllmFlags[rest] {
+		return true, ""
+	}
+	return false, nearestFlag("--" + name)
+}
+
+// nearestFlag is the known long flag (or --no- form) closest to name, when it is within a
+// third of name's length: further away it would be a guess, not a spelling fix.
+func nearestFlag(name string) string {
+	best, bestD := "", len(name)/3+1
+	for _, c := range allFlagSpellings() {
+		if d := editDistance(name, c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+// allFlagSpellings lists every long flag, and --no-<flag> for booleans, sorted so a tie
+// always resolves to the same suggestion.
+var allFlagSpellings = sync.OnceValue(func() []string {
+	var out []string
+	for f, neg := range vllmFlags {
+		out = append(out, "--"+f)
+		if neg {
+			out = append(out, "--no-"+f)
+		}
+	}
+	for s := range vllmShortFlags {
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+})
+
+// editDistance is the Levenshtein distance between a and b, in bytes (flags are ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+func isNumber(s string) bool {
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil
+}

@@ -1,0 +1,73 @@
+package render_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/controllers/render"
+)
+
+func TestCheckEngineArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want map[int]string // index -> suggestion ("" for none)
+	}{
+		{args: []string{"--max-model-len", "4096", "--gpu-memory-utilization=0.85", "--enforce-eager"}},
+		{args: []string{"--max_model_len=4096", "--no-enable-chunked-prefill", "-q", "awq", "-O3", "--compilation-config.level", "3"}},
+		{args: []string{"--kv-cache-dtype", "fp8", "--speculative-config", `{"method":"ngram"}`, "--seed", "-1"}},
+		{args: []string{"--kv-offloading-size", "8", "-ep", "--attention-backend=FLASHINFER", "--no-kv-cache-metrics"}},
+		{args: []string{"--gpu-memory-utilisation", "0.9"}, want: map[int]string{0: "--gpu-memory-utilization"}},
+		{args: []string{"--max-model-length=8192"}, want: map[int]string{0: "--max-model-len"}},
+		{args: []string{"--enable-prefix-cacheing"}, want: map[int]string{0: "--enable-prefix-caching"}},
+		{args: []string{"--no-max-model-len"}, want: map[int]string{0: "--max-model-len"}},
+		{args: []string{"--swap-space", "4", "--frobnicate-the-gpus"}, want: map[int]string{2: ""}},
+		{args: []string{"-tpx", "2"}, want: map[int]string{0: "-tp"}},
+	} {
+		got := render.CheckEngineArgs(tc.args)
+		if len(got) != len(tc.want) {
+			t.Errorf("%q: warnings %v, want %v", tc.args, got, tc.want)
+			continue
+		}
+		for _, w := range got {
+			s, ok := tc.want[w.Index]
+			if !ok || w.Suggestion != s || w.Arg != tc.args[w.Index] {
+				t.Errorf("%q: warning %+v, want index %d suggesting %q", tc.args, w, w.Index, s)
+			}
+		}
+	}
+}
+
+func TestArgWarningNamesTheFlagTheReleaseAndTheFix(t *testing.T) {
+	w := render.CheckEngineArgs([]string{"--gpu-memory-utilisation=0.9"})
+	if len(w) != 1 {
+		t.Fatalf("warnings %v", w)
+	}
+	msg := w[0].String()
+	for _, want := range []string{`spec.engine.args[0] "--gpu-memory-utilisation=0.9"`, render.VLLMFlagsTag, "did you mean --gpu-memory-utilization?"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("%q lacks %q", msg, want)
+		}
+	}
+}
+
+// TestFlagListFollowsThePinnedVLLM ties the flag list to the default engine image: moving
+// TestedVLLMReleases[0] without reading the new release's CLI again fails here.
+func TestFlagListFollowsThePinnedVLLM(t *testing.T) {
+	if render.VLLMFlagsTag != render.TestedVLLMReleases[0].Tag {
+		t.Fatalf("the vLLM flag list stands for %s but the pinned release is %s: read vllm/engine/arg_utils.py and vllm/entrypoints/openai/cli_args.py at the new tag and update controllers/render/vllm_flags.go",
+			render.VLLMFlagsTag, render.TestedVLLMReleases[0].Tag)
+	}
+}
+
+// TestEveryFlagTheOperatorWritesIsKnown: the operator's own command line passes the check.
+func TestEveryFlagTheOperatorWritesIsKnown(t *testing.T) {
+	for _, shape := range shapes {
+		args, err := render.EngineArgs(sample(t, shape))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := render.CheckEngineArgs(args); len(w) != 0 {
+			t.Errorf("%s: %v", shape, w)
+		}
+	}
+}
