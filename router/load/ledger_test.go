@@ -178,6 +178,38 @@ func TestRemoveForgetsAndInFlightSettlesOnOldReplica(t *testing.T) {
 	}
 }
 
+// A decision reads a replica's load by its slot (Ledger.Load): the replica counted there now,
+// values read at the call; a removed replica's slot reads zero even while its requests run, and
+// removing a replica the slot no longer holds leaves the newcomer there.
+func TestLoadBySlot(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}})
+	if got := l.Load(5); got != (route.ReplicaLoad{}) {
+		t.Fatalf("unknown slot: %+v", got)
+	}
+	old := l.NewReplica(2, "e0/0")
+	l.Routed(Routing{Replica: old, Uncached: 10, Held: 32})
+	want := route.ReplicaLoad{Load: Load{PrefillTokens: 10, PrefillHeldTokens: 32, PrefillAttention: 10 * 9 / 2, Running: 1}, PrefillSince: c.t.UnixNano()}
+	got := l.Load(2)
+	if got != want {
+		t.Fatalf("slot 2: %+v, want %+v", got, want)
+	}
+	l.Routed(Routing{Replica: old, Uncached: 5, Held: 8})
+	if got.PrefillTokens != 10 || l.Load(2).PrefillTokens != 15 {
+		t.Fatalf("a value read earlier moved (%d) or a new read missed the routing (%d)", got.PrefillTokens, l.Load(2).PrefillTokens)
+	}
+	l.Remove(old)
+	if got := l.Load(2); got != (route.ReplicaLoad{}) {
+		t.Fatalf("removed replica still read: %+v", got)
+	}
+	nu := l.NewReplica(2, "e9/0")
+	l.Routed(Routing{Replica: nu, Uncached: 7, Held: 7})
+	l.Remove(old) // again: the slot is the newcomer's now
+	if got := l.Load(2); got.PrefillTokens != 7 || got.Running != 1 {
+		t.Fatalf("newcomer's slot: %+v", got)
+	}
+}
+
 // failing is a policy whose Pick always fails.
 type failing struct{ recorder }
 
