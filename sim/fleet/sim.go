@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -281,7 +282,7 @@ type modelView struct {
 func (v *modelView) Slots() int { return v.s.cfg.Replicas }
 
 func (v *modelView) Match(_ []blockkey.Key, out []index.Match) []index.Match {
-	out = append(out[:0], make([]index.Match, v.n)...)
+	out = slices.Grow(out[:0], v.n)[:v.n]
 	v.exact = v.exact[:0]
 	for r, rep := range v.s.reps[:v.n] {
 		e := uint32(rep.cache.prefix(v.q.HashIDs))
