@@ -201,6 +201,11 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	return run(tr, cfg, policy, pol)
+}
+
+// run is Run with the policy instance (a test's recording one), cfg already defaulted.
+func run(tr *Trace, cfg Config, policy string, pol score.Policy) (*Result, error) {
 	s := &sim{cfg: cfg, tr: tr, perRep: cfg.CapacityBlocks / cfg.Replicas,
 		arrival: make([]float64, len(tr.Requests)), ids: make([]load.ID, len(tr.Requests)),
 		ttft: make([]float64, len(tr.Requests)), uncachedByRep: make([]float64, cfg.Replicas),
