@@ -71,7 +71,7 @@ func (s *Router) views(reps []*replica, now time.Time, out []route.Replica) ([]r
 		if s.exactHook != nil {
 			exact = s.exactHook(r)
 		}
-		out[i] = route.Replica{Name: r.Name, ID: r.ID, Load: r.Load, Ready: v.Ready, Healthy: r.Eng.Health.Healthy(now),
+		out[i] = route.Replica{Name: r.Name, ID: r.ID, Ready: v.Ready, Healthy: r.Eng.Health.Healthy(now),
 			Approximate: !exact, WarmupCredit: s.warmupCredit(v.WarmupUntil, now), Queue: v.Figures.Waiting, KVUtil: v.Figures.KVUsage,
 			Peer: s.peerLoad(r)} // what the other router replicas have in flight there
 	}
@@ -122,10 +122,10 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 		d.chosen = i
 		return d, ex, err
 	}
-	// The candidates were built outside the ledger's lock; siblings routed since then are
-	// re-read under it (route.Decision.Refresh), or concurrent siblings would scatter.
-	refresh := func() { d.Refresh(views, s.ledger) }
-	lid, _, err := s.ledger.DecideInto(&d.rec, &d.Req, d.Cands, refresh, func(i int) load.Routing {
+	// The candidates were built outside the ledger's lock; the ledger re-reads what siblings
+	// routed since then changed under it (route.Decision.Refresh), or concurrent siblings
+	// would scatter.
+	lid, _, err := s.ledger.DecideInto(&d.rec, &d.Decision, views, func(i int) load.Routing {
 		// Outside the measured decision, still under the ledger's lock: a sibling decided right
 		// after this one must already see it in the predicted side index.
 		d.took = time.Since(t0)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
 )
 
@@ -92,22 +93,8 @@ type Replica struct {
 // on the ledger's clock; 0 before any routing).
 func (r *Replica) PrefillSince() int64 { return r.since.Load() }
 
-// Load is a replica's counters at one moment.
-type Load struct {
-	// PrefillTokens: uncached prompt tokens routed there whose first token has not come.
-	PrefillTokens int64 `json:"prefill_tokens"`
-	// DecodeTokens: tokens held by its requests past their first token.
-	DecodeTokens int64 `json:"decode_tokens"`
-	// PrefillHeldTokens: tokens its requests before their first token will hold once they
-	// decode (their whole prompts, cached part included; score.Candidate.PrefillHeldTokens).
-	// Other routers' totals do not carry it (absent from their share).
-	PrefillHeldTokens int64 `json:"prefill_held_tokens,omitempty"`
-	// PrefillAttention: the attention its requests before their first token compute, in
-	// token pairs (score.AttentionPairs). Other routers' totals do not carry it either.
-	PrefillAttention int64 `json:"prefill_attention,omitempty"`
-	// Running: requests routed there and not finished.
-	Running int64 `json:"running"`
-}
+// Load is a replica's counters at one moment (the decision's value type).
+type Load = route.Load
 
 // Load reads the replica's counters.
 func (r *Replica) Load() Load {
@@ -183,6 +170,10 @@ type Ledger struct {
 	cal *Calibrations
 	// peerPrefill is Options.PeerPrefill (none without peers).
 	peerPrefill func(replica string) int64
+	// reps is every counted replica by its ReplicaID (Load), copied on write: a decision reads
+	// it without the lock; NewReplica and Remove replace it under regMu.
+	reps  atomic.Pointer[[]*Replica]
+	regMu sync.Mutex
 }
 
 // ErrUnknown is returned for an id the ledger does not hold (finished, or never routed).
@@ -233,7 +224,37 @@ func (l *Ledger) Policy() string { return l.pol.Name() }
 // NewReplica starts counting a replica. Requests hold their replica: one in flight when the
 // replica is removed settles on it, not on a newcomer that reuses its index slot.
 func (l *Ledger) NewReplica(id index.ReplicaID, name string) *Replica {
-	return &Replica{ID: id, Name: name}
+	r := &Replica{ID: id, Name: name}
+	l.register(id, r, nil)
+	return r
+}
+
+// register puts r in slot id when the slot holds want (any replica when want is nil).
+func (l *Ledger) register(id index.ReplicaID, r, want *Replica) {
+	l.regMu.Lock()
+	defer l.regMu.Unlock()
+	var cur []*Replica
+	if p := l.reps.Load(); p != nil {
+		cur = *p
+	}
+	if want != nil && (int(id) >= len(cur) || cur[id] != want) {
+		return
+	}
+	next := make([]*Replica, max(len(cur), int(id)+1))
+	copy(next, cur)
+	next[id] = r
+	l.reps.Store(&next)
+}
+
+// Load is the load of the replica the ledger counts in slot id now: its counters and
+// PrefillSince, as values (route.LedgerView); zero for a slot it does not count.
+func (l *Ledger) Load(id index.ReplicaID) route.ReplicaLoad {
+	p := l.reps.Load()
+	if p == nil || int(id) >= len(*p) || (*p)[id] == nil {
+		return route.ReplicaLoad{}
+	}
+	r := (*p)[id]
+	return route.ReplicaLoad{Load: r.Load(), PrefillSince: r.PrefillSince()}
 }
 
 // Remove forgets everything the ledger and the policy keep about a replica that left the
@@ -241,6 +262,7 @@ func (l *Ledger) NewReplica(id index.ReplicaID, name string) *Replica {
 // on it settle on the Replica they hold.
 func (l *Ledger) Remove(r *Replica) {
 	r.gone.Store(true)
+	l.register(r.ID, nil, r)
 	l.mu.Lock()
 	if f, ok := l.pol.(score.Forgetter); ok {
 		f.Forget(r.Name)
@@ -285,23 +307,23 @@ func (l *Ledger) Explain(req *score.Request, cands []score.Candidate) []score.Ex
 }
 
 // Decide asks the policy for a replica and routes the request there in one step: rec builds
-// the Routing for the chosen index. refresh, when set, runs first under the same lock and
-// re-reads into cands what the ledger owns (load counters, side indexes: route.Decision.Refresh),
-// so a sibling decided just before this one is seen even when cands were built while it was
-// being decided.
-func (l *Ledger) Decide(req *score.Request, cands []score.Candidate, refresh func(), rec func(i int) Routing) (ID, *Record, error) {
-	return l.DecideInto(new(Record), req, cands, refresh, rec)
+// the Routing for the chosen index. Under the same lock it first re-reads into d what the
+// ledger owns (load counters, side indexes, windows: route.Decision.Refresh over reps, which
+// must be the ones d was decided over), so a sibling decided just before this one is seen even
+// when d was built while it was being decided. Nothing is re-read when nothing changed since d
+// read the ledger (its Generation).
+func (l *Ledger) Decide(d *route.Decision, reps []route.Replica, rec func(i int) Routing) (ID, *Record, error) {
+	return l.DecideInto(new(Record), d, reps, rec)
 }
 
 // DecideInto is Decide with the request's Record in rc, the caller's memory (router/app keeps
 // it with the rest of a decision and reuses both): the ledger holds rc until Done or Failed
 // returns for the request, and the caller must not reuse it before. Observers must not keep
 // the Record, or the slices it carries, past their calls.
-func (l *Ledger) DecideInto(rc *Record, req *score.Request, cands []score.Candidate, refresh func(), rec func(i int) Routing) (ID, *Record, error) {
+func (l *Ledger) DecideInto(rc *Record, d *route.Decision, reps []route.Replica, rec func(i int) Routing) (ID, *Record, error) {
 	l.mu.Lock()
-	if refresh != nil {
-		refresh()
-	}
+	d.Refresh(reps, l)
+	req, cands := &d.Req, d.Cands
 	i, err := l.pol.Pick(req, cands)
 	if err != nil {
 		l.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
 )
 
@@ -59,7 +60,7 @@ func TestLifecycle(t *testing.T) {
 	r := l.NewReplica(0, "e0/0")
 	req := &score.Request{Keys: keys(4), Tokens: 64, BlockSize: 16}
 	cands := []score.Candidate{{ID: "e0/0", Healthy: true}}
-	id, rc, err := l.Decide(req, cands, nil, func(i int) Routing {
+	id, rc, err := l.Decide(decision(req, cands), nil, func(i int) Routing {
 		return Routing{Replica: r, Keys: req.Keys, Uncached: 48, Held: 64, Cached: 16}
 	})
 	if err != nil || rc.Chosen != 0 || pol.routed != 1 {
@@ -109,7 +110,7 @@ func TestFailedRollsBack(t *testing.T) {
 	l := New(Options{Now: c.now, Policy: pol})
 	r := l.NewReplica(3, "e1/0")
 	req := &score.Request{Keys: keys(8), Tokens: 128, BlockSize: 16}
-	id, _, err := l.Decide(req, []score.Candidate{{ID: "e1/0", Healthy: true}}, nil, func(int) Routing {
+	id, _, err := l.Decide(decision(req, []score.Candidate{{ID: "e1/0", Healthy: true}}), nil, func(int) Routing {
 		return Routing{Replica: r, Keys: req.Keys, Approximate: true, Uncached: 128, Held: 128}
 	})
 	if err != nil {
@@ -174,6 +175,38 @@ func TestRemoveForgetsAndInFlightSettlesOnOldReplica(t *testing.T) {
 	}
 	if nu.Load() != (Load{}) || old.Load() != (Load{}) {
 		t.Fatalf("new %+v old %+v", nu.Load(), old.Load())
+	}
+}
+
+// A decision reads a replica's load by its slot (Ledger.Load): the replica counted there now,
+// values read at the call; a removed replica's slot reads zero even while its requests run, and
+// removing a replica the slot no longer holds leaves the newcomer there.
+func TestLoadBySlot(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}})
+	if got := l.Load(5); got != (route.ReplicaLoad{}) {
+		t.Fatalf("unknown slot: %+v", got)
+	}
+	old := l.NewReplica(2, "e0/0")
+	l.Routed(Routing{Replica: old, Uncached: 10, Held: 32})
+	want := route.ReplicaLoad{Load: Load{PrefillTokens: 10, PrefillHeldTokens: 32, PrefillAttention: 10 * 9 / 2, Running: 1}, PrefillSince: c.t.UnixNano()}
+	got := l.Load(2)
+	if got != want {
+		t.Fatalf("slot 2: %+v, want %+v", got, want)
+	}
+	l.Routed(Routing{Replica: old, Uncached: 5, Held: 8})
+	if got.PrefillTokens != 10 || l.Load(2).PrefillTokens != 15 {
+		t.Fatalf("a value read earlier moved (%d) or a new read missed the routing (%d)", got.PrefillTokens, l.Load(2).PrefillTokens)
+	}
+	l.Remove(old)
+	if got := l.Load(2); got != (route.ReplicaLoad{}) {
+		t.Fatalf("removed replica still read: %+v", got)
+	}
+	nu := l.NewReplica(2, "e9/0")
+	l.Routed(Routing{Replica: nu, Uncached: 7, Held: 7})
+	l.Remove(old) // again: the slot is the newcomer's now
+	if got := l.Load(2); got.PrefillTokens != 7 || got.Running != 1 {
+		t.Fatalf("newcomer's slot: %+v", got)
 	}
 }
 
@@ -318,7 +351,7 @@ func TestPolicyErrorRecordsNothing(t *testing.T) {
 	l := New(Options{Policy: pol})
 	r := l.NewReplica(0, "e0/0")
 	called := false
-	_, _, err := l.Decide(&score.Request{Keys: keys(2)}, []score.Candidate{{ID: "e0/0", Healthy: true}}, nil, func(int) Routing {
+	_, _, err := l.Decide(decision(&score.Request{Keys: keys(2)}, []score.Candidate{{ID: "e0/0", Healthy: true}}), nil, func(int) Routing {
 		called = true
 		return Routing{Replica: r, Keys: keys(2), Uncached: 5}
 	})
@@ -541,11 +574,17 @@ func TestPeerProgress(t *testing.T) {
 func routeUncached(t *testing.T, l *Ledger, r *Replica, unc int) ID {
 	t.Helper()
 	req := &score.Request{Keys: keys(2), Tokens: unc, BlockSize: 16}
-	id, _, err := l.Decide(req, []score.Candidate{{ID: r.Name, Healthy: true}}, nil, func(int) Routing {
+	id, _, err := l.Decide(decision(req, []score.Candidate{{ID: r.Name, Healthy: true}}), nil, func(int) Routing {
 		return Routing{Replica: r, Keys: req.Keys, Uncached: unc, Held: unc}
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// decision is a decision over no replicas (nothing for the ledger to re-read into it) with the
+// given request and candidates.
+func decision(req *score.Request, cands []score.Candidate) *route.Decision {
+	return &route.Decision{Req: *req, Cands: cands}
 }

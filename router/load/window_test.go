@@ -29,7 +29,7 @@ func TestLedgerOwnsTheBalanceWindows(t *testing.T) {
 		r := []*Replica{a, b}[i]
 		return Routing{Replica: r, Keys: keys(4), Uncached: 48, Held: 64}
 	}
-	id, rc, err := l.Decide(req, cands, nil, routing)
+	id, rc, err := l.Decide(decision(req, cands), nil, routing)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package route
+package route_test
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/load"
+	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
 )
 
@@ -15,12 +16,13 @@ func TestPeerLoadAddedToCandidates(t *testing.T) {
 	now := time.Unix(1000, 0)
 	ix := index.New(index.Options{Now: func() time.Time { return now }})
 	l := load.New(load.Options{Now: func() time.Time { return now }, Policy: mustPolicy(t)})
-	a, b := l.NewReplica(0, "e0/0"), l.NewReplica(1, "e1/0")
+	a := l.NewReplica(0, "e0/0")
+	l.NewReplica(1, "e1/0")
 	l.Routed(load.Routing{Replica: a, Uncached: 100, Held: 100})
 	peer := load.Load{PrefillTokens: 300, DecodeTokens: 50, Running: 2}
-	reps := []Replica{{Name: "e0/0", ID: 0, Load: a, Ready: true, Healthy: true, Peer: peer},
-		{Name: "e1/0", ID: 1, Load: b, Ready: true, Healthy: true}}
-	d, err := Decide(Input{Tokens: make([]uint32, 64), BlockSize: 16, NowNs: now.UnixNano()}, reps, ix, l)
+	reps := []route.Replica{{Name: "e0/0", ID: 0, Ready: true, Healthy: true, Peer: peer},
+		{Name: "e1/0", ID: 1, Ready: true, Healthy: true}}
+	d, err := route.Decide(route.Input{Tokens: make([]uint32, 64), BlockSize: 16, NowNs: now.UnixNano()}, reps, ix, l)
 	if err != nil {
 		t.Fatal(err)
 	}

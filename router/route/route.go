@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
-	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/score"
 )
 
@@ -27,15 +26,41 @@ const (
 	GuardTried     = "tried"     // this request already failed there
 )
 
+// Load is a replica's load counters at one moment: this router's (the ledger's, load.Replica)
+// or the other router replicas' share (router/peersync).
+type Load struct {
+	// PrefillTokens: uncached prompt tokens routed there whose first token has not come.
+	PrefillTokens int64 `json:"prefill_tokens"`
+	// DecodeTokens: tokens held by its requests past their first token.
+	DecodeTokens int64 `json:"decode_tokens"`
+	// PrefillHeldTokens: tokens its requests before their first token will hold once they
+	// decode (their whole prompts, cached part included; score.Candidate.PrefillHeldTokens).
+	// Other routers' totals do not carry it (absent from their share).
+	PrefillHeldTokens int64 `json:"prefill_held_tokens,omitempty"`
+	// PrefillAttention: the attention its requests before their first token compute, in
+	// token pairs (score.AttentionPairs). Other routers' totals do not carry it either.
+	PrefillAttention int64 `json:"prefill_attention,omitempty"`
+	// Running: requests routed there and not finished.
+	Running int64 `json:"running"`
+}
+
+// ReplicaLoad is what a decision reads of one replica's load from the ledger: values, read at
+// one moment (LedgerView.Load).
+type ReplicaLoad struct {
+	Load
+	// PrefillSince is when the replica's routed prefill last made progress the ledger saw
+	// (score.Candidate.PrefillSince).
+	PrefillSince int64
+}
+
 // Replica is the decision's view of one replica, as the fleet published it.
 type Replica struct {
 	Name string
-	ID   index.ReplicaID
-	// Load is the ledger's counters for it.
-	Load *load.Replica
+	// ID is its slot in the exact index, and the one its load is read by (LedgerView.Load).
+	ID index.ReplicaID
 	// Peer is what the other router replicas have in flight there (router/peersync; zero for a
 	// router on its own). The candidate's load is the sum: every decision sees the fleet's.
-	Peer load.Load
+	Peer Load
 	// Ready and Healthy are the engine's discovery and health state at the decision's time.
 	Ready, Healthy bool
 	// Approximate: no whole event stream (none, not exact, or demoted), so the approximate
@@ -50,7 +75,11 @@ type Replica struct {
 
 // Input is one request as the decision sees it.
 type Input struct {
-	Tokens   []uint32
+	Tokens []uint32
+	// Keys, when set, are the prompt's block keys already made (the fleet model's traces carry
+	// them), used instead of keying Tokens; Length is then the prompt's length in tokens.
+	Keys     []blockkey.Key
+	Length   int
 	Identity blockkey.Identity
 	Session  string
 	// Unkeyed, when set, is why the request must be routed without keys.
@@ -69,8 +98,12 @@ type IndexView interface {
 	Slots() int
 }
 
-// LedgerView is the read side of the ledger's side indexes and balance windows (load.Ledger).
+// LedgerView is the read side of the ledger's load counters, side indexes and balance windows
+// (load.Ledger).
 type LedgerView interface {
+	// Load is the load of the replica in slot id now (zero for a slot the ledger does not
+	// count).
+	Load(id index.ReplicaID) ReplicaLoad
 	Match(keys []blockkey.Key, slots int, approx bool, pred, appr []uint32) ([]uint32, []uint32)
 	// Window is a replica's balance window at the decision's time.
 	Window(id string, nowNs int64) score.Window
@@ -96,7 +129,7 @@ type Decision struct {
 	Unkeyed string
 	// Peer is, per candidate, the part of its load the other router replicas put there (nil
 	// when no replica has any).
-	Peer []load.Load
+	Peer []Load
 
 	// What Refresh re-reads against: the exact index's match and its slot count (read once),
 	// whether any replica reads the approximate index, and the side-index buffers it reuses.
@@ -108,7 +141,7 @@ type Decision struct {
 	// the peers' load.
 	keys     []blockkey.Key
 	exactBuf []index.Match
-	peerBuf  []load.Load
+	peerBuf  []Load
 	// read: Refresh has read the ledger, at generation gen.
 	read bool
 	gen  uint64
@@ -144,8 +177,14 @@ func (d *Decision) Decide(in Input, reps []Replica, ix IndexView, led LedgerView
 			d.Unkeyed = UnkeyedBlockSize
 		}
 	}
-	d.Req = score.Request{Tokens: len(in.Tokens), BlockSize: bs, SessionKey: in.Session, LoRA: in.Identity.LoRAName, NowNs: in.NowNs}
-	if len(in.Tokens) > 0 && d.Unkeyed == "" {
+	n := len(in.Tokens)
+	if in.Keys != nil {
+		n = in.Length
+	}
+	d.Req = score.Request{Tokens: n, BlockSize: bs, SessionKey: in.Session, LoRA: in.Identity.LoRAName, NowNs: in.NowNs}
+	if in.Keys != nil && d.Unkeyed == "" {
+		d.Req.Keys = in.Keys
+	} else if len(in.Tokens) > 0 && d.Unkeyed == "" {
 		keys, err := blockkey.AppendPromptKeys(d.keys[:0], in.Tokens, bs, in.Identity)
 		if err != nil {
 			return err
@@ -154,8 +193,8 @@ func (d *Decision) Decide(in Input, reps []Replica, ix IndexView, led LedgerView
 		d.Req.Keys = keys
 	}
 	// The engine recomputes the last prompt token, so at most tokens-1 can hit, in whole blocks.
-	if len(in.Tokens) > 0 {
-		d.CapBlocks = (len(in.Tokens) - 1) / bs
+	if n > 0 {
+		d.CapBlocks = (n - 1) / bs
 	}
 	for i := range reps {
 		d.anyApprox = d.anyApprox || reps[i].Approximate
@@ -218,10 +257,9 @@ func resize[T any](s []T, n int) []T {
 
 // Refresh (re)reads what the ledger owns into every candidate: the load counters (other
 // routers' share added), the balance window and the side indexes' overlap, capped to the
-// computable blocks. Decide
-// calls it once; the router calls it again under the ledger's lock just before the policy picks
-// (load.Ledger.Decide's refresh), because candidates built before the lock miss every sibling
-// routed in between: eight siblings arriving together would each see the prefix nowhere and
+// computable blocks. Decide calls it once; the ledger calls it again under its lock just before
+// the policy picks (load.Ledger.Decide), because candidates built before the lock miss every
+// sibling routed in between: eight siblings arriving together would each see the prefix nowhere and
 // every replica idle, and scatter. The exact index is engine truth and is not re-read. reps must
 // be the ones Decide was given. Nothing is re-read when the ledger has not changed since the
 // last read (its Generation), so a decision made alone pays for one read.
@@ -240,8 +278,9 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 	d.Peer = nil
 	for i := range reps {
 		r := &reps[i]
-		ld := r.Load.Load()
-		if r.Peer != (load.Load{}) {
+		rl := led.Load(r.ID)
+		ld := rl.Load
+		if r.Peer != (Load{}) {
 			if d.Peer == nil {
 				d.peerBuf = resize(d.peerBuf, len(reps))
 				d.Peer = d.peerBuf
@@ -256,7 +295,7 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 			ld.Running += r.Peer.Running
 		}
 		c := score.Candidate{ID: r.Name, Healthy: len(d.Guards[i]) == 0,
-			PrefillTokens: int(ld.PrefillTokens), PrefillAttention: ld.PrefillAttention, PrefillSince: r.Load.PrefillSince(),
+			PrefillTokens: int(ld.PrefillTokens), PrefillAttention: ld.PrefillAttention, PrefillSince: rl.PrefillSince,
 			DecodeTokens: int(ld.DecodeTokens), PrefillHeldTokens: int(ld.PrefillHeldTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
 			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name)}
@@ -352,7 +391,7 @@ type Breakdown struct {
 	KVUtil           float64 `json:"kv_util"`
 	// PeerLoad is the part of the load terms the other router replicas put there (absent for a
 	// router on its own, or when they have nothing there).
-	PeerLoad *load.Load `json:"peer_load,omitempty"`
+	PeerLoad *Load `json:"peer_load,omitempty"`
 	// Guards are the router guards that excluded it (not_ready, unhealthy, tried); the
 	// policy's own guard is Policy.Excluded.
 	Guards []string `json:"guards,omitempty"`
@@ -371,7 +410,7 @@ func (d *Decision) Breakdowns(ex []score.Explanation) []Breakdown {
 			PrefillTokens: c.PrefillTokens, DecodeTokens: c.DecodeTokens, PrefillHeldTokens: c.PrefillHeldTokens,
 			PrefillAttention: c.PrefillAttention, Running: c.Running, Queue: c.Queue, KVUtil: c.KVUtil,
 			Guards: d.Guards[i]}
-		if i < len(d.Peer) && d.Peer[i] != (load.Load{}) {
+		if i < len(d.Peer) && d.Peer[i] != (Load{}) {
 			p := d.Peer[i]
 			b.PeerLoad = &p
 		}

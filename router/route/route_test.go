@@ -1,4 +1,4 @@
-package route
+package route_test
 
 import (
 	"reflect"
@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/load"
+	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
 )
 
@@ -28,7 +29,9 @@ func (pickFirst) OnRouted(*score.Request, []score.Candidate, int)     {}
 type world struct {
 	ix   *index.Index
 	led  *load.Ledger
-	reps []Replica
+	reps []route.Replica
+	// lds is each replica's counters in the ledger (what a routing there charges).
+	lds  []*load.Replica
 	toks []uint32
 	keys []blockkey.Key
 }
@@ -59,7 +62,8 @@ func newWorld(t *testing.T) *world {
 		if err != nil || int(id) != r {
 			t.Fatalf("replica %d: id %d, %v", r, id, err)
 		}
-		w.reps = append(w.reps, Replica{Name: "e/" + string(rune('0'+r)), ID: id, Load: w.led.NewReplica(id, "e/"), Ready: true, Healthy: true})
+		w.lds = append(w.lds, w.led.NewReplica(id, "e/"))
+		w.reps = append(w.reps, route.Replica{Name: "e/" + string(rune('0'+r)), ID: id, Ready: true, Healthy: true})
 	}
 	store := func(id index.ReplicaID, lo, hi int, tier index.Tier) {
 		if err := w.ix.Store(id, hashes[lo:hi], w.keys[lo:hi], tier); err != nil {
@@ -70,22 +74,22 @@ func newWorld(t *testing.T) *world {
 	store(0, 6, 9, index.CPU)
 	store(0, 9, 10, index.Disk)
 	store(2, 0, 2, index.GPU)
-	w.led.Routed(load.Routing{Replica: w.reps[0].Load, Uncached: 100, Held: 200})
-	w.led.Routed(load.Routing{Replica: w.reps[2].Load, Keys: w.keys[:5], Approximate: true})
-	w.led.Routed(load.Routing{Replica: w.reps[3].Load, Keys: w.keys[:7], Approximate: true})
+	w.led.Routed(load.Routing{Replica: w.lds[0], Uncached: 100, Held: 200})
+	w.led.Routed(load.Routing{Replica: w.lds[2], Keys: w.keys[:5], Approximate: true})
+	w.led.Routed(load.Routing{Replica: w.lds[3], Keys: w.keys[:7], Approximate: true})
 	w.reps[0].Queue, w.reps[0].KVUtil, w.reps[0].WarmupCredit = 3, 0.5, 0.25
 	w.reps[1].Ready, w.reps[1].Healthy = false, false
 	w.reps[2].Approximate = true
 	return w
 }
 
-func (w *world) input() Input {
-	return Input{Tokens: w.toks, BlockSize: bs, NowNs: 1, Tried: []bool{false, true, false, false}}
+func (w *world) input() route.Input {
+	return route.Input{Tokens: w.toks, BlockSize: bs, NowNs: 1, Tried: []bool{false, true, false, false}}
 }
 
 func TestDecideOverlapCapsGuardsAndLoad(t *testing.T) {
 	w := newWorld(t)
-	d, err := Decide(w.input(), w.reps, w.ix, w.led)
+	d, err := route.Decide(w.input(), w.reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,11 +104,11 @@ func TestDecideOverlapCapsGuardsAndLoad(t *testing.T) {
 	if !c.Healthy || c.PrefillTokens != 100 || c.DecodeTokens != 0 || c.Running != 1 || c.Queue != 3 || c.KVUtil != 0.5 || c.WarmupCredit != 0.25 {
 		t.Fatalf("r0 load terms: %+v", c)
 	}
-	if d.Cached[0] != 36 || d.Uncached(0) != 4 || d.Mode(0) != ModeExact {
+	if d.Cached[0] != 36 || d.Uncached(0) != 4 || d.Mode(0) != route.ModeExact {
 		t.Fatalf("r0: cached %d uncached %d mode %s", d.Cached[0], d.Uncached(0), d.Mode(0))
 	}
 	// r1: every guard, in order, and no overlap.
-	if d.Cands[1].Healthy || !reflect.DeepEqual(d.Guards[1], []string{GuardNotReady, GuardUnhealthy, GuardTried}) || d.Cached[1] != 0 {
+	if d.Cands[1].Healthy || !reflect.DeepEqual(d.Guards[1], []string{route.GuardNotReady, route.GuardUnhealthy, route.GuardTried}) || d.Cached[1] != 0 {
 		t.Fatalf("r1: healthy %v guards %v cached %d", d.Cands[1].Healthy, d.Guards[1], d.Cached[1])
 	}
 	if d.Guards[0] != nil || d.Guards[2] != nil {
@@ -113,20 +117,20 @@ func TestDecideOverlapCapsGuardsAndLoad(t *testing.T) {
 	// r2: the approximate index's 5 blocks beat the exact 2 and count as GPU blocks.
 	c = d.Cands[2]
 	if !c.Approximate || c.ExactBlocks != 5 || c.TierBlocks != [score.NumTiers]int{5, 0, 0} || c.PredictedBlocks != 5 ||
-		d.Raw[2] != (Overlap{Tiers: [score.NumTiers]int{2, 0, 0}, Approximate: 5, Predicted: 5}) || d.Mode(2) != ModeApproximate {
+		d.Raw[2] != (route.Overlap{Tiers: [score.NumTiers]int{2, 0, 0}, Approximate: 5, Predicted: 5}) || d.Mode(2) != route.ModeApproximate {
 		t.Fatalf("r2: %+v raw %+v mode %s", c, d.Raw[2], d.Mode(2))
 	}
 	// r3: a whole stream, so its approximate entries are not read; the predicted 7 are.
 	c = d.Cands[3]
-	if c.ExactBlocks != 0 || c.PredictedBlocks != 7 || d.Raw[3].Approximate != 0 || d.Cached[3] != 28 || d.Uncached(3) != 12 || d.Mode(3) != ModePredicted {
+	if c.ExactBlocks != 0 || c.PredictedBlocks != 7 || d.Raw[3].Approximate != 0 || d.Cached[3] != 28 || d.Uncached(3) != 12 || d.Mode(3) != route.ModePredicted {
 		t.Fatalf("r3: %+v raw %+v cached %d mode %s", c, d.Raw[3], d.Cached[3], d.Mode(3))
 	}
 }
 
 func TestDecideCapsPredictedToo(t *testing.T) {
 	w := newWorld(t)
-	w.led.Routed(load.Routing{Replica: w.reps[3].Load, Keys: w.keys})
-	d, err := Decide(w.input(), w.reps, w.ix, w.led)
+	w.led.Routed(load.Routing{Replica: w.lds[3], Keys: w.keys})
+	d, err := route.Decide(w.input(), w.reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,11 +142,11 @@ func TestDecideCapsPredictedToo(t *testing.T) {
 func TestDecideIsPure(t *testing.T) {
 	w := newWorld(t)
 	before := w.led.Stats()
-	a, err := Decide(w.input(), w.reps, w.ix, w.led)
+	a, err := route.Decide(w.input(), w.reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Decide(w.input(), w.reps, w.ix, w.led)
+	b, err := route.Decide(w.input(), w.reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,14 +157,14 @@ func TestDecideIsPure(t *testing.T) {
 		t.Fatalf("the ledger changed: %+v -> %+v", before, after)
 	}
 	for i := range w.reps {
-		if w.reps[i].Load.Load() != b.loadOf(i) {
+		if w.lds[i].Load() != loadOf(b, i) {
 			t.Fatalf("replica %d load changed", i)
 		}
 	}
 }
 
 // loadOf is candidate i's load terms as the ledger's counters.
-func (d *Decision) loadOf(i int) load.Load {
+func loadOf(d *route.Decision, i int) load.Load {
 	c := &d.Cands[i]
 	return load.Load{PrefillTokens: int64(c.PrefillTokens), DecodeTokens: int64(c.DecodeTokens),
 		PrefillHeldTokens: int64(c.PrefillHeldTokens), PrefillAttention: c.PrefillAttention, Running: int64(c.Running)}
@@ -170,45 +174,45 @@ func TestDecideUnkeyed(t *testing.T) {
 	w := newWorld(t)
 	in := w.input()
 	in.BlockSize = 0
-	d, err := Decide(in, w.reps, w.ix, w.led)
+	d, err := route.Decide(in, w.reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Unkeyed != UnkeyedBlockSize || d.Req.Keys != nil || d.Req.BlockSize != CapBlockSize || d.CapBlocks != 39/CapBlockSize {
+	if d.Unkeyed != route.UnkeyedBlockSize || d.Req.Keys != nil || d.Req.BlockSize != route.CapBlockSize || d.CapBlocks != 39/route.CapBlockSize {
 		t.Fatalf("block size unknown: unkeyed %q keys %d bs %d cap %d", d.Unkeyed, len(d.Req.Keys), d.Req.BlockSize, d.CapBlocks)
 	}
 	for i := range d.Cands {
-		if d.Cached[i] != 0 || d.Mode(i) != ModeUnkeyed {
+		if d.Cached[i] != 0 || d.Mode(i) != route.ModeUnkeyed {
 			t.Fatalf("candidate %d: cached %d mode %s", i, d.Cached[i], d.Mode(i))
 		}
 	}
 	in = w.input()
 	in.Unkeyed = "multimodal"
-	if d, err = Decide(in, w.reps, w.ix, w.led); err != nil || d.Unkeyed != "multimodal" || d.Req.Keys != nil || d.Cached[0] != 0 {
+	if d, err = route.Decide(in, w.reps, w.ix, w.led); err != nil || d.Unkeyed != "multimodal" || d.Req.Keys != nil || d.Cached[0] != 0 {
 		t.Fatalf("caller's reason: %v unkeyed %q keys %d cached %d", err, d.Unkeyed, len(d.Req.Keys), d.Cached[0])
 	}
 	in = w.input()
 	in.Tokens = nil
-	if d, err = Decide(in, w.reps, w.ix, w.led); err != nil || d.CapBlocks != 0 || d.Req.Keys != nil || d.Uncached(0) != 0 {
+	if d, err = route.Decide(in, w.reps, w.ix, w.led); err != nil || d.CapBlocks != 0 || d.Req.Keys != nil || d.Uncached(0) != 0 {
 		t.Fatalf("empty prompt: %v cap %d keys %d", err, d.CapBlocks, len(d.Req.Keys))
 	}
 }
 
 func TestBreakdownsCarryTheNumbers(t *testing.T) {
 	w := newWorld(t)
-	d, err := Decide(w.input(), w.reps, w.ix, w.led)
+	d, err := route.Decide(w.input(), w.reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ex := []score.Explanation{{Cost: 1}, {Cost: 0.5}, {Cost: 2}, {Cost: 3}}
 	b := d.Breakdowns(ex)
-	want0 := Breakdown{Overlap: Overlap{Tiers: [score.NumTiers]int{6, 3, 1}}, ExactBlocks: 9, CachedTokens: 36, UncachedTokens: 4,
+	want0 := route.Breakdown{Overlap: route.Overlap{Tiers: [score.NumTiers]int{6, 3, 1}}, ExactBlocks: 9, CachedTokens: 36, UncachedTokens: 4,
 		WarmupCredit: 0.25, PrefillTokens: 100, PrefillHeldTokens: 200, Running: 1, Queue: 3, KVUtil: 0.5, Policy: &ex[0],
 		PrefillAttention: 100 * 99 / 2} // the world's 100 uncached tokens, nothing cached before them
 	if !reflect.DeepEqual(b[0], want0) {
 		t.Fatalf("r0 breakdown\n got %+v\nwant %+v", b[0], want0)
 	}
-	if !reflect.DeepEqual(b[1].Guards, []string{GuardNotReady, GuardUnhealthy, GuardTried}) || b[3].PredictedBlocks != 7 || b[3].Policy.Cost != 3 {
+	if !reflect.DeepEqual(b[1].Guards, []string{route.GuardNotReady, route.GuardUnhealthy, route.GuardTried}) || b[3].PredictedBlocks != 7 || b[3].Policy.Cost != 3 {
 		t.Fatalf("r1 guards %v, r3 predicted %d cost %v", b[1].Guards, b[3].PredictedBlocks, b[3].Policy.Cost)
 	}
 	if nb := d.Breakdowns(nil); nb[0].Policy != nil {
@@ -219,20 +223,20 @@ func TestBreakdownsCarryTheNumbers(t *testing.T) {
 func TestCheapest(t *testing.T) {
 	cands := []score.Candidate{{Healthy: true}, {Healthy: false}, {Healthy: true}, {Healthy: true}}
 	ex := []score.Explanation{{Cost: 3}, {Cost: 1}, {Cost: 2}, {Cost: 2}}
-	if i := Cheapest(cands, ex); i != 2 {
+	if i := route.Cheapest(cands, ex); i != 2 {
 		t.Fatalf("cheapest %d, want 2 (the unhealthy one is out; the first of a tie wins)", i)
 	}
 	ex[2].Excluded = "over_bound"
-	if i := Cheapest(cands, ex); i != 3 {
+	if i := route.Cheapest(cands, ex); i != 3 {
 		t.Fatalf("cheapest %d, want 3 once 2 is excluded by the policy", i)
 	}
-	if i := Cheapest(cands, nil); i != -1 {
+	if i := route.Cheapest(cands, nil); i != -1 {
 		t.Fatalf("no explanations: %d, want -1", i)
 	}
 	for i := range ex {
 		ex[i].Excluded = "x"
 	}
-	if i := Cheapest(cands, ex); i != -1 {
+	if i := route.Cheapest(cands, ex); i != -1 {
 		t.Fatalf("all excluded: %d, want -1", i)
 	}
 }
@@ -243,19 +247,19 @@ func TestCheapest(t *testing.T) {
 // eight concurrent siblings scattered over the fleet).
 func TestRefreshSeesSiblingRoutedSinceBuilt(t *testing.T) {
 	w := newWorld(t)
-	reps := w.reps[3:] // the replica with a whole stream and nothing exact
-	in := Input{Tokens: w.toks, BlockSize: bs}
-	first, err := Decide(in, reps, w.ix, w.led)
+	reps, lds := w.reps[3:], w.lds[3:] // the replica with a whole stream and nothing exact
+	in := route.Input{Tokens: w.toks, BlockSize: bs}
+	first, err := route.Decide(in, reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := Decide(in, reps, w.ix, w.led)
+	second, err := route.Decide(in, reps, w.ix, w.led)
 	if err != nil {
 		t.Fatal(err)
 	}
 	before := second.Cands[0]
-	if _, _, err := w.led.Decide(&first.Req, first.Cands, func() { first.Refresh(reps, w.led) }, func(i int) load.Routing {
-		return load.Routing{Replica: reps[i].Load, Keys: first.Req.Keys, Uncached: first.Uncached(i), Held: first.Req.Tokens}
+	if _, _, err := w.led.Decide(first, reps, func(i int) load.Routing {
+		return load.Routing{Replica: lds[i], Keys: first.Req.Keys, Uncached: first.Uncached(i), Held: first.Req.Tokens}
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -288,13 +292,15 @@ func TestLoadSpreadsABurstOfSiblings(t *testing.T) {
 	}
 	ix := index.New(index.Options{Now: func() time.Time { return now }})
 	led := load.New(load.Options{Now: func() time.Time { return now }, Policy: pol})
-	var reps []Replica
+	var reps []route.Replica
+	var lds []*load.Replica
 	for r := range 4 {
 		id, err := ix.AddReplica("e", r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		reps = append(reps, Replica{Name: "e/" + string(rune('0'+r)), ID: id, Load: led.NewReplica(id, "e/"), Ready: true, Healthy: true})
+		lds = append(lds, led.NewReplica(id, "e/"))
+		reps = append(reps, route.Replica{Name: "e/" + string(rune('0'+r)), ID: id, Ready: true, Healthy: true})
 	}
 	prompt := func(k int) []uint32 { // a 40-token shared prefix and an 8-token suffix of its own
 		toks := make([]uint32, 48)
@@ -306,9 +312,9 @@ func TestLoadSpreadsABurstOfSiblings(t *testing.T) {
 		}
 		return toks
 	}
-	var ds []*Decision
+	var ds []*route.Decision
 	for k := range 8 {
-		d, err := Decide(Input{Tokens: prompt(k), BlockSize: bs}, reps, ix, led)
+		d, err := route.Decide(route.Input{Tokens: prompt(k), BlockSize: bs}, reps, ix, led)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,8 +322,8 @@ func TestLoadSpreadsABurstOfSiblings(t *testing.T) {
 	}
 	per := make([]int, len(reps))
 	for _, d := range ds {
-		_, rc, err := led.Decide(&d.Req, d.Cands, func() { d.Refresh(reps, led) }, func(i int) load.Routing {
-			return load.Routing{Replica: reps[i].Load, Keys: d.Req.Keys, Uncached: d.Uncached(i), Held: d.Req.Tokens}
+		_, rc, err := led.Decide(d, reps, func(i int) load.Routing {
+			return load.Routing{Replica: lds[i], Keys: d.Req.Keys, Uncached: d.Uncached(i), Held: d.Req.Tokens}
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -3,9 +3,12 @@ package fleet
 import (
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/router/score"
 )
 
 func trace(t *testing.T, jsonl string) *Trace {
@@ -249,5 +252,47 @@ func TestMembershipFromTrace(t *testing.T) {
 	}
 	if w := r.WindowLoad[0]; w[1] == 0 {
 		t.Errorf("without membership, first window %v: r1 should take requests from the start", w)
+	}
+}
+
+// seen is a policy that picks replica 0 and keeps a copy of every candidate list it was asked
+// about.
+type seen struct{ cands [][]score.Candidate }
+
+func (p *seen) Name() string { return "seen" }
+func (p *seen) Pick(_ *score.Request, c []score.Candidate) (int, error) {
+	p.cands = append(p.cands, slices.Clone(c))
+	return 0, nil
+}
+func (p *seen) OnRouted(*score.Request, []score.Candidate, int) {}
+
+// The fleet model's candidates are the live router's (router/route): a prompt whose every
+// block is cached is offered at most its computable blocks (the engine recomputes the last
+// token), and a replica with a prompt still in prefill carries that prompt's attention.
+func TestCandidatesAreTheRoutersOwn(t *testing.T) {
+	// 1: 1024 tokens, 2 blocks, cold. 2: the same prompt long after (both blocks cached).
+	// 3 and 4 arrive together: 4 sees 3 in prefill on replica 0.
+	tr := trace(t, `{"timestamp":0,"input_length":1024,"output_length":1,"hash_ids":[7,8]}
+{"timestamp":10000,"input_length":1024,"output_length":1,"hash_ids":[7,8]}
+{"timestamp":20000,"input_length":600,"output_length":1,"hash_ids":[20,21]}
+{"timestamp":20000,"input_length":600,"output_length":1,"hash_ids":[30,31]}`)
+	cfg, err := Config{Replicas: 2, CapacityBlocks: 20}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := &seen{}
+	if _, err := run(tr, cfg, pol.Name(), pol); err != nil {
+		t.Fatal(err)
+	}
+	if len(pol.cands) != 4 {
+		t.Fatalf("%d decisions, want 4", len(pol.cands))
+	}
+	// (1024-1)/512 = 1 block can hit, though both are cached.
+	if c := pol.cands[1][0]; c.ExactBlocks != 1 || c.PredictedBlocks != 1 || c.TierBlocks != [score.NumTiers]int{1, 0, 0} {
+		t.Errorf("fully cached prompt offered %d exact, %d predicted blocks (%v); want the cap, 1", c.ExactBlocks, c.PredictedBlocks, c.TierBlocks)
+	}
+	// Request 3's 600 uncached tokens over each other: 600 x 599 / 2 token pairs.
+	if c := pol.cands[3][0]; c.PrefillAttention != 600*599/2 || c.PrefillTokens != 600 {
+		t.Errorf("replica 0 with a prompt in prefill: attention %d, prefill %d; want %d, 600", c.PrefillAttention, c.PrefillTokens, 600*599/2)
 	}
 }

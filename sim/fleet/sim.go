@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/load"
+	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/sim/policies"
 )
@@ -178,7 +180,6 @@ type sim struct {
 	ledger  *load.Ledger
 	clock   float64
 	ids     []load.ID
-	predBuf []uint32
 	members int // replicas the router routes to now: reps[:members]
 	// step engine: replicas woken at kickAt, their steps not started yet (step.go)
 	kicks  []int
@@ -200,6 +201,11 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	return run(tr, cfg, policy, pol)
+}
+
+// run is Run with the policy instance (a test's recording one), cfg already defaulted.
+func run(tr *Trace, cfg Config, policy string, pol score.Policy) (*Result, error) {
 	s := &sim{cfg: cfg, tr: tr, perRep: cfg.CapacityBlocks / cfg.Replicas,
 		arrival: make([]float64, len(tr.Requests)), ids: make([]load.ID, len(tr.Requests)),
 		ttft: make([]float64, len(tr.Requests)), uncachedByRep: make([]float64, cfg.Replicas),
@@ -208,8 +214,15 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	for i := 0; i < cfg.Replicas; i++ {
 		s.reps = append(s.reps, &replica{id: "r" + strconv.Itoa(i), cache: newBlockCache(s.perRep)})
 	}
-	cands := make([]score.Candidate, cfg.Replicas)
-	keys := make([]blockkey.Key, 0, 256)
+	// Candidates are built as kvrouter builds them (router/route over the ledger), from the
+	// modelled caches in place of the exact index.
+	var d route.Decision
+	views := make([]route.Replica, cfg.Replicas)
+	for r, rep := range s.reps {
+		views[r] = route.Replica{Name: rep.id, ID: index.ReplicaID(r), Ready: true, Healthy: true}
+	}
+	view := &modelView{s: s}
+	var keys []blockkey.Key
 	for i := range tr.Requests {
 		q := &tr.Requests[i]
 		now := float64(q.TimestampMs) / 1000 / cfg.Speed
@@ -227,32 +240,23 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 		for _, h := range q.HashIDs {
 			keys = append(keys, blockkey.Key(h))
 		}
-		req := &score.Request{Keys: keys, Tokens: q.InputLength, BlockSize: TraceBlockTokens,
-			SessionKey: strconv.FormatUint(q.Session, 10), NowNs: int64(now * 1e9)}
-		s.predBuf, _ = s.ledger.Match(keys, cfg.Replicas, false, s.predBuf, nil)
 		for r, rep := range s.reps[:n] {
-			exact := rep.cache.prefix(q.HashIDs)
-			// Predicted: the ledger's predicted blocks (routed, not started), then what is cached
-			// after them.
-			pred := max(exact, int(s.predBuf[r]))
-			for pred < len(q.HashIDs) && rep.cache.contains(q.HashIDs[pred]) {
-				pred++
-			}
-			ld := rep.ld.Load()
-			cands[r] = score.Candidate{ID: rep.id, ExactBlocks: exact,
-				TierBlocks:      [score.NumTiers]int{exact, 0, 0},
-				PredictedBlocks: pred, PrefillTokens: int(ld.PrefillTokens), PrefillSince: rep.ld.PrefillSince(), DecodeTokens: int(ld.DecodeTokens),
-				PrefillHeldTokens: int(ld.PrefillHeldTokens),
-				Queue:             rep.queued(), Running: int(ld.Running),
-				KVUtil: float64(rep.cache.pinned) / float64(s.perRep), Healthy: true,
-				Window: s.ledger.Window(rep.id, req.NowNs), Calib: s.ledger.Calibration(rep.id)}
+			views[r].Queue = rep.queued()
+			views[r].KVUtil = float64(rep.cache.pinned) / float64(s.perRep)
 		}
-		id, rc, err := s.ledger.Decide(req, cands[:n], nil, func(r int) load.Routing {
+		view.q, view.n = q, n
+		in := route.Input{Keys: keys, Length: q.InputLength, BlockSize: TraceBlockTokens,
+			Session: strconv.FormatUint(q.Session, 10), NowNs: int64(now * 1e9)}
+		if err := d.Decide(in, views[:n], view, modelLedger{view}); err != nil {
+			return nil, fmt.Errorf("fleet: request %d: %w", i, err)
+		}
+		// One goroutine: the ledger's generation has not moved since d read it, so its re-read
+		// under the lock reads nothing and the model's inputs stand.
+		id, rc, err := s.ledger.Decide(&d, views[:n], func(r int) load.Routing {
 			if r < 0 || r >= n {
 				return load.Routing{Replica: &load.Replica{}}
 			}
-			unc := uncachedTokens(q, cands[r].PredictedBlocks)
-			return load.Routing{Replica: s.reps[r].ld, Keys: keys, Uncached: unc, Cached: max(q.InputLength-unc, 0),
+			return load.Routing{Replica: s.reps[r].ld, Keys: keys, Uncached: d.Uncached(r), Cached: d.Cached[r],
 				Held: q.InputLength + q.OutputLength}
 		})
 		if err != nil {
@@ -267,6 +271,58 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	s.flushKicks(math.Inf(1))
 	s.advance(math.Inf(1))
 	return s.result(policy), nil
+}
+
+// modelView is the decision's view of the model (route.IndexView and route.LedgerView) for
+// request q over the first n replicas: the modelled caches stand in for the exact index (every
+// block on GPU), the ledger for the rest. A replica's predicted blocks are the ledger's (routed,
+// not started) counted from its cached prefix on, then what it has cached after them.
+type modelView struct {
+	s     *sim
+	q     *Request
+	n     int
+	exact []uint32
+}
+
+func (v *modelView) Slots() int { return v.s.cfg.Replicas }
+
+func (v *modelView) Match(_ []blockkey.Key, out []index.Match) []index.Match {
+	out = slices.Grow(out[:0], v.n)[:v.n]
+	v.exact = v.exact[:0]
+	for r, rep := range v.s.reps[:v.n] {
+		e := uint32(rep.cache.prefix(v.q.HashIDs))
+		out[r] = index.Match{Blocks: e, GPU: e}
+		v.exact = append(v.exact, e)
+	}
+	return out
+}
+
+// modelLedger is the LedgerView half of modelView.
+type modelLedger struct{ v *modelView }
+
+func (m modelLedger) Load(id index.ReplicaID) route.ReplicaLoad { return m.v.s.ledger.Load(id) }
+
+func (m modelLedger) Window(id string, nowNs int64) score.Window {
+	return m.v.s.ledger.Window(id, nowNs)
+}
+
+func (m modelLedger) Calibration(id string) score.Calibration { return m.v.s.ledger.Calibration(id) }
+
+func (m modelLedger) Generation() uint64 { return m.v.s.ledger.Generation() }
+
+// Match is the ledger's side-index match, the predicted blocks extended over the cache.
+func (m modelLedger) Match(keys []blockkey.Key, slots int, _ bool, pred, appr []uint32) ([]uint32, []uint32) {
+	v := m.v
+	pred, _ = v.s.ledger.Match(keys, slots, false, pred, nil)
+	ids := v.q.HashIDs
+	for r, rep := range v.s.reps[:min(v.n, len(pred), len(v.exact))] {
+		p := max(int(v.exact[r]), int(pred[r]))
+		for p < len(ids) && rep.cache.contains(ids[p]) {
+			p++
+		}
+		pred[r] = uint32(p)
+	}
+	return pred, appr
 }
 
 // resize makes the first n replicas the router's candidates. A replica joining starts in the
