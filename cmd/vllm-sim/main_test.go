@@ -62,11 +62,11 @@ func TestParseAPIKey(t *testing.T) {
 
 func TestRunRejectsBadConfig(t *testing.T) {
 	var stderr strings.Builder
-	if code := run(context.Background(), []string{"--event-layout", "json"}, &stderr); code != 2 ||
+	if code := run(context.Background(), "vllm-sim", []string{"--event-layout", "json"}, &stderr); code != 2 ||
 		!strings.Contains(stderr.String(), "event layout") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
-	if code := run(context.Background(), []string{"--no-such-flag"}, io.Discard); code != 2 {
+	if code := run(context.Background(), "vllm-sim", []string{"--no-such-flag"}, io.Discard); code != 2 {
 		t.Errorf("unknown flag: exit %d", code)
 	}
 }
@@ -75,7 +75,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	var stderr strings.Builder
-	if code := run(ctx, []string{"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1"}, &stderr); code != 0 ||
+	if code := run(ctx, "vllm-sim", []string{"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1"}, &stderr); code != 0 ||
 		!strings.Contains(stderr.String(), "serving vllm-sim on http://127.0.0.1:") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
