@@ -315,6 +315,24 @@ func TestHelpUnderChroot(t *testing.T) {
 	}
 }
 
+// The engine Deployment runs `vllm serve ...` in the vllm-sim image (its command replaces the
+// entrypoint): /usr/local/bin/vllm must be there and dispatch to vllm-sim's vLLM command line.
+func TestVLLMServeUnderChroot(t *testing.T) {
+	need(t)
+	u := unpack(t, "vllm-sim")
+	if dst, err := os.Readlink(filepath.Join(u.root, "usr/local/bin/vllm")); err != nil || dst != "vllm-sim" {
+		t.Fatalf("/usr/local/bin/vllm: link to %q, %v; want a link to vllm-sim", dst, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := u.cmd(ctx, t, "serve", "--help")
+	c.Path, c.Args = "/usr/local/bin/vllm", []string{"vllm", "serve", "--help"}
+	out, err := c.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "usage: vllm serve MODEL") {
+		t.Fatalf("vllm serve --help under chroot (%v):\n%s", err, out)
+	}
+}
+
 func TestBundleImage(t *testing.T) {
 	need(t)
 	u := unpack(t, "bundle")
