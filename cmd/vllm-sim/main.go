@@ -34,9 +34,6 @@ func main() {
 	os.Exit(run(ctx, os.Args[0], os.Args[1:], os.Stderr))
 }
 
-// SimArgsEnv holds the simulator's own flags under `vllm serve`.
-const SimArgsEnv = "VLLM_SIM_ARGS"
-
 // config reads the command line: vLLM's when invoked as vllm or with serve first, the
 // simulator's otherwise.
 func config(argv0 string, args []string, stderr io.Writer) (vllmsim.Config, error) {
@@ -47,9 +44,9 @@ func config(argv0 string, args []string, stderr io.Writer) (vllmsim.Config, erro
 	if len(args) == 0 || args[0] != "serve" {
 		return parseFlags(args, stderr)
 	}
-	base, err := parseFlags(strings.Fields(os.Getenv(SimArgsEnv)), stderr)
+	base, err := parseFlags(strings.Fields(os.Getenv(vllmcli.SimArgsEnv)), stderr)
 	if err != nil {
-		return base, fmt.Errorf("%s: %w", SimArgsEnv, err)
+		return base, fmt.Errorf("%s: %w", vllmcli.SimArgsEnv, err)
 	}
 	res, err := vllmcli.Serve(base, args[1:], os.LookupEnv)
 	if errors.Is(err, vllmcli.ErrHelp) {

@@ -28,6 +28,10 @@ import (
 // the same rendered ports without colliding.
 const WildcardHostEnv = "VLLM_SIM_WILDCARD_HOST"
 
+// SimArgsEnv names the variable that holds the simulator's own flags (vllm-sim's syntax,
+// separated by spaces: timing, faults, cache size) when it runs a `vllm serve` command line.
+const SimArgsEnv = "VLLM_SIM_ARGS"
+
 // Result is a parsed `vllm serve` command line.
 type Result struct {
 	Config vllmsim.Config
