@@ -25,7 +25,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kvroute/kvroute/sim/vllmcli")
+	"github.com/kvroute/kvroute/sim/vllmcli"
+)
 
 // Backer stands in for the kubelet (and the Deployment and garbage collectors, which a bare
 // kube-apiserver lacks too) for the Deployments it selects: pods are created from the template,

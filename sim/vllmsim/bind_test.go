@@ -38,7 +38,9 @@ func TestBindEndpointsPerRank(t *testing.T) {
 	cfg.DataParallelSize = 2
 	cfg.KVEventsBind, cfg.KVReplayBind = fmt.Sprintf("tcp://127.0.0.1:%d", ev), fmt.Sprintf("tcp://127.0.0.1:%d", rep)
 	s := startSim(t, cfg)
-	want := func(p int) []string { return []string{fmt.Sprintf("tcp://127.0.0.1:%d", p), fmt.Sprintf("tcp://127.0.0.1:%d", p+1)} }
+	want := func(p int) []string {
+		return []string{fmt.Sprintf("tcp://127.0.0.1:%d", p), fmt.Sprintf("tcp://127.0.0.1:%d", p+1)}
+	}
 	if got := s.EventEndpoints(); !reflect.DeepEqual(got, want(ev)) {
 		t.Errorf("events bound on %v, want %v", got, want(ev))
 	}
