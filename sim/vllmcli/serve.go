@@ -71,7 +71,7 @@ func Serve(base vllmsim.Config, args []string, env func(string) (string, bool)) 
 			model = append(model, a)
 			continue
 		}
-		if a == "-h" || a == "--help" {
+		if a == "-h" || a == "--help" || strings.HasPrefix(a, "--help=") {
 			return Result{}, ErrHelp
 		}
 		if strings.HasPrefix(a, "-O") && a != "-O" {

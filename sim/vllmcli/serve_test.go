@@ -126,6 +126,7 @@ func TestServeFlags(t *testing.T) {
 		{name: "bad publisher", args: []string{"m", "--kv-events-config", `{"publisher":"kafka"}`}, err: `publisher "kafka"`},
 		{name: "bad LoRA module", args: []string{"m", "--lora-modules", "nameonly"}, err: "want NAME=PATH"},
 		{name: "help", args: []string{"--help"}, err: "help requested"},
+		{name: "help on a group", args: []string{"m", "--help=CacheConfig"}, err: "help requested"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := env
