@@ -102,3 +102,29 @@ func TestParseRequestPathFlags(t *testing.T) {
 		t.Fatalf("defaults %+v: headers at acceptance (vLLM's timing) is the default", cfg)
 	}
 }
+
+// Invoked as vllm (or with serve first) the command line is vLLM's: an unknown flag exits 2
+// naming it, another subcommand is refused, --help prints the serve usage.
+func TestRunAsVLLM(t *testing.T) {
+	for _, c := range []struct {
+		argv0 string
+		args  []string
+		code  int
+		want  string
+	}{
+		{"vllm", []string{"serve", "m", "--gpu-memory-utilisation", "0.9"}, 2, "--gpu-memory-utilisation: not a flag of `vllm serve` (did you mean --gpu-memory-utilization?)"},
+		{"/usr/local/bin/vllm", []string{"chat"}, 2, "takes `vllm serve MODEL [flags]` only"},
+		{"vllm-sim", []string{"serve", "m", "--no-enable-prefix-caching"}, 2, "always caches prefixes"},
+		{"vllm", []string{"serve", "--help"}, 0, "usage: vllm serve MODEL"},
+	} {
+		var stderr strings.Builder
+		if code := run(context.Background(), c.argv0, c.args, &stderr); code != c.code || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%s %q: exit %d, stderr %q; want exit %d and %q", c.argv0, c.args, code, stderr.String(), c.code, c.want)
+		}
+	}
+	t.Setenv("VLLM_SIM_ARGS", "--num-gpu-blocks=nope")
+	var stderr strings.Builder
+	if code := run(context.Background(), "vllm", []string{"serve", "m"}, &stderr); code != 2 || !strings.Contains(stderr.String(), "VLLM_SIM_ARGS") {
+		t.Errorf("bad VLLM_SIM_ARGS: exit %d, stderr %q", code, stderr.String())
+	}
+}
