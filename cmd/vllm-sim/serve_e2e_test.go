@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,8 +49,8 @@ func TestRenderedEngineCommandRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The rendered ports, moved to free ones: the engine binds them on every interface.
-	taken := map[int32]bool{}
-	httpPort, events, replay := freeRun(t, 1, taken), freeRun(t, 2, taken), freeRun(t, 2, taken)
+	taken := map[int]bool{}
+	httpPort, events, replay := int32(testkit.FreeRun(t, 1, taken)), int32(testkit.FreeRun(t, 2, taken)), int32(testkit.FreeRun(t, 2, taken))
 	m.Spec.Engine.Port, m.Spec.Engine.KVEvents.BasePort, m.Spec.Engine.KVEvents.ReplayBasePort = httpPort, events, &replay
 	d, err := render.EngineDeployment(m, render.Options{})
 	if err != nil {
@@ -204,39 +203,4 @@ func TestRenderedEngineCommandRuns(t *testing.T) {
 	if batches == 0 {
 		t.Errorf("replay on rank %d answered with no batch", rank)
 	}
-}
-
-// freeRun returns the first of n consecutive ports free on every interface (the engine binds
-// tcp://*:PORT and HTTP on all of them) and not in taken, and adds them to taken.
-func freeRun(t *testing.T, n int, taken map[int32]bool) int32 {
-	t.Helper()
-	for tries := 0; tries < 100; tries++ {
-		ln, err := net.Listen("tcp", ":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		ok := p+n-1 <= 65535
-		for i := 0; ok && i < n; i++ {
-			if taken[int32(p+i)] {
-				ok = false
-				break
-			}
-			l, err := net.Listen("tcp", fmt.Sprintf(":%d", p+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			l.Close()
-		}
-		if ok {
-			for i := 0; i < n; i++ {
-				taken[int32(p+i)] = true
-			}
-			return int32(p)
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
 }
