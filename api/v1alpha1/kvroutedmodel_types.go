@@ -374,8 +374,8 @@ type RouterSpec struct {
 	// +optional
 	Service RouterServiceSpec `json:"service,omitempty"`
 
-	// Policy picks a replica per request: the production policies (router/score
-	// ProductionPolicies). kvrouter --policy also takes the peers' emulations, for benchmarks.
+	// Policy picks a replica per request: one of the production policies (router/score
+	// ProductionPolicies). The peers' emulations are kvbench's, for benchmarks only.
 	// +kubebuilder:default=kv
 	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;session
 	// +optional
@@ -410,8 +410,8 @@ type RouterSpec struct {
 	// ShadowPolicy re-decides every request with this policy on the signals the real decision
 	// saw, without acting on it, and exports what its picks had cached beside production's
 	// (kvroute_router_shadow_*). Its caches were filled by the production policy: see
-	// docs/should-you-route.md for what that biases.
-	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;kv-ttft;random;session;prefix-char;sglang-cache-aware;llmd-default;dynamo-kv
+	// docs/should-you-route.md for what that biases. One of the production policies, as Policy.
+	// +kubebuilder:validation:Enum=kv;load;least-loaded;round-robin;session
 	// +optional
 	ShadowPolicy string `json:"shadowPolicy,omitempty"`
 

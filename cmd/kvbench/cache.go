@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/sim/fleet"
+	"github.com/kvroute/kvroute/sim/policies"
 	"github.com/kvroute/kvroute/sim/replay"
 )
 
@@ -39,6 +40,7 @@ type ceilings struct {
 const defaultPolicies = "kv,load,round-robin,random,session,prefix-char,sglang-cache-aware,llmd-default,dynamo-kv"
 
 func runCache(args []string, stdout, stderr io.Writer) error {
+	reg := policies.Registry() // the production policies and kvbench's benchmark ones
 	fs := flag.NewFlagSet("cache", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	d := fleet.DefaultConfig
@@ -48,7 +50,7 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	regimeRate := fs.Float64("regime-rate", 16, "--regime: mean arrivals per second")
 	replicas := fs.Int("replicas", d.Replicas, "replicas in the fleet")
 	capacity := fs.Int("capacity-blocks", d.CapacityBlocks, "KV capacity of the whole fleet in 512-token blocks")
-	policies := fs.String("policies", defaultPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+")")
+	policies := fs.String("policies", defaultPolicies, "comma-separated policies ("+strings.Join(reg.Names(), ", ")+")")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	speed := fs.Float64("speed", d.Speed, "replay speed: arrival = timestamp / speed")
 	prefill := fs.Float64("prefill-tokens-per-s", d.PrefillTokensPerS, "prefill rate for uncached tokens")
@@ -75,7 +77,7 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 		return errors.New("--policies is empty")
 	}
 	for _, n := range names {
-		if _, err := score.New(n, score.Options{}); err != nil {
+		if _, err := reg.New(n, score.Options{}); err != nil {
 			return err
 		}
 	}

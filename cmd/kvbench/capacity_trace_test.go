@@ -44,7 +44,7 @@ func TestCapacityOnACapturedTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	binDir := t.TempDir()
-	for _, b := range []string{"kvrouter", "vllm-sim"} {
+	for _, b := range []string{"vllm-sim"} { // the routers are this test binary's (TestMain)
 		if out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, b), "../"+b).CombinedOutput(); err != nil {
 			t.Fatalf("go build %s: %v\n%s", b, err, out)
 		}

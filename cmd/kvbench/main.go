@@ -13,6 +13,7 @@ import (
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) error{
 	"cache":  runCache,
 	"replay": runReplay,
+	"router": runRouter, // hidden: the routers kvbench replay starts (router.go)
 }
 
 func main() {
@@ -33,6 +34,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err := cmd(args[1:], stdout, stderr); err != nil {
+		if code, ok := err.(exitCode); ok {
+			return int(code)
+		}
 		fmt.Fprintf(stderr, "kvbench %s: %v\n", args[0], err)
 		return 1
 	}

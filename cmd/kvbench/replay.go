@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/sim/fleet"
+	"github.com/kvroute/kvroute/sim/policies"
 	"github.com/kvroute/kvroute/sim/replay"
 )
 
@@ -50,6 +51,7 @@ type replayOutput struct {
 const defaultReplayPolicies = "kv,load,round-robin,prefix-char"
 
 func runReplay(args []string, stdout, stderr io.Writer) error {
+	reg := policies.Registry() // the production policies and kvbench's benchmark ones
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	trace := fs.String("trace", "", "Mooncake JSONL trace or a kvrouter capture directory (this or --regime)")
@@ -57,7 +59,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	replicas := fs.Int("replicas", 4, "vllm-sim engines (scale-up: the final size; it starts at half)")
 	routers := fs.Int("routers", 1, "kvrouter replicas, clustered as peers sharing their in-flight load; request i goes to router i mod N")
 	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed")
-	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(score.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
+	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(reg.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
 	routerEvents := fs.Bool("router-events", true, "routers subscribe to the engines' KV events; false runs every policy as POLICY"+replay.NoEventsSuffix)
 	seeds := fs.Int("seeds", 3, "repetitions; a seed moves the arrival jitter and the sims' seeds (a regime's requests are drawn once and are the same in every seed; --capacity draws them per seed)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
@@ -84,9 +86,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	blocks := fs.Int("sim-num-gpu-blocks", 0, "engine KV blocks (default: 600 trace blocks' worth, as docs/benchmarks.md's 8 x 600)")
 	seqs := fs.Int("sim-max-num-seqs", 32, "engine running requests")
 	dp := fs.Int("sim-data-parallel-size", 1, "DP ranks per engine")
-	binDir := fs.String("bin-dir", "", "directory with vllm-sim and kvrouter (default: next to kvbench, then bin/)")
+	binDir := fs.String("bin-dir", "", "directory with vllm-sim (default: next to kvbench, then bin/)")
 	simBin := fs.String("vllm-sim", "", "vllm-sim binary (overrides --bin-dir)")
-	routerBin := fs.String("kvrouter", "", "kvrouter binary (overrides --bin-dir)")
+	routerBin := fs.String("kvrouter", "", "run this kvrouter binary as the routers, for production policies only (default: this kvbench's own router, kvrouter's code with the benchmark policies registered, for every policy)")
 	capacity := fs.Bool("capacity", false, "search each policy's highest rate (regimes: --rate; traces: --speed) with TTFT p99 under --slo and no failed request; seeds added up to --seeds (at most 10) until kv / best other is known within 3%")
 	maxProbes := fs.Int("max-probes", 10, "--capacity: probes per policy and seed at most")
 	slo := fs.Duration("slo", 2*time.Second, "--capacity: TTFT p99 bound in trace time (wall time x --sim-time-scale)")
@@ -117,8 +119,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	for i, n := range names {
 		base, events := replay.SplitPolicy(n)
-		if _, err := score.New(base, score.Options{}); err != nil {
+		if _, err := reg.New(base, score.Options{}); err != nil {
 			return err
+		}
+		if *routerBin != "" && !slices.Contains(score.ProductionPolicies, base) {
+			return fmt.Errorf("--kvrouter runs a kvrouter binary, which offers the production policies only; %s is kvbench's (leave --kvrouter out to serve it with kvbench's router)", base)
 		}
 		if events && !*routerEvents {
 			names[i] = n + replay.NoEventsSuffix
@@ -150,7 +155,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	o.SimArgs = append(steps, "--headers-at-acceptance="+strconv.FormatBool(*atAcceptance), "--block-size", strconv.Itoa(*blockSize),
 		"--num-gpu-blocks", strconv.Itoa(*blocks), "--max-num-seqs", strconv.Itoa(*seqs),
 		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576")
-	if o.SimBin, o.RouterBin, err = findBinaries(*binDir, *simBin, *routerBin); err != nil {
+	if o.SimBin, o.RouterBin, o.RouterPrefix, err = findBinaries(*binDir, *simBin, *routerBin); err != nil {
 		return err
 	}
 
@@ -350,9 +355,11 @@ func simStepArgs(model string, prefillPerS, decodeMs, timeScale float64, tokensP
 		"--time-scale", fmtF(timeScale * prefillPerS * tokenScale / rate)}, nil
 }
 
-// findBinaries looks for vllm-sim and kvrouter: explicit flags, then --bin-dir, then the
-// directory kvbench runs from, then ./bin.
-func findBinaries(dir, simBin, routerBin string) (string, string, error) {
+// findBinaries looks for vllm-sim: --vllm-sim, then --bin-dir, then the directory kvbench runs
+// from, then ./bin. The routers are routerBin when given (a kvrouter binary), else this kvbench's
+// hidden router subcommand (router.go), which serves every policy, the benchmark ones too, with
+// kvrouter's code: both sides of a comparison run the same router.
+func findBinaries(dir, simBin, routerBin string) (sim, router string, routerPrefix []string, err error) {
 	var dirs []string
 	if dir != "" {
 		dirs = []string{dir}
@@ -374,12 +381,17 @@ func findBinaries(dir, simBin, routerBin string) (string, string, error) {
 		}
 		return "", fmt.Errorf("no %s binary in %s (make build, or --%s PATH)", name, strings.Join(dirs, ", "), name)
 	}
-	s, err := find(simBin, "vllm-sim")
-	if err != nil {
-		return "", "", err
+	if sim, err = find(simBin, "vllm-sim"); err != nil {
+		return "", "", nil, err
 	}
-	r, err := find(routerBin, "kvrouter")
-	return s, r, err
+	if routerBin != "" {
+		return sim, routerBin, nil, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", "", nil, fmt.Errorf("kvbench's own binary, to run its router: %w", err)
+	}
+	return sim, self, []string{"router"}, nil
 }
 
 func fmtF(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }

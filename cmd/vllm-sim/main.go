@@ -97,6 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	fs.IntVar(&cfg.KVEventsPort, "kv-events-port", 0, "PUB bind port of rank 0 (rank r: port+r); 0 = off, -1 = any free port")
 	fs.StringVar(&cfg.KVEventsConnect, "kv-events-connect", "", "dial this tcp://HOST:PORT instead of binding (rank r: port+r)")
 	fs.IntVar(&cfg.KVReplayPort, "kv-replay-port", 0, "ROUTER replay bind port of rank 0 (rank r: port+r); 0 = off")
+	fs.IntVar(&cfg.KVSnapshotPort, "kv-snapshot-port", 0, "vLLM's snapshot_endpoint port of rank 0 (rank r: port+r): 24-byte sequence frames with a per-process publisher id, 1-s heartbeats, and a snapshot ROUTER; 0 = off, -1 = any free port")
 	topic := fs.String("kv-events-topic", "", "event topic (default kv@HOST:PORT@MODEL; pass an empty value for vLLM's empty topic)")
 	fs.StringVar(&cfg.EventLayout, "event-layout", "E3", "KV-event batch shape: E1 (array batch, array events; kv_events.py before #42892), "+
 		"E2 (map batch, map events; newest upstream kv_events.py), E3 (array batch, map events; seen in a live v0.26.0 capture); aliases array = E1, map = E3")

@@ -56,8 +56,14 @@ type RankInfo struct {
 	// PeerInflight is what the other router replicas have in flight there (absent when alone).
 	PeerInflight *Inflight `json:"peer_inflight,omitempty"`
 	// Seeded: the stream started from a peer router's snapshot, confirmed by the engine.
-	Seeded   bool     `json:"seeded,omitempty"`
-	Accuracy Accuracy `json:"accuracy"`
+	Seeded bool `json:"seeded,omitempty"`
+	// PublisherID is the engine process's id from its 24-byte sequence frames (hex; absent for
+	// an engine without a snapshot endpoint); Stalled: it sends heartbeats and none came lately.
+	PublisherID string `json:"publisher_id,omitempty"`
+	Stalled     bool   `json:"stalled,omitempty"`
+	// Ownership is the ownership values the engine's events named (vLLM's residency key).
+	Ownership []string `json:"ownership,omitempty"`
+	Accuracy  Accuracy `json:"accuracy"`
 	// Degraded is every reason in force on the replica (see router/degraded), [] when none.
 	Degraded []degraded.Status `json:"degraded"`
 	// Demoted: evidence says its keys are wrong, so it is scored approximately.
@@ -121,7 +127,7 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 				ri.LastSeq = &seq
 			}
 			ri.Partial, ri.Gaps, ri.Replays, ri.Resets, ri.TopicMismatches = st.Partial, st.Gaps, st.Replays, st.Resets, st.TopicMismatches
-			ri.Seeded = st.Seeded
+			ri.Seeded, ri.PublisherID, ri.Stalled, ri.Ownership = st.Seeded, st.Publisher, st.Stalled, st.Owners
 			ri.DecodeErrors, ri.Panics = st.DecodeErrors, st.Panics
 			ri.Counters = map[string]uint64{}
 			for _, c := range st.Counters() {

@@ -14,7 +14,7 @@ func (s *Router) NewPolicy(name string) (score.Policy, error) {
 		name = "load"
 	}
 	kv := kvParams(s.o.Config.Scoring)
-	return score.New(name, score.Options{Seed: s.o.Seed + 1, KV: &kv})
+	return s.o.Policies.New(name, score.Options{Seed: s.o.Seed + 1, KV: &kv})
 }
 
 // Detokenize turns token ids into text through a healthy engine's /detokenize (the prompt

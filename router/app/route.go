@@ -274,7 +274,11 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if !ok {
 		return
 	}
-	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport}
+	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
+	if rw.OverridesClientMode(p.body) {
+		s.met.ReportModeOverrides.Inc()
+		s.logLimited("report-mode-override", "a client's vllm_xargs.kv_cache_report_mode was set back to incremental; counted in kvroute_router_client_report_mode_overrides_total")
+	}
 	upBody, err := rw.Apply(p.body)
 	if err != nil {
 		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())

@@ -70,6 +70,9 @@ type Options struct {
 	Observers []load.Observer
 	// Policy, when set, replaces the policy Config.Policy names (tests, experiments).
 	Policy score.Policy
+	// Policies are the policies Config.Policy and Config.ShadowPolicy may name
+	// (score.Production() when nil; kvbench's router adds its benchmark policies).
+	Policies *score.Registry
 	// AccessLogSample, when N > 0, logs one routed request in N at INFO with its decision's
 	// breakdown (what /debug/route shows); 0 logs none.
 	AccessLogSample int
@@ -130,7 +133,10 @@ type Router struct {
 
 // New builds a server; it connects nothing until Run.
 func New(o Options) (*Router, error) {
-	if err := o.Config.Validate(); err != nil {
+	if o.Policies == nil {
+		o.Policies = score.Production()
+	}
+	if err := o.Config.ValidatePolicies(o.Policies.Names()); err != nil {
 		return nil, err
 	}
 	if o.Now == nil {
@@ -168,7 +174,7 @@ func New(o Options) (*Router, error) {
 	pol := o.Policy
 	if pol == nil {
 		var err error
-		if pol, err = score.New(name, score.Options{Seed: o.Seed, KV: &kv}); err != nil {
+		if pol, err = o.Policies.New(name, score.Options{Seed: o.Seed, KV: &kv}); err != nil {
 			return nil, err
 		}
 	} else {
@@ -197,7 +203,9 @@ func New(o Options) (*Router, error) {
 	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
 	if o.Config.Events.Enabled {
 		s.peers = kvevents.NewPeerTable()
-		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize, Peers: s.peers}
+		// Without full report mode every BlockStored is a physical copy (vLLM's contract); with
+		// it, a parent-nil store may be a re-announcement no removal balances.
+		ing := kvevents.IngestOptions{BlockSize: o.Config.BlockSize, Peers: s.peers, CopyPerStore: !o.FullReport}
 		// Parity recomputes each sampled event's block 0 at the event's own block size, so it
 		// runs whether the router's block size is configured or learned.
 		if algo, aerr := blockkey.ParseAlgo(o.Config.Hash.Algo); aerr == nil {

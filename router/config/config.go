@@ -297,9 +297,9 @@ type Limits struct {
 	RequestTimeout metav1.Duration `json:"requestTimeout"`
 }
 
-// Policies are the names --policy accepts: score's one list, production policies first
-// (least-loaded is an alias of load).
-var Policies = score.Names()
+// Policies are the names policy and shadowPolicy accept: score's one list of production policies
+// (least-loaded is an alias of load). kvbench's router offers more (ValidatePolicies).
+var Policies = score.ProductionPolicies
 
 // HashAlgos are vLLM's --prefix-caching-hash-algo values.
 var HashAlgos = []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}
@@ -412,8 +412,13 @@ func (c Config) Marshal() ([]byte, error) {
 	return yaml.Marshal(c)
 }
 
-// Validate reports every problem, each prefixed by the key it concerns.
-func (c Config) Validate() error {
+// Validate reports every problem, each prefixed by the key it concerns; policy and
+// shadowPolicy must be production policies (Policies).
+func (c Config) Validate() error { return c.ValidatePolicies(Policies) }
+
+// ValidatePolicies is Validate for a binary that offers the given policies (kvbench's router
+// registers the benchmark ones beside the production ones).
+func (c Config) ValidatePolicies(policies []string) error {
 	var errs []error
 	bad := func(key, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
@@ -440,8 +445,8 @@ func (c Config) Validate() error {
 			bad("capture.files", "%d is out of range 0..1000", cp.Files)
 		}
 	}
-	if c.ShadowPolicy != "" && !slices.Contains(Policies, c.ShadowPolicy) {
-		bad("shadowPolicy", "%q is not one of %v", c.ShadowPolicy, Policies)
+	if c.ShadowPolicy != "" && !slices.Contains(policies, c.ShadowPolicy) {
+		bad("shadowPolicy", "%q is not one of %v", c.ShadowPolicy, policies)
 	}
 	if a := c.Audit; a != nil && (a.SampleEvery < 0 || a.SampleEvery > 1<<20) {
 		bad("audit.sampleEvery", "%d is out of range 0..%d", a.SampleEvery, 1<<20)
@@ -450,8 +455,8 @@ func (c Config) Validate() error {
 		bad("report", "needs both namespace and kvRoutedModel")
 	}
 	checkAddr("adminListen", c.AdminListen)
-	if !slices.Contains(Policies, c.Policy) {
-		bad("policy", "%q is not one of %v", c.Policy, Policies)
+	if !slices.Contains(policies, c.Policy) {
+		bad("policy", "%q is not one of %v", c.Policy, policies)
 	}
 	if c.BlockSize < 0 || c.BlockSize > blockkey.MaxBlockSize {
 		bad("blockSize", "%d is out of range 0..%d (0 learns it from the events)", c.BlockSize, blockkey.MaxBlockSize)

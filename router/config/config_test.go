@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -142,15 +143,36 @@ func TestMarshalRoundTrips(t *testing.T) {
 
 func TestLoad(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(p, []byte("policy: random\n"), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte("policy: round-robin\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c, err := Load(p)
-	if err != nil || c.Policy != "random" {
+	if err != nil || c.Policy != "round-robin" {
 		t.Fatalf("Load = %+v, %v", c, err)
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
 		t.Fatal("Load of a missing file succeeded")
+	}
+}
+
+// The router offers production policies only: a benchmark policy (kvbench's) is refused by
+// Validate, with the key and the names it takes, and accepted by ValidatePolicies when the binary
+// offers it.
+func TestBenchmarkPoliciesAreNotTheRouters(t *testing.T) {
+	for _, key := range []string{"policy", "shadowPolicy"} {
+		c := Default()
+		if key == "policy" {
+			c.Policy = "prefix-char"
+		} else {
+			c.ShadowPolicy = "prefix-char"
+		}
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), key+": \"prefix-char\" is not one of") {
+			t.Errorf("%s prefix-char: %v, want refused by name", key, err)
+		}
+		if err := c.ValidatePolicies(append(slices.Clone(Policies), "prefix-char")); err != nil {
+			t.Errorf("%s prefix-char offered: %v", key, err)
+		}
 	}
 }
 

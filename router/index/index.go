@@ -197,6 +197,15 @@ func (ix *Index) StoreNew(id ReplicaID, engineHashes []uint64, keys []blockkey.K
 	return err
 }
 
+// StoreCopies is StoreNew for a stream where every BlockStored is a physical copy, parent or
+// not (vLLM's contract: each copy of a hash gets its own BlockStored and BlockRemoved, and
+// freeing emits nothing; tests/v1/core/test_kv_events_contract.py). It reports how many of the
+// blocks were already held, each now one more copy. Only for streams that never carry
+// kv_cache_report_mode "full", whose re-announcements look the same and would never be removed.
+func (ix *Index) StoreCopies(id ReplicaID, engineHashes []uint64, keys []blockkey.Key, t Tier) (dups int, err error) {
+	return ix.store(id, engineHashes, keys, t, true)
+}
+
 func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tier, copies bool) (held int, err error) {
 	if len(hashes) != len(keys) {
 		return 0, fmt.Errorf("%w: %d hashes, %d keys", ErrLengthMismatch, len(hashes), len(keys))
@@ -233,6 +242,7 @@ func (ix *Index) store(id ReplicaID, hashes []uint64, keys []blockkey.Key, t Tie
 				r.extra[t] = map[uint64]uint32{}
 			}
 			r.extra[t][h]++
+			held++
 		case old == k:
 			held++
 		default:
@@ -308,7 +318,33 @@ func (ix *Index) Remove(id ReplicaID, engineHashes []uint64, t Tier) (unknown in
 	return unknown, nil
 }
 
-// Clear drops everything the replica holds (AllBlocksCleared, or a stream found inexact).
+// ClearTier drops what the replica holds on one tier. vLLM's AllBlocksCleared comes from the GPU
+// block pool and clears GPU residency only: offloaded copies stay (docs/features/kv_events.md).
+func (ix *Index) ClearTier(id ReplicaID, t Tier) error {
+	if !t.valid() {
+		return fmt.Errorf("%w: %d", ErrBadTier, t)
+	}
+	now := ix.now()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	r, err := ix.rep(id)
+	if err != nil {
+		return err
+	}
+	g := ix.groups[int(id)/groupSize]
+	bit := slotBit(id)
+	for _, k := range r.hashes[t] {
+		g.clear(k, bit, t)
+	}
+	r.hashes[t], r.extra[t] = nil, nil
+	if t == GPU {
+		r.hashes[GPU] = map[uint64]blockkey.Key{}
+	}
+	r.updated = now
+	return nil
+}
+
+// Clear drops everything the replica holds (a stream found inexact, or restarted).
 func (ix *Index) Clear(id ReplicaID) error {
 	now := ix.now()
 	ix.mu.Lock()

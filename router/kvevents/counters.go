@@ -23,7 +23,7 @@ type counterSpec struct {
 }
 
 // gaugeFields are the rows that are levels, not counts.
-var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true}
+var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true, "SharedBlocks": true, "SharedCopies": true}
 
 // How each counter's movement is told beyond /metrics and /debug/engines: every row is in
 // exactly one of these sets (TestEveryCounterIsToldOnce), so a new counter must choose.
@@ -32,22 +32,25 @@ var (
 	// gap and replay overlap): counted only.
 	trafficFields = map[string]bool{"Received": true, "Applied": true, "QueuedBytes": true, "Pending": true, "Replays": true,
 		"ReplayedBatches": true, "Duplicates": true, "Events": true, "BlocksStored": true, "BlocksReannounced": true, "BlocksRemoved": true, "Clears": true,
-		"ParityChecked": true}
+		"ParityChecked": true, "Heartbeats": true,
+		"CopiesStored": true, "SharedStored": true, "SharedRemoved": true, "SharedBlocks": true, "SharedCopies": true, "SessionStores": true,
+		"TokenlessResolved": true}
 	// stateFields move with a stream state change (a gap, a restart, a reset, the engine down),
 	// which the router logs once with the counters that moved.
 	stateFields = map[string]bool{"Gaps": true, "Uncoverable": true, "Backwards": true, "Downs": true, "SilentRestarts": true,
-		"Restarts": true, "Resets": true, "SubReconnects": true}
+		"Restarts": true, "Resets": true, "SubReconnects": true, "PublisherRestarts": true, "Stalls": true,
+		"Snapshots": true, "SnapshotsInstalled": true}
 	// siteLoggedFields are logged where they happen, with the batch's seq and payload head
 	// (logDrop, logPanic), the requests that showed it (the router's stale mark), or the reason a
 	// peer's snapshot was not used (seedRejected).
 	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true,
-		"SeedRejected": true}
+		"SeedRejected": true, "SnapshotFailures": true}
 	// dropFields are dropped or skipped messages, batches and events that nothing logs where
 	// they happen: the router logs the first increase of each on a stream (FirstDrops).
 	dropFields = map[string]bool{"TopicMismatches": true, "MalformedFrames": true, "Overflows": true, "ByteOverflows": true,
 		"ReplayFailures": true, "ReplayShort": true, "UnknownEvents": true, "UnknownParent": true, "RekeyErrors": true,
 		"SkippedGroups": true, "SkippedMedia": true, "UnknownRemoves": true, "IndexErrors": true, "BlockSizeMismatches": true,
-		"ParityMismatches": true, "ParitySkipped": true}
+		"ParityMismatches": true, "ParitySkipped": true, "SharedDropped": true, "TokenlessUnresolved": true}
 )
 
 // counterTable lists every counter of Stats. Metric names that dashboards and alerts already
@@ -80,6 +83,12 @@ var counterTable = []counterSpec{
 	{"StaleMarks", "stream_stale_marks_total", "stale_marks", "Times the engine served requests with no events coming (stream taken out of exact).", func(s *Stats) uint64 { return s.StaleMarks }},
 	{"SeedRejected", "stream_seed_rejected_total", "seed_rejected", "Peer snapshots not used for the stream (another engine process, the ring wrapped past them, no replay socket, over the block limit); its ring was replayed from seq 0.", func(s *Stats) uint64 { return s.SeedRejected }},
 	{"Restarts", "stream_restarts_total", "restarts", "Engine restarts reported by discovery.", func(s *Stats) uint64 { return s.Restarts }},
+	{"PublisherRestarts", "stream_publisher_restarts_total", "publisher_restarts", "Engine restarts seen as a changed publisher id in the 24-byte sequence frame (each resets the replica).", func(s *Stats) uint64 { return s.PublisherRestarts }},
+	{"Stalls", "stream_stalls_total", "stalls", "Times an engine that sends heartbeats went silent past the stall limit (stream taken out of exact until a batch comes).", func(s *Stats) uint64 { return s.Stalls }},
+	{"Heartbeats", "stream_heartbeats_total", "heartbeats", "Batches with no events applied (idle engines with a snapshot endpoint send one a second).", func(s *Stats) uint64 { return s.Heartbeats }},
+	{"Snapshots", "stream_snapshots_total", "snapshots", "Snapshots asked of the engine (its snapshot endpoint): at start, or for a gap its ring no longer covered.", func(s *Stats) uint64 { return s.Snapshots }},
+	{"SnapshotsInstalled", "stream_snapshots_installed_total", "snapshots_installed", "Engine snapshots installed (the replica rebuilt from the engine's whole cache state).", func(s *Stats) uint64 { return s.SnapshotsInstalled }},
+	{"SnapshotFailures", "stream_snapshot_failures_total", "snapshot_failures", "Engine snapshots not installed (timeout, unavailable, malformed, over the block limit); the stream fell back to its ring.", func(s *Stats) uint64 { return s.SnapshotFailures }},
 	{"Resets", "stream_resets_total", "resets", "Times the replica's entries were dropped (stream inexact).", func(s *Stats) uint64 { return s.Resets }},
 	{"Events", "stream_events_total", "events", "Events applied.", func(s *Stats) uint64 { return s.Events }},
 	{"BlocksStored", "stream_blocks_stored_total", "blocks_stored", "Blocks indexed from BlockStored events.", func(s *Stats) uint64 { return s.BlocksStored }},
@@ -90,7 +99,16 @@ var counterTable = []counterSpec{
 	{"UnknownParent", "stream_unknown_parents_total", "unknown_parents", "BlockStored events whose parent the replica does not hold (skipped).", func(s *Stats) uint64 { return s.UnknownParent }},
 	{"RekeyErrors", "stream_rekey_errors_total", "rekey_errors", "BlockStored events whose sizes or extras cannot be keyed (skipped).", func(s *Stats) uint64 { return s.RekeyErrors }},
 	{"SkippedGroups", "stream_skipped_groups_total", "skipped_groups", "Events of non-attention KV cache groups (sliding window, Mamba; skipped).", func(s *Stats) uint64 { return s.SkippedGroups }},
-	{"SkippedMedia", "stream_skipped_media_total", "skipped_media", "Events with a medium this version does not know (skipped).", func(s *Stats) uint64 { return s.SkippedMedia }},
+	{"SkippedMedia", "stream_skipped_media_total", "skipped_media", "Events with a medium or locality this version does not know (skipped: failing closed).", func(s *Stats) uint64 { return s.SkippedMedia }},
+	{"CopiesStored", "stream_copies_stored_total", "copies_stored", "Of the blocks stored, those already held that counted one more physical copy (each copy is removed on its own).", func(s *Stats) uint64 { return s.CopiesStored }},
+	{"SharedStored", "stream_shared_stored_total", "shared_stored", "Block copies stored in storage the engine reaches but does not hold (locality REMOTE; media FS, OBJ, STORAGE): shown, not routed on.", func(s *Stats) uint64 { return s.SharedStored }},
+	{"SharedRemoved", "stream_shared_removed_total", "shared_removed", "Shared-storage block copies removed.", func(s *Stats) uint64 { return s.SharedRemoved }},
+	{"SharedDropped", "stream_shared_dropped_total", "shared_dropped", "Shared-storage block copies not kept: the stream's bound on shared residency keys was reached.", func(s *Stats) uint64 { return s.SharedDropped }},
+	{"SharedBlocks", "stream_shared_blocks", "shared_blocks", "Residency keys (medium, group, locality, ownership, hash) with a copy in shared storage.", func(s *Stats) uint64 { return s.SharedBlocks }},
+	{"SharedCopies", "stream_shared_copies", "shared_copies", "Block copies in shared storage.", func(s *Stats) uint64 { return s.SharedCopies }},
+	{"TokenlessResolved", "stream_tokenless_resolved_total", "tokenless_resolved", "Blocks of token-less stores (an engine snapshot's tier updates) resolved through the engine hash the replica held.", func(s *Stats) uint64 { return s.TokenlessResolved }},
+	{"TokenlessUnresolved", "stream_tokenless_unresolved_total", "tokenless_unresolved", "Blocks of token-less stores whose engine hash the replica did not hold (skipped: no tokens to key them by).", func(s *Stats) uint64 { return s.TokenlessUnresolved }},
+	{"SessionStores", "stream_session_stores_total", "session_stores", "BlockStored events that carried a session_id.", func(s *Stats) uint64 { return s.SessionStores }},
 	{"UnknownRemoves", "stream_unknown_removes_total", "unknown_removes", "Removed hashes the replica did not hold.", func(s *Stats) uint64 { return s.UnknownRemoves }},
 	{"IndexErrors", "stream_index_errors_total", "index_errors", "Index calls that failed (replica removed under the stream).", func(s *Stats) uint64 { return s.IndexErrors }},
 	{"BlockSizeMismatches", "block_size_mismatches_total", "block_size_mismatches", "BlockStored events with another block size than the configured or learned one.", func(s *Stats) uint64 { return s.BlockSizeMismatches }},

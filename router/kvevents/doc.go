@@ -90,14 +90,21 @@
 //     "mla_attention", "sink_full_attention", or no kind at all from engines before v0.22); the
 //     group of each group_idx is learned from BlockStored so BlockRemoved (which carries no kind)
 //     of a sliding-window or Mamba group is skipped too.
-//   - Tiers come from medium (index.ParseMedium). An unknown medium is skipped and counted: a new
-//     connector tier may use another hash space.
+//   - Tiers and residency come from medium and locality (index.ParseResidency). vLLM counts
+//     copies per (medium, group, locality, ownership, hash); a copy the engine does not hold
+//     itself (locality REMOTE, or the shared media FS, OBJ, STORAGE) is kept per residency key
+//     in the ingester, counted and shown (shared_*), never routed on. An unknown medium or
+//     locality is skipped and counted: a new connector tier may use another hash space.
 //   - A BlockStored with parent nil chains from blockkey.RootKey and goes to index.Store (presence:
-//     a full-mode re-announcement only refreshes); one with a parent chains from
+//     a full-mode re-announcement only refreshes), or with IngestOptions.CopyPerStore (no full
+//     report mode) to index.StoreCopies, one more physical copy as vLLM's contract test has it;
+//     one with a parent chains from
 //     index.ParentKey(replica, parent) and goes to index.StoreNew (new physical copies). A parent
 //     the replica does not hold (a partial stream, or a parent on a skipped group) cannot be
 //     re-keyed: the event is skipped and counted (UnknownParent), since a guessed chain would give
 //     keys no request can ever produce.
+//   - AllBlocksCleared comes from the GPU block pool: it clears the GPU tier only; offloaded and
+//     shared copies stay (docs/features/kv_events.md).
 //   - Parity: for a sample of BlockStored events with parent nil on the GPU tier, the first
 //     block's vLLM hash is recomputed (algorithm, PYTHONHASHSEED, the event's extra keys) and its
 //     wire int compared with the event's; mismatches are counted per stream. A block size other

@@ -27,6 +27,16 @@ func FuzzIngest(f *testing.F) {
 		}
 		f.Add(p)
 	}
+	// vLLM's 2026 contract: copies, shared residency, ownership, session_id, token-less tier
+	// updates (testdata/vllm/kv-contract).
+	for _, frames := range contractSeeds(f) {
+		f.Add(frames[2])
+	}
+	tokenless := ev2
+	tokenless.Stored.TokenIDs, tokenless.Stored.ParentBlockHash, tokenless.Stored.Medium = nil, kvwire.Opt[kvwire.Hash]{}, kvwire.Some("CPU")
+	if p, err := enc.AppendBatch(nil, &kvwire.Batch{TS: 1, Events: []kvwire.Event{ev1, tokenless}}, kvwire.LayoutMap); err == nil {
+		f.Add(p)
+	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		ix := index.New(index.Options{})
 		id, _ := ix.AddReplica("e", 0)

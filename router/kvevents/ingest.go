@@ -36,6 +36,28 @@ type IngestOptions struct {
 	Parity *Parity
 	// Peers, when set, compares block 0's engine hash for the same router key across replicas.
 	Peers *PeerTable
+	// CopyPerStore counts every BlockStored as one physical copy, parent or not, as vLLM's
+	// contract has it (tests/v1/core/test_kv_events_contract.py,
+	// test_each_copy_of_a_hash_is_stored_and_removed: two copies of a hash, both stored with no
+	// parent, each removed on its own eviction). Unset, a parent-nil store of a held hash counts
+	// nothing: under kv_cache_report_mode "full" such a store is a re-announced prefix hit that
+	// no BlockRemoved will balance. Set it only where no request carries "full".
+	CopyPerStore bool
+}
+
+// maxShared bounds the shared-storage residency a stream keeps for display: keys come from the
+// wire, and past the bound new ones are counted (SharedDropped), not kept.
+const maxShared = 1 << 20
+
+// maxOwners bounds the ownership values a stream remembers for display.
+const maxOwners = 16
+
+// sharedKey is one residency key of a copy the replica does not hold itself: vLLM counts copies
+// per (medium, group, locality, ownership, hash).
+type sharedKey struct {
+	medium, locality, ownership string
+	group                       int64
+	hash                        uint64
 }
 
 // Ingester applies decoded batches of one stream to its replica in the index. Not safe for
@@ -52,6 +74,12 @@ type Ingester struct {
 	parityEvery uint64
 	parityN     uint64
 	peers       *PeerTable
+
+	copyPerStore bool
+	// shared: copies in storage the engine reaches but does not hold (locality REMOTE, shared
+	// media), by residency key; shown, never routed on.
+	shared map[sharedKey]uint32
+	owners []string
 
 	keys    []blockkey.Key
 	hashes  []uint64
@@ -71,7 +99,8 @@ func newIngester(ix *index.Index, id index.ReplicaID, opts IngestOptions, c *ing
 	if opts.BlockSize < 0 {
 		return nil, fmt.Errorf("kvevents: negative block size %d", opts.BlockSize)
 	}
-	g := &Ingester{ix: ix, id: id, c: c, blockSize: int64(opts.BlockSize), groups: map[int64]bool{}, peers: opts.Peers}
+	g := &Ingester{ix: ix, id: id, c: c, blockSize: int64(opts.BlockSize), groups: map[int64]bool{}, peers: opts.Peers,
+		copyPerStore: opts.CopyPerStore}
 	if p := opts.Parity; p != nil {
 		h, err := blockkey.NewEngineHasher(p.Algo, p.Seed)
 		if err != nil {
@@ -98,6 +127,10 @@ func (g *Ingester) Stats() Stats {
 	s.RekeyErrors, s.SkippedGroups, s.SkippedMedia = in.rekeyErrors.Load(), in.skippedGroups.Load(), in.skippedMedia.Load()
 	s.UnknownRemoves, s.IndexErrors, s.BlockSizeMismatches = in.unknownRemoves.Load(), in.indexErrors.Load(), in.blockSizeMismatches.Load()
 	s.ParityChecked, s.ParityMismatches, s.ParitySkipped = in.parityChecked.Load(), in.parityMismatches.Load(), in.paritySkipped.Load()
+	s.SharedStored, s.SharedRemoved, s.SharedDropped = in.sharedStored.Load(), in.sharedRemoved.Load(), in.sharedDropped.Load()
+	s.SharedBlocks, s.SharedCopies, s.SessionStores = in.sharedBlocks.Load(), in.sharedCopies.Load(), in.sessionStores.Load()
+	s.CopiesStored, s.Owners = in.copiesStored.Load(), ownersOf(in)
+	s.TokenlessResolved, s.TokenlessUnresolved = in.tokenlessResolved.Load(), in.tokenlessUnresolved.Load()
 	return s
 }
 
@@ -123,7 +156,9 @@ func (g *Ingester) Apply(b *kvwire.Batch) (cleared bool) {
 		case kvwire.EventBlockRemoved:
 			g.removed(&ev.Removed)
 		case kvwire.EventAllBlocksCleared:
-			if err := g.ix.Clear(g.id); err != nil {
+			// From the GPU block pool: GPU residency goes, offloaded and shared copies stay
+			// (docs/features/kv_events.md, read at commit 0aa3ce853c7d).
+			if err := g.ix.ClearTier(g.id, index.GPU); err != nil {
 				g.c.indexErrors.Add(1)
 				continue
 			}
@@ -146,13 +181,22 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 		g.c.skippedGroups.Add(1)
 		return
 	}
-	tier, known := index.ParseMedium(s.Medium.V)
-	if !known {
+	g.noteMeta(s.Ownership, s.SessionID)
+	tier, res := index.ParseResidency(s.Medium.V, s.Locality.V)
+	switch res {
+	case index.Unknown:
 		g.c.skippedMedia.Add(1)
+		return
+	case index.Shared:
+		g.sharedStore(s.Medium.V, s.Locality.V, s.Ownership.V, grp, s.BlockHashes)
 		return
 	}
 	n := len(s.BlockHashes)
 	if n == 0 {
+		return
+	}
+	if len(s.TokenIDs) == 0 && blockkey.ValidBlockSize(s.BlockSize) {
+		g.tokenless(s, tier) // sizes from the wire still checked: a bad one is a re-key error below
 		return
 	}
 	// Sizes first: nothing from an event (its block size least of all, which keys every request
@@ -186,9 +230,20 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 	for _, h := range s.BlockHashes {
 		g.hashes = append(g.hashes, h.Uint64())
 	}
-	if s.ParentBlockHash.OK {
+	switch {
+	case s.ParentBlockHash.OK:
 		err = g.ix.StoreNew(g.id, g.hashes, g.keys, tier)
-	} else {
+	case g.copyPerStore:
+		if g.peers != nil && tier == index.GPU {
+			g.peers.Observe(g.keys[0], g.hashes[0], g.id)
+		}
+		if g.hasher != nil && tier == index.GPU {
+			g.parity(s)
+		}
+		var dups int
+		dups, err = g.ix.StoreCopies(g.id, g.hashes, g.keys, tier)
+		g.c.copiesStored.Add(uint64(dups))
+	default:
 		if g.hasher != nil && tier == index.GPU {
 			g.parity(s)
 		}
@@ -258,9 +313,13 @@ func (g *Ingester) removed(r *kvwire.BlockRemoved) {
 		g.c.skippedGroups.Add(1)
 		return
 	}
-	tier, known := index.ParseMedium(r.Medium.V)
-	if !known {
+	tier, res := index.ParseResidency(r.Medium.V, r.Locality.V)
+	switch res {
+	case index.Unknown:
 		g.c.skippedMedia.Add(1)
+		return
+	case index.Shared:
+		g.sharedRemove(r.Medium.V, r.Locality.V, r.Ownership.V, r.GroupIdx.V, r.BlockHashes)
 		return
 	}
 	g.hashes = g.hashes[:0]
@@ -293,4 +352,93 @@ func (g *Ingester) restore(sn *peersnap.Stream) {
 	for _, gr := range sn.Groups {
 		g.noteGroup(gr.Idx, gr.Full)
 	}
+}
+
+// sharedStore counts one more copy per hash under its residency key, in storage the replica
+// does not hold itself (see index.Shared).
+func (g *Ingester) sharedStore(medium, locality, owner string, grp int64, hs []kvwire.Hash) {
+	if g.shared == nil {
+		g.shared = map[sharedKey]uint32{}
+	}
+	for _, h := range hs {
+		k := sharedKey{medium: medium, locality: locality, ownership: owner, group: grp, hash: h.Uint64()}
+		n, ok := g.shared[k]
+		if !ok && len(g.shared) >= maxShared {
+			g.c.sharedDropped.Add(1)
+			continue
+		}
+		g.shared[k] = n + 1
+		g.c.sharedStored.Add(1)
+		g.c.sharedCopies.Add(1)
+	}
+	g.c.sharedBlocks.Store(uint64(len(g.shared)))
+}
+
+// sharedRemove takes one copy per hash away; the key goes with its last copy.
+func (g *Ingester) sharedRemove(medium, locality, owner string, grp int64, hs []kvwire.Hash) {
+	for _, h := range hs {
+		k := sharedKey{medium: medium, locality: locality, ownership: owner, group: grp, hash: h.Uint64()}
+		switch n := g.shared[k]; n {
+		case 0:
+			g.c.unknownRemoves.Add(1)
+			continue
+		case 1:
+			delete(g.shared, k)
+		default:
+			g.shared[k] = n - 1
+		}
+		g.c.sharedRemoved.Add(1)
+		g.c.sharedCopies.Add(^uint64(0))
+	}
+	g.c.sharedBlocks.Store(uint64(len(g.shared)))
+}
+
+// noteMeta keeps what a BlockStored says about who owns it and which session it was for:
+// ownership values (a few per engine: bounded) and a count of session-tagged stores.
+func (g *Ingester) noteMeta(owner, session kvwire.Opt[string]) {
+	if session.OK {
+		g.c.sessionStores.Add(1)
+	}
+	if !owner.OK || len(g.owners) >= maxOwners {
+		return
+	}
+	for _, o := range g.owners {
+		if o == owner.V {
+			return
+		}
+	}
+	g.owners = append(g.owners, owner.V)
+	list := append([]string(nil), g.owners...)
+	g.c.owners.Store(&list)
+}
+
+// tokenless applies a BlockStored that carries hashes but no token ids: an engine snapshot's
+// tier update for blocks whose tokens came in an earlier store (docs/features/kv_events.md,
+// "tokenless offload entries"). Router keys cannot be computed without tokens, so each hash is
+// resolved through the exact engine hash where the replica already holds it (on any tier: the
+// same hash is the same content) and counted where it does not.
+func (g *Ingester) tokenless(s *kvwire.BlockStored, tier index.Tier) {
+	g.hashes, g.keys = g.hashes[:0], g.keys[:0]
+	for _, h := range s.BlockHashes {
+		k, ok := g.ix.ParentKey(g.id, h.Uint64())
+		if !ok {
+			g.c.tokenlessUnresolved.Add(1)
+			continue
+		}
+		g.hashes, g.keys = append(g.hashes, h.Uint64()), append(g.keys, k)
+	}
+	if len(g.hashes) == 0 {
+		return
+	}
+	_, err := g.ix.StoreCopies(g.id, g.hashes, g.keys, tier)
+	switch {
+	case errors.Is(err, index.ErrFull):
+		g.c.overLimit.Add(1)
+		return
+	case err != nil:
+		g.c.indexErrors.Add(1)
+		return
+	}
+	g.c.tokenlessResolved.Add(uint64(len(g.hashes)))
+	g.c.blocksStored.Add(uint64(len(g.hashes)))
 }

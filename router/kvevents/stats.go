@@ -1,8 +1,11 @@
 package kvevents
 
 import (
+	"encoding/hex"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/router/kvwire"
 )
 
 // StreamState is how far the index can be trusted for one stream (see the package doc).
@@ -42,6 +45,10 @@ type counters struct {
 	duplicates, backwards, restarts, resets                                atomic.Uint64
 	panics, byteOverflows, replayShort, tooLarge, downs, silentRestarts    atomic.Uint64
 	overCap, subReconnects, staleMarks, seedRejects                        atomic.Uint64
+	publisherRestarts, stalls, heartbeats                                  atomic.Uint64
+	snapshots, snapshotsInstalled, snapshotFailures                        atomic.Uint64
+	publisher                                                              atomic.Pointer[kvwire.PublisherID]
+	stalled                                                                atomic.Bool
 	seeded                                                                 atomic.Bool
 	pending                                                                atomic.Int64
 	lastApplied                                                            atomic.Int64 // unix ns
@@ -56,6 +63,11 @@ type ingestCounters struct {
 	unknownRemoves, indexErrors, blockSizeMismatches, overLimit  atomic.Uint64
 	parityChecked, parityMismatches, paritySkipped, blockSizeSet atomic.Uint64
 	blocksReannounced                                            atomic.Uint64
+	copiesStored, sessionStores                                  atomic.Uint64
+	tokenlessResolved, tokenlessUnresolved                       atomic.Uint64
+	sharedStored, sharedRemoved, sharedDropped                   atomic.Uint64
+	sharedBlocks, sharedCopies                                   atomic.Uint64 // levels
+	owners                                                       atomic.Pointer[[]string]
 }
 
 // Stats is a snapshot of one stream: its state and every counter, as plain values.
@@ -73,6 +85,12 @@ type Stats struct {
 	Seeded bool
 	// BlockSize is the block size learned from the stream's first indexed BlockStored (0: none yet).
 	BlockSize int
+	// Publisher is the engine process's publisher id (hex) from its 24-byte sequence frames;
+	// empty for an engine without a snapshot endpoint.
+	Publisher string
+	// Stalled: the engine sends heartbeats (it sent a publisher id) and none came for longer than
+	// Options.StallAfter; the stream is not exact meanwhile.
+	Stalled bool
 
 	// Receive path.
 	Received        uint64 // messages taken off the SUB socket for this stream
@@ -105,6 +123,15 @@ type Stats struct {
 	LastApplied     time.Time // when the last batch was applied (zero: none)
 	Resets          uint64    // times the replica's entries were cleared because the stream became inexact
 	SeedRejected    uint64    // peer snapshots not used: another engine process, the ring wrapped past them, no replay socket, over the block limit
+	// PublisherRestarts: new engine processes seen as a changed publisher id (each also a reset).
+	PublisherRestarts uint64
+	Stalls            uint64 // times the stream went silent past Options.StallAfter while the engine advertised heartbeats
+	Heartbeats        uint64 // batches with no events applied (an idle engine's heartbeat, with a snapshot endpoint)
+	// Snapshots asked of the engine (StreamConfig.SnapshotEndpoint), installed, and failed
+	// (timeout, unavailable, malformed, over the block limit: the stream fell back to its ring).
+	Snapshots          uint64
+	SnapshotsInstalled uint64
+	SnapshotFailures   uint64
 
 	// Ingestion.
 	Events              uint64 // events applied
@@ -123,6 +150,23 @@ type Stats struct {
 	ParityChecked       uint64 // blocks whose vLLM hash was recomputed
 	ParityMismatches    uint64 // of those, wire ints that differed: seed or algorithm mismatch
 	ParitySkipped       uint64 // sampled blocks that could not be recomputed (unmodelled extra keys)
+	// CopiesStored: of BlocksStored, blocks already held that counted one more physical copy
+	// (IngestOptions.CopyPerStore, or a store with a parent).
+	CopiesStored uint64
+	// Copies in storage the engine reaches but does not hold (locality REMOTE; media FS, OBJ,
+	// STORAGE): counted per residency key, shown, never routed on.
+	SharedStored  uint64
+	SharedRemoved uint64
+	SharedDropped uint64 // shared copies not kept: the stream's bound on shared residency keys was reached
+	SharedBlocks  uint64 // level: residency keys with a shared copy
+	SharedCopies  uint64 // level: shared copies
+	SessionStores uint64 // BlockStored events that carried a session_id
+	// Blocks of tokenless stores (a snapshot's tier updates) resolved through the engine hash the
+	// replica already held, and those it did not hold (skipped).
+	TokenlessResolved   uint64
+	TokenlessUnresolved uint64
+	// Owners are the ownership values the engine's events named (at most 16 kept).
+	Owners []string
 }
 
 func (c *counters) snapshot(engine string, rank int) Stats {
@@ -131,7 +175,14 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 	if ns := c.lastApplied.Load(); ns != 0 {
 		last = time.Unix(0, ns)
 	}
+	var pub string
+	if p := c.publisher.Load(); p != nil {
+		pub = hex.EncodeToString(p[:])
+	}
 	return Stats{
+		Publisher: pub, Stalled: c.stalled.Load(),
+		PublisherRestarts: c.publisherRestarts.Load(), Stalls: c.stalls.Load(), Heartbeats: c.heartbeats.Load(),
+		Snapshots: c.snapshots.Load(), SnapshotsInstalled: c.snapshotsInstalled.Load(), SnapshotFailures: c.snapshotFailures.Load(),
 		LastApplied: last,
 		Engine:      engine, Rank: rank,
 		State:   StreamState(c.state.Load()),
@@ -159,5 +210,17 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		IndexErrors: in.indexErrors.Load(), BlockSizeMismatches: in.blockSizeMismatches.Load(),
 		ParityChecked: in.parityChecked.Load(), ParityMismatches: in.parityMismatches.Load(),
 		ParitySkipped: in.paritySkipped.Load(),
+		CopiesStored:  in.copiesStored.Load(), SessionStores: in.sessionStores.Load(),
+		TokenlessResolved: in.tokenlessResolved.Load(), TokenlessUnresolved: in.tokenlessUnresolved.Load(),
+		SharedStored: in.sharedStored.Load(), SharedRemoved: in.sharedRemoved.Load(), SharedDropped: in.sharedDropped.Load(),
+		SharedBlocks: in.sharedBlocks.Load(), SharedCopies: in.sharedCopies.Load(),
+		Owners: ownersOf(in),
 	}
+}
+
+func ownersOf(in *ingestCounters) []string {
+	if p := in.owners.Load(); p != nil {
+		return *p
+	}
+	return nil
 }

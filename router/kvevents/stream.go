@@ -35,6 +35,10 @@ type StreamConfig struct {
 	Endpoint string
 	// ReplayEndpoint is the engine's ROUTER replay address; empty when the engine has none.
 	ReplayEndpoint string
+	// SnapshotEndpoint is the engine's snapshot ROUTER address (vLLM's snapshot_endpoint, PR
+	// #57789); empty when it has none. With it the stream starts from the engine's whole cache
+	// state instead of the ring, and a gap the ring no longer covers is rebuilt from a snapshot.
+	SnapshotEndpoint string
 	// Topic is the topic the engine publishes with (<prefix>@<host>@<model>); messages with any
 	// other topic are counted (TopicMismatches) and dropped.
 	Topic string
@@ -115,6 +119,18 @@ type stream struct {
 	// yet (the identity replay is in flight).
 	seeding bool
 
+	// pid is the engine process's publisher id, from its 24-byte sequence frames (havePID: one
+	// was seen since the last restart). An engine that sends it also sends a heartbeat batch
+	// every idle second, so a stream silent past Options.StallAfter is stalled.
+	pid      kvwire.PublisherID
+	havePID  bool
+	lastRecv time.Time // when the worker last took a message off the queue
+	stalled  bool      // heartbeats stopped: not exact until a message comes again
+	// loggedPIDRestart, loggedStall: the first publisher change and stall were logged.
+	loggedPIDRestart, loggedStall bool
+	// snapBlocked: a snapshot failed; none is asked again until the stream restarts or heals.
+	snapBlocked, loggedSnapFail bool
+
 	lastPanicLog time.Time
 	logged       [numDropKinds]bool
 
@@ -127,6 +143,7 @@ type stream struct {
 // replayRun is one replay exchange: a goroutine owns its DEALER and sends what it receives to
 // the worker in chunks, so the worker keeps taking live messages while the engine answers.
 type replayRun struct {
+	snap   bool // a snapshot exchange, not a replay
 	from   uint64
 	verify bool // an identity check after an outage: the first batch must be the last applied one
 	resync bool // asked after the SUB reconnected, not for a known gap
@@ -154,6 +171,8 @@ type replayChunk struct {
 	end     bool  // the engine's end marker arrived
 	refused bool  // libzmq dropped the connection on a frame over Options.MaxMsgSize
 	err     error // no end marker: timeout, connection lost, malformed reply
+	// snapshot is a snapshot exchange's reply (nil with err).
+	snapshot *kvwire.Snapshot
 }
 
 // msgCost is what a held message counts against the byte budget: its frames plus the
@@ -169,13 +188,21 @@ func (st *stream) snapshot() Stats {
 func (st *stream) setState() {
 	s := st.base
 	switch {
-	case st.down || st.stale:
+	case st.down || st.stale || st.stalled:
 		s = Inexact
 	case st.rep != nil:
 		s = Replaying
 	}
 	st.c.state.Store(int32(s))
 	st.c.pending.Store(int64(len(st.pending)))
+	st.c.stalled.Store(st.stalled)
+	switch p := st.c.publisher.Load(); {
+	case !st.havePID && p != nil:
+		st.c.publisher.Store(nil)
+	case st.havePID && (p == nil || *p != st.pid):
+		pid := st.pid
+		st.c.publisher.Store(&pid)
+	}
 	if st.cfg.OnChange != nil {
 		bs := int(st.c.ingest.blockSizeSet.Load())
 		if !st.toldAny || s != st.toldState || bs != st.toldBlockSize {
@@ -227,11 +254,15 @@ func (st *stream) run() {
 	case st.cfg.Seed != nil && st.seed(st.cfg.Seed):
 		// Started from a peer's snapshot: the identity replay (startReplay with verify) confirms
 		// the engine process and brings what followed the snapshot.
+	case st.cfg.SnapshotEndpoint != "":
+		st.startSnapshot() // the engine's whole state, whether or not its ring still has seq 0
 	case st.cfg.ReplayEndpoint != "":
 		st.startReplay(0, false)
 	}
 	st.cfg.Seed = nil // the snapshot's blocks are in the index; do not hold them twice
 	st.setState()
+	tick := time.NewTicker(st.sub.opts.StallAfter / 4)
+	defer tick.Stop()
 	for {
 		var out <-chan replayChunk
 		if st.rep != nil {
@@ -250,6 +281,8 @@ func (st *stream) run() {
 			st.resync()
 		case c := <-out:
 			st.onChunk(c)
+		case now := <-tick.C:
+			st.checkStall(now)
 		}
 		st.setState()
 	}
@@ -257,6 +290,8 @@ func (st *stream) run() {
 
 // take handles a live message, or holds it while a replay runs: it is applied in order after.
 func (st *stream) take(m kvwire.Message) {
+	st.lastRecv = time.Now()
+	st.stalled = false // the publisher is back; seq continuity tells whether anything was lost
 	if st.rep != nil {
 		st.pending = append(st.pending, m)
 		return
@@ -269,12 +304,20 @@ func (st *stream) release(m kvwire.Message) { st.queued.Add(-msgCost(m)) }
 // handle applies one live message in sequence, or starts a repair and holds it. checked: the
 // message was held after passing the arrival checks (it started the repair).
 func (st *stream) handle(m kvwire.Message, checked bool) {
-	backwards := !checked && st.havePrev && m.Seq <= st.prevLive
+	// A publisher id names the engine process: a different one is a restart whatever the seq
+	// does, and the same one after an outage is the same process (no seq or byte reasoning).
+	newPID := !checked && m.HasPublisher && st.havePID && m.Publisher != st.pid
+	samePID := !checked && m.HasPublisher && st.havePID && m.Publisher == st.pid
+	backwards := !checked && !newPID && st.havePrev && m.Seq <= st.prevLive
 	if !checked {
 		st.prevLive, st.havePrev = m.Seq, true
 	}
 	switch {
 	case checked:
+	case newPID:
+		st.newPublisher(m.Publisher)
+	case samePID && st.suspect:
+		st.suspect = false
 	case backwards:
 		// A PUB connection keeps order, so a live seq not above the previous one is a new engine
 		// process: forget the old one and take the new one from its seq 0.
@@ -287,15 +330,22 @@ func (st *stream) handle(m kvwire.Message, checked bool) {
 		st.c.silentRestarts.Add(1)
 		st.restart()
 	}
+	if m.HasPublisher && !st.havePID {
+		st.pid, st.havePID = m.Publisher, true
+	}
 	if m.Seq < st.next {
 		st.c.duplicates.Add(1) // already applied from a replay
 		st.release(m)
 		return
 	}
 	if m.Seq > st.next {
-		if st.canReplay() {
+		if st.canReplay() || st.canSnapshot() {
 			st.c.gaps.Add(1)
-			st.startReplay(st.next, false)
+			if st.canReplay() {
+				st.startReplay(st.next, false)
+			} else {
+				st.startSnapshot()
+			}
 			st.pending = append([]kvwire.Message{m}, st.pending...) // older than anything held
 			st.headChecked = true
 			return
@@ -364,8 +414,54 @@ func (st *stream) restart() {
 	st.base = Inexact
 	st.fresh = true
 	st.next, st.mustReach, st.fails = 0, 0, 0
-	st.suspect, st.haveSum = false, false
+	st.suspect, st.haveSum, st.havePID, st.snapBlocked = false, false, false, false
 	st.setState()
+}
+
+// newPublisher handles a publisher id other than the stream's: the engine process restarted
+// (its id is drawn per process). The replica is reset (counted in resets, the reason in
+// publisher_restarts) and the new process is taken from its seq 0; held live messages of another
+// process are dropped, so they cannot restart the stream again.
+func (st *stream) newPublisher(p kvwire.PublisherID) {
+	old := st.pid
+	st.c.publisherRestarts.Add(1)
+	st.restart()
+	st.pid, st.havePID = p, true
+	kept := st.pending[:0]
+	for i, m := range st.pending {
+		if m.HasPublisher && m.Publisher != p {
+			st.release(m)
+			if i == 0 {
+				st.headChecked = false
+			}
+			continue
+		}
+		kept = append(kept, m)
+	}
+	clear(st.pending[len(kept):])
+	st.pending = kept
+	if !st.loggedPIDRestart {
+		st.loggedPIDRestart = true
+		st.sub.log.Warn("engine publisher id changed: a new engine process; replica reset and taken from its seq 0 (counted in publisher_restarts and resets; further ones are not logged)",
+			"engine", st.key.Engine, "rank", st.key.Rank, "old_publisher_id", hex.EncodeToString(old[:]), "publisher_id", hex.EncodeToString(p[:]))
+	}
+}
+
+// checkStall marks the stream stalled when an engine that advertised heartbeats (it sent a
+// publisher id) has been silent past Options.StallAfter: vLLM with a snapshot endpoint sends an
+// empty batch every idle second, so silence means the stream or the engine stopped, and batches
+// published meanwhile could be missing without any later seq showing the gap.
+func (st *stream) checkStall(now time.Time) {
+	if !st.havePID || st.stalled || st.lastRecv.IsZero() || now.Sub(st.lastRecv) <= st.sub.opts.StallAfter {
+		return
+	}
+	st.stalled = true
+	st.c.stalls.Add(1)
+	if !st.loggedStall {
+		st.loggedStall = true
+		st.sub.log.Warn("engine event stream stalled: no batch or heartbeat for longer than the stall limit; stream not exact until one comes (counted in stalls; further ones are not logged)",
+			"engine", st.key.Engine, "rank", st.key.Rank, "silent_for", now.Sub(st.lastRecv).Round(time.Millisecond), "stall_after", st.sub.opts.StallAfter)
+	}
 }
 
 func (st *stream) clearReplica() {
@@ -466,11 +562,32 @@ func (st *stream) cancelReplay() {
 // onChunk applies what a replay exchange received.
 func (st *stream) onChunk(c replayChunk) {
 	r := st.rep
+	if r.snap {
+		st.finishSnapshot(r, c)
+		return
+	}
 msgs:
 	for _, m := range c.msgs {
+		if m.HasPublisher && st.havePID && m.Publisher != st.pid {
+			// The ring is another process's: the engine restarted since the stream last heard it.
+			if st.seeding {
+				st.seedRejected("the engine's publisher id is not the one the stream knew (another process)")
+			}
+			st.newPublisher(m.Publisher)
+			if st.cfg.ReplayEndpoint != "" {
+				st.startReplay(0, false)
+			}
+			return
+		}
+		knownPID := m.HasPublisher && st.havePID // and equal: checked above
+		if m.HasPublisher && !st.havePID {
+			st.pid, st.havePID = m.Publisher, true
+		}
 		if r.verify {
 			r.verify = false
-			if m.Seq != r.from || !st.haveSum || payloadSum(m.Payload) != st.lastSum {
+			// The same publisher id is the same process; without one known, the bytes decide.
+			same := knownPID || st.haveSum && payloadSum(m.Payload) == st.lastSum
+			if m.Seq != r.from || !same {
 				st.identityLost()
 				return
 			}
@@ -492,6 +609,13 @@ msgs:
 				break msgs
 			}
 			// The ring's first batch is after st.next: the ring no longer holds the gap.
+			if st.canSnapshot() {
+				r.halt()
+				<-r.done
+				st.rep = nil
+				st.startSnapshot()
+				return
+			}
 			st.uncoverable()
 			st.next = m.Seq
 		}
@@ -604,6 +728,9 @@ func (st *stream) decodeAndApply(m kvwire.Message) (cleared, ok bool) {
 		return false, false
 	}
 	st.c.applied.Add(1)
+	if len(b.Events) == 0 {
+		st.c.heartbeats.Add(1)
+	}
 	return st.ing.Apply(b), true
 }
 
@@ -909,4 +1036,146 @@ func (st *stream) export() (peersnap.Stream, bool) {
 		g.export(&sn)
 	}
 	return sn, true
+}
+
+// canSnapshot: the engine has a snapshot endpoint and no snapshot has failed since the stream
+// last restarted or installed one.
+func (st *stream) canSnapshot() bool { return st.cfg.SnapshotEndpoint != "" && !st.snapBlocked }
+
+func (st *stream) startSnapshot() {
+	st.c.snapshots.Add(1)
+	r := &replayRun{snap: true, out: make(chan replayChunk, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	st.rep = r
+	go st.fetchSnapshot(r)
+}
+
+// fetchSnapshot asks the engine for its whole cache state on a DEALER that lives for the one
+// exchange, and hands the reply to the worker. Live messages wait in pending meanwhile, as
+// during a replay.
+func (st *stream) fetchSnapshot(r *replayRun) {
+	defer close(r.done)
+	o := &st.sub.opts
+	fail := func(err error) {
+		select {
+		case r.out <- replayChunk{last: true, err: err}:
+		case <-r.stop:
+		case <-st.stop:
+		}
+	}
+	soc, err := st.sub.ctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer soc.Close()
+	_ = soc.SetLinger(0)
+	_ = soc.SetMaxmsgsize(o.MaxMsgSize)
+	if err := soc.Connect(st.cfg.SnapshotEndpoint); err != nil {
+		fail(fmt.Errorf("snapshot connect %s: %w", st.cfg.SnapshotEndpoint, err))
+		return
+	}
+	if _, err := soc.SendMessage(kvwire.SnapshotRequest()); err != nil {
+		fail(err)
+		return
+	}
+	poller := zmq.NewPoller()
+	poller.Add(soc, zmq.POLLIN)
+	polled, err := pollUntil(poller, time.Now().Add(o.SnapshotTimeout), st.stop, r.stop)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if len(polled) == 0 {
+		fail(errors.New("snapshot timed out"))
+		return
+	}
+	frames, err := soc.RecvMessageBytes(0)
+	if err != nil {
+		fail(err)
+		return
+	}
+	sn, err := kvwire.ParseSnapshotReply(frames)
+	if err != nil {
+		fail(err)
+		return
+	}
+	select {
+	case r.out <- replayChunk{last: true, snapshot: &sn}:
+	case <-r.stop:
+	case <-st.stop:
+	}
+}
+
+// finishSnapshot installs a snapshot reply: the replica is rebuilt from its chunks, the stream
+// continues from the seq after the snapshot's, and the live messages held meanwhile are applied
+// (those the snapshot already covers are duplicates). A snapshot of another publisher than the
+// one the stream knew is a restart first. A failed snapshot is counted and logged once, and the
+// stream falls back to what it does without one (the ring from seq 0, or an uncoverable gap).
+func (st *stream) finishSnapshot(r *replayRun, c replayChunk) {
+	<-r.done
+	st.rep = nil
+	err := c.err
+	if err == nil {
+		err = st.installSnapshot(c.snapshot)
+	}
+	if err != nil {
+		st.c.snapshotFailures.Add(1)
+		st.snapBlocked = true
+		if !st.loggedSnapFail {
+			st.loggedSnapFail = true
+			st.sub.log.Warn("engine snapshot not installed; the stream goes on from the replay ring (counted in snapshot_failures; further ones are not logged)",
+				"engine", st.key.Engine, "rank", st.key.Rank, "endpoint", st.cfg.SnapshotEndpoint, "err", err)
+		}
+		if st.fresh && st.next == 0 && st.cfg.ReplayEndpoint != "" {
+			st.startReplay(0, false)
+			return
+		}
+	}
+	st.drainPending()
+	if st.rep == nil {
+		st.reach()
+	}
+}
+
+func (st *stream) installSnapshot(sn *kvwire.Snapshot) error {
+	if st.havePID && sn.Publisher != st.pid {
+		st.newPublisher(sn.Publisher)
+	}
+	// Built in place: the stream is not exact until the last chunk is in, so a decision
+	// meanwhile scores the replica approximately rather than trusting a partial state.
+	if err := st.ix.Clear(st.id); err != nil {
+		return err
+	}
+	st.base = Inexact
+	// A snapshot states every copy as a store and the excess as trailing removals: its stores
+	// are copies whatever the live stream's report mode.
+	if g, ok := st.ing.(*Ingester); ok && !g.copyPerStore {
+		g.copyPerStore = true
+		defer func() { g.copyPerStore = false }()
+	}
+	over := st.c.ingest.overLimit.Load()
+	for i, chunk := range sn.Chunks {
+		b, err := st.dec.DecodeBatch(chunk)
+		if err != nil {
+			_ = st.ix.Clear(st.id)
+			return fmt.Errorf("chunk %d: %w", i, err)
+		}
+		st.ing.Apply(b)
+		if st.c.ingest.overLimit.Load() != over {
+			_ = st.ix.Clear(st.id)
+			return fmt.Errorf("chunk %d: more blocks than the replica may hold", i)
+		}
+	}
+	st.pid, st.havePID = sn.Publisher, true
+	st.haveSum, st.suspect, st.snapBlocked = false, false, false
+	st.next, st.fresh = uint64(sn.Seq+1), sn.Seq < 0
+	if sn.Seq >= 0 {
+		st.c.lastSeq.Store(uint64(sn.Seq))
+		st.c.haveSeq.Store(true)
+	}
+	st.mustReach = 0
+	st.base = Exact
+	st.c.partial.Store(false)
+	st.c.snapshotsInstalled.Add(1)
+	return nil
 }

@@ -48,6 +48,14 @@ type Options struct {
 	// (1<<20); MaxOffloadBlocks its CPU and disk blocks, per tier (1<<21). Past them the replica is
 	// cleared and the stream inexact (OverCap).
 	MaxBlocks, MaxOffloadBlocks int
+	// StallAfter is how long a stream whose engine sends heartbeats (it sends a publisher id in
+	// its sequence frames) may stay silent before it is stalled and not exact (5s: vLLM's idle
+	// publisher sends an empty batch every second, and its snapshot subscriber example gives up
+	// after 5s).
+	StallAfter time.Duration
+	// SnapshotTimeout is the longest wait for an engine's snapshot reply (10s: the engine builds
+	// it on its publisher's side thread, sharing the engine's CPU).
+	SnapshotTimeout time.Duration
 	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
 	Ingest IngestOptions
 	// Logger receives what the streams cannot say through counters alone: the first drop of each
@@ -60,9 +68,11 @@ type Options struct {
 
 // Defaults of Options.
 const (
-	DefaultRing       = 10000    // vLLM's buffer_steps
-	DefaultMaxMsgSize = 16 << 20 // far above a real batch (a few KiB to a few hundred KiB)
-	DefaultQueueBytes = 64 << 20
+	DefaultRing            = 10000    // vLLM's buffer_steps
+	DefaultMaxMsgSize      = 16 << 20 // far above a real batch (a few KiB to a few hundred KiB)
+	DefaultQueueBytes      = 64 << 20
+	DefaultStallAfter      = 5 * time.Second
+	DefaultSnapshotTimeout = 10 * time.Second
 )
 
 // ErrClosed is returned after Close.
@@ -151,6 +161,12 @@ func New(opts Options) (*Subscriber, error) {
 	}
 	if opts.MaxOffloadBlocks <= 0 {
 		opts.MaxOffloadBlocks = 1 << 21
+	}
+	if opts.StallAfter <= 0 {
+		opts.StallAfter = DefaultStallAfter
+	}
+	if opts.SnapshotTimeout <= 0 {
+		opts.SnapshotTimeout = DefaultSnapshotTimeout
 	}
 	ctx, err := zmq.NewContext()
 	if err != nil {

@@ -235,16 +235,21 @@ const (
 	fKVCacheSpecKind
 	fKVCacheSpecSlidingWindow
 	fLocality
+	fOwnership
+	fSessionID
 	numStoredFields
 )
 
 var storedFields = [numStoredFields]string{
 	"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
 	"lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality",
+	"ownership", "session_id",
 }
 
-// removedFields are BlockRemoved's fields in declaration order, as BlockStored field indices.
-var removedFields = [...]int{fBlockHashes, fMedium, fGroupIdx, fLocality}
+// removedFields are BlockRemoved's fields in declaration order, as BlockStored field indices
+// (vLLM's contract test, tests/v1/core/test_kv_events_contract.py at commit a0db8d8a0eb8, pins
+// block_hashes, medium required and group_idx, locality, ownership optional, in that order).
+var removedFields = [...]int{fBlockHashes, fMedium, fGroupIdx, fLocality, fOwnership}
 
 const storedRequired = 1<<fBlockHashes | 1<<fParentBlockHash | 1<<fTokenIDs | 1<<fBlockSize
 
@@ -290,6 +295,10 @@ func fieldIndex(name []byte) int {
 		return fKVCacheSpecSlidingWindow
 	case "locality":
 		return fLocality
+	case "ownership":
+		return fOwnership
+	case "session_id":
+		return fSessionID
 	}
 	return -1
 }
@@ -321,6 +330,10 @@ func (d *Decoder) storedField(s *BlockStored, f int) (err error) {
 		s.KVCacheSpecSlidingWindow, err = d.optInt("kv_cache_spec_sliding_window")
 	case fLocality:
 		s.Locality, err = d.optStr("locality")
+	case fOwnership:
+		s.Ownership, err = d.optStr("ownership")
+	case fSessionID:
+		s.SessionID, err = d.optStr("session_id")
 	default:
 		err = d.skip(0)
 	}
@@ -445,7 +458,7 @@ func finishEvent(e *Event, seen uint32) error {
 		}
 		r := &e.Removed
 		r.BlockHashes, s.BlockHashes = s.BlockHashes, r.BlockHashes[:0]
-		r.Medium, r.GroupIdx, r.Locality = s.Medium, s.GroupIdx, s.Locality
+		r.Medium, r.GroupIdx, r.Locality, r.Ownership = s.Medium, s.GroupIdx, s.Locality, s.Ownership
 		clearStored(s)
 	default:
 		clearStored(s)

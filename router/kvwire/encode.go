@@ -79,11 +79,12 @@ func (enc *Encoder) event(ev *Event, layout Layout) error {
 			return fmt.Errorf("%d extra_keys entries for %d block hashes", len(s.ExtraKeys.V), len(s.BlockHashes))
 		}
 		if layout == LayoutMap {
-			n := 8 + count(s.ExtraKeys.OK, s.GroupIdx.OK, s.KVCacheSpecKind.OK, s.KVCacheSpecSlidingWindow.OK, s.Locality.OK)
+			n := 8 + count(s.ExtraKeys.OK, s.GroupIdx.OK, s.KVCacheSpecKind.OK, s.KVCacheSpecSlidingWindow.OK, s.Locality.OK,
+				s.Ownership.OK, s.SessionID.OK)
 			_ = e.EncodeMapLen(n)
 			enc.key("type")
 		} else {
-			_ = e.EncodeArrayLen(12 + count(s.Locality.OK))
+			_ = e.EncodeArrayLen(12 + trailing(s.Locality.OK, s.Ownership.OK, s.SessionID.OK))
 		}
 		_ = e.EncodeString(TagBlockStored)
 		enc.key2(layout, "block_hashes")
@@ -121,17 +122,16 @@ func (enc *Encoder) event(ev *Event, layout Layout) error {
 		if enc.field(layout, "kv_cache_spec_sliding_window", s.KVCacheSpecSlidingWindow.OK) {
 			enc.optInt(s.KVCacheSpecSlidingWindow)
 		}
-		if s.Locality.OK { // newer than the array layout: only written when set
-			enc.key2(layout, "locality")
-			enc.optStr(s.Locality)
-		}
+		// Newer than the array layout: written when set, and in an array up to the last one set
+		// (msgspec leaves trailing defaults out of an array_like struct under omit_defaults).
+		enc.trailingStrs(layout, []string{"locality", "ownership", "session_id"}, s.Locality, s.Ownership, s.SessionID)
 	case EventBlockRemoved:
 		r := &ev.Removed
 		if layout == LayoutMap {
-			_ = e.EncodeMapLen(3 + count(r.GroupIdx.OK, r.Locality.OK))
+			_ = e.EncodeMapLen(3 + count(r.GroupIdx.OK, r.Locality.OK, r.Ownership.OK))
 			enc.key("type")
 		} else {
-			_ = e.EncodeArrayLen(4 + count(r.Locality.OK))
+			_ = e.EncodeArrayLen(4 + trailing(r.Locality.OK, r.Ownership.OK))
 		}
 		_ = e.EncodeString(TagBlockRemoved)
 		enc.key2(layout, "block_hashes")
@@ -141,10 +141,7 @@ func (enc *Encoder) event(ev *Event, layout Layout) error {
 		if enc.field(layout, "group_idx", r.GroupIdx.OK) {
 			enc.optInt(r.GroupIdx)
 		}
-		if r.Locality.OK {
-			enc.key2(layout, "locality")
-			enc.optStr(r.Locality)
-		}
+		enc.trailingStrs(layout, []string{"locality", "ownership"}, r.Locality, r.Ownership)
 	case EventAllBlocksCleared:
 		if layout == LayoutMap {
 			_ = e.EncodeMapLen(1)
@@ -254,4 +251,36 @@ func (enc *Encoder) extraKeys(ek Opt[[]blockkey.Extras]) error {
 		}
 	}
 	return nil
+}
+
+// trailing is how many of the optional trailing fields an array event carries: up to the last
+// one set.
+func trailing(set ...bool) int {
+	n := 0
+	for i, ok := range set {
+		if ok {
+			n = i + 1
+		}
+	}
+	return n
+}
+
+// trailingStrs writes the optional string fields after the array layout's fixed ones: in a map
+// each one set, in an array every one up to the last set (nil for those unset before it).
+func (enc *Encoder) trailingStrs(layout Layout, names []string, vals ...Opt[string]) {
+	n := len(vals)
+	if layout != LayoutMap {
+		set := make([]bool, len(vals))
+		for i, v := range vals {
+			set[i] = v.OK
+		}
+		n = trailing(set...)
+	}
+	for i, v := range vals[:n] {
+		if layout == LayoutMap && !v.OK {
+			continue
+		}
+		enc.key2(layout, names[i])
+		enc.optStr(v)
+	}
 }

@@ -63,11 +63,14 @@ func FuzzDecodeBatch(f *testing.F) {
 }
 
 // FuzzParseFrames: frames split from one input at fuzzer-chosen points; no panic, and a parsed
-// message re-frames to the same bytes.
+// message re-frames to the same bytes. Seeds carry both sequence frames: 8 bytes, and 24 (seq and
+// the 16-byte publisher id of an engine with a snapshot endpoint).
 func FuzzParseFrames(f *testing.F) {
+	pid := bytes.Repeat([]byte{0xa5}, PublisherIDLen)
 	for i, p := range seedPayloads(f) {
 		seq := binary.BigEndian.AppendUint64(nil, uint64(i))
 		f.Add(append(append([]byte("kv@h@m"), seq...), p...), uint16(6), uint16(14))
+		f.Add(append(append(append([]byte("kv@h@m"), seq...), pid...), p...), uint16(6), uint16(30))
 	}
 	f.Fuzz(func(t *testing.T, data []byte, a, b uint16) {
 		i, j := min(int(a), len(data)), min(int(b), len(data))
@@ -86,5 +89,10 @@ func FuzzParseFrames(f *testing.F) {
 		_, _, _ = ParseReplayReply(frames)
 		_, _, _ = ParseReplayReply(frames[1:])
 		_, _, _ = ParseReplayRequest(frames)
+		if sn, err := ParseSnapshotReply(frames); err == nil {
+			if again, err := ParseSnapshotReply(SnapshotReplyFrames(sn)); err != nil || again.Seq != sn.Seq || again.Publisher != sn.Publisher {
+				t.Fatalf("snapshot reply does not re-frame: %+v %v", again, err)
+			}
+		}
 	})
 }

@@ -127,11 +127,14 @@ func eventJSON(e *Event) object {
 		o = add(o, "kv_cache_spec_kind", s.KVCacheSpecKind)
 		o = add(o, "kv_cache_spec_sliding_window", s.KVCacheSpecSlidingWindow)
 		o = add(o, "locality", s.Locality)
+		o = add(o, "ownership", s.Ownership)
+		o = add(o, "session_id", s.SessionID)
 	case EventBlockRemoved:
 		r := &e.Removed
 		o = append(o, kv{"block_hashes", hashesJSON(r.BlockHashes)}, kv{"medium", optJSON(r.Medium)})
 		o = add(o, "group_idx", r.GroupIdx)
 		o = add(o, "locality", r.Locality)
+		o = add(o, "ownership", r.Ownership)
 	}
 	return o
 }

@@ -162,7 +162,7 @@ type BlockStored struct {
 	TokenIDs        []uint32  // every token of the run (masked blocks keep their tokens)
 	BlockSize       int64
 	LoRAID          Opt[int64]
-	Medium          Opt[string] // "GPU", "CPU", "STORAGE"
+	Medium          Opt[string] // "GPU", "CPU", and offload media ("STORAGE", "FS", "OBJ", ...)
 	LoRAName        Opt[string]
 	// ExtraKeys has one entry per block hash (an empty Extras is None); unset when the event does
 	// not carry the field or carries None.
@@ -170,7 +170,14 @@ type BlockStored struct {
 	GroupIdx                 Opt[int64]
 	KVCacheSpecKind          Opt[string]
 	KVCacheSpecSlidingWindow Opt[int64]
-	Locality                 Opt[string]
+	// Locality is "LOCAL" or "REMOTE" (vLLM #48281): a REMOTE copy is held by storage the
+	// engine reaches, not by the engine itself.
+	Locality Opt[string]
+	// Ownership names who owns the copy (vLLM #52067; e.g. a KV connector); part of the
+	// residency key copies are counted by.
+	Ownership Opt[string]
+	// SessionID is the session the blocks were cached for (vLLM #51381).
+	SessionID Opt[string]
 }
 
 // BlockRemoved is the eviction of cached blocks.
@@ -179,6 +186,7 @@ type BlockRemoved struct {
 	Medium      Opt[string]
 	GroupIdx    Opt[int64]
 	Locality    Opt[string]
+	Ownership   Opt[string]
 }
 
 // Event is one event of a batch; Type says which of Stored and Removed is filled.

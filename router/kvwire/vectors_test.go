@@ -97,6 +97,22 @@ func pyShape(b *Batch, layout Layout) any {
 			req bool
 		}
 		var fields []f
+		// late renders the fields newer than the array layout (locality, ownership,
+		// session_id): in an array up to the last one set, in a map each one set.
+		late := func(vals ...Opt[string]) []f {
+			names := []string{"locality", "ownership", "session_id"}
+			n := 0
+			for j, v := range vals {
+				if v.OK {
+					n = j + 1
+				}
+			}
+			var out []f
+			for j, v := range vals[:n] {
+				out = append(out, f{names[j], opt(v.OK, v.V), v.OK || layout != LayoutMap})
+			}
+			return out
+		}
 		switch e.Type {
 		case EventBlockStored:
 			s := e.Stored
@@ -123,12 +139,14 @@ func pyShape(b *Batch, layout Layout) any {
 				{"kv_cache_spec_kind", opt(s.KVCacheSpecKind.OK, s.KVCacheSpecKind.V), s.KVCacheSpecKind.OK},
 				{"kv_cache_spec_sliding_window", opt(s.KVCacheSpecSlidingWindow.OK, s.KVCacheSpecSlidingWindow.V), s.KVCacheSpecSlidingWindow.OK},
 			}
+			fields = append(fields, late(s.Locality, s.Ownership, s.SessionID)...)
 		case EventBlockRemoved:
 			r := e.Removed
 			fields = []f{
 				{"block_hashes", hashes(r.BlockHashes), true}, {"medium", opt(r.Medium.OK, r.Medium.V), true},
 				{"group_idx", opt(r.GroupIdx.OK, r.GroupIdx.V), r.GroupIdx.OK},
 			}
+			fields = append(fields, late(r.Locality, r.Ownership)...)
 		}
 		if layout == LayoutMap {
 			m := map[string]any{"type": e.Tag}

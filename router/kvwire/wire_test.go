@@ -28,13 +28,13 @@ func fullBatch() *Batch {
 		TS: 1.5,
 		Events: []Event{
 			{Type: EventBlockRemoved, Tag: TagBlockRemoved, Removed: BlockRemoved{
-				BlockHashes: []Hash{IntHash(1), IntHash(1 << 63)}, Medium: Some("CPU"), GroupIdx: Some[int64](2), Locality: Some("REMOTE")}},
+				BlockHashes: []Hash{IntHash(1), IntHash(1 << 63)}, Medium: Some("CPU"), GroupIdx: Some[int64](2), Locality: Some("REMOTE"), Ownership: Some("kvcr")}},
 			{Type: EventBlockStored, Tag: TagBlockStored, Stored: BlockStored{
 				BlockHashes:     []Hash{IntHash(7), BytesHash(bytes.Repeat([]byte{9}, 32)), IntHash(200)},
 				ParentBlockHash: Some(IntHash(5)), TokenIDs: tokens, BlockSize: 16,
 				LoRAID: Some[int64](3), Medium: Some("GPU"), LoRAName: Some("sql"), ExtraKeys: Some(ek),
 				GroupIdx: Some[int64](0), KVCacheSpecKind: Some("sliding_window"), KVCacheSpecSlidingWindow: Some[int64](4096),
-				Locality: Some("LOCAL")}},
+				Locality: Some("LOCAL"), SessionID: Some("session")}},
 			{Type: EventAllBlocksCleared, Tag: TagAllBlocksCleared},
 			{Type: EventBlockStored, Tag: TagBlockStored, Stored: BlockStored{BlockHashes: []Hash{}, TokenIDs: []uint32{}, BlockSize: 16}},
 		},
@@ -140,7 +140,7 @@ func TestToleratesUnknownAndMissing(t *testing.T) {
 	d := NewDecoder()
 	// Map event with an unknown key before and after, keys out of order, and a future event type.
 	payload := enc(t, []any{2.0, []any{
-		map[string]any{"session_id": []any{1, "x"}, "type": "BlockStored", "token_ids": []int{1}, "block_size": 1,
+		map[string]any{"replica_hint": []any{1, "x"}, "type": "BlockStored", "token_ids": []int{1}, "block_size": 1,
 			"parent_block_hash": nil, "block_hashes": []uint64{42}, "origin": "NEW"},
 		map[string]any{"type": "BlockInactive", "block_hashes": "not even a list"},
 		[]any{"BlockRemoved", []uint64{42}, "GPU", 0, nil, "future", 3},

@@ -2,9 +2,9 @@ package load
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// Collectors put the engine timing the ledger fits from first-token times on /metrics: the kv
-// policy's prefill drain rate and kv-ttft's fit. Both steer every decision, so a drift (a slower
-// engine image, a new GPU, a fit gone wrong) must be visible, not only felt.
+// Collectors put the engine timing the ledger fits from first tokens on /metrics: the kv
+// policy's prefill drain rate and its attention weight. Both steer every decision, so a drift (a
+// slower engine image, a new GPU, a fit gone wrong) must be visible, not only felt.
 func (l *Ledger) Collectors() []prometheus.Collector {
 	g := func(name, help string, read func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvroute_router", Name: name, Help: help}, read)
@@ -14,11 +14,5 @@ func (l *Ledger) Collectors() []prometheus.Collector {
 			func() float64 { return l.cal.Read().DrainTokensPerS }),
 		g("prefill_drain_attention_weight", "Tokens of prefill one token pair of attention costs at the drain rate, measured beside it from first tokens of different prompt lengths (kv's drain credit); 0 while they do not tell it apart.",
 			func() float64 { return l.cal.Read().DrainAttentionWeight }),
-		g("ttft_fit_latency_seconds", "Fixed part of the first-token time the ledger fits online (kv-ttft's calibration; the prior until first tokens are seen).",
-			func() float64 { return l.cal.Read().LatencyS }),
-		g("ttft_fit_seconds_per_prefill_token", "Per uncached prefill token part of the fitted first-token time (kv-ttft's calibration).",
-			func() float64 { return l.cal.Read().SecondsPerToken }),
-		g("ttft_fit_observations", "Decayed weight of the first-token times behind the fit; 0 while the fit is the prior.",
-			func() float64 { return l.cal.Read().Observations }),
 	}
 }

@@ -10,6 +10,7 @@ package load
 import (
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,11 +33,9 @@ type Options struct {
 	Policy score.Policy
 	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL when 0).
 	PredictedTTL time.Duration
-	// Observers are told of every request's lifecycle, outside the ledger's lock.
+	// Observers are told of every request's lifecycle, outside the ledger's lock. A Policy that
+	// is an Observer too (one that fits what it reads from first tokens) is told after them.
 	Observers []Observer
-	// Calibration is the engine timing a replica is assumed to have before any first token is
-	// seen in the fleet (score.DefaultCalibration when zero).
-	Calibration score.Calibration
 	// PeerPrefill is the prefill other router replicas have routed to the replica (by name)
 	// whose first token they have not seen (their shared totals; router/peersync); nil: none.
 	// A routing that finds it positive does not restart the replica's PrefillSince: the
@@ -149,8 +148,9 @@ type Record struct {
 	Routing
 	// At is when it was routed (the ledger's clock); FirstTokenAt when its first token came.
 	At, FirstTokenAt time.Time
-	// What the replica carried when it was routed (the calibration's features): prefill
-	// tokens queued ahead, context tokens its steps carry (score.Candidate.ContextTokens).
+	// What the replica carried when it was routed (what an observer fitting first-token times
+	// reads): prefill tokens queued ahead, context tokens its steps carry
+	// (score.Candidate.ContextTokens).
 	Ahead, Decoding int
 	// Attention is the request's prefill attention in token pairs: score.AttentionPairs of its
 	// uncached tokens after its cached ones.
@@ -200,10 +200,14 @@ func New(o Options) *Ledger {
 	if w, ok := o.Policy.(score.Windowed); ok {
 		span = w.WindowSpan()
 	}
-	return &Ledger{now: o.Now, obs: o.Observers, pol: o.Policy, live: map[ID]*Record{},
+	obs := o.Observers
+	if po, ok := o.Policy.(Observer); ok {
+		obs = append(slices.Clone(obs), po)
+	}
+	return &Ledger{now: o.Now, obs: obs, pol: o.Policy, live: map[ID]*Record{},
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
 		approx: index.NewApproximate(index.SideOptions{}),
-		win:    score.NewWindows(span), cal: NewCalibrations(o.Calibration), peerPrefill: o.PeerPrefill}
+		win:    score.NewWindows(span), cal: NewCalibrations(), peerPrefill: o.PeerPrefill}
 }
 
 // Generation is a number that moves after every change to what a decision reads from the ledger
@@ -330,9 +334,9 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 		}
 	}
 	*rc = Record{Routing: r, At: l.now(), Attention: score.AttentionPairs(r.Uncached, r.Cached)}
-	// The calibration's features are what the policy saw when it chose (peers' load included,
-	// the prefill ahead less what drained since it last moved: score.PrefillAhead, as kv-ttft
-	// reads it); a choice made elsewhere reads this router's counters.
+	// What the replica carried is what the policy saw when it chose (peers' load included, the
+	// prefill ahead less what drained since it last moved: score.PrefillAhead); a choice made
+	// elsewhere reads this router's counters.
 	if r.Req != nil && r.Chosen >= 0 && r.Chosen < len(r.Cands) {
 		c := &r.Cands[r.Chosen]
 		rc.Ahead, rc.Decoding = int(math.Round(score.PrefillAhead(c, r.Req.NowNs))), c.ContextTokens()
@@ -386,7 +390,6 @@ func (l *Ledger) FirstToken(id ID) error {
 		rc.Replica.prefillHeld.Add(-int64(rc.Held))
 		rc.Replica.prefillAttn.Add(-rc.Attention)
 		rc.Replica.decode.Add(int64(rc.Held))
-		l.cal.Observe(rc.Ahead, rc.Uncached, rc.Decoding, rc.FirstTokenAt.Sub(rc.At).Seconds())
 		l.gen.Add(1)
 	}
 	l.mu.Unlock()
@@ -553,7 +556,7 @@ func (l *Ledger) Expire() {
 // Candidate.Window. It changes nothing.
 func (l *Ledger) Window(id string, nowNs int64) score.Window { return l.win.Read(id, nowNs) }
 
-// Calibration is the engines' timing as fitted from first-token times so far, for
+// Calibration is the engines' prefill drain as fitted from first tokens so far, for
 // Candidate.Calib (one fit for the fleet: Calibrations). It changes nothing.
 func (l *Ledger) Calibration(id string) score.Calibration { return l.cal.Read() }
 

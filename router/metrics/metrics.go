@@ -33,6 +33,7 @@ type Metrics struct {
 	UsageMissing         *prometheus.CounterVec // engine: responses without cached_tokens
 	ApproxDecisions      *prometheus.CounterVec // engine: decisions scored from the approximate index
 	UnkeyedRequests      *prometheus.CounterVec // reason: requests routed by load without keys
+	ReportModeOverrides  prometheus.Counter     // client kv_cache_report_mode set back to incremental
 	EngineHeadersSeconds *prometheus.HistogramVec
 	FirstTokenSeconds    *prometheus.HistogramVec // engine: streams only
 	EngineErrors         *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
@@ -81,6 +82,8 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Successful answers without cached_tokens (engine started without --enable-prompt-tokens-details?)."}, []string{"engine"}),
 		ApproxDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "approximate_decisions_total",
 			Help: "Decisions where the chosen replica was scored from the approximate index (no healthy event stream)."}, []string{"engine"}),
+		ReportModeOverrides: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "client_report_mode_overrides_total",
+			Help: "Requests whose own vllm_xargs.kv_cache_report_mode the router set back to incremental (outside full mode a client's full mode would leave re-announced blocks in the index)."}),
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
 			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed)."}, []string{"reason"}),
 		EngineHeadersSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_response_headers_seconds",
@@ -100,7 +103,7 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Cached tokens the engines reported, by engine and the scoring mode of the decision."}, []string{"engine", "mode"}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
-		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests,
+		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.ReportModeOverrides,
 		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if state != nil {

@@ -387,3 +387,35 @@ func TestHealthWaitsForTheProbe(t *testing.T) {
 // simulator's old timing (HoldHeaders: a stream's headers wait for its first token); the default
 // is vLLM's (headers at acceptance). `make test` runs the request-path suites both ways.
 const holdHeadersEnv = "VLLMSIM_HOLD_HEADERS"
+
+// Outside full mode the router's index counts each BlockStored as a copy, so a client's own
+// "full" report mode (which re-announces prefix hits) must not reach the engine.
+func TestRewritePinsAClientsReportMode(t *testing.T) {
+	rw := Rewrite{PinIncremental: true}
+	cases := []struct {
+		in, want  string
+		overrides bool
+	}{
+		{`{"prompt":"x","vllm_xargs":{"kv_cache_report_mode":"full","k":1}}`, `{"prompt":"x","vllm_xargs":{"kv_cache_report_mode":"incremental","k":1}}`, true},
+		{`{"prompt":"x","vllm_xargs":{"kv_cache_report_mode":"incremental"}}`, `{"prompt":"x","vllm_xargs":{"kv_cache_report_mode":"incremental"}}`, false},
+		{`{"prompt":"kv_cache_report_mode"}`, `{"prompt":"kv_cache_report_mode"}`, false},
+		{`{"prompt":"x","vllm_xargs":{"k":1}}`, `{"prompt":"x","vllm_xargs":{"k":1}}`, false},
+	}
+	for _, c := range cases {
+		if got := rw.OverridesClientMode([]byte(c.in)); got != c.overrides {
+			t.Errorf("OverridesClientMode(%s) = %v, want %v", c.in, got, c.overrides)
+		}
+		out, err := rw.Apply([]byte(c.in))
+		if err != nil {
+			t.Fatalf("Apply(%s): %v", c.in, err)
+		}
+		if string(out) != c.want {
+			t.Errorf("Apply(%s) = %s, want %s", c.in, out, c.want)
+		}
+	}
+	// The router's own full mode wins over a client's value either way.
+	out, err := Rewrite{FullReport: true, PinIncremental: true}.Apply([]byte(`{"vllm_xargs":{"kv_cache_report_mode":"incremental"}}`))
+	if err != nil || string(out) != `{"vllm_xargs":{"kv_cache_report_mode":"full"}}` {
+		t.Errorf("full mode: %s, %v", out, err)
+	}
+}

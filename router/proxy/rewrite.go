@@ -16,10 +16,46 @@ type Rewrite struct {
 	// FullReport sets vllm_xargs.kv_cache_report_mode = "full" (re-announce prefix hits as
 	// BlockStored, so the index learns recency).
 	FullReport bool
+	// PinIncremental sets a client's vllm_xargs.kv_cache_report_mode back to vLLM's default,
+	// "incremental" (vllm/v1/request.py reads the mode from the request's extra args; only "full"
+	// re-announces prefix hits), when the router does not run full mode itself. Outside full mode
+	// the router's index counts every BlockStored as one physical copy (vLLM's event contract),
+	// so re-announced hits would be copies that no BlockRemoved ever balances: blocks the index
+	// would keep after the engine evicted them. A body that names no mode is left alone.
+	PinIncremental bool
 }
 
+// reportModeKey is the vllm_xargs key that selects vLLM's kv_cache_report_mode.
+const reportModeKey = "kv_cache_report_mode"
+
 // Empty reports whether the rewrite changes nothing.
-func (r Rewrite) Empty() bool { return !r.IncludeUsage && !r.FullReport }
+func (r Rewrite) Empty() bool { return !r.IncludeUsage && !r.FullReport && !r.PinIncremental }
+
+// ClientReportMode returns the raw JSON value of the body's vllm_xargs.kv_cache_report_mode, or
+// "" when the body names none (or is not a JSON object).
+func ClientReportMode(body []byte) string {
+	if !bytes.Contains(body, []byte(reportModeKey)) {
+		return ""
+	}
+	start, end, err := findKey(body, "vllm_xargs")
+	if err != nil || start < 0 {
+		return ""
+	}
+	xs, xe, err := findKey(body[start:end], reportModeKey)
+	if err != nil || xs < 0 {
+		return ""
+	}
+	return string(bytes.TrimSpace(body[start+xs : start+xe]))
+}
+
+// OverridesClientMode reports whether Apply changes the client's own kv_cache_report_mode.
+func (r Rewrite) OverridesClientMode(body []byte) bool {
+	if r.FullReport || !r.PinIncremental {
+		return false
+	}
+	m := ClientReportMode(body)
+	return m != "" && m != `"incremental"`
+}
 
 // Apply returns body with the rewrite spliced in: the keys it sets are replaced or appended in
 // place and every other byte (key order, spacing, numbers as written) is the client's; the body
@@ -36,6 +72,10 @@ func (r Rewrite) Apply(body []byte) ([]byte, error) {
 	}
 	if r.FullReport {
 		if body, err = setNested(body, "vllm_xargs", "kv_cache_report_mode", []byte(`"full"`)); err != nil {
+			return nil, fmt.Errorf("proxy: vllm_xargs: %w", err)
+		}
+	} else if r.OverridesClientMode(body) {
+		if body, err = setNested(body, "vllm_xargs", reportModeKey, []byte(`"incremental"`)); err != nil {
 			return nil, fmt.Errorf("proxy: vllm_xargs: %w", err)
 		}
 	}

@@ -2,18 +2,10 @@ package score
 
 import "math"
 
-// Calibration is one replica's engine timing as the router has measured it (router/load fits it
-// from observed first-token times): the expected time to first token of a request routed there
-// is
-//
-//	LatencyS + SecondsPerToken x (prefill tokens queued ahead + its own uncached tokens)
-//	         + SecondsPerDecodeToken x context tokens (Candidate.ContextTokens)
-//
-// The zero value means "not measured": policies use DefaultCalibration.
+// Calibration is the engines' prefill drain as the router has measured it (router/load fits it
+// from observed first tokens; PrefillAhead reads it). The zero value means "not measured": the
+// prefill ahead is then the ledger's counter.
 type Calibration struct {
-	LatencyS              float64
-	SecondsPerToken       float64
-	SecondsPerDecodeToken float64
 	// DrainTokensPerS is the measured rate at which a replica's routed prefill reaches first
 	// tokens while some is pending (router/load, Calibrations.ObserveDrain); 0 before any.
 	DrainTokensPerS float64
@@ -21,36 +13,6 @@ type Calibration struct {
 	// in tokens at that rate, measured beside it; 0 when the first tokens seen do not tell it
 	// apart from the per-token cost (prompts of one length) or before any.
 	DrainAttentionWeight float64
-	// Observations is the (decayed) weight of first-token times behind the fit; 0 when the
-	// values are the prior.
-	Observations float64
-}
-
-// DefaultCalibration is the prior a replica uses before anything is measured in the fleet: a
-// vLLM engine's order of magnitude (10k prefill tokens/s, a 50 ms step and transfer, 0.1 ms of
-// step time per 1k tokens of decode context). Only its
-// proportions matter while every replica uses it; the first observations replace it.
-var DefaultCalibration = Calibration{
-	LatencyS:              0.05,
-	SecondsPerToken:       1e-4,
-	SecondsPerDecodeToken: 1e-7,
-}
-
-// Or is c, or d when c was never measured (zero).
-func (c Calibration) Or(d Calibration) Calibration {
-	if c.SecondsPerToken <= 0 {
-		return d
-	}
-	return c
-}
-
-// TTFT is the expected time to first token at nowNs of a request whose own uncached prefill is
-// uncached tokens on a replica with candidate c's load, under this calibration. The prefill
-// ahead is the ledger's counter less what the replica drained since it last moved
-// (PrefillAhead): the fit's feature is the same quantity (router/load records it at routing).
-func (c Calibration) TTFT(cand *Candidate, uncached float64, nowNs int64) float64 {
-	return c.LatencyS + c.SecondsPerToken*(PrefillAhead(cand, nowNs)+uncached) +
-		c.SecondsPerDecodeToken*float64(cand.ContextTokens())
 }
 
 // AttentionPairs is the attention a prefill of uncached tokens after cached ones computes, in
@@ -77,7 +39,7 @@ func AttentionPairs(uncached, cached int) int64 {
 // among equal counters least-queued-prefill picks by the decode term, which says nothing about
 // when each replica's pending prefill ends (round-robin's turn order does).
 //
-// The rate is the one measured from first tokens, not the TTFT fit's slope: vLLM's scheduler
+// The rate is the one measured from first tokens: vLLM's scheduler
 // (vllm/v1/core/sched/scheduler.py, Scheduler.schedule) serves the running requests first in
 // every step (a decode token each, or a partial prefill's next chunk) and then waiting requests
 // FCFS while the step's token budget (max_num_batched_tokens) lasts, so pending prefill drains at

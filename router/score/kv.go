@@ -11,7 +11,7 @@ import (
 //
 //	cost_i = u_i + w·(A_i + d·D_i)
 //
-//	u_i  the request's prompt tokens replica i's cache does not cover (uncachedTokens)
+//	u_i  the request's prompt tokens replica i's cache does not cover (UncachedTokens)
 //	A_i  the prefill routed to i still ahead of it (PrefillAhead: measured drain and attention)
 //	D_i  the context i's steps carry (Candidate.ContextTokens)
 //	d    a context token in prefill tokens over a request's wait, the engine's figure (0.005)
@@ -42,10 +42,9 @@ type kvPolicy struct {
 	scratch kvEval
 }
 
-// KVParams tune the kv policies. DefaultKV holds the router's defaults; the fleet model uses the
-// same values, nothing per trace. `kv-ttft` (kv_ttft.go) reads TierWeights, WindowSeconds,
-// RhoMax and Temperature; the other fields are `kv`'s. Their measurements are in
-// docs/benchmarks.md, "How kv decides".
+// KVParams tune the kv policy. DefaultKV holds the router's defaults; the fleet model uses the
+// same values, nothing per trace. kvbench's `kv-ttft` (sim/policies) reads TierWeights,
+// WindowSeconds and Temperature. Their measurements are in docs/benchmarks.md, "How kv decides".
 type KVParams struct {
 	// TierWeights credit an exact overlap block by where it sits (GPU, CPU, disk): a block on a
 	// slower tier still costs a load.
@@ -73,11 +72,6 @@ type KVParams struct {
 	StarvedHeadroom float64
 	// Temperature > 0 samples among near-ties (softmax over normalised cost); 0 is deterministic.
 	Temperature float64
-	// RhoMax caps the utilisation kv-ttft's miss price reads (docs/router.md): the windowed
-	// estimate is noisy, and at or above 1 the queueing factor 1/(1-rho) has no meaning (the
-	// queue grows without bound whatever is placed). 0.9 caps the price of extra work at 10x
-	// its first-order delay.
-	RhoMax float64
 }
 
 // DefaultKV is the `kv` policy's default tuning.
@@ -92,7 +86,6 @@ var DefaultKV = KVParams{
 	StarvedShare:        0.25,
 	StarvedHeadroom:     1,
 	Temperature:         0,
-	RhoMax:              0.9,
 }
 
 func newKV(o Options) *kvPolicy {
@@ -100,7 +93,7 @@ func newKV(o Options) *kvPolicy {
 	if o.KV != nil {
 		p = *o.KV
 	}
-	return &kvPolicy{p: p, rng: newRNG(o.Seed)}
+	return &kvPolicy{p: p, rng: NewRNG(o.Seed)}
 }
 
 func (k *kvPolicy) Name() string { return "kv" }
@@ -110,12 +103,12 @@ func (k *kvPolicy) Name() string { return "kv" }
 // balance window records the prefill the replica really does (the ledger's routed uncached
 // tokens), so a warming replica's load is never under-counted (issue 22).
 func (k *kvPolicy) uncached(req *Request, c *Candidate) float64 {
-	return uncachedTokens(req, c, k.p.TierWeights)
+	return UncachedTokens(req, c, k.p.TierWeights)
 }
 
-// span is how long the candidate's window covers at now (windowSpan).
+// span is how long the candidate's window covers at now (WindowSpanSeconds).
 func (k *kvPolicy) span(c *Candidate, now int64) float64 {
-	return windowSpan(c, now, k.p.WindowSeconds)
+	return WindowSpanSeconds(c, now, k.p.WindowSeconds)
 }
 
 // load is w·(A_i + d·D_i): the prefill still ahead and the context the replica's steps carry
@@ -127,7 +120,7 @@ func (k *kvPolicy) load(c *Candidate, nowNs int64) float64 {
 
 // The kv guards, as Explain names them when one takes a candidate out of the running.
 const (
-	guardUnhealthy  = "unhealthy"
+	GuardUnhealthy  = "unhealthy"        // every Explainer names an unhealthy candidate so
 	guardRequests   = "request_bound"    // over (1+RequestSlack) x the mean windowed requests + headroom
 	guardStarvation = "starvation_floor" // another replica is starved and this one is not
 	guardTokens     = "token_bound"      // its windowed uncached work would pass (1+Slack) x the mean
@@ -209,7 +202,7 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 		c := &cands[i]
 		val[i], raw[i] = 0, 0
 		if !c.Healthy {
-			e.exclude(i, guardUnhealthy)
+			e.exclude(i, GuardUnhealthy)
 			continue
 		}
 		unc[i] = k.uncached(req, c) * scale[i]
@@ -261,7 +254,7 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 }
 
 func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
-	if !anyHealthy(cands) {
+	if !AnyHealthy(cands) {
 		return -1, ErrNoCandidate
 	}
 	e := &k.scratch
@@ -269,9 +262,9 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 	k.evaluate(req, cands, e)
 	value := func(i int) float64 { return e.val[i] }
 	if k.p.Temperature > 0 {
-		return sampleNearTies(cands, value, k.p.Temperature, 1, k.rng), nil
+		return SampleNearTies(cands, value, k.p.Temperature, 1, k.rng), nil
 	}
-	return pickMin(cands, value, k.rng), nil
+	return PickMin(cands, value, k.rng), nil
 }
 
 // Explain gives each candidate's cost and its terms, in prefill-token equivalents, and the guard
@@ -281,9 +274,9 @@ func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
 // first); with a temperature Pick samples near it.
 func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 	out := make([]Explanation, len(cands))
-	if !anyHealthy(cands) {
+	if !AnyHealthy(cands) {
 		for i := range out {
-			out[i].Excluded = guardUnhealthy
+			out[i].Excluded = GuardUnhealthy
 		}
 		return out
 	}
@@ -320,11 +313,11 @@ func (k *kvPolicy) WindowSpan() time.Duration {
 	return time.Duration(k.p.WindowSeconds * float64(time.Second))
 }
 
-// uncachedTokens is the request's prompt tokens the replica's cache does not cover: tier-weighted
+// UncachedTokens is the request's prompt tokens the replica's cache does not cover: tier-weighted
 // exact overlap or the predicted side index, whichever is longer, plus the warm-up credit as
-// virtual overlap (credit x prompt blocks). Both kv policies read it.
-func uncachedTokens(req *Request, c *Candidate, tiers [NumTiers]float64) float64 {
-	blocks := math.Max(c.gpuEquivalentBlocks(tiers), float64(c.PredictedBlocks))
+// virtual overlap (credit x prompt blocks). kv reads it (and kvbench's kv-ttft).
+func UncachedTokens(req *Request, c *Candidate, tiers [NumTiers]float64) float64 {
+	blocks := math.Max(c.GPUEquivalentBlocks(tiers), float64(c.PredictedBlocks))
 	blocks += clamp01(c.WarmupCredit) * float64(req.PromptBlocks())
 	blocks = math.Min(blocks, float64(len(req.Keys)))
 	u := float64(req.Tokens) - blocks*float64(max(req.BlockSize, 1))
@@ -332,15 +325,15 @@ func uncachedTokens(req *Request, c *Candidate, tiers [NumTiers]float64) float64
 }
 
 // minSpanSeconds is the shortest history a replica's window is read over, so a replica seen a
-// moment ago does not read one request as a huge rate or a huge share (both kv policies; the
+// moment ago does not read one request as a huge rate or a huge share (kv, and kvbench's kv-ttft; the
 // scale-up measurement behind 1 s is in docs/benchmarks.md, "How kv decides").
 const minSpanSeconds = 1
 
-// windowSpan is how long the candidate's window covers at now: the time since the ledger first
+// WindowSpanSeconds is how long (seconds) the candidate's window covers at now: the time since the ledger first
 // saw it as a candidate, between minSpanSeconds and the window length. A replica not seen yet has
 // the shortest span, as if its clock started now; rates read from a younger replica's window are
 // over its own time in the fleet, not the full window.
-func windowSpan(c *Candidate, now int64, windowSeconds float64) float64 {
+func WindowSpanSeconds(c *Candidate, now int64, windowSeconds float64) float64 {
 	since := now
 	if c.Window.Seen {
 		since = c.Window.Since
@@ -354,4 +347,14 @@ func grow(s []float64, n int) []float64 {
 		return make([]float64, n)
 	}
 	return s[:n]
+}
+
+func clamp01(x float64) float64 {
+	if x < 0 {
+		return 0
+	}
+	if x > 1 {
+		return 1
+	}
+	return x
 }

@@ -93,7 +93,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 		for k, e := range ex {
 			excluded[e.Excluded]++
 			if !c[k].Healthy {
-				if e.Excluded != guardUnhealthy {
+				if e.Excluded != GuardUnhealthy {
 					t.Fatalf("request %d: unhealthy candidate %d explained as %+v", r, k, e)
 				}
 				continue
@@ -110,7 +110,7 @@ func TestKVExplainAgreesWithPickAndChangesNothing(t *testing.T) {
 		plain.OnRouted(req, c, i)
 	}
 	// Every guard fired somewhere, or the comparison above did not cover it.
-	for _, g := range []string{"", guardUnhealthy, guardRequests, guardTokens, guardStarvation} {
+	for _, g := range []string{"", GuardUnhealthy, guardRequests, guardTokens, guardStarvation} {
 		if excluded[g] == 0 {
 			t.Errorf("no candidate explained with %q over the run: %v", g, excluded)
 		}
@@ -183,8 +183,8 @@ func TestKVExplainNamesTheGuard(t *testing.T) {
 }
 
 // kv's cost is the one-screen formula of docs/router.md, "How kv decides": in seconds, at any
-// engine speed s, cost x s/w is the request's time to first token there (Calibration.TTFT, the
-// model kv-ttft reads, with a context token at d prefill tokens and no fixed latency) plus a
+// engine speed s, cost x s/w is the request's time to first token there (s x (prefill ahead +
+// its own uncached tokens + d x context tokens), with no fixed latency) plus a
 // miss price of (1/w − 1) x the compute of its uncached tokens. So among the replicas the
 // constraints leave, kv picks the least TTFT + miss price.
 func TestKVCostIsTimeToFirstTokenPlusMissPrice(t *testing.T) {
@@ -193,7 +193,7 @@ func TestKVCostIsTimeToFirstTokenPlusMissPrice(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for r := 0; r < 500; r++ {
 		s := []float64{1e-5, 5e-5, 2e-4}[r%3]
-		engine := Calibration{SecondsPerToken: s, SecondsPerDecodeToken: d * s, DrainTokensPerS: 1 / s}
+		engine := Calibration{DrainTokensPerS: 1 / s}
 		c := fleetOf(5)
 		for i := range c {
 			c[i].ExactBlocks = rng.IntN(12)
@@ -209,8 +209,9 @@ func TestKVCostIsTimeToFirstTokenPlusMissPrice(t *testing.T) {
 		req := &Request{Keys: keys(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), Tokens: 200, BlockSize: 16, NowNs: int64(r) * sec / 10}
 		ex := k.Explain(req, c)
 		for i := range c {
-			u := uncachedTokens(req, &c[i], DefaultKV.TierWeights)
-			seconds := engine.TTFT(&c[i], u, req.NowNs) + (1/w-1)*s*u
+			u := UncachedTokens(req, &c[i], DefaultKV.TierWeights)
+			ttft := s*(PrefillAhead(&c[i], req.NowNs)+u) + d*s*float64(c[i].ContextTokens())
+			seconds := ttft + (1/w-1)*s*u
 			if got := ex[i].Cost * s / w; math.Abs(got-seconds) > 1e-9*math.Max(1, seconds) {
 				t.Fatalf("request %d, replica %d: cost x s/w = %.9f s, TTFT + miss price = %.9f s", r, i, got, seconds)
 			}

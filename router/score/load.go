@@ -10,12 +10,12 @@ type loadPolicy struct {
 	rng  *rand.Rand
 }
 
-func newLoad(name string, o Options) *loadPolicy { return &loadPolicy{name: name, rng: newRNG(o.Seed)} }
+func newLoad(name string, o Options) *loadPolicy { return &loadPolicy{name: name, rng: NewRNG(o.Seed)} }
 
 func (p *loadPolicy) Name() string { return p.name }
 
 func (p *loadPolicy) Pick(_ *Request, cands []Candidate) (int, error) {
-	i := pickMin(cands, func(i int) float64 { return inflightTokens(&cands[i]) }, p.rng)
+	i := PickMin(cands, func(i int) float64 { return inflightTokens(&cands[i]) }, p.rng)
 	if i < 0 {
 		return -1, ErrNoCandidate
 	}

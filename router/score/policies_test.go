@@ -12,22 +12,26 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// One list of policy names (the project's interface contract, changes agreed for issue 22): the CRD's enum is the
-// production policies, router/config validation and kvrouter's --policy help take every policy,
-// kvbench's flags take score.Names too, and every listed name is a registered policy.
+// One list of policy names: score.ProductionPolicies is what kvrouter offers, router/config
+// accepts and the CRD's spec.router.policy and shadowPolicy enums list; every listed name is a
+// production policy. (kvbench adds the benchmark policies to its own registry, sim/policies.)
 func TestOnePolicyList(t *testing.T) {
-	for _, n := range score.Names() {
-		p, err := score.New(n, score.Options{})
+	reg := score.Production()
+	if !slices.Equal(reg.Names(), score.ProductionPolicies) {
+		t.Errorf("score.Production() offers %v, want %v", reg.Names(), score.ProductionPolicies)
+	}
+	for _, n := range score.ProductionPolicies {
+		p, err := reg.New(n, score.Options{})
 		if err != nil || p.Name() != n {
 			t.Errorf("listed policy %q: %v", n, err)
 		}
 	}
-	if !slices.Equal(config.Policies, score.Names()) {
-		t.Errorf("router/config.Policies %v is not score.Names() %v", config.Policies, score.Names())
+	if !slices.Equal(config.Policies, score.ProductionPolicies) {
+		t.Errorf("router/config.Policies %v is not score.ProductionPolicies %v", config.Policies, score.ProductionPolicies)
 	}
-	for _, n := range score.Names() {
+	for _, n := range score.ProductionPolicies {
 		c := config.Default()
-		c.Policy = n
+		c.Policy, c.ShadowPolicy = n, n
 		if err := c.Validate(); err != nil {
 			t.Errorf("config refuses policy %q: %v", n, err)
 		}
@@ -36,23 +40,17 @@ func TestOnePolicyList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?s)\+kubebuilder:validation:Enum=([^\n]*)\n\s*// \+optional\n\s*Policy string`).FindSubmatch(types)
-	if m == nil {
-		t.Fatal("spec.router.policy's enum marker not found")
+	for _, field := range []string{"Policy", "ShadowPolicy"} {
+		m := regexp.MustCompile(`(?s)\+kubebuilder:validation:Enum=([^\n]*)\n\s*// \+optional\n\s*` + field + ` string`).FindSubmatch(types)
+		if m == nil {
+			t.Fatalf("spec.router.%s's enum marker not found", field)
+		}
+		if got := strings.Split(string(m[1]), ";"); !slices.Equal(got, score.ProductionPolicies) {
+			t.Errorf("CRD %s enum %v, want score.ProductionPolicies %v", field, got, score.ProductionPolicies)
+		}
 	}
-	if got := strings.Split(string(m[1]), ";"); !slices.Equal(got, score.ProductionPolicies) {
-		t.Errorf("CRD enum %v, want score.ProductionPolicies %v", got, score.ProductionPolicies)
-	}
-	// spec.router.shadowPolicy compares production with the peers: it offers every policy.
-	m = regexp.MustCompile(`(?s)\+kubebuilder:validation:Enum=([^\n]*)\n\s*// \+optional\n\s*ShadowPolicy string`).FindSubmatch(types)
-	if m == nil {
-		t.Fatal("shadowPolicy's enum marker not found")
-	}
-	if got, want := sorted(strings.Split(string(m[1]), ";")), sorted(score.Names()); !slices.Equal(got, want) {
-		t.Errorf("shadowPolicy enum %v, want every policy %v", got, want)
-	}
-	// The generated CRD's spec.router.policy offers exactly the production policies. (Its
-	// shadowPolicy takes every policy on purpose: a shadow compares production with the peers.)
+	// The generated CRD's spec.router.policy and shadowPolicy offer exactly the production
+	// policies.
 	raw, err := os.ReadFile("../../config/crd/bases/serving.kvroute.io_kvroutedmodels.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -82,20 +80,11 @@ func TestOnePolicyList(t *testing.T) {
 		t.Fatalf("generated CRD: %v", err)
 	}
 	for _, v := range crd.Spec.Versions {
-		got := v.Schema.OpenAPIV3Schema.Properties.Spec.Properties.Router.Properties["policy"].Enum
-		if !slices.Equal(got, score.ProductionPolicies) {
-			t.Errorf("the generated CRD's spec.router.policy offers %v, want %v (make manifests)", got, score.ProductionPolicies)
+		for _, key := range []string{"policy", "shadowPolicy"} {
+			got := v.Schema.OpenAPIV3Schema.Properties.Spec.Properties.Router.Properties[key].Enum
+			if !slices.Equal(got, score.ProductionPolicies) {
+				t.Errorf("the generated CRD's spec.router.%s offers %v, want %v (make manifests)", key, got, score.ProductionPolicies)
+			}
 		}
 	}
-	for _, n := range score.BenchmarkPolicies {
-		if slices.Contains(score.ProductionPolicies, n) {
-			t.Errorf("%q is listed both as a production and a benchmark policy", n)
-		}
-	}
-}
-
-func sorted(s []string) []string {
-	out := slices.Clone(s)
-	slices.Sort(out)
-	return out
 }

@@ -5,14 +5,15 @@ import (
 	"math/rand/v2"
 )
 
-// newRNG returns the seeded generator every random choice uses, so runs are reproducible.
-func newRNG(seed int64) *rand.Rand {
+// NewRNG returns the seeded generator every random choice uses (every policy, production and
+// benchmark alike), so runs are reproducible.
+func NewRNG(seed int64) *rand.Rand {
 	return rand.New(rand.NewPCG(uint64(seed), 0x6b76726f757465)) // "kvroute"
 }
 
-// pickMin returns the healthy index with the smallest value, breaking exact ties uniformly at
+// PickMin returns the healthy index with the smallest value, breaking exact ties uniformly at
 // random with rng (or by lowest index when rng is nil).
-func pickMin(cands []Candidate, value func(i int) float64, rng *rand.Rand) int {
+func PickMin(cands []Candidate, value func(i int) float64, rng *rand.Rand) int {
 	best, ties := -1, 0
 	var bv float64
 	for i := range cands {
@@ -34,12 +35,12 @@ func pickMin(cands []Candidate, value func(i int) float64, rng *rand.Rand) int {
 	return best
 }
 
-// sampleNearTies draws a healthy candidate with a finite cost from a softmax over cost: weight
+// SampleNearTies draws a healthy candidate with a finite cost from a softmax over cost: weight
 // exp(-(cost - least) / scale), scale = temperature x the mean finite cost, that mean at least
 // minMean (kv's costs are prefill tokens, so 1 keeps an all-hit decision from dividing by 0;
-// kv-ttft's are seconds and pass 0). A scale of 0 or less takes the cheapest.
-func sampleNearTies(cands []Candidate, value func(int) float64, temperature, minMean float64, rng *rand.Rand) int {
-	best := pickMin(cands, value, nil)
+// kvbench's kv-ttft's are seconds and pass 0). A scale of 0 or less takes the cheapest.
+func SampleNearTies(cands []Candidate, value func(int) float64, temperature, minMean float64, rng *rand.Rand) int {
+	best := PickMin(cands, value, nil)
 	lo := value(best)
 	mean, m := 0.0, 0
 	for i := range cands {

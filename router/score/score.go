@@ -1,6 +1,8 @@
 // Package score turns what the router knows about each replica (cache overlap and load) into a
-// choice of replica. kvroute's own cost model (`kv`) and the peers' documented policies live side
-// by side behind one interface, so the live router and the fleet model run them identically.
+// choice of replica. It holds the production policies (kvroute's own cost model `kv`, load,
+// round-robin, session) and the interface every policy implements; the benchmark policies (the
+// peers' emulations, kvbench's) implement it in sim/policies and are added to a Registry by the
+// benchmark tools only, so the live router and the fleet model run every policy identically.
 package score
 
 import (
@@ -34,9 +36,6 @@ type Request struct {
 	BlockSize int
 	// SessionKey is the caller's session identity; empty when the request carries none.
 	SessionKey string
-	// Text is the prompt text, for character-based peers. When empty they derive character
-	// chunks from Keys, counting a token as CharsPerToken characters.
-	Text string
 	// LoRA is the adapter name ("" for the base model); it is already mixed into Keys.
 	LoRA string
 	// NowNs is the decision time in nanoseconds on any monotonic clock (simulated in the fleet
@@ -98,8 +97,8 @@ type Candidate struct {
 	Approximate bool
 	// Window is the prefill routed to the replica inside the balance window (the ledger's).
 	Window Window
-	// Calib is the replica's measured engine timing (the ledger's online fit); zero when not
-	// measured (DefaultCalibration applies).
+	// Calib is the fleet's measured prefill drain (the ledger's online fit); zero when not
+	// measured.
 	Calib Calibration
 }
 
@@ -113,8 +112,8 @@ type Candidate struct {
 // prefill counters had drained (hot-prefix, docs/benchmarks.md "Requests still in prefill").
 func (c *Candidate) ContextTokens() int { return c.DecodeTokens + c.PrefillHeldTokens }
 
-// gpuEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.
-func (c *Candidate) gpuEquivalentBlocks(w [NumTiers]float64) float64 {
+// GPUEquivalentBlocks weighs exact overlap by tier: a CPU or disk block still has to be loaded.
+func (c *Candidate) GPUEquivalentBlocks(w [NumTiers]float64) float64 {
 	t := c.TierBlocks
 	if t[TierGPU]+t[TierCPU]+t[TierDisk] == 0 {
 		return float64(c.ExactBlocks)
@@ -160,54 +159,73 @@ var ErrNoCandidate = errors.New("score: no healthy candidate")
 type Options struct {
 	// Seed seeds every random choice (tie-breaks, random, temperature).
 	Seed int64
-	// ApproxCapacityBlocks bounds the per-replica approximate indexes that some peers keep, in
-	// request blocks; 0 means each peer's own documented default.
-	ApproxCapacityBlocks int
 	// KV tunes the `kv` cost model; the zero value means DefaultKV.
 	KV *KVParams
 }
 
-type factory func(Options) Policy
+// Factory builds a fresh policy (with its own state).
+type Factory func(Options) Policy
 
-// The one list of policy names. Production policies are what the CRD's spec.router.policy
-// offers (its kubebuilder enum must list exactly these; policies_test.go checks it); the
-// benchmark policies (random and the peers' emulations) stay selectable in kvrouter --policy and
-// kvbench for comparisons. least-loaded is an alias of load.
-var (
-	ProductionPolicies = []string{"kv", "load", "least-loaded", "round-robin", "session"}
-	BenchmarkPolicies  = []string{"kv-ttft", "random", "prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"}
-)
+// ProductionPolicies is the one list of the policies kvroute ships: what kvrouter --policy and
+// --shadow-policy, router/config and the CRD's spec.router.policy and shadowPolicy accept (their
+// kubebuilder enums must list exactly these; policies_test.go checks it). least-loaded is an
+// alias of load.
+var ProductionPolicies = []string{"kv", "load", "least-loaded", "round-robin", "session"}
 
-var registry = map[string]factory{
-	"kv":                 func(o Options) Policy { return newKV(o) },
-	"kv-ttft":            func(o Options) Policy { return newTTFT(o) },
-	"load":               func(o Options) Policy { return newLoad("load", o) },
-	"least-loaded":       func(o Options) Policy { return newLoad("least-loaded", o) },
-	"round-robin":        func(o Options) Policy { return newRoundRobin() },
-	"random":             func(o Options) Policy { return newRandom(o) },
-	"session":            func(o Options) Policy { return newSession(o) },
-	"prefix-char":        func(o Options) Policy { return newPrefixChar(o) },
-	"sglang-cache-aware": func(o Options) Policy { return newSGLang(o) },
-	"llmd-default":       func(o Options) Policy { return newLLMD(o) },
-	"dynamo-kv":          func(o Options) Policy { return newDynamo(o) },
+var production = map[string]Factory{
+	"kv":           func(o Options) Policy { return newKV(o) },
+	"load":         func(o Options) Policy { return newLoad("load", o) },
+	"least-loaded": func(o Options) Policy { return newLoad("least-loaded", o) },
+	"round-robin":  func(o Options) Policy { return newRoundRobin() },
+	"session":      func(o Options) Policy { return newSession(o) },
 }
 
-// Names lists every policy, production first, in the lists' order.
-func Names() []string {
-	return append(append([]string(nil), ProductionPolicies...), BenchmarkPolicies...)
+// Registry is the set of policies one binary offers, by name. kvrouter runs Production();
+// kvbench adds the benchmark policies to its own copy (sim/policies), so no policy reaches the
+// router binary unless its main registers it. Not safe for concurrent Register.
+type Registry struct {
+	names []string
+	f     map[string]Factory
 }
+
+// Production returns a new registry holding the production policies, in ProductionPolicies'
+// order.
+func Production() *Registry {
+	r := &Registry{f: map[string]Factory{}}
+	for _, n := range ProductionPolicies {
+		r.names = append(r.names, n)
+		r.f[n] = production[n]
+	}
+	return r
+}
+
+// Register adds a policy under name; a name already registered is an error.
+func (r *Registry) Register(name string, f Factory) error {
+	if _, ok := r.f[name]; ok || name == "" || f == nil {
+		return fmt.Errorf("score: cannot register policy %q (empty, nil or already registered)", name)
+	}
+	r.names = append(r.names, name)
+	r.f[name] = f
+	return nil
+}
+
+// Names lists the registered policies, in the order they were registered.
+func (r *Registry) Names() []string { return append([]string(nil), r.names...) }
 
 // New returns a fresh policy (with its own state) by name.
-func New(name string, o Options) (Policy, error) {
-	f, ok := registry[name]
+func (r *Registry) New(name string, o Options) (Policy, error) {
+	f, ok := r.f[name]
 	if !ok {
-		return nil, fmt.Errorf("score: unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
+		return nil, fmt.Errorf("score: unknown policy %q (known: %s)", name, strings.Join(r.names, ", "))
 	}
 	return f(o), nil
 }
 
-// anyHealthy reports whether some candidate may take traffic.
-func anyHealthy(cands []Candidate) bool {
+// New returns a fresh production policy by name (Production().New).
+func New(name string, o Options) (Policy, error) { return Production().New(name, o) }
+
+// AnyHealthy reports whether some candidate may take traffic.
+func AnyHealthy(cands []Candidate) bool {
 	for i := range cands {
 		if cands[i].Healthy {
 			return true

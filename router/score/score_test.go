@@ -33,21 +33,22 @@ func mustNew(t *testing.T, name string) Policy {
 }
 
 func TestRegistryHasEveryContractName(t *testing.T) {
-	for _, n := range []string{"kv", "load", "least-loaded", "round-robin", "random", "session",
-		"prefix-char", "sglang-cache-aware", "llmd-default", "dynamo-kv"} {
+	for _, n := range ProductionPolicies {
 		p := mustNew(t, n)
 		if p.Name() != n {
 			t.Errorf("New(%q).Name() = %q", n, p.Name())
 		}
 	}
-	if _, err := New("nope", Options{}); err == nil {
-		t.Error("unknown policy accepted")
+	for _, n := range []string{"nope", "prefix-char", "kv-ttft", "random"} {
+		if _, err := New(n, Options{}); err == nil {
+			t.Errorf("%q accepted: only production policies are built without a registry that adds them", n)
+		}
 	}
 }
 
 func TestNoHealthyCandidateIsAnErrorForEveryPolicy(t *testing.T) {
 	req := &Request{Keys: keys(1, 2), Tokens: 32, BlockSize: 16, SessionKey: "s"}
-	for _, n := range Names() {
+	for _, n := range ProductionPolicies {
 		c := fleetOf(3)
 		for i := range c {
 			c[i].Healthy = false
@@ -62,7 +63,7 @@ func TestNoHealthyCandidateIsAnErrorForEveryPolicy(t *testing.T) {
 }
 
 func TestUnhealthyNeverPicked(t *testing.T) {
-	for _, n := range Names() {
+	for _, n := range ProductionPolicies {
 		p := mustNew(t, n)
 		c := fleetOf(3)
 		c[1].Healthy = false
@@ -168,29 +169,6 @@ func TestRoundRobinCycles(t *testing.T) {
 	}
 }
 
-func TestRandomIsSeededAndSpreads(t *testing.T) {
-	seq := func(seed int64) []int {
-		p, _ := New("random", Options{Seed: seed})
-		var out []int
-		for k := 0; k < 50; k++ {
-			i, _ := p.Pick(&Request{}, fleetOf(4))
-			out = append(out, i)
-		}
-		return out
-	}
-	a, b := seq(1), seq(1)
-	seen := map[int]bool{}
-	for k := range a {
-		if a[k] != b[k] {
-			t.Fatal("same seed, different choices")
-		}
-		seen[a[k]] = true
-	}
-	if len(seen) != 4 {
-		t.Errorf("random used only %d of 4 replicas", len(seen))
-	}
-}
-
 func TestSessionIsStickyUnderTheCap(t *testing.T) {
 	p := mustNew(t, "session")
 	c := fleetOf(5)
@@ -210,88 +188,6 @@ func TestSessionIsStickyUnderTheCap(t *testing.T) {
 	c[0].PrefillTokens, c[1].PrefillTokens = 50, 50
 	if i, _ := p.Pick(&Request{}, c); i != 2 {
 		t.Errorf("no session key picked %d, want least loaded 2", i)
-	}
-}
-
-func TestPrefixCharFollowsLongestMatchWithoutLoad(t *testing.T) {
-	p := mustNew(t, "prefix-char")
-	c := fleetOf(3)
-	req := &Request{Text: "system prompt " + string(make([]byte, 300)) + "question one"}
-	i, _ := p.Pick(req, c)
-	p.OnRouted(req, c, i)
-	c[i].Queue, c[i].PrefillTokens = 1000, 1<<20 // no load term: it must not care
-	req2 := &Request{Text: "system prompt " + string(make([]byte, 300)) + "question two"}
-	if j, _ := p.Pick(req2, c); j != i {
-		t.Errorf("prefix-char picked %d, want the replica with the shared 128-char chunks %d", j, i)
-	}
-	// A prompt shorter than one chunk shares nothing with a different one: random tie-break.
-	seen := map[int]bool{}
-	for k := 0; k < 40; k++ {
-		j, _ := p.Pick(&Request{Text: "x" + string(rune('a'+k%26)) + string(rune('a'+k/26))}, c)
-		seen[j] = true
-	}
-	if len(seen) < 2 {
-		t.Error("prefix-char tie-break is not random")
-	}
-}
-
-func TestSGLangImbalanceSwitchAndSmallestTree(t *testing.T) {
-	p := mustNew(t, "sglang-cache-aware")
-	req := &Request{Keys: keys(1, 2, 3, 4), Tokens: 64, BlockSize: 16}
-	c := fleetOf(3)
-	p.OnRouted(req, c, 0) // replica 0's tree holds the prompt
-	if i, _ := p.Pick(req, c); i != 0 {
-		t.Errorf("balanced fleet: picked %d, want best match 0", i)
-	}
-	// (max - min) > 64 and max > 1.5 x min: shortest queue wins regardless of cache.
-	c[0].Running, c[1].Running, c[2].Running = 100, 20, 30
-	if i, _ := p.Pick(req, c); i != 1 {
-		t.Errorf("imbalanced fleet: picked %d, want shortest queue 1", i)
-	}
-	// Imbalance that misses the absolute threshold keeps the cache choice.
-	c[0].Running, c[1].Running, c[2].Running = 60, 0, 1
-	if i, _ := p.Pick(req, c); i != 0 {
-		t.Errorf("abs diff 60 <= 64: picked %d, want 0", i)
-	}
-	// Low match rate (<= 0.3): the smallest tree.
-	c = fleetOf(3)
-	p.OnRouted(&Request{Keys: keys(50, 51), Tokens: 32, BlockSize: 16}, c, 1)
-	cold := &Request{Keys: keys(90, 91, 92, 93), Tokens: 64, BlockSize: 16}
-	if i, _ := p.Pick(cold, c); i != 2 {
-		t.Errorf("miss: picked %d, want the empty tree 2", i)
-	}
-}
-
-func TestLLMDWeights(t *testing.T) {
-	p := mustNew(t, "llmd-default")
-	req := &Request{Keys: keys(1, 2), Tokens: 128, BlockSize: 64}
-	c := fleetOf(2)
-	p.OnRouted(req, c, 0)
-	// Full prefix match (3) beats the best queue score (2) of an empty replica.
-	c[0].Queue, c[1].Queue = 10, 0
-	if i, _ := p.Pick(req, c); i != 0 {
-		t.Errorf("picked %d, want the prefix holder", i)
-	}
-	// Full KV (kv 0 vs 2) and longest queue (0 vs 2) together outweigh prefix 3.
-	c[0].KVUtil = 1
-	if i, _ := p.Pick(req, c); i != 1 {
-		t.Errorf("picked %d, want the empty replica", i)
-	}
-}
-
-func TestDynamoCost(t *testing.T) {
-	p := mustNew(t, "dynamo-kv")
-	req := &Request{Keys: keys(1, 2, 3, 4), Tokens: 64, BlockSize: 16}
-	c := fleetOf(2)
-	// a: overlap 4 but 3 blocks of decode; b: idle. cost a = max(0+4-4,0)+3+4 = 7, b = 4+0+4 = 8.
-	c[0].ExactBlocks, c[0].DecodeTokens = 4, 48
-	if i, _ := p.Pick(req, c); i != 0 {
-		t.Errorf("picked %d, want 0 (cost 7 < 8)", i)
-	}
-	// With 5 blocks of decode a costs 9 > 8.
-	c[0].DecodeTokens = 80
-	if i, _ := p.Pick(req, c); i != 1 {
-		t.Errorf("picked %d, want 1 (cost 9 > 8)", i)
 	}
 }
 

@@ -35,7 +35,7 @@ const (
 )
 
 func newSession(o Options) *sessionPolicy {
-	return &sessionPolicy{rng: newRNG(o.Seed), loadCap: sessionLoadCap, vnodes: sessionVNodes,
+	return &sessionPolicy{rng: NewRNG(o.Seed), loadCap: sessionLoadCap, vnodes: sessionVNodes,
 		fallback: newLoad("load", o)}
 }
 
@@ -61,7 +61,7 @@ func (p *sessionPolicy) rebuild(cands []Candidate) {
 }
 
 func (p *sessionPolicy) Pick(req *Request, cands []Candidate) (int, error) {
-	if !anyHealthy(cands) {
+	if !AnyHealthy(cands) {
 		return -1, ErrNoCandidate
 	}
 	if req.SessionKey == "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/sim/policies"
 )
 
 // Config is the fleet and service model. Zero values take DefaultConfig's.
@@ -195,7 +196,7 @@ func Run(tr *Trace, cfg Config, policy string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	pol, err := score.New(policy, score.Options{Seed: cfg.Seed, KV: cfg.KV})
+	pol, err := policies.Registry().New(policy, score.Options{Seed: cfg.Seed, KV: cfg.KV})
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -91,14 +92,14 @@ func hidesListening(args []string) bool {
 	return level != "" && l.UnmarshalText([]byte(level)) == nil && l > slog.LevelInfo
 }
 
-// startRouter runs kvrouter with args (which must not fix --listen or --admin-listen: both
-// get 127.0.0.1:0, before args) and returns once it logged the addresses it bound. The kernel
+// startRouter runs kvrouter (bin with the arguments prefix, then its flags) with args (which
+// must not fix --listen or --admin-listen: both get 127.0.0.1:0, before args) and returns once it logged the addresses it bound. The kernel
 // picks every port, so no port found free and passed on can be taken by another process first
 // (a clash make test could hit); a process that exits first fails the start at once, with its
 // log.
-func startRouter(ctx context.Context, bin, id string, args []string, logPath string, timeout time.Duration) (*routerProc, error) {
+func startRouter(ctx context.Context, bin string, prefix []string, id string, args []string, logPath string, timeout time.Duration) (*routerProc, error) {
 	found := make(chan listening, 1)
-	args = append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)
+	args = append(append(slices.Clone(prefix), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"), args...)
 	p, err := startProc("kvrouter "+id, bin, args, logPath, func(line string) {
 		if l, ok := parseListening(line); ok {
 			select {

@@ -37,6 +37,10 @@ type Options struct {
 	Model           string        // the sims' --model
 	SimArgs         []string      // extra vllm-sim flags (timing, blocks) for every engine
 	RouterArgs      []string      // extra kvrouter flags (not --listen/--admin-listen: the kernel picks those)
+	// RouterPrefix are arguments RouterBin takes before the router's flags: ["router"] when
+	// RouterBin is kvbench, whose hidden router subcommand runs kvrouter's code with the
+	// benchmark policies registered (a kvrouter binary offers the production ones only).
+	RouterPrefix []string
 	// BlockSize is the engines' KV block size. A router without events learns no block size
 	// (it comes with the first event), and until it knows one it routes every request unkeyed,
 	// by load alone; so a policy label ending in NoEventsSuffix passes it as --block-size, and
@@ -424,7 +428,7 @@ func startRouters(ctx context.Context, o Options, dir, enginesFile, policy, capt
 			}
 			args = append(args, "--config", cfg)
 		}
-		r, err := startRouter(ctx, o.RouterBin, id, args, filepath.Join(dir, logName), 15*time.Second)
+		r, err := startRouter(ctx, o.RouterBin, o.RouterPrefix, id, args, filepath.Join(dir, logName), 15*time.Second)
 		if err != nil {
 			return nil, err
 		}

@@ -20,7 +20,8 @@ var (
 	buildErr  error
 )
 
-// buildBinaries builds vllm-sim (and kvrouter, when its package exists) once per test binary.
+// buildBinaries builds vllm-sim (and kvrouter and kvbench, when their packages exist) once per
+// test binary.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -28,7 +29,7 @@ func buildBinaries(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		for _, c := range []string{"vllm-sim", "kvrouter"} {
+		for _, c := range []string{"vllm-sim", "kvrouter", "kvbench"} {
 			if _, err := os.Stat(filepath.Join("..", "..", "cmd", c)); err != nil {
 				continue
 			}

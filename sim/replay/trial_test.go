@@ -86,7 +86,9 @@ func runTrial(t *testing.T, dir, regime string, requests int, timeScale float64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := Options{SimBin: filepath.Join(dir, "vllm-sim"), RouterBin: filepath.Join(dir, "kvrouter"), Replicas: replicas,
+	// prefix-char is a benchmark policy: kvbench's router serves every policy (kvrouter offers
+	// the production ones only).
+	o := Options{SimBin: filepath.Join(dir, "vllm-sim"), RouterBin: filepath.Join(dir, "kvbench"), RouterPrefix: []string{"router"}, Replicas: replicas,
 		// Open loop: a slot for every request, so every policy sees the workload's arrivals.
 		Policies: policies, Seeds: 1, Concurrency: requests,
 		// Unscaled prompts: the capture's 512-token chunks are the regime's trace blocks.

@@ -55,8 +55,12 @@ type Config struct {
 	// ReplayNoTopicFrame sends replay replies without the topic frame, as vLLM did before PR
 	// #45177 (merged June 2026): [seq, payload] and the end marker [ff*8, ""].
 	ReplayNoTopicFrame bool
-	BufferSteps        int // replay ring length in batches (default 10000)
-	HWM                int // PUB send high-water mark (default 100000)
+	// KVSnapshotPort is vLLM's snapshot_endpoint (PR #57789) for rank 0 (rank r: port+r); 0 =
+	// off. Set, the data frames carry a 24-byte sequence (seq and a per-process publisher id) and
+	// an idle publisher sends an empty batch every second.
+	KVSnapshotPort int
+	BufferSteps    int // replay ring length in batches (default 10000)
+	HWM            int // PUB send high-water mark (default 100000)
 
 	// StepModel is the step-time model: "vllm-0.20.1-b300" (the default: stepmodel.go, fitted to
 	// vLLM 0.20.1's own per-step records, Qwen3-32B TP1 on a B300), "splitwise-h100" (the same
@@ -192,6 +196,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("kv-events-port %d out of range for %d ranks", cfg.KVEventsPort, cfg.DataParallelSize)
 	case cfg.KVReplayPort < -1 || cfg.KVReplayPort+cfg.DataParallelSize-1 > 65535:
 		return fmt.Errorf("kv-replay-port %d out of range for %d ranks", cfg.KVReplayPort, cfg.DataParallelSize)
+	case cfg.KVSnapshotPort < -1 || cfg.KVSnapshotPort+cfg.DataParallelSize-1 > 65535:
+		return fmt.Errorf("kv-snapshot-port %d out of range for %d ranks", cfg.KVSnapshotPort, cfg.DataParallelSize)
 	case cfg.KVEventsPort != 0 && cfg.KVEventsConnect != "",
 		cfg.KVEventsBind != "" && (cfg.KVEventsPort != 0 || cfg.KVEventsConnect != ""):
 		return fmt.Errorf("kv-events-port, kv-events-connect and a kv events bind endpoint are exclusive")

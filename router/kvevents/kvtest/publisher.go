@@ -31,6 +31,10 @@ type Options struct {
 	Connect string
 	// ReplayDelay delays every replay answer (a busy engine's publisher thread).
 	ReplayDelay time.Duration
+	// Publisher, when set, is sent after the seq in 24-byte sequence frames, as vLLM with a
+	// snapshot endpoint does (docs/features/kv_events.md, PR #57789); Restart then draws a new
+	// one, as a new engine process would.
+	Publisher *kvwire.PublisherID
 }
 
 // Publisher publishes batches on a PUB socket and serves replays from its ring. Safe for
@@ -189,6 +193,9 @@ func (p *Publisher) PublishPayload(payload []byte) (uint64, error) {
 
 func (p *Publisher) sendLocked(send bool, payload []byte) (uint64, error) {
 	m := kvwire.Message{Topic: []byte(p.opts.Topic), Seq: p.seq, Payload: payload}
+	if p.opts.Publisher != nil {
+		m.Publisher, m.HasPublisher = *p.opts.Publisher, true
+	}
 	if send {
 		if _, err := p.pub.SendMessage(m.Frames()); err != nil {
 			return 0, fmt.Errorf("kvtest: send: %w", err)
@@ -217,6 +224,21 @@ func (p *Publisher) Restart() {
 	defer p.mu.Unlock()
 	p.seq = 0
 	p.ring = p.ring[:0]
+	if p.opts.Publisher != nil {
+		next := *p.opts.Publisher
+		next[0]++ // any other id: what matters is that it differs
+		p.opts.Publisher = &next
+	}
+}
+
+// PublisherID is the id sent in 24-byte sequence frames (ok false without Options.Publisher).
+func (p *Publisher) PublisherID() (kvwire.PublisherID, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.opts.Publisher == nil {
+		return kvwire.PublisherID{}, false
+	}
+	return *p.opts.Publisher, true
 }
 
 // serve answers replay requests as vLLM's publisher thread does: every buffered batch with

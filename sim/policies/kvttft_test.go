@@ -1,12 +1,14 @@
-package score
+package policies
 
 import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvroute/kvroute/router/score"
 )
 
-func term(e Explanation, name string) float64 {
+func term(e score.Explanation, name string) float64 {
 	for _, t := range e.Terms {
 		if t.Name == name {
 			return t.Value
@@ -18,19 +20,18 @@ func term(e Explanation, name string) float64 {
 // kv-ttft's terms add up as docs/router.md writes them, and Pick takes the cheapest
 // explained candidate.
 func TestKVTTFTTermsAndPick(t *testing.T) {
-	k := newTTFT(Options{Seed: 1})
+	cal := Timing{LatencyS: 0.03, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 2e-7, Observations: 50}
+	k := newTTFTWith(score.Options{Seed: 1}, cal)
 	rng := rand.New(rand.NewPCG(5, 6))
-	cal := Calibration{LatencyS: 0.03, SecondsPerToken: 5e-5, SecondsPerDecodeToken: 2e-7, Observations: 50}
 	for r := 0; r < 500; r++ {
 		now := 100*sec + int64(r)*sec/10
-		req := &Request{Keys: keys(seq(20)...), Tokens: 330, BlockSize: 16, NowNs: now}
+		req := &score.Request{Keys: keys(seq(20)...), Tokens: 330, BlockSize: 16, NowNs: now}
 		c := fleetOf(4)
 		for i := range c {
-			c[i].Calib = cal
 			c[i].ExactBlocks = rng.IntN(21)
 			c[i].PrefillTokens = rng.IntN(4000)
 			c[i].DecodeTokens = rng.IntN(100000)
-			c[i].Window = Window{Tokens: float64(rng.IntN(200000)), Requests: rng.IntN(300), Seen: true, Since: 0}
+			c[i].Window = score.Window{Tokens: float64(rng.IntN(200000)), Requests: rng.IntN(300), Seen: true, Since: 0}
 		}
 		if r%7 == 0 {
 			c[rng.IntN(4)].Healthy = false
@@ -39,7 +40,7 @@ func TestKVTTFTTermsAndPick(t *testing.T) {
 		best, lo := -1, math.Inf(1)
 		for i, e := range ex {
 			if !c[i].Healthy {
-				if e.Excluded != guardUnhealthy {
+				if e.Excluded != score.GuardUnhealthy {
 					t.Fatalf("unhealthy candidate explained %+v", e)
 				}
 				continue
@@ -68,12 +69,12 @@ func TestKVTTFTTermsAndPick(t *testing.T) {
 // The best-cached replica and an idle replica (no window) pay no miss price; a busier one pays
 // more for the same extra prefill.
 func TestKVTTFTMissPrice(t *testing.T) {
-	k := newTTFT(Options{Seed: 1})
-	req := &Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16, NowNs: 60 * sec}
+	k := newTTFT(score.Options{Seed: 1})
+	req := &score.Request{Keys: keys(seq(100)...), Tokens: 1600, BlockSize: 16, NowNs: 60 * sec}
 	c := fleetOf(3)
 	c[0].ExactBlocks = 100
-	c[1].Window = Window{Tokens: 30000, Requests: 30, Seen: true}
-	c[2].Window = Window{Tokens: 30000, Requests: 30, Seen: true}
+	c[1].Window = score.Window{Tokens: 30000, Requests: 30, Seen: true}
+	c[2].Window = score.Window{Tokens: 30000, Requests: 30, Seen: true}
 	c[2].PrefillTokens = 5000
 	ex := k.Explain(req, c)
 	if term(ex[0], "miss_s") != 0 {
@@ -82,7 +83,7 @@ func TestKVTTFTMissPrice(t *testing.T) {
 	if !(term(ex[1], "miss_s") > 0 && term(ex[2], "miss_s") > term(ex[1], "miss_s")) {
 		t.Errorf("miss prices %v, %v: want positive, and higher behind more queued prefill", term(ex[1], "miss_s"), term(ex[2], "miss_s"))
 	}
-	c[1].Window = Window{}
+	c[1].Window = score.Window{}
 	if m := term(k.Explain(req, c)[1], "miss_s"); m != 0 {
 		t.Errorf("a replica with nothing routed in the window pays %v", m)
 	}
@@ -92,9 +93,9 @@ func TestKVTTFTMissPrice(t *testing.T) {
 // then stays balanced, when load accumulates as the ledger counts it (each pick adds its
 // uncached prefill; the engine drains at the calibrated rate).
 func TestKVTTFTHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
-	k := newTTFT(Options{Seed: 1})
 	const n = 4
-	cal := Calibration{LatencyS: 0.02, SecondsPerToken: 1e-4}
+	cal := Timing{LatencyS: 0.02, SecondsPerToken: 1e-4}
+	k := newTTFTWith(score.Options{Seed: 1}, cal)
 	c := fleetOf(n)
 	got := make([]int, n)
 	held := [n]bool{true}
@@ -103,14 +104,13 @@ func TestKVTTFTHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
 		now += sec / 40 // 40 req/s of a 992-token prefix + 508-token questions: 2x one replica's rate
 		drained := int(float64(sec/40) / 1e9 / cal.SecondsPerToken)
 		for i := range c {
-			c[i].Calib = cal
 			c[i].PrefillTokens = max(c[i].PrefillTokens-drained, 0)
 			c[i].ExactBlocks = 0
 			if held[i] {
 				c[i].ExactBlocks = 62 // the 992-token prefix
 			}
 		}
-		req := &Request{Keys: keys(seq(93)...), Tokens: 1500, BlockSize: 16, NowNs: now}
+		req := &score.Request{Keys: keys(seq(93)...), Tokens: 1500, BlockSize: 16, NowNs: now}
 		i, err := k.Pick(req, c)
 		if err != nil {
 			t.Fatal(err)
@@ -137,15 +137,15 @@ func TestKVTTFTHotPrefixSpillsWhenItsQueueCostsMoreThanAMiss(t *testing.T) {
 }
 
 func TestKVTTFTPickDoesNotAllocate(t *testing.T) {
-	k := newTTFT(Options{Seed: 1})
-	req := &Request{Keys: keys(seq(20)...), Tokens: 320, BlockSize: 16, NowNs: 5 * sec}
+	k := newTTFT(score.Options{Seed: 1})
+	req := &score.Request{Keys: keys(seq(20)...), Tokens: 320, BlockSize: 16, NowNs: 5 * sec}
 	c := fleetOf(16)
 	for i := range c {
 		c[i].ExactBlocks, c[i].PrefillTokens = i, 100*i
-		c[i].Window = Window{Tokens: 1000, Requests: 3, Seen: true}
+		c[i].Window = score.Window{Tokens: 1000, Requests: 3, Seen: true}
 	}
 	k.Pick(req, c)
 	if a := testing.AllocsPerRun(100, func() { k.Pick(req, c) }); a != 0 {
-		t.Errorf("kv Pick allocates %v times per decision", a)
+		t.Errorf("kv-ttft Pick allocates %v times per decision", a)
 	}
 }

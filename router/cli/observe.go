@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func newObservers(st *settings) (*observers, error) {
 	if st.cfg.ShadowPolicy != "" {
 		// The policy is built by the server (its scoring knobs): attach fills it in.
 		o.shadowObs = &shadowObserver{}
-		o.list = append(o.list, o.shadowObs.observer())
+		o.list = append(o.list, o.shadowObs)
 	}
 	return o, nil
 }
@@ -74,6 +74,9 @@ func (o *observers) attach(srv *app.Router, st *settings) error {
 			return err
 		}
 		o.shadowObs.s = shadow.New(pol)
+		// A policy that learns from first tokens (kvbench's kv-ttft) is told of them, as the
+		// ledger tells the policy it serialises.
+		o.shadowObs.learn, _ = pol.(load.Observer)
 		cs = append(cs, o.shadowObs.s.Collectors()...)
 	}
 	for _, c := range cs {
@@ -141,14 +144,24 @@ func auditObserver(a *audit.Auditor) load.Observer {
 	})
 }
 
-// shadowObserver re-decides each request with the shadow policy; s is set by attach, before
-// the router takes requests.
-type shadowObserver struct{ s *shadow.Shadow }
+// shadowObserver re-decides each request with the shadow policy when it is done; s (and learn,
+// for a shadow policy that is an Observer) are set by attach, before the router takes requests.
+type shadowObserver struct {
+	s     *shadow.Shadow
+	learn load.Observer
+}
 
-func (o *shadowObserver) observer() load.Observer {
-	return done(func(r *load.Record, _ *load.Usage) {
-		if o.s != nil {
-			o.s.Observe(r.Req, r.Cands, r.Chosen)
-		}
-	})
+func (o *shadowObserver) Routed(load.ID, *load.Record) {}
+func (o *shadowObserver) Failed(load.ID, *load.Record) {}
+
+func (o *shadowObserver) FirstToken(id load.ID, r *load.Record, at time.Time) {
+	if o.learn != nil {
+		o.learn.FirstToken(id, r, at)
+	}
+}
+
+func (o *shadowObserver) Done(_ load.ID, r *load.Record, _ *load.Usage) {
+	if o.s != nil {
+		o.s.Observe(r.Req, r.Cands, r.Chosen)
+	}
 }

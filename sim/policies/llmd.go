@@ -1,6 +1,10 @@
-package score
+package policies
 
-import "math/rand/v2"
+import (
+	"math/rand/v2"
+
+	"github.com/kvroute/kvroute/router/score"
+)
 
 // llmdDefault (`llmd-default`) follows llm-d Router's built-in default configuration: a weighted
 // sum of queue-scorer (weight 2: min-max normalised waiting queue, shortest = 1, all equal = 1),
@@ -23,12 +27,8 @@ const (
 	llmdLRUCapacity  = 31250
 )
 
-func newLLMD(o Options) *llmdDefault {
-	p := &llmdDefault{rng: newRNG(o.Seed), capUnits: llmdLRUCapacity}
-	if o.ApproxCapacityBlocks > 0 {
-		p.idx = newApproxIndex(o.ApproxCapacityBlocks)
-	}
-	return p
+func newLLMD(o score.Options) *llmdDefault {
+	return &llmdDefault{rng: score.NewRNG(o.Seed), capUnits: llmdLRUCapacity}
 }
 
 func (p *llmdDefault) Name() string { return "llmd-default" }
@@ -41,9 +41,9 @@ func (p *llmdDefault) index(per int) *approxIndex {
 	return p.idx
 }
 
-func (p *llmdDefault) Pick(req *Request, cands []Candidate) (int, error) {
-	if !anyHealthy(cands) {
-		return -1, ErrNoCandidate
+func (p *llmdDefault) Pick(req *score.Request, cands []score.Candidate) (int, error) {
+	if !score.AnyHealthy(cands) {
+		return -1, score.ErrNoCandidate
 	}
 	keys, per, total := coarseKeys(req, llmdBlockTokens)
 	idx := p.index(per)
@@ -60,7 +60,7 @@ func (p *llmdDefault) Pick(req *Request, cands []Candidate) (int, error) {
 			maxQ = q
 		}
 	}
-	score := func(i int) float64 {
+	weighted := func(i int) float64 {
 		c := &cands[i]
 		qs := 1.0
 		if maxQ > minQ {
@@ -73,10 +73,10 @@ func (p *llmdDefault) Pick(req *Request, cands []Candidate) (int, error) {
 		}
 		return llmdQueueWeight*qs + llmdKVWeight*kv + llmdPrefixWeight*ps
 	}
-	return pickMin(cands, func(i int) float64 { return -score(i) }, p.rng), nil
+	return score.PickMin(cands, func(i int) float64 { return -weighted(i) }, p.rng), nil
 }
 
-func (p *llmdDefault) OnRouted(req *Request, cands []Candidate, i int) {
+func (p *llmdDefault) OnRouted(req *score.Request, cands []score.Candidate, i int) {
 	keys, per, _ := coarseKeys(req, llmdBlockTokens)
 	p.index(per).insert(cands[i].ID, keys)
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -39,8 +39,8 @@ func TestCaptureAndAuditThroughTheRouter(t *testing.T) {
 	var logs syncBuf
 	done := make(chan int)
 	go func() {
-		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "e0=" + sim.URL(),
-			"--policy", "round-robin", "--no-events", "--capture-dir", dir, "--audit"}, &logs, func(a, b string) { addrs <- [2]string{a, b} })
+		done <- Run(ctx, []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "e0=" + sim.URL(),
+			"--policy", "round-robin", "--no-events", "--capture-dir", dir, "--audit"}, &logs, Options{Ready: func(a, b string) { addrs <- [2]string{a, b} }})
 	}()
 	var a [2]string
 	select {
@@ -194,8 +194,8 @@ func TestShadowThroughTheRouter(t *testing.T) {
 	var logs syncBuf
 	done := make(chan int)
 	go func() {
-		done <- run(ctx, append(engines, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policy", "round-robin",
-			"--no-events", "--block-size", "16", "--shadow-policy", "kv"), &logs, func(a, b string) { addrs <- [2]string{a, b} })
+		done <- Run(ctx, append(engines, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policy", "round-robin",
+			"--no-events", "--block-size", "16", "--shadow-policy", "kv"), &logs, Options{Ready: func(a, b string) { addrs <- [2]string{a, b} }})
 	}()
 	var a [2]string
 	select {

@@ -1,8 +1,10 @@
-package score
+package policies
 
 import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+
 	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/score"
 )
 
 // approxIndex is the decision-learned index that approximate peers keep: per replica, the block
@@ -91,7 +93,7 @@ func (x *approxIndex) size(id string) int {
 // the granularity an approximate peer hashes at. Keys are chained, so the key ending a coarse
 // block identifies it. It returns the coarse keys, how many coarse blocks each key stands for,
 // and the prompt's length in coarse blocks (a partial last block counts).
-func coarseKeys(r *Request, unit int) (keys []uint64, per int, total int) {
+func coarseKeys(r *score.Request, unit int) (keys []uint64, per int, total int) {
 	b := r.BlockSize
 	if b <= 0 {
 		b = unit

@@ -1,6 +1,10 @@
-package score
+package policies
 
-import "math/rand/v2"
+import (
+	"math/rand/v2"
+
+	"github.com/kvroute/kvroute/router/score"
+)
 
 // dynamoKV (`dynamo-kv`) follows NVIDIA Dynamo's KV router cost (the router concepts page of
 // ai-dynamo/dynamo's docs), lowest cost wins:
@@ -20,18 +24,18 @@ const (
 	dynamoPrefillScale = 1.0
 )
 
-var dynamoTierWeights = [NumTiers]float64{dynamoCredit, 0.75, 0.25}
+var dynamoTierWeights = [score.NumTiers]float64{dynamoCredit, 0.75, 0.25}
 
-func newDynamo(o Options) *dynamoKV { return &dynamoKV{rng: newRNG(o.Seed)} }
+func newDynamo(o score.Options) *dynamoKV { return &dynamoKV{rng: score.NewRNG(o.Seed)} }
 
 func (p *dynamoKV) Name() string { return "dynamo-kv" }
 
-func (p *dynamoKV) Pick(req *Request, cands []Candidate) (int, error) {
+func (p *dynamoKV) Pick(req *score.Request, cands []score.Candidate) (int, error) {
 	bs := float64(max(req.BlockSize, 1))
 	reqBlocks := float64(req.PromptBlocks())
-	i := pickMin(cands, func(i int) float64 {
+	i := score.PickMin(cands, func(i int) float64 {
 		c := &cands[i]
-		prefill := float64(c.PrefillTokens)/bs + reqBlocks - c.gpuEquivalentBlocks(dynamoTierWeights)
+		prefill := float64(c.PrefillTokens)/bs + reqBlocks - c.GPUEquivalentBlocks(dynamoTierWeights)
 		if prefill < 0 {
 			prefill = 0
 		}
@@ -39,9 +43,9 @@ func (p *dynamoKV) Pick(req *Request, cands []Candidate) (int, error) {
 		return dynamoPrefillScale*prefill + decode
 	}, p.rng)
 	if i < 0 {
-		return -1, ErrNoCandidate
+		return -1, score.ErrNoCandidate
 	}
 	return i, nil
 }
 
-func (p *dynamoKV) OnRouted(*Request, []Candidate, int) {}
+func (p *dynamoKV) OnRouted(*score.Request, []score.Candidate, int) {}

@@ -1,6 +1,10 @@
-package score
+package policies
 
-import "math/rand/v2"
+import (
+	"math/rand/v2"
+
+	"github.com/kvroute/kvroute/router/score"
+)
 
 // sglangCacheAware (`sglang-cache-aware`) follows SGLang router's `cache_aware` policy (CLI
 // defaults): an approximate tree of the text routed to each worker, and per-gateway in-flight
@@ -22,12 +26,8 @@ const (
 	sglangMaxTreeChars   = 67108864
 )
 
-func newSGLang(o Options) *sglangCacheAware {
-	p := &sglangCacheAware{rng: newRNG(o.Seed), capChars: sglangMaxTreeChars}
-	if o.ApproxCapacityBlocks > 0 {
-		p.idx = newApproxIndex(o.ApproxCapacityBlocks)
-	}
-	return p
+func newSGLang(o score.Options) *sglangCacheAware {
+	return &sglangCacheAware{rng: score.NewRNG(o.Seed), capChars: sglangMaxTreeChars}
 }
 
 // index returns the tree, sized in keys of per chunks each from the character budget.
@@ -40,9 +40,9 @@ func (p *sglangCacheAware) index(per int) *approxIndex {
 
 func (p *sglangCacheAware) Name() string { return "sglang-cache-aware" }
 
-func (p *sglangCacheAware) Pick(req *Request, cands []Candidate) (int, error) {
-	if !anyHealthy(cands) {
-		return -1, ErrNoCandidate
+func (p *sglangCacheAware) Pick(req *score.Request, cands []score.Candidate) (int, error) {
+	if !score.AnyHealthy(cands) {
+		return -1, score.ErrNoCandidate
 	}
 	load := func(i int) float64 { return float64(cands[i].Queue + cands[i].Running) }
 	minL, maxL := -1.0, -1.0
@@ -59,26 +59,23 @@ func (p *sglangCacheAware) Pick(req *Request, cands []Candidate) (int, error) {
 		}
 	}
 	if maxL-minL > sglangBalanceAbs && maxL > sglangBalanceRel*minL {
-		return pickMin(cands, load, p.rng), nil
+		return score.PickMin(cands, load, p.rng), nil
 	}
 	keys, per := chunkKeys(req)
 	idx := p.index(per)
-	totalChunks := len(keys) * per
-	if req.Text == "" {
-		totalChunks = max((req.Tokens*CharsPerToken+prefixChunkChars-1)/prefixChunkChars, 1)
-	}
+	totalChunks := max((req.Tokens*CharsPerToken+prefixChunkChars-1)/prefixChunkChars, 1)
 	// Longest match first; among equal matches the less loaded worker.
-	best := pickMin(cands, func(i int) float64 {
+	best := score.PickMin(cands, func(i int) float64 {
 		return -float64(idx.match(cands[i].ID, keys))*1e9 + load(i)
 	}, p.rng)
 	rate := float64(idx.match(cands[best].ID, keys)*per) / float64(totalChunks)
 	if rate > sglangCacheThreshold {
 		return best, nil
 	}
-	return pickMin(cands, func(i int) float64 { return float64(idx.size(cands[i].ID)) }, p.rng), nil
+	return score.PickMin(cands, func(i int) float64 { return float64(idx.size(cands[i].ID)) }, p.rng), nil
 }
 
-func (p *sglangCacheAware) OnRouted(req *Request, cands []Candidate, i int) {
+func (p *sglangCacheAware) OnRouted(req *score.Request, cands []score.Candidate, i int) {
 	keys, per := chunkKeys(req)
 	p.index(per).insert(cands[i].ID, keys)
 }

@@ -1,0 +1,351 @@
+// Package cli is kvrouter's command line: flags over the --config file, the request observers,
+// serving until the context ends (the router itself is router/app, served over HTTP by
+// router/server; see docs/router.md). cmd/kvrouter runs it with the production policies;
+// kvbench's hidden `router` subcommand runs the same code with its benchmark policies added.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/kvroute/kvroute/router/app"
+	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/score"
+)
+
+// Options are what the binary running the router decides.
+type Options struct {
+	// Policies are the policies --policy and --shadow-policy may name (score.Production() when
+	// nil).
+	Policies *score.Registry
+	// Ready, when set, receives the bound API and admin addresses (tests listen on port 0).
+	Ready func(api, admin string)
+}
+
+type engineFlags []string
+
+func (e *engineFlags) String() string     { return strings.Join(*e, " ") }
+func (e *engineFlags) Set(v string) error { *e = append(*e, v); return nil }
+
+// settings is everything the flags and the file decide.
+type settings struct {
+	cfg        config.Config
+	source     discovery.Source
+	eventsBind string
+	model      string
+	fullReport bool
+	hostTopic  bool
+	// engineKey is the engine API key read from where engineAuth says (never from a flag's
+	// value: that would show in ps).
+	engineKey string
+	logger    *slog.Logger
+	// accessSample logs one routed request in N with its breakdown (0: off).
+	accessSample int
+}
+
+func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings, error) {
+	if policies == nil {
+		policies = score.Production()
+	}
+	fs := flag.NewFlagSet("kvrouter", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "YAML configuration file (router/config schema); flags override it")
+	listen := fs.String("listen", "", "API address host:port (default :8000)")
+	admin := fs.String("admin-listen", "", "metrics and debug address (default 127.0.0.1:9090)")
+	var engines engineFlags
+	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;warmup-until=RFC3339 (repeatable)")
+	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
+	eventsBind := fs.String("events-bind", "", "bound mode: bind tcp://HOST:PORT for engines that dial in, told apart by topic (overrides events.bind)")
+	namespace := fs.String("namespace", "", "Kubernetes discovery: namespace of the engine pods")
+	selector := fs.String("selector", "", "Kubernetes discovery: label selector of the engine pods")
+	enginePort := fs.Int("engine-port", 0, "Kubernetes discovery: engines' HTTP port (0: the container port named http)")
+	policy := fs.String("policy", "", "scoring policy: "+strings.Join(policies.Names(), "|")+" (default kv)")
+	blockSize := fs.Int("block-size", -1, "engines' KV block size (0: learn from discovery, the first valid event, or else an engine's /metrics; -1: the config's, default 0); until known, requests route by load")
+	model := fs.String("model", "", "served model name (default: read from each engine's /v1/models)")
+	fullReport := fs.Bool("kv-cache-report-full", false, `inject vllm_xargs.kv_cache_report_mode="full" into forwarded requests`)
+	noEvents := fs.Bool("no-events", false, "do not subscribe to KV events (score every engine approximately)")
+	keyEnv := fs.String("engine-api-key-env", "", "environment variable holding the engines' API key (vLLM --api-key); sent on every engine call, replacing a client's Authorization")
+	keyFile := fs.String("engine-api-key-file", "", "file holding the engines' API key (alternative to --engine-api-key-env)")
+	captureDir := fs.String("capture-dir", "", "write the traffic as a Mooncake trace into this directory (enables capture; docs/should-you-route.md)")
+	captureBytes := fs.Int64("capture-max-bytes", 0, "capture: bytes per file (default 64 MiB)")
+	captureFiles := fs.Int("capture-files", 0, "capture: files kept (default 4)")
+	shadowPol := fs.String("shadow-policy", "", "re-decide every request with this policy without acting on it; kvroute_router_shadow_* metrics (docs/should-you-route.md)")
+	auditOn := fs.Bool("audit", false, "audit sampled prompts for a varying span at their start (/debug/audit; docs/should-you-route.md)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	accessSample := fs.Int("access-log-sample", 0, "log one routed request in N with its decision's breakdown (as /debug/route shows it); 0: off")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if *accessSample < 0 {
+		return nil, fmt.Errorf("--access-log-sample must be 0 (off) or N > 0, got %d", *accessSample)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	ho := &slog.HandlerOptions{Level: level}
+	var logger *slog.Logger
+	switch *logFormat {
+	case "json":
+		logger = slog.New(slog.NewJSONHandler(stderr, ho))
+	case "text":
+		logger = slog.New(slog.NewTextHandler(stderr, ho))
+	default:
+		return nil, fmt.Errorf("--log-format must be text or json, got %q", *logFormat)
+	}
+
+	cfg := config.Default()
+	if *cfgPath != "" {
+		c, err := config.Load(*cfgPath)
+		if err != nil {
+			return nil, err
+		}
+		cfg = c
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if *admin != "" {
+		cfg.AdminListen = *admin
+	}
+	if *policy != "" {
+		cfg.Policy = *policy
+	}
+	if *blockSize >= 0 {
+		cfg.BlockSize = *blockSize
+	}
+	if *noEvents {
+		cfg.Events.Enabled = false
+	}
+	if *namespace != "" || *selector != "" {
+		cfg.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(*namespace, *selector, *enginePort)}
+	}
+	if *eventsBind != "" {
+		cfg.Events.Bind = *eventsBind
+	}
+	if *keyEnv != "" || *keyFile != "" {
+		cfg.EngineAuth = &config.EngineAuth{APIKeyEnv: *keyEnv, APIKeyFile: *keyFile}
+	}
+	if *captureDir != "" || *captureBytes != 0 || *captureFiles != 0 {
+		if cfg.Capture == nil {
+			cfg.Capture = &config.Capture{}
+		}
+		cfg.Capture.Enabled = true
+		if *captureDir != "" {
+			cfg.Capture.Dir = *captureDir
+		}
+		if *captureBytes != 0 {
+			cfg.Capture.MaxBytes = *captureBytes
+		}
+		if *captureFiles != 0 {
+			cfg.Capture.Files = *captureFiles
+		}
+	}
+	if *shadowPol != "" {
+		cfg.ShadowPolicy = *shadowPol
+	}
+	if *auditOn {
+		if cfg.Audit == nil {
+			cfg.Audit = &config.Audit{}
+		}
+		cfg.Audit.Enabled = true
+	}
+	if err := cfg.ValidatePolicies(policies.Names()); err != nil {
+		return nil, err
+	}
+	if *model == "" {
+		*model = cfg.ServedModelName
+	}
+	st := &settings{cfg: cfg, eventsBind: cfg.Events.Bind, model: *model, fullReport: *fullReport || cfg.KVCacheReportMode == "full", logger: logger,
+		accessSample: *accessSample}
+	if cfg.EngineAuth != nil {
+		key, err := cfg.EngineAuth.Key()
+		if err != nil {
+			return nil, err
+		}
+		st.engineKey = key
+	}
+
+	sources := 0
+	for _, set := range []bool{len(engines) > 0, *enginesFile != "", cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil} {
+		if set {
+			sources++
+		}
+	}
+	if sources > 1 {
+		return nil, errors.New("give one engine source: --engine, --engines-file, or --namespace/--selector (or the config's discovery)")
+	}
+	switch {
+	case len(engines) > 0:
+		var es []discovery.Engine
+		for _, e := range engines {
+			en, err := discovery.ParseEngineFlag(e)
+			if err != nil {
+				return nil, fmt.Errorf("--engine: %w", err)
+			}
+			if len(en.Events) == 0 && len(en.Replay) > 0 && st.eventsBind == "" {
+				return nil, fmt.Errorf("--engine %s: replay= without events= is bound mode's shape and needs --events-bind", en.Name)
+			}
+			es = append(es, en)
+		}
+		if err := discovery.CheckSnapshot(es); err != nil {
+			return nil, fmt.Errorf("--engine: %w", err)
+		}
+		st.source = discovery.NewStatic(es)
+	case *enginesFile != "":
+		st.source = discovery.NewFile(*enginesFile, 0, discovery.WithLogger(logger))
+	case cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil:
+		k := cfg.Discovery.Kubernetes
+		if k.Namespace == "" || k.Selector == "" {
+			return nil, errors.New("kubernetes discovery needs both --namespace and --selector")
+		}
+		rc, err := ctrl.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes discovery: %w", err)
+		}
+		ko := discovery.KubernetesOptionsFromConfig(k)
+		ko.Logger = logger
+		st.hostTopic = true
+		if st.source, err = discovery.NewKubernetes(rc, ko); err != nil {
+			return nil, err
+		}
+	default:
+		if len(cfg.Engines) == 0 && st.eventsBind == "" {
+			return nil, errors.New("no engines: give --engine, --engines-file, --namespace/--selector or a config with engines")
+		}
+	}
+	return st, nil
+}
+
+// Run starts the router and blocks until ctx ends; it returns the process's exit code (2 for a
+// bad command line or configuration, 1 for a failure to start or serve).
+func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
+	if o.Policies == nil {
+		o.Policies = score.Production()
+	}
+	st, err := parse(args, stderr, o.Policies)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 2
+	}
+	obs, err := newObservers(st)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	defer obs.close()
+	srv, err := app.New(app.Options{Config: st.cfg, Policies: o.Policies, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
+		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger,
+		AccessLogSample: st.accessSample, Observers: obs.list})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	if err := obs.attach(srv, st); err != nil {
+		srv.Close()
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	apiLn, err := net.Listen("tcp", st.cfg.Listen)
+	if err != nil {
+		srv.Close()
+		fmt.Fprintln(stderr, "kvrouter: --listen:", err)
+		return 1
+	}
+	adminLn, err := net.Listen("tcp", st.cfg.AdminListen)
+	if err != nil {
+		apiLn.Close()
+		srv.Close()
+		fmt.Fprintln(stderr, "kvrouter: --admin-listen:", err)
+		return 1
+	}
+	if pc := st.cfg.Peers; pc != nil {
+		u := pc.SnapshotURL
+		if u == "" {
+			u = snapshotURL(adminLn.Addr())
+		}
+		if u == "" {
+			st.logger.Warn("peers: no snapshot URL (admin address is a wildcard and POD_IP is unset); peers cannot start from this router's index")
+		}
+		srv.SetSnapshotURL(u)
+	}
+	// No WriteTimeout: it would cut long streams. limits.headerReadTimeout and
+	// limits.bodyReadTimeout guard against slow clients holding connections.
+	api := &http.Server{Handler: srv.APIHandler()}
+	srv.ConfigureHTTP(api)
+	adm := &http.Server{Handler: obs.admin(srv.AdminHandler()), ReadHeaderTimeout: 10 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- srv.Run(ctx) }()
+	go func() { errc <- api.Serve(apiLn) }()
+	go func() { errc <- adm.Serve(adminLn) }()
+	if st.cfg.Report != nil {
+		startReporter(ctx, st, srv)
+	}
+	attrs := []any{"api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
+		"engine_api_key", st.engineKey != ""}
+	if c := srv.PeerClusterAddr(); c != "" {
+		// The route address the embedded NATS server bound: a peers.clusterListen port 0 is
+		// chosen by the kernel, and tools that start several routers (kvbench replay --routers)
+		// read it here to name it in the next router's routes.
+		attrs = append(attrs, "peer_cluster", c)
+	}
+	st.logger.Info("kvrouter listening", attrs...)
+	if o.Ready != nil {
+		o.Ready(apiLn.Addr().String(), adminLn.Addr().String())
+	}
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			st.logger.Error("kvrouter stopped", "err", err)
+			code = 1
+		}
+	}
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	_ = api.Shutdown(sctx)
+	_ = adm.Shutdown(sctx)
+	srv.Close()
+	return code
+}
+
+// snapshotURL is where peers fetch this router's snapshot: the admin address, with $POD_IP for a
+// wildcard host ("" when neither names this pod).
+func snapshotURL(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	host := tcp.IP.String()
+	if tcp.IP.IsUnspecified() {
+		host = os.Getenv("POD_IP")
+	}
+	if host == "" {
+		return ""
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port)) + "/peer/snapshot"
+}
