@@ -53,7 +53,7 @@ func Serve(base vllmsim.Config, args []string, env func(string) (string, bool)) 
 	}
 	cfg := base
 	cfg.Host, cfg.Port, cfg.BlockSize, cfg.HashAlgo, cfg.DataParallelSize = "", 8000, 16, "sha256", 1
-	cfg.KVEventsPort, cfg.KVEventsConnect, cfg.KVReplayPort, cfg.KVEventsBind, cfg.KVReplayBind = 0, "", 0, "", ""
+	cfg.KVEventsPort, cfg.KVEventsConnect, cfg.KVReplayPort, cfg.KVEventsBind, cfg.KVReplayBind, cfg.KVSnapshotPort = 0, "", 0, "", "", 0
 	cfg.OmitPromptTokensDetails = true
 	empty := ""
 	cfg.KVEventsTopic = &empty
@@ -355,6 +355,8 @@ type kvEvents struct {
 	HWM            *int    `json:"hwm"`
 	MaxQueueSize   *int    `json:"max_queue_size"`
 	Topic          *string `json:"topic"`
+	// SnapshotEndpoint is where newer vLLM binds its cache-snapshot ROUTER (rank r: port+r).
+	SnapshotEndpoint *string `json:"snapshot_endpoint"`
 }
 
 // applyKVEvents sets the event sockets from --kv-events-config. vLLM binds the PUB endpoint when
@@ -401,6 +403,19 @@ func applyKVEvents(cfg *vllmsim.Config, raw, wild string) error {
 	}
 	if kc.ReplayEndpoint != nil && *kc.ReplayEndpoint != "" {
 		cfg.KVReplayBind = wildcardTo(*kc.ReplayEndpoint, wild)
+	}
+	if kc.SnapshotEndpoint != nil && *kc.SnapshotEndpoint != "" {
+		// The simulator binds its snapshot socket on the HTTP host; an endpoint on every
+		// interface (or on that host) is the one it can honour.
+		ep := *kc.SnapshotEndpoint
+		rest, _ := strings.CutPrefix(ep, "tcp://")
+		i := strings.LastIndex(rest, ":")
+		port, err := strconv.Atoi(rest[i+1:])
+		if !strings.HasPrefix(ep, "tcp://") || i < 0 || err != nil || port < 1 ||
+			!(isWildcardHost(rest[:i]) || rest[:i] == cfg.Host) {
+			return fmt.Errorf("--kv-events-config: snapshot_endpoint %q: vllm-sim binds it as tcp://*:PORT (or on --host)", ep)
+		}
+		cfg.KVSnapshotPort = port
 	}
 	return nil
 }
