@@ -9,7 +9,8 @@
 #              /etc/ssl/certs/ca-certificates.crt from Debian's ca-certificates package;
 #   - runtime: (kvrouter, vllm-sim) libzmq5 and its 16 dependencies incl. libc6 and its loader,
 #              unpacked from this host's Debian release (hack/debian-runtime.sh);
-#   - the binary.
+#   - the binary, and the final stage's `RUN ln -s TARGET LINK` lines as symlinks (vllm-sim's
+#     /usr/local/bin/vllm, which the rendered engine command `vllm serve` runs).
 # The bundle image is bundle.Dockerfile's: bundle/{manifests,metadata,tests/scorecard} + LABELs.
 #
 # Env: VERSION (v0.1.0), IMAGE_REPO (ghcr.io/kvroute), IMAGES_OUT (bin/images),
@@ -41,6 +42,14 @@ labels() {
 }
 # last FILE KEYWORD: the argument of the last KEYWORD line (the final stage's).
 last() { df "$1" | awk -v k="$2" '$1 == k { $1 = ""; v = substr($0, 2) } END { print v }'; }
+# links FILE DIR: the final stage's `RUN ln -s TARGET LINK` lines, made as symlinks under DIR.
+links() {
+	df "$1" | awk '/^FROM /{buf=""} $1 == "RUN" && $2 == "ln" && $3 == "-s" && NF == 5 {buf = buf $4 " " $5 "\n"} END{printf "%s", buf}' |
+		while read -r target link; do
+			mkdir -p "$2$(dirname "$link")"
+			ln -s "$target" "$2$link"
+		done
+}
 # build FILE NAME: run the Dockerfile's build line with /out/ in a temp dir.
 build() {
 	local line
@@ -86,6 +95,9 @@ for name in $IMAGES; do
 		args+=(--layer "$base=/" --owner /home/nonroot=65532:65532)
 		case $name in kvrouter | vllm-sim) args+=(--layer "$work/runtime=/") ;; esac
 		args+=(--layer "$work/out/$name=$dst" --user "$(last "$file" USER)")
+		mkdir -p "$work/links/$name"
+		links "$file" "$work/links/$name"
+		if [ -n "$(ls -A "$work/links/$name")" ]; then args+=(--layer "$work/links/$name=/"); fi
 		# ENTRYPOINT ["a", "b"]: exec form only.
 		while IFS= read -r e; do args+=(--entrypoint "$e"); done < <(last "$file" ENTRYPOINT | grep -oE '"[^"]*"' | tr -d '"')
 	fi

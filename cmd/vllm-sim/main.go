@@ -3,27 +3,76 @@
 // whose unset seed is random, the simulator stays reproducible). Like vLLM, --api-key (here
 // repeatable) takes precedence over VLLM_API_KEY, and the environment variable keeps the key
 // out of the process's argument list.
+//
+// Run as `vllm-sim serve MODEL ...`, or through a link named vllm as `vllm serve MODEL ...`
+// (the image has one), it takes vLLM's own command line instead (package sim/vllmcli): the
+// engine command kvroute's operator renders runs unchanged. The simulator's own settings
+// (timing, faults, cache size) then come from VLLM_SIM_ARGS, in this command's flag syntax,
+// separated by spaces; vLLM's flags win where both set a field.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/sim/vllmcli"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+	os.Exit(run(ctx, os.Args[0], os.Args[1:], os.Stderr))
 }
+
+// config reads the command line: vLLM's when invoked as vllm or with serve first, the
+// simulator's otherwise.
+func config(argv0 string, args []string, stderr io.Writer) (vllmsim.Config, error) {
+	asVLLM := filepath.Base(argv0) == "vllm"
+	if asVLLM && (len(args) == 0 || args[0] != "serve") {
+		return vllmsim.Config{}, fmt.Errorf("run as vllm, the simulator takes `vllm serve MODEL [flags]` only")
+	}
+	if len(args) == 0 || args[0] != "serve" {
+		return parseFlags(args, stderr)
+	}
+	base, err := parseFlags(strings.Fields(os.Getenv(vllmcli.SimArgsEnv)), stderr)
+	if err != nil {
+		return base, fmt.Errorf("%s: %w", vllmcli.SimArgsEnv, err)
+	}
+	res, err := vllmcli.Serve(base, args[1:], os.LookupEnv)
+	if errors.Is(err, vllmcli.ErrHelp) {
+		fmt.Fprint(stderr, serveUsage)
+		return base, flag.ErrHelp
+	}
+	if err != nil {
+		return base, err
+	}
+	if len(res.Ignored) > 0 {
+		fmt.Fprintf(stderr, "vllm-sim: ignoring vLLM flags the simulator does not model: %s\n", strings.Join(res.Ignored, " "))
+	}
+	return res.Config, nil
+}
+
+const serveUsage = `usage: vllm serve MODEL [vLLM flags]   (vllm-sim, simulating vLLM)
+
+Simulated: --served-model-name, --host, --port, --block-size, --prefix-caching-hash-algo,
+--enable-prefix-caching, --data-parallel-size/-dp, --max-model-len, --max-num-seqs,
+--max-num-batched-tokens, --num-gpu-blocks-override, --enable-prompt-tokens-details,
+--lora-modules, --api-key, --sse-keep-alive-interval, --kv-events-config (endpoint, replay_endpoint,
+topic, hwm, buffer_steps). Other vLLM flags are accepted and ignored (one log line names them),
+except those whose effect the simulator cannot give (TLS, --uds, multi-node DP, --config,
+--no-enable-prefix-caching). $(VAR) in arguments expands from the environment as in Kubernetes.
+The simulator's own flags (vllm-sim -h) go in VLLM_SIM_ARGS.
+`
 
 type keyFlags []string
 
@@ -118,8 +167,8 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	return cfg, nil
 }
 
-func run(ctx context.Context, args []string, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stderr)
+func run(ctx context.Context, argv0 string, args []string, stderr io.Writer) int {
+	cfg, err := config(argv0, args, stderr)
 	if err != nil {
 		if err == flag.ErrHelp {
 			return 0

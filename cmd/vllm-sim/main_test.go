@@ -62,11 +62,11 @@ func TestParseAPIKey(t *testing.T) {
 
 func TestRunRejectsBadConfig(t *testing.T) {
 	var stderr strings.Builder
-	if code := run(context.Background(), []string{"--event-layout", "json"}, &stderr); code != 2 ||
+	if code := run(context.Background(), "vllm-sim", []string{"--event-layout", "json"}, &stderr); code != 2 ||
 		!strings.Contains(stderr.String(), "event layout") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
-	if code := run(context.Background(), []string{"--no-such-flag"}, io.Discard); code != 2 {
+	if code := run(context.Background(), "vllm-sim", []string{"--no-such-flag"}, io.Discard); code != 2 {
 		t.Errorf("unknown flag: exit %d", code)
 	}
 }
@@ -75,7 +75,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	var stderr strings.Builder
-	if code := run(ctx, []string{"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1"}, &stderr); code != 0 ||
+	if code := run(ctx, "vllm-sim", []string{"--port", "0", "--kv-events-port", "-1", "--kv-replay-port", "-1"}, &stderr); code != 0 ||
 		!strings.Contains(stderr.String(), "serving vllm-sim on http://127.0.0.1:") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
@@ -100,5 +100,31 @@ func TestParseRequestPathFlags(t *testing.T) {
 	}
 	if cfg, _ = parseFlags(nil, io.Discard); cfg.HoldHeaders || cfg.SSEKeepAliveInterval != 0 {
 		t.Fatalf("defaults %+v: headers at acceptance (vLLM's timing) is the default", cfg)
+	}
+}
+
+// Invoked as vllm (or with serve first) the command line is vLLM's: an unknown flag exits 2
+// naming it, another subcommand is refused, --help prints the serve usage.
+func TestRunAsVLLM(t *testing.T) {
+	for _, c := range []struct {
+		argv0 string
+		args  []string
+		code  int
+		want  string
+	}{
+		{"vllm", []string{"serve", "m", "--gpu-memory-utilisation", "0.9"}, 2, "--gpu-memory-utilisation: not a flag of `vllm serve` (did you mean --gpu-memory-utilization?)"},
+		{"/usr/local/bin/vllm", []string{"chat"}, 2, "takes `vllm serve MODEL [flags]` only"},
+		{"vllm-sim", []string{"serve", "m", "--no-enable-prefix-caching"}, 2, "always caches prefixes"},
+		{"vllm", []string{"serve", "--help"}, 0, "usage: vllm serve MODEL"},
+	} {
+		var stderr strings.Builder
+		if code := run(context.Background(), c.argv0, c.args, &stderr); code != c.code || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%s %q: exit %d, stderr %q; want exit %d and %q", c.argv0, c.args, code, stderr.String(), c.code, c.want)
+		}
+	}
+	t.Setenv("VLLM_SIM_ARGS", "--num-gpu-blocks=nope")
+	var stderr strings.Builder
+	if code := run(context.Background(), "vllm", []string{"serve", "m"}, &stderr); code != 2 || !strings.Contains(stderr.String(), "VLLM_SIM_ARGS") {
+		t.Errorf("bad VLLM_SIM_ARGS: exit %d, stderr %q", code, stderr.String())
 	}
 }

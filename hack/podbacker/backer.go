@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,6 +24,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kvroute/kvroute/sim/vllmcli"
 )
 
 // Backer stands in for the kubelet (and the Deployment and garbage collectors, which a bare
@@ -33,11 +35,12 @@ type Backer struct {
 	Client    client.Client
 	Namespace string
 	Selector  labels.Selector
-	// Processes, per container name: "vllm" runs vllm-sim. A Deployment whose first container
-	// has no process here gets pods marked Ready when ReadyURL answers (the router the caller
-	// runs itself); with no ReadyURL its pods stay not Ready.
+	// SimBin is the program run for a first container whose command is vllm (the engine): the
+	// rendered command runs as is with vllm-sim in vllm's place. A Deployment whose first
+	// container runs something else gets pods marked Ready when ReadyURL (by container name)
+	// answers (the router the caller runs itself); with no ReadyURL its pods stay not Ready.
 	SimBin   string
-	SimArgs  []string // extra vllm-sim flags (timing) for every engine
+	SimArgs  []string // the simulator's own flags (timing) for every engine, through VLLM_SIM_ARGS
 	ReadyURL map[string]string
 	LogDir   string
 	// FirstIP is the first pod IP handed out (127.0.0.2); each new pod takes the next free one.
@@ -232,7 +235,7 @@ func (b *Backer) createPod(ctx context.Context, d *appsv1.Deployment, existing [
 // syncPod starts the pod's process if needed and writes its status; it reports Ready.
 func (b *Backer) syncPod(ctx context.Context, d *appsv1.Deployment, p *corev1.Pod) (bool, error) {
 	ip := b.ipFor(p.Name)
-	healthURL, err := b.ensureProcess(p, ip)
+	healthURL, err := b.ensureProcess(ctx, p, ip)
 	if err != nil {
 		return false, err
 	}
@@ -300,28 +303,27 @@ func (b *Backer) ipFor(pod string) string {
 }
 
 // ensureProcess starts the pod's process once and returns the URL that says it is healthy.
-func (b *Backer) ensureProcess(p *corev1.Pod, ip string) (string, error) {
+func (b *Backer) ensureProcess(ctx context.Context, p *corev1.Pod, ip string) (string, error) {
 	if ip == "" {
 		return "", fmt.Errorf("pod %s: no loopback IP left", p.Name)
 	}
 	c := p.Spec.Containers[0]
-	if c.Name != "vllm" || b.SimBin == "" {
+	if b.SimBin == "" || len(c.Command) == 0 || c.Command[0] != "vllm" {
 		return b.ReadyURL[c.Name], nil
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if pp, ok := b.procs[p.Name]; ok {
 		select {
 		case <-pp.done: // exited: start again below (a container restart)
 		default:
+			b.mu.Unlock()
 			return pp.url, nil
 		}
 	}
-	args, env, port := simArgs(c, ip)
-	args = append(args, b.SimArgs...)
-	cmd := exec.Command(b.SimBin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	b.mu.Unlock()
+	cmd, url := b.engineCommand(ctx, p, ip)
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.LogDir != "" {
 		f, err := os.Create(filepath.Join(b.LogDir, p.Name+".log"))
 		if err != nil {
@@ -333,55 +335,171 @@ func (b *Backer) ensureProcess(p *corev1.Pod, ip string) (string, error) {
 	if err := cmd.Start(); err != nil {
 		return "", fmt.Errorf("pod %s: start vllm-sim: %w", p.Name, err)
 	}
-	pp := &podProc{cmd: cmd, done: make(chan struct{}), url: "http://" + net.JoinHostPort(ip, strconv.Itoa(port)) + "/health"}
+	pp := &podProc{cmd: cmd, done: make(chan struct{}), url: url}
 	go func() { _ = cmd.Wait(); close(pp.done) }()
 	b.procs[p.Name] = pp
-	b.Log.Info("vllm-sim started", "pod", p.Name, "ip", ip, "args", strings.Join(args, " "))
+	b.Log.Info("vllm-sim started", "pod", p.Name, "ip", ip, "args", strings.Join(cmd.Args, " "))
 	return pp.url, nil
 }
 
-// simArgs turns the rendered vLLM container into vllm-sim flags: the HTTP port, the first event
-// and replay ports (rank r on port + r, as the render lays them out), DP size, served model
-// name, block size, hash algorithm, the topic with $(POD_IP) expanded, and PYTHONHASHSEED.
-func simArgs(c corev1.Container, ip string) (args, env []string, port int) {
-	port = 8000
-	events, replay := 0, 0
+// engineCommand is the engine container's command and args exactly as rendered, the program
+// vllm being vllm-sim (invoked as vllm, so it reads vLLM's command line), with the container's
+// environment as the kubelet would resolve it on a pod with this IP. Two variables adapt it to
+// one host: VLLM_SIM_WILDCARD_HOST=ip makes the sim bind what a pod binds on every interface
+// (HTTP, tcp://*:PORT) on the pod's own loopback address instead, so pods share the rendered
+// ports without colliding; VLLM_SIM_ARGS gets SimArgs (timing) after the container's own.
+// It also returns the health URL: the container's http port on ip.
+func (b *Backer) engineCommand(ctx context.Context, p *corev1.Pod, ip string) (*exec.Cmd, string) {
+	c := p.Spec.Containers[0]
+	env := b.containerEnv(ctx, p, c, ip)
+	simArgs := strings.TrimSpace(lookupEnv(env, vllmcli.SimArgsEnv) + " " + strings.Join(b.SimArgs, " "))
+	env = append(env, vllmcli.WildcardHostEnv+"="+ip, vllmcli.SimArgsEnv+"="+simArgs)
+	cmd := exec.Command(b.SimBin, append(slices.Clone(c.Command[1:]), c.Args...)...)
+	cmd.Args[0] = c.Command[0]
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	port := int32(8000)
 	for _, cp := range c.Ports {
-		switch {
-		case cp.Name == "http":
-			port = int(cp.ContainerPort)
-		case cp.Name == "kv-events-0":
-			events = int(cp.ContainerPort)
-		case cp.Name == "kv-replay-0":
-			replay = int(cp.ContainerPort)
+		if cp.Name == "http" {
+			port = cp.ContainerPort
 		}
 	}
-	args = []string{"--host", ip, "--port", strconv.Itoa(port), "--kv-events-port", strconv.Itoa(events), "--kv-replay-port", strconv.Itoa(replay)}
-	pass := map[string]string{"--served-model-name": "--model", "--block-size": "--block-size", "--prefix-caching-hash-algo": "--hash-algo",
-		"--data-parallel-size": "--data-parallel-size", "--max-model-len": "--max-model-len", "--lora-modules": "--lora-modules"}
-	for i := 0; i < len(c.Args); i++ {
-		a := c.Args[i]
-		if to, ok := pass[a]; ok && i+1 < len(c.Args) {
-			args = append(args, to, c.Args[i+1])
-			i++
+	return cmd, "http://" + net.JoinHostPort(ip, strconv.Itoa(int(port))) + "/health"
+}
+
+// containerEnv resolves the container's envFrom and env as the kubelet does: envFrom first,
+// env after it (and over it), $(VAR) in values expanded from the variables before them, the
+// downward API fields a pod here has. A Secret or ConfigMap that is missing (the demo does not
+// create the model's token Secret) leaves its variables unset, with a warning, where the
+// kubelet would not start the container.
+func (b *Backer) containerEnv(ctx context.Context, p *corev1.Pod, c corev1.Container, ip string) []string {
+	vars := map[string]string{}
+	var order []string
+	set := func(k, v string) {
+		if _, ok := vars[k]; !ok {
+			order = append(order, k)
+		}
+		vars[k] = v
+	}
+	for _, from := range c.EnvFrom {
+		data, what := b.envSource(ctx, p.Namespace, from)
+		if data == nil && what != "" {
+			b.Log.Warn("envFrom source missing: its variables are unset", "pod", p.Name, "source", what)
+		}
+		for k, v := range data {
+			set(from.Prefix+k, v)
+		}
+	}
+	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			set(e.Name, vllmcli.Expand(e.Value, lookup))
 			continue
 		}
-		if a == "--kv-events-config" && i+1 < len(c.Args) {
-			var kc struct {
-				Topic *string `json:"topic"`
-			}
-			if json.Unmarshal([]byte(c.Args[i+1]), &kc) == nil && kc.Topic != nil {
-				args = append(args, "--kv-events-topic", strings.ReplaceAll(*kc.Topic, "$(POD_IP)", ip))
-			}
-			i++
+		v, ok, err := b.envValue(ctx, p, e.ValueFrom, ip)
+		if err != nil {
+			b.Log.Warn("env variable unset", "pod", p.Name, "var", e.Name, "err", err)
+			continue
+		}
+		if ok {
+			set(e.Name, v)
 		}
 	}
-	for _, e := range c.Env {
-		if e.Name == "PYTHONHASHSEED" && e.Value != "" {
-			env = append(env, "PYTHONHASHSEED="+e.Value)
+	out := make([]string, 0, len(order))
+	for _, k := range order {
+		out = append(out, k+"="+vars[k])
+	}
+	return out
+}
+
+// envValue is one valueFrom: (value, set, error).
+func (b *Backer) envValue(ctx context.Context, p *corev1.Pod, from *corev1.EnvVarSource, ip string) (string, bool, error) {
+	switch {
+	case from.FieldRef != nil:
+		switch from.FieldRef.FieldPath {
+		case "status.podIP", "status.podIPs":
+			return ip, true, nil
+		case "status.hostIP", "status.hostIPs":
+			return "127.0.0.1", true, nil
+		case "metadata.name":
+			return p.Name, true, nil
+		case "metadata.namespace":
+			return p.Namespace, true, nil
+		case "spec.nodeName":
+			return p.Spec.NodeName, true, nil
+		case "spec.serviceAccountName":
+			return p.Spec.ServiceAccountName, true, nil
+		}
+		return "", false, fmt.Errorf("field %s is not backed here", from.FieldRef.FieldPath)
+	case from.SecretKeyRef != nil:
+		r := from.SecretKeyRef
+		var sec corev1.Secret
+		if err := b.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: r.Name}, &sec); err != nil {
+			if apierrors.IsNotFound(err) && r.Optional != nil && *r.Optional {
+				return "", false, nil
+			}
+			return "", false, fmt.Errorf("secret %s: %w", r.Name, err)
+		}
+		v, ok := sec.Data[r.Key]
+		if !ok && (r.Optional == nil || !*r.Optional) {
+			return "", false, fmt.Errorf("secret %s has no key %s", r.Name, r.Key)
+		}
+		return string(v), ok, nil
+	case from.ConfigMapKeyRef != nil:
+		r := from.ConfigMapKeyRef
+		var cm corev1.ConfigMap
+		if err := b.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: r.Name}, &cm); err != nil {
+			if apierrors.IsNotFound(err) && r.Optional != nil && *r.Optional {
+				return "", false, nil
+			}
+			return "", false, fmt.Errorf("configmap %s: %w", r.Name, err)
+		}
+		v, ok := cm.Data[r.Key]
+		if !ok && (r.Optional == nil || !*r.Optional) {
+			return "", false, fmt.Errorf("configmap %s has no key %s", r.Name, r.Key)
+		}
+		return v, ok, nil
+	}
+	return "", false, fmt.Errorf("a resourceFieldRef is not backed here")
+}
+
+// envSource reads one envFrom source; what names it when it is required and missing.
+func (b *Backer) envSource(ctx context.Context, ns string, from corev1.EnvFromSource) (data map[string]string, what string) {
+	switch {
+	case from.SecretRef != nil:
+		var sec corev1.Secret
+		if err := b.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: from.SecretRef.Name}, &sec); err != nil {
+			if from.SecretRef.Optional != nil && *from.SecretRef.Optional {
+				return nil, ""
+			}
+			return nil, "secret " + from.SecretRef.Name
+		}
+		data = map[string]string{}
+		for k, v := range sec.Data {
+			data[k] = string(v)
+		}
+		return data, ""
+	case from.ConfigMapRef != nil:
+		var cm corev1.ConfigMap
+		if err := b.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: from.ConfigMapRef.Name}, &cm); err != nil {
+			if from.ConfigMapRef.Optional != nil && *from.ConfigMapRef.Optional {
+				return nil, ""
+			}
+			return nil, "configmap " + from.ConfigMapRef.Name
+		}
+		return cm.Data, ""
+	}
+	return nil, ""
+}
+
+func lookupEnv(env []string, name string) string {
+	v := ""
+	for _, kv := range env {
+		if k, val, _ := strings.Cut(kv, "="); k == name {
+			v = val
 		}
 	}
-	return args, env, port
+	return v
 }
 
 func (b *Backer) deletePod(ctx context.Context, p *corev1.Pod) {

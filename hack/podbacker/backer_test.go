@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/testkit"
@@ -46,18 +48,38 @@ func engineDeployment(t *testing.T, ns string, replicas int32) *appsv1.Deploymen
 	return nil
 }
 
-func TestSimArgsFromRenderedContainer(t *testing.T) {
-	d := engineDeployment(t, "x", 1)
-	args, env, port := simArgs(d.Spec.Template.Spec.Containers[0], "127.0.0.9")
-	got := strings.Join(args, " ")
-	for _, want := range []string{"--host 127.0.0.9", "--port 8000", "--kv-events-port 5557", "--kv-replay-port 5600",
-		"--data-parallel-size 2", "--model llama-3-70b", "--block-size 32", "--hash-algo sha256_cbor", "--kv-events-topic kv@127.0.0.9@llama-3-70b"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("args %q lack %q", got, want)
+// The engine runs the rendered command and args unchanged, vllm-sim standing in for vllm, with
+// the container's environment resolved as the kubelet would (the downward API, a Secret) plus
+// the two variables that put one pod's wildcard binds on its loopback address and pass the
+// simulator's own flags.
+func TestEngineCommandIsTheRenderedOne(t *testing.T) {
+	d := engineDeployment(t, "llm", 1)
+	c := d.Spec.Template.Spec.Containers[0]
+	c.Env = append(c.Env, corev1.EnvVar{Name: "VLLM_SIM_ARGS", Value: "--num-gpu-blocks=64"},
+		corev1.EnvVar{Name: "WHERE", Value: "at $(POD_IP) $(NOPE)"})
+	d.Spec.Template.Spec.Containers[0] = c
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf-token", Namespace: "llm"}, Data: map[string][]byte{"token": []byte("hf_x")}}
+	b := &Backer{Client: fake.NewClientBuilder().WithObjects(secret).Build(), SimBin: "/bin/vllm-sim", SimArgs: []string{"--time-scale=20"}}
+	b.init()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e-0", Namespace: "llm"}, Spec: d.Spec.Template.Spec}
+	cmd, url := b.engineCommand(context.Background(), p, "127.0.0.9")
+	if want := append([]string{"vllm", "serve"}, c.Args...); cmd.Path != "/bin/vllm-sim" || !reflect.DeepEqual(cmd.Args, want) {
+		t.Errorf("ran %s as %q, want /bin/vllm-sim as %q", cmd.Path, cmd.Args, want)
+	}
+	if url != "http://127.0.0.9:8000/health" {
+		t.Errorf("health URL %s", url)
+	}
+	env := strings.Join(cmd.Env, "\n") + "\n"
+	for _, want := range []string{"POD_IP=127.0.0.9", "PYTHONHASHSEED=42", "HF_TOKEN=hf_x", "WHERE=at 127.0.0.9 $(NOPE)",
+		"VLLM_SIM_WILDCARD_HOST=127.0.0.9", "VLLM_SIM_ARGS=--num-gpu-blocks=64 --time-scale=20"} {
+		if !strings.Contains(env, "\n"+want+"\n") && !strings.HasPrefix(env, want+"\n") {
+			t.Errorf("environment lacks %s", want)
 		}
 	}
-	if port != 8000 || len(env) != 1 || env[0] != "PYTHONHASHSEED=42" {
-		t.Fatalf("port %d env %v", port, env)
+	// A container that is not the engine runs nothing here.
+	p.Spec.Containers[0].Command = []string{"kvrouter"}
+	if url, err := b.ensureProcess(context.Background(), p, "127.0.0.9"); err != nil || url != "" {
+		t.Errorf("non-engine container: %q, %v", url, err)
 	}
 }
 

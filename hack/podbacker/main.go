@@ -1,10 +1,11 @@
 // Command podbacker stands in for the kubelet in `make demo`: the local control plane has no
 // kubelet, no Deployment controller and no garbage collector, so podbacker creates the pods of
 // the selected Deployments (from their templates, owner-referenced), gives each a distinct
-// loopback IP (127.0.0.2, 127.0.0.3, ...), runs a vllm-sim bound to that IP on the container's
-// HTTP, KV-event and replay ports, and marks the pod Running and Ready once the sim answers
-// /health. It polls (every --interval) rather than watching: a demo-sized loop that is
-// simple to stop and cannot miss an event.
+// loopback IP (127.0.0.2, 127.0.0.3, ...), runs the engine container's rendered command as is
+// with vllm-sim as its vllm program (VLLM_SIM_WILDCARD_HOST puts the pod's all-interface binds
+// on its IP), and marks the pod Running and Ready once the sim answers /health. It polls
+// (every --interval) rather than watching: a demo-sized loop that is simple to stop and cannot
+// miss an event.
 package main
 
 import (
@@ -41,9 +42,9 @@ func run() error {
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the control plane")
 	ns := fs.String("namespace", "default", "namespace of the Deployments")
 	sel := fs.String("selector", "app.kubernetes.io/part-of=kvroute", "label selector of the Deployments to back")
-	simBin := fs.String("vllm-sim", "bin/vllm-sim", "vllm-sim binary run for containers named vllm")
+	simBin := fs.String("vllm-sim", "bin/vllm-sim", "vllm-sim binary run as the program vllm of engine containers")
 	var simArgs, ready multiFlag
-	fs.Var(&simArgs, "sim-arg", "extra vllm-sim flag (repeatable), e.g. --sim-arg=--prefill-tokens-per-s=1250")
+	fs.Var(&simArgs, "sim-arg", "the simulator's own flag (repeatable; passed in VLLM_SIM_ARGS), e.g. --sim-arg=--prefill-tokens-per-s=1250")
 	fs.Var(&ready, "ready-url", "CONTAINER=URL: pods whose first container is CONTAINER are Ready while URL answers 200 (repeatable)")
 	logDir := fs.String("log-dir", "", "one log file per sim here")
 	interval := fs.Duration("interval", 300*time.Millisecond, "reconcile period")

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"net"
+	"strconv"
 	"testing"
 )
 
@@ -17,4 +18,40 @@ func FreePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// FreeRun is the first of n consecutive TCP ports free on every interface a moment ago and not
+// in taken, which it adds them to: for a process whose ports are fixed before it starts and
+// offset per rank (an engine command rendered with base ports), with FreePort's caveat.
+func FreeRun(t testing.TB, n int, taken map[int]bool) int {
+	t.Helper()
+	for tries := 0; tries < 100; tries++ {
+		ln, err := net.Listen("tcp", ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		ok := p+n-1 <= 65535
+		for i := 0; ok && i < n; i++ {
+			if taken[p+i] {
+				ok = false
+				break
+			}
+			l, err := net.Listen("tcp", ":"+strconv.Itoa(p+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			l.Close()
+		}
+		if ok {
+			for i := 0; i < n; i++ {
+				taken[p+i] = true
+			}
+			return p
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
 }

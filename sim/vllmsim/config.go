@@ -38,6 +38,11 @@ type Config struct {
 	KVEventsPort    int    // PUB bind port of rank 0 (rank r binds port+r); 0 = no bound PUB, -1 = any free port
 	KVEventsConnect string // dial this address instead (tcp://host:port, rank r dials port+r)
 	KVReplayPort    int    // ROUTER replay bind port of rank 0; 0 = no replay socket, -1 = any free port
+	// KVEventsBind and KVReplayBind are whole ZMQ endpoints to bind (tcp://*:5557,
+	// tcp://[::]:5557, tcp://10.0.0.5:5557), rank r on port+r, as vLLM's --kv-events-config
+	// gives them; they take the place of the ports above, which bind on Host.
+	KVEventsBind string
+	KVReplayBind string
 	// KVEventsTopic is the first frame of every event message. nil means
 	// "kv@<host>:<http port>@<model>" (see DefaultTopic); a pointer to "" sends vLLM's default
 	// empty topic.
@@ -100,7 +105,10 @@ type Config struct {
 	// it sent nothing for that long since its last line (vLLM's --sse-keep-alive-interval; wall
 	// time, not scaled). A comment commits the headers.
 	SSEKeepAliveInterval time.Duration
-	Seed                 int64 // seeds the fail-rate draw
+	// OmitPromptTokensDetails leaves usage.prompt_tokens_details (the cached token count) out,
+	// as vLLM does without --enable-prompt-tokens-details; the simulator reports it by default.
+	OmitPromptTokensDetails bool
+	Seed                    int64 // seeds the fail-rate draw
 
 	eventClock func() float64 // batch timestamps (tests pin it); nil = time.Now
 }
@@ -190,8 +198,11 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("kv-replay-port %d out of range for %d ranks", cfg.KVReplayPort, cfg.DataParallelSize)
 	case cfg.KVSnapshotPort < -1 || cfg.KVSnapshotPort+cfg.DataParallelSize-1 > 65535:
 		return fmt.Errorf("kv-snapshot-port %d out of range for %d ranks", cfg.KVSnapshotPort, cfg.DataParallelSize)
-	case cfg.KVEventsPort != 0 && cfg.KVEventsConnect != "":
-		return fmt.Errorf("kv-events-port and kv-events-connect are exclusive")
+	case cfg.KVEventsPort != 0 && cfg.KVEventsConnect != "",
+		cfg.KVEventsBind != "" && (cfg.KVEventsPort != 0 || cfg.KVEventsConnect != ""):
+		return fmt.Errorf("kv-events-port, kv-events-connect and a kv events bind endpoint are exclusive")
+	case cfg.KVReplayBind != "" && cfg.KVReplayPort != 0:
+		return fmt.Errorf("kv-replay-port and a kv replay bind endpoint are exclusive")
 	case cfg.BufferSteps < 1 || cfg.HWM < 0:
 		return fmt.Errorf("buffer steps must be positive and hwm non-negative")
 	case cfg.PrefillTokensPerS <= 0 || cfg.DecodeMsPerToken < 0 || cfg.TimeScale <= 0:
@@ -228,6 +239,30 @@ func (cfg Config) Validate() error {
 	}
 	return nil
 }
+
+// eventsEnabled reports whether the ranks publish KV events (bound or dialled).
+func (cfg *Config) eventsEnabled() bool {
+	return cfg.KVEventsPort != 0 || cfg.KVEventsConnect != "" || cfg.KVEventsBind != ""
+}
+
+// pubBindAddr and replayBindAddr are the endpoints rank binds: the whole endpoint offset by the
+// rank when one is given, else Host and the port.
+func (cfg *Config) pubBindAddr(rank int) (string, error) {
+	if cfg.KVEventsBind != "" {
+		return endpointForRank(cfg.KVEventsBind, rank)
+	}
+	return bindAddr(cfg.Host, cfg.KVEventsPort, rank), nil
+}
+
+func (cfg *Config) replayBindAddr(rank int) (string, error) {
+	if cfg.KVReplayBind != "" {
+		return endpointForRank(cfg.KVReplayBind, rank)
+	}
+	return bindAddr(cfg.Host, cfg.KVReplayPort, rank), nil
+}
+
+// ipv6Endpoint: libzmq binds an IPv6 address only on a socket with ZMQ_IPV6 set.
+func ipv6Endpoint(addr string) bool { return strings.Contains(addr, "[") }
 
 // DefaultTopic is the topic used when Config.KVEventsTopic is nil: kvroute's
 // "<prefix>@<host>[:<port>]@<model>" with the HTTP port, so sims sharing one host stay apart.

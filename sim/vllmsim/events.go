@@ -138,18 +138,31 @@ func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
 		}
 		p.pubAddr = addr
 	} else {
-		if err := p.pub.Bind(bindAddr(cfg.Host, cfg.KVEventsPort, rank)); err != nil {
+		addr, err := cfg.pubBindAddr(rank)
+		if err == nil && ipv6Endpoint(addr) {
+			err = p.pub.SetIpv6(true)
+		}
+		if err == nil {
+			err = p.pub.Bind(addr)
+		}
+		if err != nil {
 			p.close()
 			return nil, fmt.Errorf("kv events bind rank %d: %w", rank, err)
 		}
 		p.pubAddr, _ = p.pub.GetLastEndpoint()
 	}
-	if cfg.KVReplayPort != 0 {
+	if cfg.KVReplayPort != 0 || cfg.KVReplayBind != "" {
 		// vLLM sets no HWM on the replay ROUTER (kv_events.py ZmqEventPublisher._socket_setup), so
 		// libzmq's default send HWM of 1000 applies; a replayer must read as it goes.
 		if p.replay, err = zmq.NewSocket(zmq.ROUTER); err == nil {
 			_ = p.replay.SetLinger(0)
-			err = p.replay.Bind(bindAddr(cfg.Host, cfg.KVReplayPort, rank))
+			var addr string
+			if addr, err = cfg.replayBindAddr(rank); err == nil && ipv6Endpoint(addr) {
+				err = p.replay.SetIpv6(true)
+			}
+			if err == nil {
+				err = p.replay.Bind(addr)
+			}
 		}
 		if err != nil {
 			p.close()

@@ -473,8 +473,12 @@ func (o *output) usage() map[string]any {
 			cached += c
 		}
 	}
-	return map[string]any{"prompt_tokens": prompt, "completion_tokens": completion,
+	u := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion,
 		"total_tokens": prompt + completion, "prompt_tokens_details": map[string]any{"cached_tokens": cached}}
+	if o.sim.cfg.OmitPromptTokensDetails {
+		delete(u, "prompt_tokens_details") // vLLM leaves it unset: absent from stream chunks, null in a whole body
+	}
+	return u
 }
 
 func (o *output) final() map[string]any {

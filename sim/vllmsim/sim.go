@@ -74,7 +74,7 @@ func (s *Sim) Start(ctx context.Context) error {
 	if s.cfg.KVEventsTopic != nil {
 		s.topic = *s.cfg.KVEventsTopic
 	}
-	if s.cfg.KVEventsPort != 0 || s.cfg.KVEventsConnect != "" {
+	if s.cfg.eventsEnabled() {
 		for _, rk := range s.ranks {
 			p, err := newPublisher(&s.cfg, rk.idx, s.topic)
 			if err != nil {

@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,6 +40,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/kvroute/kvroute/api/v1alpha1/validation"
 	"github.com/kvroute/kvroute/controllers/render"
 	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/sim/simproc"
@@ -312,6 +314,84 @@ func TestHelpUnderChroot(t *testing.T) {
 				t.Fatalf("%s --help: %v\n%s", tc.name, err, out)
 			}
 		})
+	}
+}
+
+// The engine Deployment runs `vllm serve ...` in the vllm-sim image (its command replaces the
+// entrypoint): /usr/local/bin/vllm must be there and dispatch to vllm-sim's vLLM command line.
+func TestVLLMServeUnderChroot(t *testing.T) {
+	need(t)
+	u := unpack(t, "vllm-sim")
+	if dst, err := os.Readlink(filepath.Join(u.root, "usr/local/bin/vllm")); err != nil || dst != "vllm-sim" {
+		t.Fatalf("/usr/local/bin/vllm: link to %q, %v; want a link to vllm-sim", dst, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := u.cmd(ctx, t, "serve", "--help")
+	c.Path, c.Args = "/usr/local/bin/vllm", []string{"vllm", "serve", "--help"}
+	out, err := c.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "usage: vllm serve MODEL") {
+		t.Fatalf("vllm serve --help under chroot (%v):\n%s", err, out)
+	}
+
+	// The engine command rendered for config/samples' sim sample, as the image's user, on free
+	// ports: it serves, binds every rank's event and replay port, and answers a completion.
+	b, err := os.ReadFile(filepath.Join(root, "config/samples/serving_v1alpha1_kvroutedmodel_sim.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := validation.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := v.Admit(ctx, b, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := map[int]bool{}
+	port, events, replay := int32(testkit.FreeRun(t, 1, taken)), int32(testkit.FreeRun(t, 2, taken)), int32(testkit.FreeRun(t, 2, taken))
+	m.Spec.Engine.Port, m.Spec.Engine.KVEvents.BasePort, m.Spec.Engine.KVEvents.ReplayBasePort = port, events, &replay
+	d, err := render.EngineDeployment(m, render.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := d.Spec.Template.Spec.Containers[0]
+	c = u.cmd(ctx, t)
+	c.Path, c.Args = "/usr/local/bin/"+ctr.Command[0], append(slices.Clone(ctr.Command), ctr.Args...)
+	c.Env = append(c.Env, "POD_IP=127.0.0.1")
+	for _, e := range ctr.Env {
+		if e.ValueFrom == nil && e.Name != "HOME" { // HOME is the pod's emptyDir
+			c.Env = append(c.Env, e.Name+"="+e.Value)
+		}
+	}
+	var log testkit.LockedBuffer
+	c.Stdout, c.Stderr = &log, &log
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	testkit.Eventually(t, 20*time.Second, "the rendered engine command under chroot to serve", func() error {
+		resp, err := http.Get(base + "/health")
+		if err != nil {
+			return fmt.Errorf("%v\n%s", err, log.String())
+		}
+		resp.Body.Close()
+		return nil
+	})
+	want := fmt.Sprintf("events [tcp://0.0.0.0:%d tcp://0.0.0.0:%d], replay [tcp://0.0.0.0:%d tcp://0.0.0.0:%d]", events, events+1, replay, replay+1)
+	if !strings.Contains(log.String(), want) {
+		t.Errorf("start-up line lacks %q:\n%s", want, log.String())
+	}
+	resp, err := http.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"`+m.Spec.Model.Name+`","prompt":"hello from the image","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "cached_tokens") {
+		t.Fatalf("completion: %d %s\n%s", resp.StatusCode, body, log.String())
 	}
 }
 

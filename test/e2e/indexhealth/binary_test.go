@@ -65,8 +65,11 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 	two, replay := int32(2), ports[2]
 	m := &v1alpha1.KVRoutedModel{ObjectMeta: metav1.ObjectMeta{Name: "qwen", Namespace: ns},
 		Spec: v1alpha1.KVRoutedModelSpec{Replicas: &two,
-			Model:  v1alpha1.ModelSpec{Name: "vllm-sim", URI: "hf://Qwen/Qwen3-0.6B"},
-			Engine: v1alpha1.EngineSpec{Port: ports[0], KVEvents: v1alpha1.KVEventsSpec{BasePort: ports[1], ReplayBasePort: &replay}},
+			Model: v1alpha1.ModelSpec{Name: "vllm-sim", URI: "hf://Qwen/Qwen3-0.6B"},
+			// The simulator's image, as in config/samples' sim sample: podbacker runs the engine
+			// command rendered for it as is, vllm-sim standing in for vllm.
+			Engine: v1alpha1.EngineSpec{Image: "ghcr.io/kvroute/vllm-sim:" + render.Version,
+				Port: ports[0], KVEvents: v1alpha1.KVEventsSpec{BasePort: ports[1], ReplayBasePort: &replay}},
 			Router: v1alpha1.RouterSpec{Policy: "round-robin"}}} // both engines get traffic
 	if err := k8s.Create(ctx, m); err != nil {
 		t.Fatal(err)
