@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/version"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -24,6 +26,12 @@ func main() {
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stderr))
 }
+
+// errVersion is parseFlags' answer to --version; run prints the version to versionOut.
+var errVersion = errors.New("version requested")
+
+// versionOut is where --version prints (a test swaps it).
+var versionOut io.Writer = os.Stdout
 
 type keyFlags []string
 
@@ -76,8 +84,12 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	// default 0 = off. vLLM takes whole seconds; the sim also takes fractions, so tests can run
 	// keep-alives in milliseconds.
 	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment, as vLLM writes it (0 = off; vLLM takes whole seconds)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	if *showVersion {
+		return cfg, errVersion
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -121,6 +133,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		if err == flag.ErrHelp {
+			return 0
+		}
+		if err == errVersion {
+			version.Print(versionOut, "vllm-sim")
 			return 0
 		}
 		fmt.Fprintln(stderr, "vllm-sim:", err)

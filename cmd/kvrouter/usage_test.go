@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/internal/doccheck"
+)
+
+func TestVersionHelpAndUsageErrors(t *testing.T) {
+	var out bytes.Buffer
+	versionOut = &out
+	t.Cleanup(func() { versionOut = nil })
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"--version"}, &stderr, nil); code != 0 ||
+		!strings.HasPrefix(out.String(), "kvrouter ") || !strings.Contains(out.String(), runtime.Version()) {
+		t.Errorf("--version: exit %d, stdout %q, stderr %q", code, out.String(), stderr.String())
+	}
+	stderr.Reset()
+	if code := run(context.Background(), []string{"--help"}, &stderr, nil); code != 0 {
+		t.Errorf("--help: exit %d", code)
+	}
+	help := stderr.String()
+	// Grouped by task, every flag in a group, an example at the end.
+	last := 0
+	for _, g := range []string{"\nAPI:\n", "\nEngines:\n", "\nPolicy:\n", "\nObservability:\n", "\nExample"} {
+		i := strings.Index(help, g)
+		if i < last {
+			t.Errorf("usage lacks %q after offset %d:\n%s", g, last, help)
+		}
+		last = i
+	}
+	if strings.Contains(help, "Other flags") {
+		t.Errorf("a flag is in no group:\n%s", help)
+	}
+	for _, args := range [][]string{{"--no-such-flag"}, {"stray"}, {"--access-log-sample", "-1", "--engine", "a=http://127.0.0.1:1"}} {
+		stderr.Reset()
+		if code := run(context.Background(), args, &stderr, nil); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, code, stderr.String())
+		}
+	}
+}
+
+// Every flag is in router.md's flag table, and every kvrouter flag the docs name exists.
+func TestFlagsMatchDocs(t *testing.T) {
+	var stderr bytes.Buffer
+	run(context.Background(), []string{"--help"}, &stderr, nil)
+	flags := doccheck.HelpFlags(stderr.String())
+	doccheck.Check(t, "../..", "kvrouter", flags)
+	doccheck.InTable(t, "../..", "kvrouter", flags)
+}
