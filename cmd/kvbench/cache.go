@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -142,9 +143,8 @@ func writeTable(w io.Writer, out *cacheOutput) error {
 	for _, r := range out.Results {
 		byName[r.Policy] = r
 	}
-	if len(out.Ranking) > 0 {
-		best := byName[out.Ranking[0]]
-		fmt.Fprintf(w, "best hit rate: %s (%.3f of blocks)\n", best.Policy, best.HitRateBlocks)
+	if line := headline(out.Results); line != "" {
+		fmt.Fprintln(w, line)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rank\tpolicy\thit_blocks\thit_tokens\tvs_lru\timbalance\timbalance_p95\tttft_p50_s\tttft_p90_s\t")
@@ -158,6 +158,43 @@ func writeTable(w io.Writer, out *cacheOutput) error {
 			r.HitRateTokens, vs, r.Imbalance, r.ImbalanceP95, r.TTFTP50, r.TTFTP90)
 	}
 	return tw.Flush()
+}
+
+// headline names the best policy of each column a reader weighs (hit rate: highest; TTFT p90 and
+// imbalance p95: lowest), with every policy that ties at the printed precision: no one column
+// decides, as the policy with the most hits can queue the most.
+func headline(results []*fleet.Result) string {
+	if len(results) == 0 {
+		return ""
+	}
+	cols := []struct {
+		name     string
+		decimals int
+		value    func(*fleet.Result) float64
+		higher   bool
+	}{
+		{"hit_blocks", 3, func(r *fleet.Result) float64 { return r.HitRateBlocks }, true},
+		{"ttft_p90_s", 2, func(r *fleet.Result) float64 { return r.TTFTP90 }, false},
+		{"imbalance_p95", 2, func(r *fleet.Result) float64 { return r.ImbalanceP95 }, false},
+	}
+	var parts []string
+	for _, c := range cols {
+		scale := math.Pow(10, float64(c.decimals))
+		var best float64
+		var names []string
+		for i, r := range results {
+			v := math.Round(c.value(r)*scale) / scale
+			switch {
+			case i == 0 || c.higher && v > best || !c.higher && v < best:
+				best, names = v, []string{r.Policy}
+			case v == best:
+				names = append(names, r.Policy)
+			}
+		}
+		slices.Sort(names)
+		parts = append(parts, fmt.Sprintf("%s %s %.*f", c.name, strings.Join(names, ", "), c.decimals, best))
+	}
+	return "best per column: " + strings.Join(parts, " | ") + " (rows ordered by hit_blocks)"
 }
 
 // rankByHitRate orders policy names best first: higher block hit rate, then lower TTFT p90, then

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/doccheck"
+	"github.com/kvroute/kvroute/sim/fleet"
 )
 
 func TestVersionAndHelp(t *testing.T) {
@@ -77,5 +78,18 @@ func TestFlagsMatchDocs(t *testing.T) {
 			_, help, _ := kvbench(t, sub, "--help")
 			doccheck.Check(t, "../..", "kvbench "+sub, doccheck.HelpFlags(help))
 		})
+	}
+}
+
+// The headline names each column's best, not the hit-rate leader everywhere, with ties.
+func TestHeadlineBestPerColumn(t *testing.T) {
+	rs := []*fleet.Result{
+		{Policy: "llmd-default", HitRateBlocks: 0.932, TTFTP90: 2.25, ImbalanceP95: 1.40},
+		{Policy: "kv", HitRateBlocks: 0.904, TTFTP90: 1.731, ImbalanceP95: 1.54},
+		{Policy: "load", HitRateBlocks: 0.40, TTFTP90: 1.728, ImbalanceP95: 1.10},
+	}
+	want := "best per column: hit_blocks llmd-default 0.932 | ttft_p90_s kv, load 1.73 | imbalance_p95 load 1.10 (rows ordered by hit_blocks)"
+	if got := headline(rs); got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
 	}
 }

@@ -146,7 +146,7 @@ func TestCacheRanksPolicies(t *testing.T) {
 	if hit["kv"] <= hit["random"] {
 		t.Fatalf("kv %.3f does not beat random %.3f on the synthetic trace; the ranking test needs it to", hit["kv"], hit["random"])
 	}
-	if !strings.Contains(table, "best hit rate: "+doc.Ranking[0]+" ") {
+	if !strings.Contains(table, "best per column: hit_blocks "+doc.Ranking[0]+" ") {
 		t.Errorf("table lacks the best line for %s:\n%s", doc.Ranking[0], table)
 	}
 	var rows []string
