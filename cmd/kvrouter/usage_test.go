@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/doccheck"
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 func TestVersionHelpAndUsageErrors(t *testing.T) {
@@ -51,4 +54,37 @@ func TestFlagsMatchDocs(t *testing.T) {
 	flags := doccheck.HelpFlags(stderr.String())
 	doccheck.Check(t, "../..", "kvrouter", flags)
 	doccheck.InTable(t, "../..", "kvrouter", flags)
+}
+
+// The running router's /metrics says which build it is.
+func TestBuildInfoOnMetrics(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan [2]string, 1)
+	done := make(chan int, 1)
+	var logs syncBuf
+	go func() {
+		done <- run(ctx, []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--no-events",
+			"--engine", "e0=http://127.0.0.1:1"}, &logs, func(a, b string) { addrs <- [2]string{a, b} })
+	}()
+	var a [2]string
+	select {
+	case a = <-addrs:
+	case code := <-done:
+		t.Fatalf("exited %d: %s", code, logs.String())
+	}
+	defer func() {
+		cancel()
+		<-done
+	}()
+	resp, err := http.Get("http://" + a[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	i := version.Get()
+	want := `kvroute_build_info{commit="` + i.Commit + `",goversion="` + i.GoVersion + `",version="` + i.Version + `"} 1`
+	if !strings.Contains(string(body), want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
 }
