@@ -30,7 +30,7 @@ const usageSynopsis = `usage: kvrouter [flags]
 kvroute's KV-cache-aware OpenAI-compatible router. Flags override the --config file
 (docs/router.md); give one engine source: --engine, --engines-file or --namespace/--selector.`
 
-const usageExample = `Example (one vllm-sim started with --kv-events-port 5557 --kv-replay-port 5558):
+const usageExample = `Example (one vllm-sim started with --port 8001 --kv-events-port 5557 --kv-replay-port 5558):
   kvrouter --engine 'e0=http://127.0.0.1:8001;events=tcp://127.0.0.1:5557;replay=tcp://127.0.0.1:5558' \
     --listen :8000 --admin-listen 127.0.0.1:9090 --policy kv
 `
