@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/klog/v2"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/kvroute/kvroute/internal/doccheck"
 )
 
 func TestExitCodes(t *testing.T) {
@@ -46,4 +50,20 @@ func TestBuildInfoOnMetricsRegistry(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Errorf("kvroute_build_info series: %d (%v)", n, err)
 	}
+}
+
+// Every manager flag is in operator.md's flag table but klog's, which it names as a set.
+func TestFlagsMatchDocs(t *testing.T) {
+	var stderr bytes.Buffer
+	run([]string{"--help"}, &bytes.Buffer{}, &stderr)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	var own []string
+	for _, f := range doccheck.HelpFlags(stderr.String()) {
+		if klogFlags.Lookup(f) == nil {
+			own = append(own, f)
+		}
+	}
+	doccheck.Check(t, "../..", "manager", own)
+	doccheck.InTable(t, "../..", "manager", own)
 }
