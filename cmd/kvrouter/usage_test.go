@@ -15,8 +15,9 @@ import (
 
 func TestVersionHelpAndUsageErrors(t *testing.T) {
 	var out bytes.Buffer
+	saved := versionOut
 	versionOut = &out
-	t.Cleanup(func() { versionOut = nil })
+	t.Cleanup(func() { versionOut = saved })
 	var stderr bytes.Buffer
 	if code := run(context.Background(), []string{"--version"}, &stderr, nil); code != 0 ||
 		!strings.HasPrefix(out.String(), "kvrouter ") || !strings.Contains(out.String(), runtime.Version()) {

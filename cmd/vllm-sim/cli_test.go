@@ -12,8 +12,9 @@ import (
 
 func TestVersionAndHelp(t *testing.T) {
 	var out bytes.Buffer
+	saved := versionOut
 	versionOut = &out
-	t.Cleanup(func() { versionOut = nil })
+	t.Cleanup(func() { versionOut = saved })
 	if code := run(context.Background(), []string{"--version"}, &bytes.Buffer{}); code != 0 ||
 		!strings.HasPrefix(out.String(), "vllm-sim ") || !strings.Contains(out.String(), runtime.Version()) {
 		t.Errorf("--version: exit %d, %q", code, out.String())
