@@ -188,6 +188,7 @@ func Attributed(files []docFile, cmd string) []Mention {
 						}
 					}
 				}
+				i-- // the line after the table is read by the loop
 				continue
 			}
 			for _, span := range codeSpan.FindAllString(line, -1) {
