@@ -7,7 +7,11 @@
 # hack/docker-build-check.sh runs the same `go build` line on the host.
 ARG GO_IMAGE=golang:1.26-bookworm
 FROM ${GO_IMAGE} AS build
+# What --version prints and kvroute_build_info exports (internal/version); `make docker-build`
+# passes the checkout's commit and the build time.
 ARG VERSION=dev
+ARG COMMIT=
+ARG BUILD_DATE=
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64
 WORKDIR /src
@@ -17,11 +21,12 @@ RUN go mod download
 COPY api/ api/
 COPY controllers/ controllers/
 COPY cmd/manager/ cmd/manager/
+COPY internal/version/ internal/version/
 COPY router/config/ router/config/
 COPY router/blockkey/ router/blockkey/
 COPY router/score/ router/score/
 # BUILD: manager
-RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags="-s -w" -o /out/manager ./cmd/manager
+RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -ldflags="-s -w -X github.com/kvroute/kvroute/internal/version.version=${VERSION} -X github.com/kvroute/kvroute/internal/version.commit=${COMMIT} -X github.com/kvroute/kvroute/internal/version.date=${BUILD_DATE}" -o /out/manager ./cmd/manager
 
 FROM gcr.io/distroless/static-debian12:nonroot
 ARG VERSION=dev

@@ -90,13 +90,22 @@ bench: ## Go benchmarks of the hot paths + `kvbench cache` on the shared traces;
 
 ##@ Build
 
+# What --version prints and kvroute_build_info exports (internal/version): git describe of the
+# checkout, its commit, and the build time.
+GIT_VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+GIT_COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILD_DATE    ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS       := -X github.com/kvroute/kvroute/internal/version.version=$(GIT_VERSION) \
+                 -X github.com/kvroute/kvroute/internal/version.commit=$(GIT_COMMIT) \
+                 -X github.com/kvroute/kvroute/internal/version.date=$(BUILD_DATE)
+
 .PHONY: build
-build: ## Binaries into bin/.
+build: ## Binaries into bin/, stamped with git describe (bin/NAME --version).
 	@mkdir -p $(BIN)
-	if [ -d cmd/manager ]; then CGO_ENABLED=0 $(GO) build -o $(BIN)/manager ./cmd/manager; fi
-	$(GO) build -o $(BIN)/kvroutectl ./cmd/kvroutectl
+	if [ -d cmd/manager ]; then CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/manager ./cmd/manager; fi
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/kvroutectl ./cmd/kvroutectl
 	@for c in kvrouter vllm-sim kvbench; do \
-		if [ -d cmd/$$c ]; then $(GO) build -o $(BIN)/$$c ./cmd/$$c; fi; done
+		if [ -d cmd/$$c ]; then $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/$$c ./cmd/$$c; fi; done
 
 .PHONY: demo
 demo: build ## The main job on an embedded default.
@@ -121,11 +130,13 @@ bundle: $(KUSTOMIZE) ## Generate the OLM registry+v1 bundle into bundle/ (kustom
 	$(KUSTOMIZE_BUILD) config/manifests > bundle/.rendered.yaml
 	VERSION=$(VERSION) hack/bundle.sh bundle/.rendered.yaml; rm -f bundle/.rendered.yaml
 
+STAMP_ARGS        := --build-arg COMMIT=$(GIT_COMMIT) --build-arg BUILD_DATE=$(BUILD_DATE)
+
 .PHONY: docker-build
 docker-build: ## Build the manager, kvrouter and vllm-sim images (needs a Docker engine; hack/docker-build-check.sh without one).
-	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/manager:v$(VERSION) --build-arg VERSION=v$(VERSION) -f Dockerfile .
-	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/kvrouter:v$(VERSION) --build-arg VERSION=v$(VERSION) -f Dockerfile.kvrouter .
-	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/vllm-sim:v$(VERSION) --build-arg VERSION=v$(VERSION) -f Dockerfile.vllm-sim .
+	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/manager:v$(VERSION) --build-arg VERSION=v$(VERSION) $(STAMP_ARGS) -f Dockerfile .
+	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/kvrouter:v$(VERSION) --build-arg VERSION=v$(VERSION) $(STAMP_ARGS) -f Dockerfile.kvrouter .
+	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/vllm-sim:v$(VERSION) --build-arg VERSION=v$(VERSION) $(STAMP_ARGS) -f Dockerfile.vllm-sim .
 	$(CONTAINER_TOOL) build -t $(IMAGE_REPO)/kvroute-bundle:v$(VERSION) -f bundle.Dockerfile .
 
 .PHONY: images

@@ -25,7 +25,8 @@ bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
 build_line() {
 	local file=$1 name=$2
 	awk -v n="# BUILD: $name" 'found { sub(/^RUN /, ""); print; exit } $0 == n { found = 1 }' "$file" |
-		sed -e "s|\${TARGETOS}|$(go env GOOS)|g" -e "s|\${TARGETARCH}|$(go env GOARCH)|g" -e "s|/out/|$out/|g"
+		sed -e "s|\${TARGETOS}|$(go env GOOS)|g" -e "s|\${TARGETARCH}|$(go env GOARCH)|g" -e "s|/out/|$out/|g" \
+			-e "s|\${VERSION}|dev|g" -e "s|\${COMMIT}||g" -e "s|\${BUILD_DATE}||g"
 }
 
 check_one() {

@@ -14,6 +14,7 @@
 # The bundle image is bundle.Dockerfile's: bundle/{manifests,metadata,tests/scorecard} + LABELs.
 #
 # Env: VERSION (v0.1.0), IMAGE_REPO (ghcr.io/kvroute), IMAGES_OUT (bin/images),
+#      COMMIT and BUILD_DATE (the checkout's HEAD and its commit time; stamped with VERSION),
 #      IMAGES (manager kvrouter vllm-sim bundle), SOURCE_DATE_EPOCH (0).
 # Builds for this host's architecture (cgo); the release workflow runs it on amd64 and arm64.
 set -euo pipefail
@@ -24,6 +25,10 @@ OUT=${IMAGES_OUT:-bin/images}
 IMAGES=${IMAGES:-manager kvrouter vllm-sim bundle}
 GO=${GO:-go}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
+# What the binaries' --version says besides VERSION: the checkout's commit and its time (not the
+# build's, so the same commit builds the same bytes).
+COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}
+BUILD_DATE=${BUILD_DATE:-$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || true)}
 log() { echo "images: $*" >&2; }
 start=$(date +%s)
 
@@ -54,7 +59,8 @@ links() {
 build() {
 	local line
 	line=$(awk -v n="# BUILD: $2" 'f { sub(/^RUN /, ""); print; exit } $0 == n { f = 1 }' "$1" |
-		sed -e "s|\${TARGETOS}|linux|g" -e "s|\${TARGETARCH}|$arch|g" -e "s|/out/|$work/out/|g")
+		sed -e "s|\${TARGETOS}|linux|g" -e "s|\${TARGETARCH}|$arch|g" -e "s|/out/|$work/out/|g" \
+			-e "s|\${VERSION}|$VERSION|g" -e "s|\${COMMIT}|$COMMIT|g" -e "s|\${BUILD_DATE}|$BUILD_DATE|g")
 	[ -n "$line" ] || { log "$1 has no '# BUILD: $2' line"; exit 1; }
 	log "go build $2 ($1)"
 	GO="$GO" bash -c "$line"

@@ -3,10 +3,10 @@ package main
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,12 +47,12 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	trace := fs.String("trace", "", "Mooncake JSONL trace, or a kvrouter capture directory (this or --regime is required)")
 	regime := fs.String("regime", "", "generated regime instead of a trace ("+strings.Join(replay.RegimeNames(), ", ")+")")
 	regimeRequests := fs.Int("regime-requests", 4000, "--regime: requests")
-	regimeRate := fs.Float64("regime-rate", 16, "--regime: mean arrivals per second")
-	replicas := fs.Int("replicas", d.Replicas, "replicas in the fleet")
+	regimeRate := fs.Float64("regime-rate", 16, "--regime: mean arrivals per second (kvbench replay names it --rate)")
+	replicas := fs.Int("replicas", d.Replicas, "replicas in the fleet (kvbench replay defaults to 4: each of its replicas is a vllm-sim process on this machine)")
 	capacity := fs.Int("capacity-blocks", d.CapacityBlocks, "KV capacity of the whole fleet in 512-token blocks")
-	policies := fs.String("policies", defaultPolicies, "comma-separated policies ("+strings.Join(reg.Names(), ", ")+")")
+	policies := fs.String("policies", defaultPolicies, "comma-separated policies ("+strings.Join(reg.Names(), ", ")+"); every peer's by default, where kvbench replay, whose every policy is a live run, defaults to four")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	speed := fs.Float64("speed", d.Speed, "replay speed: arrival = timestamp / speed")
+	speed := fs.Float64("speed", d.Speed, "replay speed: arrival = timestamp / speed (the model's time costs nothing, so the trace's own pace; kvbench replay, in wall time, defaults to 20)")
 	prefill := fs.Float64("prefill-tokens-per-s", d.PrefillTokensPerS, "prefill rate for uncached tokens")
 	decode := fs.Float64("decode-ms-per-token", d.DecodeMsPerToken, "decode time per output token (ms)")
 	seqs := fs.Int("max-num-seqs", d.MaxNumSeqs, "running requests per replica; the rest queue")
@@ -60,25 +60,34 @@ func runCache(args []string, stdout, stderr io.Writer) error {
 	batched := fs.Int("max-batched-tokens", d.MaxBatchedTokens, "--engine step: token budget per scheduler step (vLLM's --max-num-batched-tokens)")
 	seed := fs.Int64("seed", d.Seed, "seed of every random choice")
 	report := fs.String("report", "", "write an HTML report into this directory")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kvbench cache (--trace FILE|DIR | --regime NAME) [flags]\n\n"+
+			"Runs the deterministic fleet model (sim/fleet) over a trace for each policy and prints hit rate,\n"+
+			"balance and TTFT per policy, with the best of each column first.\n\nflags:")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		return flagError(err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return usagef("unexpected arguments %q", fs.Args())
 	}
 	if (*trace == "") == (*regime == "") {
-		return errors.New("exactly one of --trace and --regime is required")
+		return usagef("exactly one of --trace and --regime is required")
+	}
+	if *regime != "" && !slices.Contains(replay.RegimeNames(), *regime) {
+		return usagef("--regime %q: known regimes are %s", *regime, strings.Join(replay.RegimeNames(), ", "))
 	}
 	if *speed <= 0 || *prefill <= 0 || *decode < 0 || *seqs < 1 || *batched < 1 {
-		return errors.New("--speed and --prefill-tokens-per-s must be > 0, --decode-ms-per-token >= 0, --max-num-seqs and --max-batched-tokens >= 1")
+		return usagef("--speed and --prefill-tokens-per-s must be > 0, --decode-ms-per-token >= 0, --max-num-seqs and --max-batched-tokens >= 1")
 	}
 	names := splitList(*policies)
 	if len(names) == 0 {
-		return errors.New("--policies is empty")
+		return usagef("--policies is empty")
 	}
 	for _, n := range names {
 		if _, err := reg.New(n, score.Options{}); err != nil {
-			return err
+			return usageError{err}
 		}
 	}
 	var tr *fleet.Trace
@@ -136,9 +145,8 @@ func writeTable(w io.Writer, out *cacheOutput) error {
 	for _, r := range out.Results {
 		byName[r.Policy] = r
 	}
-	if len(out.Ranking) > 0 {
-		best := byName[out.Ranking[0]]
-		fmt.Fprintf(w, "best hit rate: %s (%.3f of blocks)\n", best.Policy, best.HitRateBlocks)
+	if line := headline(out.Results); line != "" {
+		fmt.Fprintln(w, line)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rank\tpolicy\thit_blocks\thit_tokens\tvs_lru\timbalance\timbalance_p95\tttft_p50_s\tttft_p90_s\t")
@@ -152,6 +160,43 @@ func writeTable(w io.Writer, out *cacheOutput) error {
 			r.HitRateTokens, vs, r.Imbalance, r.ImbalanceP95, r.TTFTP50, r.TTFTP90)
 	}
 	return tw.Flush()
+}
+
+// headline names the best policy of each column a reader weighs (hit rate: highest; TTFT p90 and
+// imbalance p95: lowest), with every policy that ties at the printed precision: no one column
+// decides, as the policy with the most hits can queue the most.
+func headline(results []*fleet.Result) string {
+	if len(results) == 0 {
+		return ""
+	}
+	cols := []struct {
+		name     string
+		decimals int
+		value    func(*fleet.Result) float64
+		higher   bool
+	}{
+		{"hit_blocks", 3, func(r *fleet.Result) float64 { return r.HitRateBlocks }, true},
+		{"ttft_p90_s", 2, func(r *fleet.Result) float64 { return r.TTFTP90 }, false},
+		{"imbalance_p95", 2, func(r *fleet.Result) float64 { return r.ImbalanceP95 }, false},
+	}
+	var parts []string
+	for _, c := range cols {
+		scale := math.Pow(10, float64(c.decimals))
+		var best float64
+		var names []string
+		for i, r := range results {
+			v := math.Round(c.value(r)*scale) / scale
+			switch {
+			case i == 0 || c.higher && v > best || !c.higher && v < best:
+				best, names = v, []string{r.Policy}
+			case v == best:
+				names = append(names, r.Policy)
+			}
+		}
+		slices.Sort(names)
+		parts = append(parts, fmt.Sprintf("%s %s %.*f", c.name, strings.Join(names, ", "), c.decimals, best))
+	}
+	return "best per column: " + strings.Join(parts, " | ") + " (rows ordered by hit_blocks)"
 }
 
 // rankByHitRate orders policy names best first: higher block hit rate, then lower TTFT p90, then

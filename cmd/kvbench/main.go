@@ -4,9 +4,13 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 // subcommands maps a name to its entry point; each parses its own flags.
@@ -21,8 +25,13 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (version.IsFlag(args[0]) || args[0] == "version") {
+		version.Print(stdout, "kvbench")
+		return 0
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintln(stderr, "usage: kvbench cache|replay --trace F [flags]   (kvbench cache -h, kvbench replay -h for flags)")
+		fmt.Fprintln(stderr, "       kvbench --version")
 		if len(args) == 0 {
 			return 2
 		}
@@ -37,8 +46,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if code, ok := err.(exitCode); ok {
 			return int(code)
 		}
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		fmt.Fprintf(stderr, "kvbench %s: %v\n", args[0], err)
+		if errors.As(err, new(usageError)) {
+			return 2
+		}
 		return 1
 	}
 	return 0
+}
+
+// usageError is a bad command line (exit status 2); other errors exit 1.
+type usageError struct{ error }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// flagError is a FlagSet.Parse error as run reports it: --help stays flag.ErrHelp (exit 0), the
+// rest are usage errors.
+func flagError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usageError{err}
 }

@@ -146,7 +146,7 @@ func TestCacheRanksPolicies(t *testing.T) {
 	if hit["kv"] <= hit["random"] {
 		t.Fatalf("kv %.3f does not beat random %.3f on the synthetic trace; the ranking test needs it to", hit["kv"], hit["random"])
 	}
-	if !strings.Contains(table, "best hit rate: "+doc.Ranking[0]+" ") {
+	if !strings.Contains(table, "best per column: hit_blocks "+doc.Ranking[0]+" ") {
 		t.Errorf("table lacks the best line for %s:\n%s", doc.Ranking[0], table)
 	}
 	var rows []string
@@ -175,19 +175,27 @@ func TestCacheRunsTheScaleUpRegime(t *testing.T) {
 }
 
 func TestBadInvocations(t *testing.T) {
-	for name, args := range map[string][]string{
-		"no subcommand":    {},
-		"unknown":          {"nope"},
-		"no trace":         {"cache"},
-		"missing file":     {"cache", "--trace", "does-not-exist.jsonl"},
-		"unknown policy":   {"cache", "--trace", testTrace, "--policies", "kv,bogus"},
-		"zero speed":       {"cache", "--trace", testTrace, "--speed", "0"},
-		"bad flag":         {"cache", "--frobnicate"},
-		"trace and regime": {"cache", "--trace", testTrace, "--regime", "no-reuse"},
-		"unknown regime":   {"cache", "--regime", "bogus"},
+	for name, c := range map[string]struct {
+		args []string
+		rc   int
+	}{
+		"no subcommand":    {nil, 2},
+		"unknown":          {[]string{"nope"}, 2},
+		"no trace":         {[]string{"cache"}, 2},
+		"missing file":     {[]string{"cache", "--trace", "does-not-exist.jsonl"}, 1},
+		"unknown policy":   {[]string{"cache", "--trace", testTrace, "--policies", "kv,bogus"}, 2},
+		"zero speed":       {[]string{"cache", "--trace", testTrace, "--speed", "0"}, 2},
+		"bad flag":         {[]string{"cache", "--frobnicate"}, 2},
+		"trace and regime": {[]string{"cache", "--trace", testTrace, "--regime", "no-reuse"}, 2},
+		"unknown regime":   {[]string{"cache", "--regime", "bogus"}, 2},
+		"replay bad flag":  {[]string{"replay", "--frobnicate"}, 2},
+		"replay no trace":  {[]string{"replay"}, 2},
+		"replay speed":     {[]string{"replay", "--trace", testTrace, "--speed", "0"}, 2},
+		"replay policy":    {[]string{"replay", "--trace", testTrace, "--policies", "bogus"}, 2},
+		"replay stray arg": {[]string{"replay", "--trace", testTrace, "stray"}, 2},
 	} {
-		if _, _, rc := kvbench(t, args...); rc == 0 {
-			t.Errorf("%s: exit 0", name)
+		if _, stderr, rc := kvbench(t, c.args...); rc != c.rc {
+			t.Errorf("%s: exit %d, want %d (%s)", name, rc, c.rc, stderr)
 		}
 	}
 }

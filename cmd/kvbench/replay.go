@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"html"
@@ -56,10 +55,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	trace := fs.String("trace", "", "Mooncake JSONL trace or a kvrouter capture directory (this or --regime)")
 	regime := fs.String("regime", "", "generated workload instead of a trace: "+strings.Join(replay.RegimeNames(), ", "))
-	replicas := fs.Int("replicas", 4, "vllm-sim engines (scale-up: the final size; it starts at half)")
+	replicas := fs.Int("replicas", 4, "vllm-sim engines, each a process on this machine, hence fewer than kvbench cache's 8 (scale-up: the final size; it starts at half)")
 	routers := fs.Int("routers", 1, "kvrouter replicas, clustered as peers sharing their in-flight load; request i goes to router i mod N")
-	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed")
-	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies ("+strings.Join(reg.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
+	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed (20 where kvbench cache takes 1: a live run waits in wall time)")
+	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies, four by default where kvbench cache runs every peer's, since each is a live run ("+strings.Join(reg.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
 	routerEvents := fs.Bool("router-events", true, "routers subscribe to the engines' KV events; false runs every policy as POLICY"+replay.NoEventsSuffix)
 	seeds := fs.Int("seeds", 3, "repetitions; a seed moves the arrival jitter and the sims' seeds (a regime's requests are drawn once and are the same in every seed; --capacity draws them per seed)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
@@ -74,7 +73,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	outScale := fs.Float64("output-scale", 0, "max_tokens = output_length x this (default tokens-per-trace-block/512)")
 	maxOut := fs.Int("max-output-tokens", 32, "cap on max_tokens (0 = none)")
 	jitter := fs.Duration("jitter", 20*time.Millisecond, "per-seed arrival jitter")
-	rate := fs.Float64("rate", 25, "regimes: mean arrivals per second")
+	rate := fs.Float64("rate", 25, "regimes: mean arrivals per second (kvbench cache names it --regime-rate)")
 	warmup := fs.Duration("warmup", 2*time.Second, "scale-up regime: warm-up window of the new replicas")
 	stepModel := fs.String("sim-step-model", defaultSimStepModel, "engine step-time model: vllm-0.20.1-b300 (vllm-sim's default) or splitwise-h100 (alias calibrated), each run at the prefill rate below, or flat (the rate below plus a fixed decode step)")
 	prefill := fs.Float64("sim-prefill-tokens-per-s", 0, "engine prefill rate (default 20000 x tokens-per-trace-block/512: trace-equivalent time); a calibrated model: its compute-bound rate")
@@ -95,32 +94,38 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	underTest := fs.String("under-test", "kv", "the policy under test: the table ends with its per-seed ratio to the best other policy of each seed (TTFT p90, p99: lowest; cached ratio: highest), mean and 95% t-interval; --capacity reports its capacity ratio")
 	ratioHW := fs.Float64("ratio-halfwidth", 0, "adaptive seeds (0 = off): run seeds one at a time from --first-seed, up to --seeds (at most 10), and stop once the --under-test policy's TTFT p90 and p99 ratios to the best other both have a relative half-width under this (0.03: 3%), which takes at least 3 seeds")
 	logDir := fs.String("log-dir", "", "keep process logs here (default: a temporary directory, removed unless a run fails)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kvbench replay (--trace FILE|DIR | --regime NAME) [flags]\n\n"+
+			"Replays a workload live through vllm-sim engines and kvrouter processes on this machine, once\n"+
+			"per policy and seed, and prints TTFT and cached share per policy.\n\nflags:")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		return flagError(err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return usagef("unexpected arguments %q", fs.Args())
 	}
 	if (*trace == "") == (*regime == "") {
-		return errors.New("give exactly one of --trace and --regime")
+		return usagef("give exactly one of --trace and --regime")
 	}
 	if *speed <= 0 || *tpb < 1 || *firstSeed < 1 || *timeScale <= 0 || *replicas < 1 || *routers < 1 || *seeds < 1 || *conc < 1 || *maxProbes < 1 || *rate <= 0 || *outScale < 0 || *blockSize < 1 {
-		return errors.New("--speed, --rate, --sim-time-scale must be > 0; --replicas, --routers, --seeds, --first-seed, --concurrency, --max-probes, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
+		return usagef("--speed, --rate, --sim-time-scale must be > 0; --replicas, --routers, --seeds, --first-seed, --concurrency, --max-probes, --tokens-per-trace-block, --sim-block-size >= 1; --output-scale >= 0")
 	}
 	names := splitList(*policies)
 	if len(names) == 0 {
-		return errors.New("--policies is empty")
+		return usagef("--policies is empty")
 	}
 	if *warmReq < 0 || *warmReq > 0 && (*trace == "" || *offset < *warmReq) {
-		return errors.New("--warm-requests N needs --trace and --offset >= N (the warm-up is the N requests before the offset)")
+		return usagef("--warm-requests N needs --trace and --offset >= N (the warm-up is the N requests before the offset)")
 	}
 	if *ratioHW < 0 || *ratioHW > 0 && (*seeds < 3 || *capacity) {
-		return errors.New("--ratio-halfwidth must be >= 0; it needs --seeds >= 3 (the most seeds it may run) and is not for --capacity (which stops at 3%)")
+		return usagef("--ratio-halfwidth must be >= 0; it needs --seeds >= 3 (the most seeds it may run) and is not for --capacity (which stops at 3%%)")
 	}
 	for i, n := range names {
 		base, events := replay.SplitPolicy(n)
 		if _, err := reg.New(base, score.Options{}); err != nil {
-			return err
+			return usageError{err}
 		}
 		if *routerBin != "" && !slices.Contains(score.ProductionPolicies, base) {
 			return fmt.Errorf("--kvrouter runs a kvrouter binary, which offers the production policies only; %s is kvbench's (leave --kvrouter out to serve it with kvbench's router)", base)
@@ -134,7 +139,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		*underTest += replay.NoEventsSuffix
 	}
 	if *ratioHW > 0 && (!slices.Contains(names, *underTest) || len(names) < 2) {
-		return fmt.Errorf("--ratio-halfwidth needs the policy under test (--under-test %s) and another policy in --policies", *underTest)
+		return usagef("--ratio-halfwidth needs the policy under test (--under-test %s) and another policy in --policies", *underTest)
 	}
 	o := replay.Options{Replicas: *replicas, Routers: *routers, BlockSize: *blockSize, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
 		Tokens: replay.Tokenizer{PerBlock: *tpb}, OutputScale: *outScale, MaxOutputTokens: *maxOut,
@@ -150,7 +155,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	steps, err := simStepArgs(*stepModel, *prefill, *decode, *timeScale, *tpb)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	o.SimArgs = append(steps, "--headers-at-acceptance="+strconv.FormatBool(*atAcceptance), "--block-size", strconv.Itoa(*blockSize),
 		"--num-gpu-blocks", strconv.Itoa(*blocks), "--max-num-seqs", strconv.Itoa(*seqs),

@@ -39,9 +39,11 @@ func runAudit(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	showText := fs.Bool("show-text", false, "show the varying spans' text (default: their shape only)")
 	output := fs.String("output", "table", "table or json")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvroutectl audit --bodies requests.jsonl [--trace captured.jsonl|DIR] [--show-text] [--output table|json]")
+		fmt.Fprintln(stderr, "usage: kvroutectl audit [--bodies requests.jsonl] [--trace captured.jsonl|DIR] [--show-text] [--output table|json]")
 		fmt.Fprintln(stderr, "\nFinds prompts whose start varies (a timestamp, an id) while what follows repeats: the prefix cache")
 		fmt.Fprintln(stderr, "cannot match them past the varying span, whatever the router does. See docs/should-you-route.md.")
+		fmt.Fprintln(stderr, "Give --bodies, --trace or both: the trace says how often prompts start with a block never seen")
+		fmt.Fprintln(stderr, "before; the request bodies say where and what varies.\n\nflags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

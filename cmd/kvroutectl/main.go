@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 // command is one subcommand: it gets its own arguments and the process's streams and returns
@@ -21,7 +23,11 @@ var commands = map[string]command{
 	"hash":   {"vLLM-exact block hashes for token ids, as JSON", runHash},
 	"decode": {"decode one KV-event payload into normalized JSON", runDecode},
 	"assess": {"read a vLLM fleet's counters and say whether routing by KV cache is worth it", runAssess},
-	"audit":  {"find prompts whose start varies while the rest repeats (captured trace + request bodies)", runAudit},
+	"audit":  {"find prompts whose start varies while the rest repeats (captured trace, request bodies, or both)", runAudit},
+	"version": {"print the version, commit, build date and Go version", func(_ []string, _ io.Reader, stdout, _ io.Writer) int {
+		version.Print(stdout, "kvroutectl")
+		return 0
+	}},
 }
 
 func main() {
@@ -29,6 +35,9 @@ func main() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 && version.IsFlag(args[0]) {
+		args = []string{"version"}
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
@@ -47,7 +56,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvroutectl <command> [flags]\n\ncommands:")
-	for _, name := range []string{"render", "hash", "decode", "assess", "audit"} {
+	for _, name := range []string{"render", "hash", "decode", "assess", "audit", "version"} {
 		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
 	}
+	fmt.Fprintln(w, "\nkvroutectl <command> --help for a command's flags.")
 }

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/version"
 	"github.com/kvroute/kvroute/sim/vllmcli"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -73,6 +74,12 @@ except those whose effect the simulator cannot give (TLS, --uds, multi-node DP, 
 --no-enable-prefix-caching). $(VAR) in arguments expands from the environment as in Kubernetes.
 The simulator's own flags (vllm-sim -h) go in VLLM_SIM_ARGS.
 `
+
+// errVersion is parseFlags' answer to --version; run prints the version to versionOut.
+var errVersion = errors.New("version requested")
+
+// versionOut is where --version prints (a test swaps it).
+var versionOut io.Writer = os.Stdout
 
 type keyFlags []string
 
@@ -126,8 +133,12 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	// default 0 = off. vLLM takes whole seconds; the sim also takes fractions, so tests can run
 	// keep-alives in milliseconds.
 	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment, as vLLM writes it (0 = off; vLLM takes whole seconds)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	if *showVersion {
+		return cfg, errVersion
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -171,6 +182,10 @@ func run(ctx context.Context, argv0 string, args []string, stderr io.Writer) int
 	cfg, err := config(argv0, args, stderr)
 	if err != nil {
 		if err == flag.ErrHelp {
+			return 0
+		}
+		if err == errVersion {
+			version.Print(versionOut, "vllm-sim")
 			return 0
 		}
 		fmt.Fprintln(stderr, "vllm-sim:", err)

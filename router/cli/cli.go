@@ -20,6 +20,7 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/kvroute/kvroute/internal/version"
 	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -66,7 +67,7 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	listen := fs.String("listen", "", "API address host:port (default :8000)")
 	admin := fs.String("admin-listen", "", "metrics and debug address (default 127.0.0.1:9090)")
 	var engines engineFlags
-	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;warmup-until=RFC3339 (repeatable)")
+	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;warmup-until=RFC3339;block-size=N (repeatable; all but NAME=URL optional)")
 	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
 	eventsBind := fs.String("events-bind", "", "bound mode: bind tcp://HOST:PORT for engines that dial in, told apart by topic (overrides events.bind)")
 	namespace := fs.String("namespace", "", "Kubernetes discovery: namespace of the engine pods")
@@ -87,8 +88,13 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	accessSample := fs.Int("access-log-sample", 0, "log one routed request in N with its decision's breakdown (as /debug/route shows it); 0: off")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.Usage = usage(fs, stderr)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *showVersion {
+		return nil, errVersion
 	}
 	if *accessSample < 0 {
 		return nil, fmt.Errorf("--access-log-sample must be 0 (off) or N > 0, got %d", *accessSample)
@@ -243,6 +249,10 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	st, err := parse(args, stderr, o.Policies)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		if errors.Is(err, errVersion) {
+			version.Print(versionOut, "kvrouter")
 			return 0
 		}
 		fmt.Fprintln(stderr, "kvrouter:", err)

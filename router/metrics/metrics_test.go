@@ -57,4 +57,8 @@ kvroute_router_side_index_evicted_total{index="predicted"} 6
 	if n, err := testutil.GatherAndCount(m.Registry, "kvroute_router_requests_total"); err != nil || n != 1 {
 		t.Fatalf("requests_total series %d %v", n, err)
 	}
+	// Which build is running, on the router's own registry.
+	if n, err := testutil.GatherAndCount(m.Registry, "kvroute_build_info"); err != nil || n != 1 {
+		t.Fatalf("kvroute_build_info series %d %v", n, err)
+	}
 }

@@ -1,0 +1,40 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+
+	"github.com/kvroute/kvroute/internal/cliusage"
+)
+
+// errVersion is what parse returns for --version: run prints the version and exits 0.
+var errVersion = errors.New("version requested")
+
+// versionOut is where --version prints (a test swaps it).
+var versionOut io.Writer = os.Stdout
+
+// flagGroups orders kvrouter's usage text by task; a test fails for a flag no group names.
+var flagGroups = []cliusage.Group{
+	{Title: "API", Flags: []string{"config", "listen", "admin-listen", "model", "version"}},
+	{Title: "Engines", Flags: []string{"engine", "engines-file", "namespace", "selector", "engine-port",
+		"events-bind", "no-events", "block-size", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full"}},
+	{Title: "Policy", Flags: []string{"policy", "shadow-policy"}},
+	{Title: "Observability", Flags: []string{"log-format", "log-level", "access-log-sample", "audit",
+		"capture-dir", "capture-max-bytes", "capture-files"}},
+}
+
+const usageSynopsis = `usage: kvrouter [flags]
+
+kvroute's KV-cache-aware OpenAI-compatible router. Flags override the --config file
+(docs/router.md); give one engine source: --engine, --engines-file or --namespace/--selector.`
+
+const usageExample = `Example (one vllm-sim started with --port 8001 --kv-events-port 5557 --kv-replay-port 5558):
+  kvrouter --engine 'e0=http://127.0.0.1:8001;events=tcp://127.0.0.1:5557;replay=tcp://127.0.0.1:5558' \
+    --listen :8000 --admin-listen 127.0.0.1:9090 --policy kv
+`
+
+func usage(fs *flag.FlagSet, w io.Writer) func() {
+	return cliusage.Func(fs, w, usageSynopsis, flagGroups, usageExample)
+}
