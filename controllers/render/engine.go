@@ -245,34 +245,8 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	if sc := e.Pod.ContainerSecurityContext; sc != nil {
 		container.SecurityContext = overlayContainerSecurity(container.SecurityContext, sc)
 	}
-	volumes := []corev1.Volume{{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	if e.Parallelism.Tensor > 1 || e.SharedMemorySize != nil {
-		// NCCL between tensor-parallel workers needs more than the runtime's 64 MiB /dev/shm.
-		volumes = append(volumes, corev1.Volume{Name: "dshm", VolumeSource: corev1.VolumeSource{
-			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: e.SharedMemorySize}}})
-		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: "dshm", MountPath: "/dev/shm"})
-	}
-	for i, claim := range claims(m) {
-		name := "pvc-" + strconv.Itoa(i)
-		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
-			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true}}})
-		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: pvcMountRoot + "/" + claim, ReadOnly: true})
-	}
-
-	if claim := ModelCacheClaimName(m); claim != "" {
-		volumes = append(volumes, corev1.Volume{Name: ModelCacheVolume, VolumeSource: corev1.VolumeSource{
-			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
-		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: ModelCacheVolume, MountPath: ModelCacheMountPath})
-	}
 	pod := e.Pod
-	// The user's volumes and mounts come after the operator's; the CRD keeps their names and
-	// paths apart.
-	for i := range pod.Volumes {
-		volumes = append(volumes, userVolume(&pod.Volumes[i]))
-	}
-	for _, vm := range pod.VolumeMounts {
-		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: vm.Name, MountPath: vm.MountPath, SubPath: vm.SubPath, ReadOnly: vm.ReadOnly})
-	}
+	volumes := engineVolumes(m, &container)
 	for i := range pod.EnvFrom {
 		container.EnvFrom = append(container.EnvFrom, *pod.EnvFrom[i].DeepCopy())
 	}
@@ -302,32 +276,8 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		ServiceAccountName:            pod.ServiceAccountName,
 	}
 	podSpec.ImagePullSecrets = append(podSpec.ImagePullSecrets, pod.ImagePullSecrets...)
-	for _, t := range pod.TopologySpreadConstraints {
-		podSpec.TopologySpreadConstraints = append(podSpec.TopologySpreadConstraints, corev1.TopologySpreadConstraint{
-			MaxSkew:           t.MaxSkew,
-			TopologyKey:       t.TopologyKey,
-			WhenUnsatisfiable: t.WhenUnsatisfiable,
-			MinDomains:        copyPtr(t.MinDomains),
-			LabelSelector:     &metav1.LabelSelector{MatchLabels: EngineSelector(m)},
-			// Spread each revision on its own, so a rollout's surge pod is not counted against
-			// the pods it replaces.
-			MatchLabelKeys: []string{appsv1.DefaultDeploymentUniqueLabelKey},
-		})
-	}
-	// Never take a serving replica down before its replacement is Ready, unless the cache's
-	// claim attaches to one node only: the replacement could not mount it while the old pod
-	// holds it (and with maxUnavailable 0 the rollout would wait forever), so the old pod goes
-	// first.
-	strategy := appsv1.DeploymentStrategy{
-		Type: appsv1.RollingUpdateDeploymentStrategyType,
-		RollingUpdate: &appsv1.RollingUpdateDeployment{
-			MaxUnavailable: ptr(intstr.FromInt32(0)),
-			MaxSurge:       ptr(intstr.FromInt32(1)),
-		},
-	}
-	if cacheSingleNode(m) {
-		strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-	}
+	podSpec.TopologySpreadConstraints = engineTopologySpread(m)
+	strategy := engineStrategy(m)
 
 	d := &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
@@ -629,4 +579,76 @@ func userVolume(v *v1alpha1.EngineVolume) corev1.Volume {
 		}
 	}
 	return out
+}
+
+// engineVolumes returns the engine pod's volumes and adds their mounts to the container: the
+// operator's (home, /dev/shm for tensor parallelism, pvc:// models, the model cache), then the
+// user's (the CRD keeps their names and paths apart from the operator's).
+func engineVolumes(m *v1alpha1.KVRoutedModel, container *corev1.Container) []corev1.Volume {
+	volumes := []corev1.Volume{{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if m.Spec.Engine.Parallelism.Tensor > 1 || m.Spec.Engine.SharedMemorySize != nil {
+		// NCCL between tensor-parallel workers needs more than the runtime's 64 MiB /dev/shm.
+		volumes = append(volumes, corev1.Volume{Name: "dshm", VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: m.Spec.Engine.SharedMemorySize}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: "dshm", MountPath: "/dev/shm"})
+	}
+	for i, claim := range claims(m) {
+		name := "pvc-" + strconv.Itoa(i)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: pvcMountRoot + "/" + claim, ReadOnly: true})
+	}
+
+	if claim := ModelCacheClaimName(m); claim != "" {
+		volumes = append(volumes, corev1.Volume{Name: ModelCacheVolume, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: ModelCacheVolume, MountPath: ModelCacheMountPath})
+	}
+	pod := m.Spec.Engine.Pod
+	// The user's volumes and mounts come after the operator's; the CRD keeps their names and
+	// paths apart.
+	for i := range pod.Volumes {
+		volumes = append(volumes, userVolume(&pod.Volumes[i]))
+	}
+	for _, vm := range pod.VolumeMounts {
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: vm.Name, MountPath: vm.MountPath, SubPath: vm.SubPath, ReadOnly: vm.ReadOnly})
+	}
+	return volumes
+}
+
+// engineTopologySpread renders the user's spread constraints over the engine pods.
+func engineTopologySpread(m *v1alpha1.KVRoutedModel) []corev1.TopologySpreadConstraint {
+	var out []corev1.TopologySpreadConstraint
+	for _, t := range m.Spec.Engine.Pod.TopologySpreadConstraints {
+		out = append(out, corev1.TopologySpreadConstraint{
+			MaxSkew:           t.MaxSkew,
+			TopologyKey:       t.TopologyKey,
+			WhenUnsatisfiable: t.WhenUnsatisfiable,
+			MinDomains:        copyPtr(t.MinDomains),
+			LabelSelector:     &metav1.LabelSelector{MatchLabels: EngineSelector(m)},
+			// Spread each revision on its own, so a rollout's surge pod is not counted against
+			// the pods it replaces.
+			MatchLabelKeys: []string{appsv1.DefaultDeploymentUniqueLabelKey},
+		})
+	}
+	return out
+}
+
+// engineStrategy is the engine Deployment's rollout.
+func engineStrategy(m *v1alpha1.KVRoutedModel) appsv1.DeploymentStrategy {
+	// Never take a serving replica down before its replacement is Ready, unless the cache's
+	// claim attaches to one node only: the replacement could not mount it while the old pod
+	// holds it (and with maxUnavailable 0 the rollout would wait forever), so the old pod goes
+	// first.
+	strategy := appsv1.DeploymentStrategy{
+		Type: appsv1.RollingUpdateDeploymentStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDeployment{
+			MaxUnavailable: ptr(intstr.FromInt32(0)),
+			MaxSurge:       ptr(intstr.FromInt32(1)),
+		},
+	}
+	if cacheSingleNode(m) {
+		strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	}
+	return strategy
 }

@@ -57,18 +57,16 @@ func Serve(base vllmsim.Config, args []string, env func(string) (string, bool)) 
 	cfg.OmitPromptTokensDetails = true
 	empty := ""
 	cfg.KVEventsTopic = &empty
-	var model, served []string
-	var eventsJSON string
-	hostSet := false
+	var st serveState
 	for p.i < len(p.args) {
 		a := p.args[p.i]
 		p.i++
 		if a == "--" {
-			model = append(model, p.args[p.i:]...)
+			st.model = append(st.model, p.args[p.i:]...)
 			break
 		}
 		if !strings.HasPrefix(a, "-") || a == "-" || isNumber(a) {
-			model = append(model, a)
+			st.model = append(st.model, a)
 			continue
 		}
 		if a == "-h" || a == "--help" || strings.HasPrefix(a, "--help=") {
@@ -98,82 +96,29 @@ func Serve(base vllmsim.Config, args []string, env func(string) (string, bool)) 
 			}
 			return Result{}, fmt.Errorf("%s: vllm-sim does not simulate this vLLM flag", spelt)
 		}
-		switch f.name {
-		case "host":
-			cfg.Host, hostSet = vals[0], true
-		case "port":
-			err = setInt(&cfg.Port, spelt, vals[0])
-		case "model":
-			model = append(model, vals[0])
-		case "served-model-name":
-			served = vals
-		case "block-size":
-			err = setInt(&cfg.BlockSize, spelt, vals[0])
-		case "prefix-caching-hash-algo":
-			cfg.HashAlgo = vals[0]
-		case "enable-prefix-caching":
-			if negated {
-				return Result{}, fmt.Errorf("%s: vllm-sim always caches prefixes (kvroute routes on that cache)", spelt)
-			}
-		case "data-parallel-size":
-			err = setInt(&cfg.DataParallelSize, spelt, vals[0])
-		case "max-model-len":
-			cfg.MaxModelLen, err = humanInt(spelt, vals[0])
-		case "max-num-batched-tokens":
-			cfg.MaxBatchedTokens, err = humanInt(spelt, vals[0])
-		case "max-num-seqs":
-			err = setInt(&cfg.MaxNumSeqs, spelt, vals[0])
-		case "num-gpu-blocks-override":
-			err = setInt(&cfg.NumGPUBlocks, spelt, vals[0])
-		case "enable-prompt-tokens-details":
-			cfg.OmitPromptTokensDetails = negated
-		case "enable-lora":
-			// Adapters are served when --lora-modules names them; the flag itself changes nothing.
-		case "lora-modules":
-			cfg.LoRAAdapters = nil
-			for _, v := range vals {
-				name, err := loraName(v)
-				if err != nil {
-					return Result{}, fmt.Errorf("%s %q: %w", spelt, v, err)
-				}
-				cfg.LoRAAdapters = append(cfg.LoRAAdapters, name)
-			}
-		case "api-key":
-			cfg.APIKeys = vals
-		case "sse-keep-alive-interval":
-			s, perr := strconv.ParseFloat(vals[0], 64)
-			if perr != nil || !(s >= 0 && s <= 86400) {
-				return Result{}, fmt.Errorf("%s %q: want seconds within 0..86400", spelt, vals[0])
-			}
-			cfg.SSEKeepAliveInterval = time.Duration(s * float64(time.Second))
-		case "kv-events-config":
-			eventsJSON = vals[0]
-		default:
-			err = fmt.Errorf("%s: mapped flag without a mapping (vllmcli bug)", spelt)
-		}
-		if err != nil {
+		if err := st.apply(&cfg, f.name, spelt, vals, negated); err != nil {
 			return Result{}, err
 		}
 	}
 	switch {
-	case len(model) > 1:
-		return Result{}, fmt.Errorf("unexpected arguments %q: `vllm serve` takes one model", model[1:])
-	case len(served) > 1:
-		return Result{}, fmt.Errorf("--served-model-name %q: vllm-sim serves one name", served)
-	case len(served) == 1:
-		cfg.Model = served[0]
-	case len(model) == 1:
-		cfg.Model = model[0] // vLLM serves a model under its path when no name is given
+	case len(st.model) > 1:
+		return Result{}, fmt.Errorf("unexpected arguments %q: `vllm serve` takes one model", st.model[1:])
+	case len(st.served) > 1:
+		return Result{}, fmt.Errorf("--served-model-name %q: vllm-sim serves one name", st.served)
+	case len(st.served) == 1:
+		cfg.Model = st.served[0]
+	case len(st.model) == 1:
+		cfg.Model = st.model[0] // vLLM serves a model under its path when no name is given
 	}
 	wild, _ := env(WildcardHostEnv)
-	if !hostSet || isWildcardHost(cfg.Host) {
+	if !st.hostSet || isWildcardHost(cfg.Host) {
 		cfg.Host = "0.0.0.0"
 		if wild != "" {
 			cfg.Host = wild
 		}
 	}
-	if eventsJSON != "" {
-		if err := applyKVEvents(&cfg, eventsJSON, wild); err != nil {
+	if st.eventsJSON != "" {
+		if err := applyKVEvents(&cfg, st.eventsJSON, wild); err != nil {
 			return Result{}, err
 		}
 	}
@@ -442,4 +387,73 @@ func wildcardTo(endpoint, host string) string {
 		host = "[" + host + "]"
 	}
 	return "tcp://" + host + rest[i:]
+}
+
+// serveState is what Serve gathers from the command line beside the configuration itself.
+type serveState struct {
+	model, served []string
+	eventsJSON    string
+	hostSet       bool
+}
+
+// apply sets what one mapped vLLM flag (name, as spelt, with its values) means for cfg.
+func (st *serveState) apply(cfg *vllmsim.Config, name, spelt string, vals []string, negated bool) error {
+	switch name {
+	case "host":
+		cfg.Host, st.hostSet = vals[0], true
+	case "port":
+		return setInt(&cfg.Port, spelt, vals[0])
+	case "model":
+		st.model = append(st.model, vals[0])
+	case "served-model-name":
+		st.served = vals
+	case "block-size":
+		return setInt(&cfg.BlockSize, spelt, vals[0])
+	case "prefix-caching-hash-algo":
+		cfg.HashAlgo = vals[0]
+	case "enable-prefix-caching":
+		if negated {
+			return fmt.Errorf("%s: vllm-sim always caches prefixes (kvroute routes on that cache)", spelt)
+		}
+	case "data-parallel-size":
+		return setInt(&cfg.DataParallelSize, spelt, vals[0])
+	case "max-model-len":
+		var err error
+		cfg.MaxModelLen, err = humanInt(spelt, vals[0])
+		return err
+	case "max-num-batched-tokens":
+		var err error
+		cfg.MaxBatchedTokens, err = humanInt(spelt, vals[0])
+		return err
+	case "max-num-seqs":
+		return setInt(&cfg.MaxNumSeqs, spelt, vals[0])
+	case "num-gpu-blocks-override":
+		return setInt(&cfg.NumGPUBlocks, spelt, vals[0])
+	case "enable-prompt-tokens-details":
+		cfg.OmitPromptTokensDetails = negated
+	case "enable-lora":
+		// Adapters are served when --lora-modules names them; the flag itself changes nothing.
+	case "lora-modules":
+		cfg.LoRAAdapters = nil
+		for _, v := range vals {
+			name, err := loraName(v)
+			if err != nil {
+				return fmt.Errorf("%s %q: %w", spelt, v, err)
+			}
+			cfg.LoRAAdapters = append(cfg.LoRAAdapters, name)
+		}
+	case "api-key":
+		cfg.APIKeys = vals
+	case "sse-keep-alive-interval":
+		s, perr := strconv.ParseFloat(vals[0], 64)
+		if perr != nil || !(s >= 0 && s <= 86400) {
+			return fmt.Errorf("%s %q: want seconds within 0..86400", spelt, vals[0])
+		}
+		cfg.SSEKeepAliveInterval = time.Duration(s * float64(time.Second))
+	case "kv-events-config":
+		st.eventsJSON = vals[0]
+	default:
+		return fmt.Errorf("%s: mapped flag without a mapping (vllmcli bug)", spelt)
+	}
+	return nil
 }
