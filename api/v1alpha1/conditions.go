@@ -55,8 +55,10 @@ const (
 	AnnotationPrefix   = "serving.kvroute.io/"
 	AnnotationKVEvents = "serving.kvroute.io/kv-events-ports"
 	AnnotationKVReplay = "serving.kvroute.io/kv-replay-ports"
-	AnnotationBlock    = "serving.kvroute.io/block-size"
-	AnnotationWarmup   = "serving.kvroute.io/warmup-until"
+	// AnnotationKVSnapshot is read by the router; the operator does not write it yet.
+	AnnotationKVSnapshot = "serving.kvroute.io/kv-snapshot-ports"
+	AnnotationBlock      = "serving.kvroute.io/block-size"
+	AnnotationWarmup     = "serving.kvroute.io/warmup-until"
 	// AnnotationConfigChecksum on the router pod template rolls the router when its ConfigMap changes.
 	AnnotationConfigChecksum = "serving.kvroute.io/config-checksum"
 )

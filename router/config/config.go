@@ -307,10 +307,11 @@ var HashAlgos = []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}
 // Default annotation names: the operator's contract on engine pods, named once in the API
 // package that the operator writes them from.
 const (
-	DefaultEventsPortsAnnotation = v1alpha1.AnnotationKVEvents
-	DefaultReplayPortsAnnotation = v1alpha1.AnnotationKVReplay
-	DefaultBlockSizeAnnotation   = v1alpha1.AnnotationBlock
-	DefaultWarmupUntilAnnotation = v1alpha1.AnnotationWarmup
+	DefaultEventsPortsAnnotation   = v1alpha1.AnnotationKVEvents
+	DefaultReplayPortsAnnotation   = v1alpha1.AnnotationKVReplay
+	DefaultSnapshotPortsAnnotation = v1alpha1.AnnotationKVSnapshot
+	DefaultBlockSizeAnnotation     = v1alpha1.AnnotationBlock
+	DefaultWarmupUntilAnnotation   = v1alpha1.AnnotationWarmup
 )
 
 // Default returns the configuration used for every key a file leaves out.

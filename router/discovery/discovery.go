@@ -25,6 +25,10 @@ type Engine struct {
 	// the same length as Events, or — for a router in bound mode, where events arrive on its
 	// own socket — given without Events.
 	Replay []string
+	// Snapshot are the snapshot (ROUTER) endpoints per DP rank, rank order ("" = none for that
+	// rank); nil, or the same length as the Events or Replay given. With one a stream starts
+	// from the engine's whole cache state and rebuilds a gap its replay ring no longer covers.
+	Snapshot []string
 	// BlockSize is the engine's KV block size in tokens; 0 = unknown (learned from events).
 	BlockSize int
 	// WarmupUntil is when the engine's warm-up credit ends; zero = not warming.
@@ -38,16 +42,16 @@ type Engine struct {
 	Incarnation string
 }
 
-// Ranks is the number of DP ranks the engine announces event or replay endpoints for (at
+// Ranks is the number of DP ranks the engine announces event, replay or snapshot endpoints for (at
 // least 1).
 func (e Engine) Ranks() int {
-	return max(1, len(e.Events), len(e.Replay))
+	return max(1, len(e.Events), len(e.Replay), len(e.Snapshot))
 }
 
 // Equal reports whether two engines are identical, field by field.
 func (e Engine) Equal(o Engine) bool {
 	return e.Name == o.Name && e.URL == o.URL && slices.Equal(e.Events, o.Events) &&
-		slices.Equal(e.Replay, o.Replay) && e.BlockSize == o.BlockSize &&
+		slices.Equal(e.Replay, o.Replay) && slices.Equal(e.Snapshot, o.Snapshot) && e.BlockSize == o.BlockSize &&
 		e.WarmupUntil.Equal(o.WarmupUntil) && e.Ready == o.Ready && e.Incarnation == o.Incarnation
 }
 
@@ -75,6 +79,7 @@ func cloneSnapshot(es []Engine) []Engine {
 	for i, e := range es {
 		e.Events = slices.Clone(e.Events)
 		e.Replay = slices.Clone(e.Replay)
+		e.Snapshot = slices.Clone(e.Snapshot)
 		out[i] = e
 	}
 	return out

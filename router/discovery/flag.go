@@ -17,18 +17,20 @@ import (
 const (
 	keyEvents      = "events"
 	keyReplay      = "replay"
+	keySnapshot    = "snapshot"
 	keyWarmupUntil = "warmup-until"
 	keyBlockSize   = "block-size"
 )
 
-var flagKeys = []string{keyEvents, keyReplay, keyWarmupUntil, keyBlockSize}
+var flagKeys = []string{keyEvents, keyReplay, keySnapshot, keyWarmupUntil, keyBlockSize}
 
 // ParseEngineFlag parses one --engine value (also one line of --engines-file):
 //
-//	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;warmup-until=RFC3339;block-size=N
+//	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;snapshot=tcp://HOST:S0,tcp://HOST:S1;warmup-until=RFC3339;block-size=N
 //
-// Everything after the URL is optional and may come in any order, each key once. events and
-// replay list one endpoint per DP rank in rank order, the same count when both are given;
+// Everything after the URL is optional and may come in any order, each key once. events,
+// replay and snapshot list one endpoint per DP rank in rank order, the same count when more
+// than one is given;
 // replay alone is for a router in bound mode (--events-bind), where the engines dial in with
 // their events but still serve replay on their own sockets.
 // The engine is Ready (a static engine is routable until its requests fail).
@@ -44,7 +46,7 @@ func parseEngine(s string) (Engine, error) {
 	parts := strings.Split(strings.TrimSpace(s), ";")
 	name, rawURL, ok := strings.Cut(parts[0], "=")
 	if !ok {
-		return Engine{}, errors.New("want NAME=http://HOST:PORT[;events=...][;replay=...][;warmup-until=RFC3339][;block-size=N]")
+		return Engine{}, errors.New("want NAME=http://HOST:PORT[;events=...][;replay=...][;snapshot=...][;warmup-until=RFC3339][;block-size=N]")
 	}
 	name = strings.TrimSpace(name)
 	if err := checkName(name); err != nil {
@@ -56,7 +58,7 @@ func parseEngine(s string) (Engine, error) {
 	}
 	e := Engine{Name: name, URL: u, Ready: true}
 	seen := map[string]bool{}
-	var replayGiven bool
+	var replayGiven, snapshotGiven bool
 	for _, part := range parts[1:] {
 		part = strings.TrimSpace(part)
 		if part == "" {
@@ -72,15 +74,18 @@ func parseEngine(s string) (Engine, error) {
 		}
 		seen[key] = true
 		switch key {
-		case keyEvents, keyReplay:
+		case keyEvents, keyReplay, keySnapshot:
 			eps, err := parseEndpoints(key, val)
 			if err != nil {
 				return Engine{}, err
 			}
-			if key == keyEvents {
+			switch key {
+			case keyEvents:
 				e.Events = eps
-			} else {
+			case keyReplay:
 				e.Replay, replayGiven = eps, true
+			default:
+				e.Snapshot, snapshotGiven = eps, true
 			}
 		case keyWarmupUntil:
 			t, err := time.Parse(time.RFC3339Nano, val)
@@ -101,6 +106,9 @@ func parseEngine(s string) (Engine, error) {
 	if err := checkReplay(e); replayGiven && err != nil {
 		return Engine{}, err
 	}
+	if err := checkSnapshot(e); snapshotGiven && err != nil {
+		return Engine{}, err
+	}
 	return e, nil
 }
 
@@ -109,6 +117,19 @@ func parseEngine(s string) (Engine, error) {
 func checkReplay(e Engine) error {
 	if len(e.Replay) > 0 && len(e.Events) > 0 && len(e.Replay) != len(e.Events) {
 		return fmt.Errorf("replay has %d endpoints but events has %d: give one per DP rank, in rank order", len(e.Replay), len(e.Events))
+	}
+	return nil
+}
+
+// checkSnapshot: snapshot pairs rank by rank with the events and the replay endpoints given.
+func checkSnapshot(e Engine) error {
+	for _, o := range []struct {
+		key string
+		eps []string
+	}{{keyEvents, e.Events}, {keyReplay, e.Replay}} {
+		if len(e.Snapshot) > 0 && len(o.eps) > 0 && len(e.Snapshot) != len(o.eps) {
+			return fmt.Errorf("snapshot has %d endpoints but %s has %d: give one per DP rank, in rank order", len(e.Snapshot), o.key, len(o.eps))
+		}
 	}
 	return nil
 }
@@ -212,6 +233,9 @@ func (e Engine) String() string {
 	}
 	if len(e.Replay) > 0 {
 		b.WriteString(";" + keyReplay + "=" + strings.Join(e.Replay, ","))
+	}
+	if len(e.Snapshot) > 0 {
+		b.WriteString(";" + keySnapshot + "=" + strings.Join(e.Snapshot, ","))
 	}
 	if !e.WarmupUntil.IsZero() {
 		b.WriteString(";" + keyWarmupUntil + "=" + e.WarmupUntil.Format(time.RFC3339Nano))

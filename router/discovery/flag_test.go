@@ -32,6 +32,11 @@ func TestParseEngineFlagGood(t *testing.T) {
 		// Bound mode: events come in over the router's socket; replay is still the engine's.
 		{"e5=http://h:8000;replay=tcp://h:5600,tcp://h:5601",
 			Engine{Name: "e5", URL: "http://h:8000", Ready: true, Replay: []string{"tcp://h:5600", "tcp://h:5601"}}},
+		{"e6=http://h:8000;snapshot=tcp://h:5700,tcp://h:5701;events=tcp://h:5557,tcp://h:5558;replay=tcp://h:5600,tcp://h:5601",
+			Engine{Name: "e6", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:5557", "tcp://h:5558"},
+				Replay: []string{"tcp://h:5600", "tcp://h:5601"}, Snapshot: []string{"tcp://h:5700", "tcp://h:5701"}}},
+		{"e7=http://h:8000;events=tcp://h:5557;snapshot=tcp://h:5700",
+			Engine{Name: "e7", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:5557"}, Snapshot: []string{"tcp://h:5700"}}},
 	}
 	for _, tc := range cases {
 		got, err := ParseEngineFlag(tc.in)
@@ -71,6 +76,10 @@ func TestParseEngineFlagBad(t *testing.T) {
 		{"e=http://h:8000;events=tcp://h:1/x", "tcp://HOST:PORT only"},
 		{"e=http://h:8000;events=tcp://h:1,tcp://h:2;replay=tcp://h:3", "replay has 1 endpoints but events has 2"},
 		{"e=http://h:8000;events=tcp://h:1;events=tcp://h:2", "events is given twice"},
+		{"e=http://h:8000;events=tcp://h:1,tcp://h:2;snapshot=tcp://h:3", "snapshot has 1 endpoints but events has 2"},
+		{"e=http://h:8000;replay=tcp://h:1;snapshot=tcp://h:3,tcp://h:4", "snapshot has 2 endpoints but replay has 1"},
+		{"e=http://h:8000;snapshot=", "snapshot= lists no endpoints"},
+		{"e=http://h:8000;snapshot=tcp://h:1,h:2", "snapshot rank 1"},
 		{"e=http://h:8000;warmup-until=tomorrow", "not an RFC 3339 time"},
 		{"e=http://h:8000;warmup-until=2026-03-04 05:06:07", "not an RFC 3339 time"},
 		{"e=http://h:8000;block-size=0", "block-size \"0\""},
@@ -92,7 +101,7 @@ func TestParseEngineFlagBad(t *testing.T) {
 
 func FuzzParseEngineFlag(f *testing.F) {
 	for _, s := range []string{"e=http://h:8000", "e1=http://h:8000;events=tcp://h:5557,tcp://h:5558;replay=tcp://h:5600,tcp://h:5601",
-		"e=http://[::1]:1;warmup-until=2026-03-04T05:06:07.123+02:00;block-size=16", ";;=", "e=http://h:8000;events=tcp://[::1]:5"} {
+		"e=http://h:8000;events=tcp://h:1;snapshot=tcp://h:2", "e=http://[::1]:1;warmup-until=2026-03-04T05:06:07.123+02:00;block-size=16", ";;=", "e=http://h:8000;events=tcp://[::1]:5"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -44,8 +44,11 @@ type KubernetesOptions struct {
 	// Annotation names; "" means the config.Default*Annotation the operator writes.
 	EventsPortsAnnotation string
 	ReplayPortsAnnotation string
-	BlockSizeAnnotation   string
-	WarmupUntilAnnotation string
+	// SnapshotPortsAnnotation lists the engine's snapshot ports per DP rank; the operator
+	// does not write it yet, so it is set on the engine pods by hand.
+	SnapshotPortsAnnotation string
+	BlockSizeAnnotation     string
+	WarmupUntilAnnotation   string
 	// Debounce is how long changes are gathered before one snapshot; 0 means DefaultDebounce.
 	Debounce time.Duration
 	// Logger receives pods whose annotations cannot be used and watch errors; nil means
@@ -73,6 +76,7 @@ func (o *KubernetesOptions) fill() {
 	fill(&o.Container, DefaultEngineContainer)
 	fill(&o.EventsPortsAnnotation, config.DefaultEventsPortsAnnotation)
 	fill(&o.ReplayPortsAnnotation, config.DefaultReplayPortsAnnotation)
+	fill(&o.SnapshotPortsAnnotation, config.DefaultSnapshotPortsAnnotation)
 	fill(&o.BlockSizeAnnotation, config.DefaultBlockSizeAnnotation)
 	fill(&o.WarmupUntilAnnotation, config.DefaultWarmupUntilAnnotation)
 	if o.Debounce <= 0 {
@@ -299,6 +303,19 @@ func EngineFromPod(p *corev1.Pod, o KubernetesOptions) (e Engine, ok bool, probl
 			o.ReplayPortsAnnotation, len(replay), o.EventsPortsAnnotation, len(e.Events)))
 	default:
 		e.Replay = replay
+	}
+	snap, err := endpointsFromPorts(ip, ann[o.SnapshotPortsAnnotation])
+	switch {
+	case err != nil:
+		problems = append(problems, fmt.Sprintf("annotation %s: %v (snapshot ignored)", o.SnapshotPortsAnnotation, err))
+	case len(snap) > 0 && len(e.Events) > 0 && len(snap) != len(e.Events):
+		problems = append(problems, fmt.Sprintf("annotation %s lists %d ports but %s lists %d (snapshot ignored)",
+			o.SnapshotPortsAnnotation, len(snap), o.EventsPortsAnnotation, len(e.Events)))
+	case len(snap) > 0 && len(e.Replay) > 0 && len(snap) != len(e.Replay):
+		problems = append(problems, fmt.Sprintf("annotation %s lists %d ports but %s lists %d (snapshot ignored)",
+			o.SnapshotPortsAnnotation, len(snap), o.ReplayPortsAnnotation, len(e.Replay)))
+	default:
+		e.Snapshot = snap
 	}
 	if v, has := ann[o.BlockSizeAnnotation]; has {
 		n, err := strconv.Atoi(strings.TrimSpace(v))

@@ -30,10 +30,11 @@ func enginePod(ip string, ann map[string]string) *corev1.Pod {
 
 func TestEngineFromPod(t *testing.T) {
 	ann := map[string]string{
-		config.DefaultEventsPortsAnnotation: "5557,5558",
-		config.DefaultReplayPortsAnnotation: "5600, 5601",
-		config.DefaultBlockSizeAnnotation:   "32",
-		config.DefaultWarmupUntilAnnotation: "2026-05-06T07:08:09Z",
+		config.DefaultEventsPortsAnnotation:   "5557,5558",
+		config.DefaultReplayPortsAnnotation:   "5600, 5601",
+		config.DefaultSnapshotPortsAnnotation: "5700,5701",
+		config.DefaultBlockSizeAnnotation:     "32",
+		config.DefaultWarmupUntilAnnotation:   "2026-05-06T07:08:09Z",
 	}
 	e, ok, problems := EngineFromPod(enginePod("fd00::7", ann), KubernetesOptions{})
 	if !ok || len(problems) > 0 {
@@ -43,6 +44,7 @@ func TestEngineFromPod(t *testing.T) {
 		Name: "p", URL: "http://[fd00::7]:8000", Ready: true, Incarnation: "u1/2", BlockSize: 32,
 		Events:      []string{"tcp://[fd00::7]:5557", "tcp://[fd00::7]:5558"},
 		Replay:      []string{"tcp://[fd00::7]:5600", "tcp://[fd00::7]:5601"},
+		Snapshot:    []string{"tcp://[fd00::7]:5700", "tcp://[fd00::7]:5701"},
 		WarmupUntil: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC),
 	}
 	if !e.Equal(want) {
@@ -82,6 +84,14 @@ func TestEngineFromPodProblems(t *testing.T) {
 	e, _, problems = EngineFromPod(enginePod("10.0.0.1", map[string]string{config.DefaultReplayPortsAnnotation: "5600,5601"}), KubernetesOptions{})
 	if len(problems) != 0 || e.Events != nil || strings.Join(e.Replay, " ") != "tcp://10.0.0.1:5600 tcp://10.0.0.1:5601" || e.Ranks() != 2 {
 		t.Fatalf("replay-only pod: %s %v", show(e), problems)
+	}
+	// A snapshot port list of the wrong length, or a bad port, is ignored with its reason.
+	for _, snap := range []string{"5700", "5700,x"} {
+		e, _, problems = EngineFromPod(enginePod("10.0.0.1", map[string]string{
+			config.DefaultEventsPortsAnnotation: "5557,5558", config.DefaultSnapshotPortsAnnotation: snap}), KubernetesOptions{})
+		if len(problems) != 1 || !strings.Contains(problems[0], "snapshot ignored") || e.Snapshot != nil || len(e.Events) != 2 {
+			t.Errorf("snapshot ports %q: %s %v", snap, show(e), problems)
+		}
 	}
 	_, _, problems = EngineFromPod(enginePod("10.0.0.1", map[string]string{config.DefaultEventsPortsAnnotation: "5557,x"}), KubernetesOptions{})
 	if len(problems) != 1 || !strings.Contains(problems[0], "rank 1") {

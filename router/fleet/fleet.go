@@ -326,7 +326,7 @@ func countStreams(e *Engine) int {
 
 func sameWiring(a, b discovery.Engine) bool {
 	return a.URL == b.URL && fmt.Sprint(a.Events) == fmt.Sprint(b.Events) && fmt.Sprint(a.Replay) == fmt.Sprint(b.Replay) &&
-		a.Ranks() == b.Ranks()
+		fmt.Sprint(a.Snapshot) == fmt.Sprint(b.Snapshot) && a.Ranks() == b.Ranks()
 }
 
 // modelInfo is what an engine's /v1/models said, and its num_gpu_blocks from /metrics (0:
@@ -405,6 +405,9 @@ func (f *Fleet) addEngine(d discovery.Engine, mi modelInfo) (*Engine, error) {
 			}
 			if ev.Replay && r < len(d.Replay) {
 				sc.ReplayEndpoint = d.Replay[r]
+			}
+			if r < len(d.Snapshot) {
+				sc.SnapshotEndpoint = d.Snapshot[r]
 			}
 			if f.o.Bound {
 				sc.Endpoint = ""
