@@ -67,7 +67,7 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	listen := fs.String("listen", "", "API address host:port (default :8000)")
 	admin := fs.String("admin-listen", "", "metrics and debug address (default 127.0.0.1:9090)")
 	var engines engineFlags
-	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;warmup-until=RFC3339;block-size=N (repeatable; all but NAME=URL optional)")
+	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;snapshot=tcp://..,..;warmup-until=RFC3339;block-size=N (repeatable; all but NAME=URL optional)")
 	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
 	eventsBind := fs.String("events-bind", "", "bound mode: bind tcp://HOST:PORT for engines that dial in, told apart by topic (overrides events.bind)")
 	namespace := fs.String("namespace", "", "Kubernetes discovery: namespace of the engine pods")
@@ -206,8 +206,8 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 			if err != nil {
 				return nil, fmt.Errorf("--engine: %w", err)
 			}
-			if len(en.Events) == 0 && len(en.Replay) > 0 && st.eventsBind == "" {
-				return nil, fmt.Errorf("--engine %s: replay= without events= is bound mode's shape and needs --events-bind", en.Name)
+			if len(en.Events) == 0 && (len(en.Replay) > 0 || len(en.Snapshot) > 0) && st.eventsBind == "" {
+				return nil, fmt.Errorf("--engine %s: replay= or snapshot= without events= is bound mode's shape and needs --events-bind", en.Name)
 			}
 			es = append(es, en)
 		}

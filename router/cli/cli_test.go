@@ -26,7 +26,8 @@ func TestFlagErrors(t *testing.T) {
 		{"--namespace", "ns"},
 		{"--log-format", "xml", "--engine", "a=http://127.0.0.1:1"},
 		{"--config", "does-not-exist.yaml"},
-		{"--engine", "a=http://127.0.0.1:1;replay=tcp://127.0.0.1:2"}, // replay alone needs --events-bind
+		{"--engine", "a=http://127.0.0.1:1;replay=tcp://127.0.0.1:2"},   // replay alone needs --events-bind
+		{"--engine", "a=http://127.0.0.1:1;snapshot=tcp://127.0.0.1:2"}, // so does snapshot alone
 		{"--engine", "a=http://127.0.0.1:1", "--events-bind", "127.0.0.1:5557"},
 	} {
 		var stderr bytes.Buffer

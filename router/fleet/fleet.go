@@ -381,8 +381,8 @@ func (f *Fleet) addEngine(d discovery.Engine, mi modelInfo) (*Engine, error) {
 		f.log.Warn("engine models not read; topic and LoRA detection use --model until a probe succeeds and they are read again",
 			"engine", d.Name, "err", mi.err)
 	}
-	if !f.o.Bound && len(d.Events) == 0 && len(d.Replay) > 0 {
-		f.log.Warn("engine lists replay endpoints without event endpoints, which only bound mode (--events-bind) uses; scored approximately",
+	if !f.o.Bound && len(d.Events) == 0 && (len(d.Replay) > 0 || len(d.Snapshot) > 0) {
+		f.log.Warn("engine lists replay or snapshot endpoints without event endpoints, which only bound mode (--events-bind) uses; scored approximately",
 			"engine", d.Name)
 	}
 	ev := f.o.Config.Events
