@@ -204,3 +204,20 @@ func TestStaticSource(t *testing.T) {
 		t.Errorf("CheckSnapshot on a duplicate: %v", err)
 	}
 }
+
+// An engines-file line takes snapshot= as --engine does, and a snapshot endpoint alone
+// changing is a change of the engine.
+func TestParseEngineListSnapshot(t *testing.T) {
+	es, err := ParseEngineList([]byte("a=http://h:1;events=tcp://h:5557,tcp://h:5558;snapshot=tcp://h:5700,tcp://h:5701\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 1 || strings.Join(es[0].Snapshot, " ") != "tcp://h:5700 tcp://h:5701" {
+		t.Fatalf("got %s", show(es...))
+	}
+	other := cloneSnapshot(es)
+	other[0].Snapshot[1] = "tcp://h:5799"
+	if es[0].Snapshot[1] != "tcp://h:5701" || equalSnapshots(es, other) {
+		t.Fatalf("clone or Equal ignores the snapshot endpoints: %s vs %s", show(es...), show(other...))
+	}
+}
