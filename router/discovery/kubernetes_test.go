@@ -84,9 +84,10 @@ func TestKubernetesSource(t *testing.T) {
 
 	// Pods that exist before the source starts.
 	mkPod("engine-a", "qwen", map[string]string{
-		config.DefaultEventsPortsAnnotation: "5557,5558",
-		config.DefaultReplayPortsAnnotation: "5600,5601",
-		config.DefaultBlockSizeAnnotation:   "16",
+		config.DefaultEventsPortsAnnotation:   "5557,5558",
+		config.DefaultReplayPortsAnnotation:   "5600,5601",
+		config.DefaultSnapshotPortsAnnotation: "5700,5701",
+		config.DefaultBlockSizeAnnotation:     "16",
 	})
 	mkPod("other-model", "llama", map[string]string{config.DefaultEventsPortsAnnotation: "5557"})
 	setStatus("engine-a", "10.0.0.1", true, 0)
@@ -135,8 +136,9 @@ func TestKubernetesSource(t *testing.T) {
 	snap := rec.waitSnapshot(t, "engine-a", func(es []Engine) bool { return names(es) == "engine-a" })
 	a := snap[0]
 	want := Engine{Name: "engine-a", URL: "http://10.0.0.1:8000", Ready: true, BlockSize: 16,
-		Events: []string{"tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"},
-		Replay: []string{"tcp://10.0.0.1:5600", "tcp://10.0.0.1:5601"}, Incarnation: a.Incarnation}
+		Events:   []string{"tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"},
+		Replay:   []string{"tcp://10.0.0.1:5600", "tcp://10.0.0.1:5601"},
+		Snapshot: []string{"tcp://10.0.0.1:5700", "tcp://10.0.0.1:5701"}, Incarnation: a.Incarnation}
 	if !a.Equal(want) || a.Incarnation == "" {
 		t.Fatalf("engine-a = %s\nwant %s", show(a), show(want))
 	}
