@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/server"
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
@@ -269,11 +270,23 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 // Generate serves one generation request (server.Router): tokenize, decide, forward, retry
 // elsewhere while no token has reached the client, account.
 func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
+	start := server.Accepted(ctx)
+	if start.IsZero() {
+		start = time.Now()
+	}
+	outcome, stream := outcomeOK, false
+	// Deferred so that an answer cut after its first token (the handler aborts by panicking)
+	// is measured too; by then every byte the client gets has been written.
+	defer func() {
+		s.met.RequestSeconds.WithLabelValues(outcome, strconv.FormatBool(stream)).Observe(time.Since(start).Seconds())
+	}()
 	reps := s.reps()
 	p, ok := s.prepare(w, r, kind, body, reps)
 	if !ok {
+		outcome = outcomeClientError
 		return
 	}
+	stream = p.tr.Stream
 	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
 	if rw.OverridesClientMode(p.body) {
 		s.met.ReportModeOverrides.Inc()
@@ -281,6 +294,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	upBody, err := rw.Apply(p.body)
 	if err != nil {
+		outcome = outcomeClientError
 		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
 		return
 	}
@@ -295,9 +309,11 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		if err != nil {
 			s.release(d)
 			if attempt == 0 {
+				outcome = outcomeNoEngine
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
 			} else {
+				outcome = outcomeEngineError
 				s.allFailed(w, last)
 			}
 			return
@@ -350,6 +366,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			s.rollback(d)
 		}
 		s.release(d) // ended either way: by forward (Done) or just above
+		outcome = requestOutcome(out)
 		if !out.Started && out.Err != nil {
 			switch {
 			case out.ClientGone:
@@ -367,7 +384,33 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 		return
 	}
+	outcome = outcomeEngineError
 	s.allFailed(w, last)
+}
+
+// The outcomes of kvroute_router_request_duration_seconds, a closed set.
+const (
+	outcomeOK          = "ok"
+	outcomeClientError = "client_error" // refused as the client's fault (4xx), by the router or an engine
+	outcomeEngineError = "engine_error" // an engine failed it: 5xx, every attempt failed, an answer cut
+	outcomeTimeout     = "timeout"      // the request deadline, the first-token or the idle timeout
+	outcomeNoEngine    = "no_engine"    // no healthy engine to send it to
+	outcomeCanceled    = "canceled"     // the client left first
+)
+
+// requestOutcome classifies the last attempt of a request the router answered from an engine.
+func requestOutcome(out proxy.Outcome) string {
+	switch {
+	case out.ClientGone:
+		return outcomeCanceled
+	case out.Kind == proxy.KindRequestTimeout || out.Kind == proxy.KindFirstTokenTimeout || out.Kind == proxy.KindIdleTimeout:
+		return outcomeTimeout
+	case out.Err != nil || out.Cut || out.EngineError != "" || out.Status >= 500:
+		return outcomeEngineError
+	case out.Status >= 400:
+		return outcomeClientError
+	}
+	return outcomeOK
 }
 
 // allFailed answers a request whose every attempt failed before its first token.
