@@ -9,6 +9,10 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/load"
@@ -270,23 +274,19 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 // Generate serves one generation request (server.Router): tokenize, decide, forward, retry
 // elsewhere while no token has reached the client, account.
 func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
-	start := server.Accepted(ctx)
-	if start.IsZero() {
-		start = time.Now()
-	}
-	outcome, stream := outcomeOK, false
+	ctx, rq := s.startRequest(ctx, r)
 	// Deferred so that an answer cut after its first token (the handler aborts by panicking)
 	// is measured too; by then every byte the client gets has been written.
-	defer func() {
-		s.met.RequestSeconds.WithLabelValues(outcome, strconv.FormatBool(stream)).Observe(time.Since(start).Seconds())
-	}()
+	defer rq.end()
 	reps := s.reps()
+	endTokenize := s.childSpan(ctx, "kvroute.tokenize")
 	p, ok := s.prepare(w, r, kind, body, reps)
+	endTokenize()
 	if !ok {
-		outcome = outcomeClientError
+		rq.outcome = outcomeClientError
 		return
 	}
-	stream = p.tr.Stream
+	rq.stream = p.tr.Stream
 	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
 	if rw.OverridesClientMode(p.body) {
 		s.met.ReportModeOverrides.Inc()
@@ -294,7 +294,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	upBody, err := rw.Apply(p.body)
 	if err != nil {
-		outcome = outcomeClientError
+		rq.outcome = outcomeClientError
 		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
 		return
 	}
@@ -305,20 +305,23 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	excluded := map[*replica]bool{}
 	var last proxy.Outcome
 	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
+		endDecide := s.childSpan(ctx, "kvroute.decide")
 		d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
 		if err != nil {
+			endDecide()
 			s.release(d)
 			if attempt == 0 {
-				outcome = outcomeNoEngine
+				rq.outcome = outcomeNoEngine
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
 			} else {
-				outcome = outcomeEngineError
+				rq.outcome = outcomeEngineError
 				s.allFailed(w, last)
 			}
 			return
 		}
 		s.met.DecisionSeconds.WithLabelValues(s.policy).Observe(d.took.Seconds())
+		s.endDecideSpan(endDecide, d)
 		s.accessLog(d, p)
 		rep := d.reps[d.chosen]
 		if d.Cands[d.chosen].Approximate {
@@ -366,7 +369,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			s.rollback(d)
 		}
 		s.release(d) // ended either way: by forward (Done) or just above
-		outcome = requestOutcome(out)
+		rq.outcome = requestOutcome(out)
 		if !out.Started && out.Err != nil {
 			switch {
 			case out.ClientGone:
@@ -384,8 +387,66 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 		return
 	}
-	outcome = outcomeEngineError
+	rq.outcome = outcomeEngineError
 	s.allFailed(w, last)
+}
+
+// requestRecord is what a generation request's end reports: its duration (from the server's
+// acceptance) under its outcome and stream, and its span when tracing is on.
+type requestRecord struct {
+	s       *Router
+	start   time.Time
+	span    trace.Span
+	outcome string
+	stream  bool
+}
+
+// startRequest starts a generation request's record and, with tracing on, its span, parented
+// on the client's trace context.
+func (s *Router) startRequest(ctx context.Context, r *http.Request) (context.Context, requestRecord) {
+	rq := requestRecord{s: s, start: server.Accepted(ctx), outcome: outcomeOK}
+	if rq.start.IsZero() {
+		rq.start = time.Now()
+	}
+	if tr := s.o.Tracer; tr != nil {
+		ctx, rq.span = tr.Start(tracePropagator.Extract(ctx, propagation.HeaderCarrier(r.Header)), "kvroute.request",
+			trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rq.start))
+	}
+	return ctx, rq
+}
+
+// end observes the request's duration and ends its span.
+func (rq *requestRecord) end() {
+	rq.s.met.RequestSeconds.WithLabelValues(rq.outcome, strconv.FormatBool(rq.stream)).Observe(time.Since(rq.start).Seconds())
+	if rq.span != nil {
+		rq.span.SetAttributes(attribute.String("kvroute.outcome", rq.outcome), attribute.Bool("kvroute.stream", rq.stream))
+		rq.span.End()
+	}
+}
+
+// endDecideSpan ends a decision's span with what was decided (nothing to do with tracing off).
+func (s *Router) endDecideSpan(end func(...attribute.KeyValue), d *decision) {
+	if s.o.Tracer == nil {
+		return
+	}
+	end(attribute.String("kvroute.replica", d.reps[d.chosen].Name), attribute.String("kvroute.mode", d.Mode(d.chosen)),
+		attribute.Int("kvroute.predicted_cached_tokens", d.Cached[d.chosen]))
+}
+
+// tracePropagator reads and writes W3C trace context (traceparent, tracestate).
+var tracePropagator = propagation.TraceContext{}
+
+// childSpan starts a span under the request's when tracing is on; the returned function ends
+// it with the given attributes (a no-op when off).
+func (s *Router) childSpan(ctx context.Context, name string) func(...attribute.KeyValue) {
+	if s.o.Tracer == nil {
+		return func(...attribute.KeyValue) {}
+	}
+	_, span := s.o.Tracer.Start(ctx, name)
+	return func(kv ...attribute.KeyValue) {
+		span.SetAttributes(kv...)
+		span.End()
+	}
 }
 
 // The outcomes of kvroute_router_request_duration_seconds, a closed set.
@@ -445,8 +506,18 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	if dp.Ranks() == 1 {
 		rank = -1 // a single-rank engine needs no pin
 	}
+	hdr := r.Header
+	var span trace.Span
+	if tr := s.o.Tracer; tr != nil {
+		ctx, span = tr.Start(ctx, "kvroute.forward", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("kvroute.replica", rep.Name)))
+		defer span.End()
+		// The engine's spans hang under this attempt, not under the client's span.
+		hdr = r.Header.Clone()
+		tracePropagator.Inject(ctx, propagation.HeaderCarrier(hdr))
+	}
 	out := s.px.Do(ctx, w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
-		Path: path, Body: body, Header: r.Header, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
+		Path: path, Body: body, Header: hdr, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
 		MayRetry: mayRetry,
 		SetHeaders: func(h http.Header) {
 			h.Set("x-kvroute-engine", engineHdr)
@@ -454,6 +525,9 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		},
 		OnFirstToken: func() {
 			firstToken = true
+			if span != nil {
+				span.AddEvent("first_token")
+			}
 			if err := s.ledger.FirstToken(d.id); err != nil {
 				s.log.Error("routed request missing from the ledger", "replica", rep.Name, "err", err)
 			}
