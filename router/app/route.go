@@ -9,12 +9,17 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/server"
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
@@ -269,11 +274,19 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 // Generate serves one generation request (server.Router): tokenize, decide, forward, retry
 // elsewhere while no token has reached the client, account.
 func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
+	ctx, rq := s.startRequest(ctx, r)
+	// Deferred so that an answer cut after its first token (the handler aborts by panicking)
+	// is measured too; by then every byte the client gets has been written.
+	defer rq.end()
 	reps := s.reps()
+	endTokenize := s.childSpan(ctx, "kvroute.tokenize")
 	p, ok := s.prepare(w, r, kind, body, reps)
+	endTokenize()
 	if !ok {
+		rq.outcome = outcomeClientError
 		return
 	}
+	rq.stream = p.tr.Stream
 	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
 	if rw.OverridesClientMode(p.body) {
 		s.met.ReportModeOverrides.Inc()
@@ -281,6 +294,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	upBody, err := rw.Apply(p.body)
 	if err != nil {
+		rq.outcome = outcomeClientError
 		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
 		return
 	}
@@ -291,18 +305,23 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	excluded := map[*replica]bool{}
 	var last proxy.Outcome
 	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
+		endDecide := s.childSpan(ctx, "kvroute.decide")
 		d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
 		if err != nil {
+			endDecide()
 			s.release(d)
 			if attempt == 0 {
+				rq.outcome = outcomeNoEngine
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
 			} else {
+				rq.outcome = outcomeEngineError
 				s.allFailed(w, last)
 			}
 			return
 		}
 		s.met.DecisionSeconds.WithLabelValues(s.policy).Observe(d.took.Seconds())
+		s.endDecideSpan(endDecide, d)
 		s.accessLog(d, p)
 		rep := d.reps[d.chosen]
 		if d.Cands[d.chosen].Approximate {
@@ -350,6 +369,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			s.rollback(d)
 		}
 		s.release(d) // ended either way: by forward (Done) or just above
+		rq.outcome = requestOutcome(out)
 		if !out.Started && out.Err != nil {
 			switch {
 			case out.ClientGone:
@@ -367,7 +387,91 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 		return
 	}
+	rq.outcome = outcomeEngineError
 	s.allFailed(w, last)
+}
+
+// requestRecord is what a generation request's end reports: its duration (from the server's
+// acceptance) under its outcome and stream, and its span when tracing is on.
+type requestRecord struct {
+	s       *Router
+	start   time.Time
+	span    trace.Span
+	outcome string
+	stream  bool
+}
+
+// startRequest starts a generation request's record and, with tracing on, its span, parented
+// on the client's trace context.
+func (s *Router) startRequest(ctx context.Context, r *http.Request) (context.Context, requestRecord) {
+	rq := requestRecord{s: s, start: server.Accepted(ctx), outcome: outcomeOK}
+	if rq.start.IsZero() {
+		rq.start = time.Now()
+	}
+	if tr := s.o.Tracer; tr != nil {
+		ctx, rq.span = tr.Start(tracePropagator.Extract(ctx, propagation.HeaderCarrier(r.Header)), "kvroute.request",
+			trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rq.start))
+	}
+	return ctx, rq
+}
+
+// end observes the request's duration and ends its span.
+func (rq *requestRecord) end() {
+	rq.s.met.RequestSeconds.WithLabelValues(rq.outcome, strconv.FormatBool(rq.stream)).Observe(time.Since(rq.start).Seconds())
+	if rq.span != nil {
+		rq.span.SetAttributes(attribute.String("kvroute.outcome", rq.outcome), attribute.Bool("kvroute.stream", rq.stream))
+		rq.span.End()
+	}
+}
+
+// endDecideSpan ends a decision's span with what was decided (nothing to do with tracing off).
+func (s *Router) endDecideSpan(end func(...attribute.KeyValue), d *decision) {
+	if s.o.Tracer == nil {
+		return
+	}
+	end(attribute.String("kvroute.replica", d.reps[d.chosen].Name), attribute.String("kvroute.mode", d.Mode(d.chosen)),
+		attribute.Int("kvroute.predicted_cached_tokens", d.Cached[d.chosen]))
+}
+
+// tracePropagator reads and writes W3C trace context (traceparent, tracestate).
+var tracePropagator = propagation.TraceContext{}
+
+// childSpan starts a span under the request's when tracing is on; the returned function ends
+// it with the given attributes (a no-op when off).
+func (s *Router) childSpan(ctx context.Context, name string) func(...attribute.KeyValue) {
+	if s.o.Tracer == nil {
+		return func(...attribute.KeyValue) {}
+	}
+	_, span := s.o.Tracer.Start(ctx, name)
+	return func(kv ...attribute.KeyValue) {
+		span.SetAttributes(kv...)
+		span.End()
+	}
+}
+
+// The outcomes of kvroute_router_request_duration_seconds, a closed set.
+const (
+	outcomeOK          = "ok"
+	outcomeClientError = "client_error" // refused as the client's fault (4xx), by the router or an engine
+	outcomeEngineError = "engine_error" // an engine failed it: 5xx, every attempt failed, an answer cut
+	outcomeTimeout     = "timeout"      // the request deadline, the first-token or the idle timeout
+	outcomeNoEngine    = "no_engine"    // no healthy engine to send it to
+	outcomeCanceled    = "canceled"     // the client left first
+)
+
+// requestOutcome classifies the last attempt of a request the router answered from an engine.
+func requestOutcome(out proxy.Outcome) string {
+	switch {
+	case out.ClientGone:
+		return outcomeCanceled
+	case out.Kind == proxy.KindRequestTimeout || out.Kind == proxy.KindFirstTokenTimeout || out.Kind == proxy.KindIdleTimeout:
+		return outcomeTimeout
+	case out.Err != nil || out.Cut || out.EngineError != "" || out.Status >= 500:
+		return outcomeEngineError
+	case out.Status >= 400:
+		return outcomeClientError
+	}
+	return outcomeOK
 }
 
 // allFailed answers a request whose every attempt failed before its first token.
@@ -402,8 +506,18 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	if dp.Ranks() == 1 {
 		rank = -1 // a single-rank engine needs no pin
 	}
+	hdr := r.Header
+	var span trace.Span
+	if tr := s.o.Tracer; tr != nil {
+		ctx, span = tr.Start(ctx, "kvroute.forward", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("kvroute.replica", rep.Name)))
+		defer span.End()
+		// The engine's spans hang under this attempt, not under the client's span.
+		hdr = r.Header.Clone()
+		tracePropagator.Inject(ctx, propagation.HeaderCarrier(hdr))
+	}
 	out := s.px.Do(ctx, w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
-		Path: path, Body: body, Header: r.Header, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
+		Path: path, Body: body, Header: hdr, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
 		MayRetry: mayRetry,
 		SetHeaders: func(h http.Header) {
 			h.Set("x-kvroute-engine", engineHdr)
@@ -411,6 +525,9 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		},
 		OnFirstToken: func() {
 			firstToken = true
+			if span != nil {
+				span.AddEvent("first_token")
+			}
 			if err := s.ledger.FirstToken(d.id); err != nil {
 				s.log.Error("routed request missing from the ledger", "replica", rep.Name, "err", err)
 			}

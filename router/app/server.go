@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -76,6 +78,10 @@ type Options struct {
 	// AccessLogSample, when N > 0, logs one routed request in N at INFO with its decision's
 	// breakdown (what /debug/route shows); 0 logs none.
 	AccessLogSample int
+	// Tracer, when set, gets a span per generation request (parented on the client's
+	// traceparent) with tokenize, decide and forward spans under it; the engine gets the
+	// forward span as its parent. Nil: no spans, and the client's trace headers pass as they came.
+	Tracer trace.Tracer
 	// Seed seeds the policy's random choices.
 	Seed   int64
 	Logger *slog.Logger

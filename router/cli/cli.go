@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/tracing"
 )
 
 // Options are what the binary running the router decides.
@@ -264,9 +265,20 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 		return 1
 	}
 	defer obs.close()
+	tracer, stopTracing, err := tracing.FromEnv(ctx, os.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvrouter:", err)
+		return 1
+	}
+	defer func() {
+		// Flush the last spans, bounded: a collector that is gone must not hold the exit.
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(c)
+	}()
 	srv, err := app.New(app.Options{Config: st.cfg, Policies: o.Policies, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
 		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger,
-		AccessLogSample: st.accessSample, Observers: obs.list})
+		AccessLogSample: st.accessSample, Observers: obs.list, Tracer: tracer})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
@@ -314,7 +326,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 		startReporter(ctx, st, srv)
 	}
 	attrs := []any{"api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
-		"engine_api_key", st.engineKey != ""}
+		"engine_api_key", st.engineKey != "", "otlp_traces", tracer != nil}
 	if c := srv.PeerClusterAddr(); c != "" {
 		// The route address the embedded NATS server bound: a peers.clusterListen port 0 is
 		// chosen by the kernel, and tools that start several routers (kvbench replay --routers)

@@ -40,6 +40,7 @@ type Metrics struct {
 	FirstTokenSeconds    *prometheus.HistogramVec // engine: streams only
 	EngineErrors         *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
 	InflightRequests     *prometheus.GaugeVec     // engine, rank
+	RequestSeconds       *prometheus.HistogramVec // outcome, stream: end to end, to the last byte
 	// Accuracy per scoring mode (exact, predicted, approximate, unkeyed), answers with usage
 	// only: prompt, predicted cached and engine-reported cached tokens. Rates of these over any
 	// window show drift; a lifetime ratio would hide it.
@@ -47,6 +48,11 @@ type Metrics struct {
 	ModePredictedCached *prometheus.CounterVec // engine, mode
 	ModeActualCached    *prometheus.CounterVec // engine, mode
 }
+
+// RequestBuckets are the request-duration buckets: an LLM request takes from a few
+// milliseconds (a refusal, a cached short answer) to minutes (a long generation), so they run
+// from 5ms to 10 minutes.
+var RequestBuckets = []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}
 
 // New builds the collectors on a fresh registry; state (may be nil) adds scrape-time metrics.
 func New(state prometheus.Collector) *Metrics {
@@ -94,6 +100,9 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Streams: time from forwarding to the first SSE data event carrying a choice.", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		EngineErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_stream_errors_total",
 			Help: "In-stream error events (data: {\"error\": ...} under status 200) the engines sent, before or after the first token."}, []string{"engine", "when"}),
+		RequestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "request_duration_seconds",
+			Help:    "Generation requests from their acceptance to the last byte sent to the client, by outcome (ok, client_error, engine_error, timeout, no_engine, canceled) and stream (true, false).",
+			Buckets: RequestBuckets}, []string{"outcome", "stream"}),
 		InflightRequests: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_requests",
 			Help: "Requests this router has in flight, by engine and rank."}, []string{"engine", "rank"}),
 		ModePromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "mode_prompt_tokens_total",
@@ -106,7 +115,7 @@ func New(state prometheus.Collector) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
 		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.ReportModeOverrides,
-		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
+		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.RequestSeconds, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
 	if state != nil {
 		r.MustRegister(state)

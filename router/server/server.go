@@ -122,7 +122,18 @@ func (s *Server) Configure(hs *http.Server) {
 	hs.IdleTimeout = 120 * time.Second
 }
 
+// acceptedKey holds, in a generation request's context, when the server took the request.
+type acceptedKey struct{}
+
+// Accepted is when the server took a generation request, before its body was read (the start
+// of the router's request duration); the zero time when ctx did not come from the server.
+func Accepted(ctx context.Context) time.Time {
+	t, _ := ctx.Value(acceptedKey{}).(time.Time)
+	return t
+}
+
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {
+	accepted := time.Now()
 	if !s.awaitDiscovery(w, r) {
 		return
 	}
@@ -137,7 +148,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 			"Unsupported Media Type: Only 'application/json' is allowed")
 		return
 	}
-	ctx := r.Context()
+	ctx := context.WithValue(r.Context(), acceptedKey{}, accepted)
 	if d := s.o.RequestTimeout; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, d, proxy.ErrRequestTimeout)

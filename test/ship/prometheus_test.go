@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/router/audit"
@@ -32,6 +33,7 @@ var vllmMetrics = []string{
 	"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
 	"vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total",
 	"vllm:prompt_tokens_cached_total", "vllm:cache_config_info",
+	"vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
 }
 
 var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
@@ -226,7 +228,8 @@ func TestDashboardUsesRealMetrics(t *testing.T) {
 			checkExpr(t, "panel "+p.Title, strings.ReplaceAll(tg.Expr, "$__rate_interval", "5m"), known)
 		}
 	}
-	for _, want := range []string{"Predicted vs actual hit ratio", "Decisions per engine", "KV event lag", "Gaps, replays, resets", "Streams not exact", "Warm-up credit"} {
+	for _, want := range []string{"Predicted vs actual hit ratio", "Decisions per engine", "KV event lag", "Gaps, replays, resets", "Streams not exact", "Warm-up credit",
+		"Request rate by outcome", "Request duration p50/p90", "Time to first token p50/p90", "Inter-token latency p50/p90", "Cached share of prompt tokens"} {
 		if !titles[want] {
 			t.Errorf("dashboard has no panel %q", want)
 		}
@@ -281,5 +284,50 @@ func TestOperationsDocNamesRealMetrics(t *testing.T) {
 	}
 	if len(unknown) > 0 {
 		t.Errorf("docs/operations.md names metrics kvrouter does not expose: %v", unknown)
+	}
+}
+
+// `kubectl apply -k config/prometheus` ships the dashboard as a ConfigMap the Grafana sidecar
+// loads (label grafana_dashboard: "1", a fixed name), holding grafana-dashboard.json as it is,
+// and both PodMonitors put the KVRoutedModel's name on the series the dashboard's model
+// variable reads.
+func TestDashboardConfigMapAndModelLabel(t *testing.T) {
+	dash := string(readFile(t, "config/prometheus/grafana-dashboard.json"))
+	var cm, monitors int
+	for _, o := range decodeObjects(t, kustomizeBuild(t, "config/prometheus")) {
+		switch o.GetKind() {
+		case "ConfigMap":
+			cm++
+			if o.GetName() != "kvroute-grafana-dashboard" || o.GetLabels()["grafana_dashboard"] != "1" {
+				t.Errorf("dashboard ConfigMap %s labels %v: want kvroute-grafana-dashboard with grafana_dashboard: \"1\"", o.GetName(), o.GetLabels())
+			}
+			data, _, _ := unstructured.NestedStringMap(o.Object, "data")
+			if data["kvroute.json"] != dash {
+				t.Errorf("the ConfigMap's kvroute.json is not grafana-dashboard.json")
+			}
+		case "PodMonitor":
+			monitors++
+			eps, _, _ := unstructured.NestedSlice(o.Object, "spec", "podMetricsEndpoints")
+			found := false
+			for _, ep := range eps {
+				rls, _, _ := unstructured.NestedSlice(ep.(map[string]any), "relabelings")
+				for _, rl := range rls {
+					m := rl.(map[string]any)
+					src, _ := m["sourceLabels"].([]any)
+					if m["targetLabel"] == "model" && len(src) == 1 && src[0] == "__meta_kubernetes_pod_label_serving_kvroute_io_model" {
+						found = true
+					}
+				}
+			}
+			if !found {
+				t.Errorf("PodMonitor %s does not set the model label from the pod's serving.kvroute.io/model", o.GetName())
+			}
+		}
+	}
+	if cm != 1 || monitors != 2 {
+		t.Errorf("config/prometheus builds %d ConfigMaps and %d PodMonitors, want 1 and 2", cm, monitors)
+	}
+	if !strings.Contains(dash, `"name": "model"`) {
+		t.Errorf("the dashboard has no model variable")
 	}
 }
