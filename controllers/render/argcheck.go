@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/kvroute/kvroute/internal/suggest"
 )
 
 // ArgWarning is one spec.engine.args entry that is no option of the pinned vLLM's `vllm serve`.
@@ -70,17 +72,9 @@ func knownFlag(a string) (bool, string) {
 	return false, nearestFlag("--" + name)
 }
 
-// nearestFlag is the known long flag (or --no- form) closest to name, when it is within a
-// third of name's length: further away it would be a guess, not a spelling fix.
-func nearestFlag(name string) string {
-	best, bestD := "", len(name)/3+1
-	for _, c := range allFlagSpellings() {
-		if d := editDistance(name, c); d < bestD {
-			best, bestD = c, d
-		}
-	}
-	return best
-}
+// nearestFlag is the known long flag (or --no- form) closest to name, if close enough to be
+// a misspelling of it.
+func nearestFlag(name string) string { return suggest.Nearest(name, allFlagSpellings()) }
 
 // allFlagSpellings lists every long flag, and --no-<flag> for booleans, sorted so a tie
 // always resolves to the same suggestion.
@@ -98,27 +92,6 @@ var allFlagSpellings = sync.OnceValue(func() []string {
 	sort.Strings(out)
 	return out
 })
-
-// editDistance is the Levenshtein distance between a and b, in bytes (flags are ASCII).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
-}
 
 func isNumber(s string) bool {
 	_, err := strconv.ParseFloat(s, 64)

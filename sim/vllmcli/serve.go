@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -163,7 +164,7 @@ func (p *parser) flag(a string) (f *flagSpec, spelt, value string, hasValue bool
 			return lookup[matches[0]], matches[0], value, hasValue, nil
 		}
 		if len(matches) > 1 {
-			return nil, "", "", false, fmt.Errorf("%s: ambiguous, could be %s", name, strings.Join(sortStrings(matches), ", "))
+			return nil, "", "", false, fmt.Errorf("%s: ambiguous, could be %s", name, strings.Join(slices.Sorted(slices.Values(matches)), ", "))
 		}
 	}
 	msg := fmt.Sprintf("%s: not a flag of `vllm serve`", name)
