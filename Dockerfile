@@ -22,6 +22,7 @@ COPY api/ api/
 COPY controllers/ controllers/
 COPY cmd/manager/ cmd/manager/
 COPY internal/version/ internal/version/
+COPY internal/suggest/ internal/suggest/
 COPY router/config/ router/config/
 COPY router/blockkey/ router/blockkey/
 COPY router/score/ router/score/
