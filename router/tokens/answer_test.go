@@ -78,3 +78,16 @@ func TestEngineIDsAsEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// jsonString must decode every JSON value as json.Unmarshal into a string does.
+func TestJSONStringAsEncodingJSON(t *testing.T) {
+	for _, raw := range []string{`"plain text"`, `""`, `"tab\tescaped"`, `"quote \" inside"`, `"\u00e9t\u00e9"`,
+		`"été 日本"`, "\"bad \xff utf8\"", "\"cut \xe6\x97\"", `"\ud800 lone surrogate"`, `12`, `null`, `["a"]`, `{"a":1}`, `true`} {
+		var want string
+		wantErr := json.Unmarshal([]byte(raw), &want)
+		got, ok := jsonString([]byte(raw))
+		if ok != (wantErr == nil) || got != want {
+			t.Errorf("%q: got %q %v, encoding/json %q %v", raw, got, ok, want, wantErr)
+		}
+	}
+}
