@@ -20,14 +20,31 @@ const (
 	Completion Kind = iota
 	// Chat is POST /v1/chat/completions.
 	Chat
+	// Responses is POST /v1/responses (vLLM renders its instructions and input as chat).
+	Responses
+	// Messages is POST /v1/messages, vLLM's Anthropic endpoint (converted to chat by vLLM).
+	Messages
+	// Pooling is a request forwarded without keys: embeddings, pooling, classification,
+	// scores, rerank, tokenize and detokenize (no KV cache to reuse).
+	Pooling
 )
 
 func (k Kind) String() string {
-	if k == Chat {
+	switch k {
+	case Chat:
 		return "chat"
+	case Responses:
+		return "responses"
+	case Messages:
+		return "messages"
+	case Pooling:
+		return "pooling"
 	}
 	return "completion"
 }
+
+// ChatRendered reports whether the engine renders the kind's prompt through its chat template.
+func (k Kind) ChatRendered() bool { return k == Chat || k == Responses || k == Messages }
 
 // Request is the part of an OpenAI request body the router needs. Raw fields keep the
 // caller's bytes so a cache key or a forwarded body never depends on re-encoding.
@@ -47,6 +64,18 @@ type Request struct {
 	HasIDs bool
 	// User is the OpenAI "user" field, used as a session key by session affinity.
 	User string
+	// PreviousResponseID is a Responses request's previous_response_id ("" for none): the
+	// conversation so far lives in the memory of the engine that stored that response.
+	PreviousResponseID string
+	// Store is a Responses request's store (true unless it says false, as in vLLM).
+	Store bool
+	// Unkeyed says why the router cannot reproduce the engine's prompt for this request ("" when
+	// it can): the request is routed by load.
+	Unkeyed string
+
+	// chatBody is the chat request the engine renders for a Responses or Messages request
+	// (nil for the other kinds, whose body is rendered as it is).
+	chatBody []byte
 
 	// renderKey is the canonical bytes of every field that changes the rendered prompt.
 	renderKey []byte
@@ -91,7 +120,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 	if err := optString(top, "model", &r.Model); err != nil {
 		return nil, err
 	}
-	if r.Model == "" {
+	if r.Model == "" && kind != Pooling {
 		return nil, badf("model is required")
 	}
 	if err := optBool(top, "stream", &r.Stream); err != nil {
@@ -114,6 +143,13 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 	}
 	key := []byte(kind.String() + "\x00" + r.Model + "\x00")
 	switch kind {
+	case Responses, Messages:
+		if err := r.parseChatLike(top); err != nil {
+			return nil, err
+		}
+		key = append(append(key, r.chatBody...), 0)
+	case Pooling:
+		r.Unkeyed = UnkeyedPooling
 	case Chat:
 		raw, ok := top["messages"]
 		var msgs []json.RawMessage

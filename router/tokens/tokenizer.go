@@ -193,7 +193,10 @@ func IsEngineAuth(err error) bool {
 
 func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, error) {
 	t.renders.Add(1)
-	if r.Kind == Chat {
+	if r.Kind.ChatRendered() {
+		if r.chatBody != nil {
+			body = r.chatBody
+		}
 		var gr generateRequest
 		if err := t.post(ctx, engineURL+"/v1/chat/completions/render", body, &gr); err != nil {
 			if !errors.Is(err, errNoRender) {
