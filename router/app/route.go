@@ -219,7 +219,7 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 	tr, err := tokens.Parse(kind, body)
 	if err != nil {
 		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
+		proxy.WriteError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
 	p := &prepared{tr: tr, body: body, session: r.Header.Get("X-Session-Id")}
@@ -295,7 +295,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	upBody, err := rw.Apply(p.body)
 	if err != nil {
 		rq.outcome = outcomeClientError
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
+		proxy.WriteError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	path := "/v1/completions"
@@ -313,7 +313,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			if attempt == 0 {
 				rq.outcome = outcomeNoEngine
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
-				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
+				proxy.WriteError(w, http.StatusServiceUnavailable, "no healthy engine")
 			} else {
 				rq.outcome = outcomeEngineError
 				s.allFailed(w, last)
@@ -374,9 +374,9 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			switch {
 			case out.ClientGone:
 			case out.Kind == proxy.KindRequestTimeout:
-				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.TypeServer, out.Err.Error())
+				proxy.WriteError(w, http.StatusGatewayTimeout, out.Err.Error())
 			default:
-				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+rep.Name+": "+out.Err.Error())
+				proxy.WriteError(w, http.StatusBadGateway, "engine "+rep.Name+": "+out.Err.Error())
 			}
 		}
 		if out.Cut {
@@ -481,7 +481,7 @@ func (s *Router) allFailed(w http.ResponseWriter, last proxy.Outcome) {
 	if last.Err != nil {
 		msg += ": " + last.Err.Error()
 	}
-	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, msg)
+	proxy.WriteError(w, http.StatusBadGateway, msg)
 }
 
 // forward sends one attempt to the decision's replica and accounts for it. The ledger moves the
@@ -637,7 +637,7 @@ func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	reps := s.reps()
 	e := s.tokenizerEngine(reps)
 	if e == nil {
-		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
+		proxy.WriteError(w, http.StatusServiceUnavailable, "no healthy engine")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -651,13 +651,13 @@ func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	resp, err := s.px.Client().Do(req)
 	if err != nil {
 		e.Health.Failure(s.now(), err.Error())
-		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.Name+": "+err.Error())
+		proxy.WriteError(w, http.StatusBadGateway, "engine "+e.Name+": "+err.Error())
 		return
 	}
 	defer resp.Body.Close()
 	if s.o.EngineAPIKey != "" && proxy.IsAuthStatus(resp.StatusCode) {
 		s.engineAuthFailure(callModels, e.Name, proxy.ErrEngineAuth)
-		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.Name+": "+proxy.ErrEngineAuth.Error())
+		proxy.WriteError(w, http.StatusBadGateway, "engine "+e.Name+": "+proxy.ErrEngineAuth.Error())
 		return
 	}
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))

@@ -93,10 +93,10 @@ func (s *Server) API() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow, ok := allowed[r.URL.Path]; ok {
 			w.Header().Set("Allow", allow)
-			proxy.WriteError(w, http.StatusMethodNotAllowed, proxy.TypeInvalidRequest, "method "+r.Method+" not allowed on "+r.URL.Path)
+			proxy.WriteError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path)
 			return
 		}
-		proxy.WriteError(w, http.StatusNotFound, proxy.TypeInvalidRequest, "no route "+r.Method+" "+r.URL.Path)
+		proxy.WriteError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path)
 	})
 	return mux
 }
@@ -144,7 +144,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 		// `curl -d` body (application/x-www-form-urlencoded) or none at all is refused here
 		// the same way, before a render call and a routing decision are spent on it.
 		s.rt.Refused("bad_request")
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest,
+		proxy.WriteError(w, http.StatusBadRequest,
 			"Unsupported Media Type: Only 'application/json' is allowed")
 		return
 	}
@@ -159,18 +159,18 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			s.rt.Refused("body_timeout")
 			w.Header().Set("Connection", "close")
-			proxy.WriteError(w, http.StatusRequestTimeout, proxy.TypeInvalidRequest,
+			proxy.WriteError(w, http.StatusRequestTimeout,
 				fmt.Sprintf("the request body did not arrive within %v", s.o.BodyReadTimeout))
 			return
 		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			s.rt.Refused("too_large")
-			proxy.WriteError(w, http.StatusRequestEntityTooLarge, proxy.TypeInvalidRequest,
+			proxy.WriteError(w, http.StatusRequestEntityTooLarge,
 				fmt.Sprintf("request body over %d bytes", mbe.Limit))
 			return
 		}
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, "reading the body: "+err.Error())
+		proxy.WriteError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 		return
 	}
 	s.rt.Generate(ctx, w, r, kind, body)
@@ -200,7 +200,7 @@ func (s *Server) awaitDiscovery(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	case <-t.C:
 		s.rt.Refused("no_engine")
-		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, ErrNotDiscovered)
+		proxy.WriteError(w, http.StatusServiceUnavailable, ErrNotDiscovered)
 		return false
 	}
 }

@@ -50,7 +50,7 @@ func (r *Request) parseChatLike(top map[string]json.RawMessage) error {
 	}
 	b, err := json.Marshal(body)
 	if err != nil {
-		return badf("the request cannot be rendered as chat: %v", err)
+		return badf("the request cannot be rendered as chat: %s", jsonError(err))
 	}
 	r.chatBody = b
 	return nil

@@ -2,6 +2,7 @@ package tokens
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -84,5 +85,21 @@ func TestPoolingNeedsNoModel(t *testing.T) {
 	r, err := Parse(Pooling, []byte(`{"prompt":"x"}`))
 	if err != nil || r.Unkeyed != UnkeyedPooling {
 		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+// No Go type name reaches a client through a parse error.
+func TestParseErrorsNameNoGoTypes(t *testing.T) {
+	for _, body := range []string{`[1]`, `{"model":"m","messages":{"a":1}}`, `{"model":"m","messages":[{}],"stream_options":[1]}`, `{"model":`, `7`} {
+		_, err := Parse(Chat, []byte(body))
+		if err == nil {
+			t.Errorf("%s: no error", body)
+			continue
+		}
+		for _, leak := range []string{"Go value", "json.RawMessage", "map[", "[]", "struct"} {
+			if strings.Contains(err.Error(), leak) {
+				t.Errorf("%s: %q names %q", body, err, leak)
+			}
+		}
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"reflect"
 )
 
 // Kind is the OpenAI endpoint a request was sent to.
@@ -108,7 +110,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 	var top map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&top); err != nil {
-		return nil, badf("invalid JSON body: %v", err)
+		return nil, badf("invalid JSON body: %s", jsonError(err))
 	}
 	if dec.More() {
 		return nil, badf("invalid JSON body: trailing data after the object")
@@ -131,7 +133,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 			IncludeUsage *bool `json:"include_usage"`
 		}
 		if err := json.Unmarshal(raw, &so); err != nil {
-			return nil, badf("stream_options: %v", err)
+			return nil, badf("stream_options: %s", jsonError(err))
 		}
 		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
 	}
@@ -157,7 +159,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 			return nil, badf("messages is required")
 		}
 		if err := json.Unmarshal(raw, &msgs); err != nil {
-			return nil, badf("messages must be an array: %v", err)
+			return nil, badf("messages must be an array: %s", jsonError(err))
 		}
 		if len(msgs) == 0 {
 			return nil, badf("messages must not be empty")
@@ -332,4 +334,38 @@ func optBool(top map[string]json.RawMessage, k string, dst *bool) error {
 		return badf("%s must be a boolean", k)
 	}
 	return nil
+}
+
+// jsonError describes a JSON decoding error in the request's terms: what the JSON held and what
+// was expected there, never the Go type it was decoded into.
+func jsonError(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		want := "a value of another kind"
+		switch te.Type.Kind() {
+		case reflect.Map, reflect.Struct:
+			want = "an object"
+		case reflect.Slice, reflect.Array:
+			want = "an array"
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "a boolean"
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8,
+			reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+			want = "a number"
+		}
+		where := ""
+		if te.Field != "" {
+			where = " at " + te.Field
+		}
+		return fmt.Sprintf("expected %s%s, got a JSON %s", want, where, te.Value)
+	case errors.As(err, &se):
+		return fmt.Sprintf("%s (at byte %d)", se.Error(), se.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "the JSON ends early"
+	}
+	return err.Error()
 }
