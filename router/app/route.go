@@ -216,18 +216,26 @@ type prepared struct {
 // prepare reads, parses and tokenizes a request; a tokenization failure degrades it to
 // load-only routing instead of failing it.
 func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte, reps []*replica) (*prepared, bool) {
+	api := apiFor(kind)
 	tr, err := tokens.Parse(kind, body)
 	if err != nil {
 		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
-		proxy.WriteError(w, http.StatusBadRequest, err.Error())
+		proxy.WriteErrorFor(w, api, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
-	p := &prepared{tr: tr, body: body, session: r.Header.Get("X-Session-Id")}
-	if tokens.Multimodal(body) {
+	p := &prepared{tr: tr, body: body, session: sessionKey(r, tr)}
+	rendered := body
+	if cb := tr.ChatBody(); cb != nil {
+		rendered = cb
+	}
+	if tokens.Multimodal(rendered) {
 		p.unkeyed = unkeyedMultimodal
 	}
-	if p.session == "" {
-		p.session = tr.User
+	if tr.Unkeyed != "" {
+		// The engine's prompt is not one the router can reproduce (or there is no KV cache to
+		// reuse): routed by load, no render call spent on it.
+		p.unkeyed = tr.Unkeyed
+		return p, true
 	}
 	te := s.tokenizerEngine(reps)
 	p.id = s.identity(tr, te)
@@ -246,9 +254,13 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 		// The engine refused the request itself (bad max_tokens, unknown model, a prompt over
 		// the context length): every engine would, so the client gets the engine's answer.
 		s.met.Errors.WithLabelValues("", s.policy, "engine_refused").Inc()
+		b := ce.Body
+		if api == proxy.APIMessages {
+			b = proxy.OpenAIErrorAsMessages(b) // the render call answers in OpenAI's shape
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(ce.Status)
-		_, _ = w.Write(ce.Body)
+		_, _ = w.Write(b)
 		return nil, false
 	}
 	if err != nil {
@@ -287,7 +299,11 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	rq.stream = p.tr.Stream
-	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
+	api := apiFor(kind)
+	var rw proxy.Rewrite
+	if kind == tokens.Completion || kind == tokens.Chat {
+		rw = proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
+	}
 	if rw.OverridesClientMode(p.body) {
 		s.met.ReportModeOverrides.Inc()
 		s.logLimited("report-mode-override", "a client's vllm_xargs.kv_cache_report_mode was set back to incremental; counted in kvroute_router_client_report_mode_overrides_total")
@@ -295,14 +311,15 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	upBody, err := rw.Apply(p.body)
 	if err != nil {
 		rq.outcome = outcomeClientError
-		proxy.WriteError(w, http.StatusBadRequest, err.Error())
+		proxy.WriteErrorFor(w, api, http.StatusBadRequest, err.Error())
 		return
 	}
-	path := "/v1/completions"
-	if kind == tokens.Chat {
-		path = "/v1/chat/completions"
-	}
+	path := enginePath(kind, r)
 	excluded := map[*replica]bool{}
+	if id := p.tr.PreviousResponseID; id != "" && !s.pinResponse(ctx, w, r, id, reps, excluded) {
+		rq.outcome = outcomeClientError
+		return
+	}
 	var last proxy.Outcome
 	for attempt := 0; attempt < s.o.MaxAttempts; attempt++ {
 		endDecide := s.childSpan(ctx, "kvroute.decide")
@@ -313,10 +330,10 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			if attempt == 0 {
 				rq.outcome = outcomeNoEngine
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
-				proxy.WriteError(w, http.StatusServiceUnavailable, "no healthy engine")
+				proxy.WriteErrorFor(w, api, http.StatusServiceUnavailable, "no healthy engine")
 			} else {
 				rq.outcome = outcomeEngineError
-				s.allFailed(w, last)
+				s.allFailed(w, api, last)
 			}
 			return
 		}
@@ -334,6 +351,9 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			}
 		}
 		out := s.forward(ctx, w, r, d, p, path, upBody, rw, attempt < s.o.MaxAttempts-1 && healthyLeft > 0)
+		if kind == tokens.Responses && p.tr.Store && out.Status == http.StatusOK {
+			s.recordResponse(out.ResponseID, rep.Eng)
+		}
 		if out.Retryable && !out.Started {
 			why := out.Kind
 			if out.Err != nil {
@@ -374,9 +394,9 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			switch {
 			case out.ClientGone:
 			case out.Kind == proxy.KindRequestTimeout:
-				proxy.WriteError(w, http.StatusGatewayTimeout, out.Err.Error())
+				proxy.WriteErrorFor(w, api, http.StatusGatewayTimeout, out.Err.Error())
 			default:
-				proxy.WriteError(w, http.StatusBadGateway, "engine "+rep.Name+": "+out.Err.Error())
+				proxy.WriteErrorFor(w, api, http.StatusBadGateway, "engine "+rep.Name+": "+out.Err.Error())
 			}
 		}
 		if out.Cut {
@@ -388,7 +408,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	rq.outcome = outcomeEngineError
-	s.allFailed(w, last)
+	s.allFailed(w, api, last)
 }
 
 // requestRecord is what a generation request's end reports: its duration (from the server's
@@ -475,13 +495,13 @@ func requestOutcome(out proxy.Outcome) string {
 }
 
 // allFailed answers a request whose every attempt failed before its first token.
-func (s *Router) allFailed(w http.ResponseWriter, last proxy.Outcome) {
+func (s *Router) allFailed(w http.ResponseWriter, api proxy.API, last proxy.Outcome) {
 	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
 	msg := "every engine tried failed"
 	if last.Err != nil {
 		msg += ": " + last.Err.Error()
 	}
-	proxy.WriteError(w, http.StatusBadGateway, msg)
+	proxy.WriteErrorFor(w, api, http.StatusBadGateway, msg)
 }
 
 // forward sends one attempt to the decision's replica and accounts for it. The ledger moves the
@@ -517,7 +537,7 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 		tracePropagator.Inject(ctx, propagation.HeaderCarrier(hdr))
 	}
 	out := s.px.Do(ctx, w, proxy.Target{URL: dp.URL, Rank: rank}, &proxy.Request{
-		Path: path, Body: body, Header: hdr, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
+		Path: path, Body: body, Header: hdr, Stream: p.tr.Stream, DropUsageChunk: rw.IncludeUsage, API: apiFor(p.tr.Kind),
 		MayRetry: mayRetry,
 		SetHeaders: func(h http.Header) {
 			h.Set("x-kvroute-engine", engineHdr)
@@ -593,7 +613,7 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 				"engine", rep.Name, "kind", out.Kind, "err", out.Err)
 		}
 	}
-	if out.Status == http.StatusOK && !out.Cut && out.Err == nil {
+	if out.Status == http.StatusOK && !out.Cut && out.Err == nil && p.tr.Kind != tokens.Pooling {
 		s.account(rep, d.Req.Tokens, d.Req.BlockSize, cached, out.Usage, d.Mode(d.chosen))
 	}
 	return out
@@ -663,4 +683,44 @@ func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
+}
+
+// apiFor is the answer dialect of a request kind.
+func apiFor(kind tokens.Kind) proxy.API {
+	switch kind {
+	case tokens.Responses:
+		return proxy.APIResponses
+	case tokens.Messages:
+		return proxy.APIMessages
+	}
+	return proxy.APIOpenAI
+}
+
+// enginePath is where a request kind goes on the engine: the same path (a pooling request's
+// own).
+func enginePath(kind tokens.Kind, r *http.Request) string {
+	switch kind {
+	case tokens.Chat:
+		return "/v1/chat/completions"
+	case tokens.Responses:
+		return "/v1/responses"
+	case tokens.Messages:
+		return "/v1/messages"
+	case tokens.Pooling:
+		return r.URL.Path
+	}
+	return "/v1/completions"
+}
+
+// sessionKey is a request's session for session affinity: the X-Session-Id header (vLLM reads
+// the same header as its request-level session_id), else the body's session_id (or
+// vllm_xargs.session_id), else the OpenAI user field (the Messages API's metadata.user_id).
+func sessionKey(r *http.Request, tr *tokens.Request) string {
+	if h := r.Header.Get("X-Session-Id"); h != "" {
+		return h
+	}
+	if tr.SessionID != "" {
+		return tr.SessionID
+	}
+	return tr.User
 }

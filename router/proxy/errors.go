@@ -73,6 +73,11 @@ func WriteErrorFor(w http.ResponseWriter, api API, status int, msg string) {
 	writeBody(w, status, errorBodyFor(api, status, TypeFor(status), msg))
 }
 
+// WriteErrorTyped answers in the API's shape with a type other than the status's.
+func WriteErrorTyped(w http.ResponseWriter, api API, status int, typ, msg string) {
+	writeBody(w, status, errorBodyFor(api, status, typ, msg))
+}
+
 // WriteErrorDetail answers with an OpenAI-shaped error given in full (a param, a type other
 // than the status's).
 func WriteErrorDetail(w http.ResponseWriter, status int, d ErrorDetail) {

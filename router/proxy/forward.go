@@ -221,7 +221,10 @@ var ErrRequestTimeout = errors.New("the request took longer than the request tim
 
 // forwarded request headers: the client's identity and content negotiation, nothing hop-by-hop.
 var forwardHeaders = []string{"Authorization", "Accept", "Content-Type", "OpenAI-Organization",
-	"OpenAI-Project", "X-Request-Id", "Traceparent", "Tracestate", "User-Agent"}
+	"OpenAI-Project", "X-Request-Id", "Traceparent", "Tracestate", "User-Agent",
+	// vLLM's session header (its request-level session_id, echoed on BlockStored events) and
+	// the Messages API's version header.
+	"X-Session-Id", "Anthropic-Version"}
 
 // hop-by-hop response headers (RFC 9110 7.6.1) and the length, which the copy may change.
 var dropResponse = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true,

@@ -186,6 +186,15 @@ func (r *Request) messagesMessages(top map[string]json.RawMessage) ([]any, map[s
 			msgs = append(msgs, out)
 		}
 	}
+	if raw, ok := top["metadata"]; ok && r.User == "" {
+		// The Messages API's end-user id, the session key when the client gives no other.
+		var md struct {
+			UserID string `json:"user_id"`
+		}
+		if json.Unmarshal(raw, &md) == nil {
+			r.User = md.UserID
+		}
+	}
 	extra, err := anthropicTools(top)
 	return msgs, extra, err
 }

@@ -103,3 +103,20 @@ func TestParseErrorsNameNoGoTypes(t *testing.T) {
 		}
 	}
 }
+
+func TestSessionID(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m","prompt":"x","session_id":"s1"}`:                                  "s1",
+		`{"model":"m","prompt":"x","vllm_xargs":{"session_id":"s2"}}`:                   "s2",
+		`{"model":"m","prompt":"x","session_id":"s1","vllm_xargs":{"session_id":"s2"}}`: "s1",
+		`{"model":"m","prompt":"x"}`:                                                    "",
+	} {
+		r, err := Parse(Completion, []byte(body))
+		if err != nil || r.SessionID != want {
+			t.Errorf("%s: %q %v", body, r.SessionID, err)
+		}
+	}
+	if _, err := Parse(Completion, []byte(`{"model":"m","prompt":"x","session_id":7}`)); !IsBadRequest(err) {
+		t.Errorf("numeric session_id: %v", err)
+	}
+}

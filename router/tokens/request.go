@@ -66,6 +66,9 @@ type Request struct {
 	HasIDs bool
 	// User is the OpenAI "user" field, used as a session key by session affinity.
 	User string
+	// SessionID is vLLM's request-level session_id: the body's session_id, else
+	// vllm_xargs.session_id (vLLM's compatibility spelling); "" for none.
+	SessionID string
 	// PreviousResponseID is a Responses request's previous_response_id ("" for none): the
 	// conversation so far lives in the memory of the engine that stored that response.
 	PreviousResponseID string
@@ -141,6 +144,9 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 		return nil, err
 	}
 	if err := optString(top, "user", &r.User); err != nil {
+		return nil, err
+	}
+	if err := r.parseSession(top); err != nil {
 		return nil, err
 	}
 	key := []byte(kind.String() + "\x00" + r.Model + "\x00")
@@ -368,4 +374,23 @@ func jsonError(err error) string {
 		return "the JSON ends early"
 	}
 	return err.Error()
+}
+
+// parseSession reads vLLM's session_id: the body field, else vllm_xargs.session_id.
+func (r *Request) parseSession(top map[string]json.RawMessage) error {
+	if err := optString(top, "session_id", &r.SessionID); err != nil || r.SessionID != "" {
+		return err
+	}
+	raw, ok := top["vllm_xargs"]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	var xs map[string]json.RawMessage
+	if json.Unmarshal(raw, &xs) != nil {
+		return badf("vllm_xargs must be an object")
+	}
+	if v, ok := xs["session_id"]; ok && json.Unmarshal(v, &r.SessionID) != nil {
+		return badf("vllm_xargs.session_id must be a string")
+	}
+	return nil
 }

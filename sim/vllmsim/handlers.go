@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -154,8 +155,11 @@ func (s *Sim) checkModel(model string, j *genJob) error {
 	return &apiError{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model), "model"}
 }
 
+// requestID is unique across simulators, as vLLM's random_uuid ids are: two simulators
+// started in the same second must not answer with the same response id, or a router that
+// learns ids from answers would pin a follow-up to the wrong one.
 func (s *Sim) requestID(prefix string) string {
-	return fmt.Sprintf("%s-%016x", prefix, s.nextID.Add(1)^uint64(s.created)<<20)
+	return fmt.Sprintf("%s-%016x%08x", prefix, s.nextID.Add(1)^uint64(s.created)<<20, rand.Uint32())
 }
 
 func (s *Sim) handleCompletions(w http.ResponseWriter, r *http.Request) {
