@@ -55,45 +55,46 @@ func (o *responseOwners) add(id, engine string) { o.m.Add(id, engine) }
 
 func (o *responseOwners) get(id string) (string, bool) { return o.m.Get(id) }
 
-// responseNotFound answers as vLLM does for a response id its store does not hold
-// (_make_not_found_error).
-func responseNotFound(w http.ResponseWriter, id string) {
+// responseNotFound is vLLM's answer for a response id its store does not hold
+// (_make_not_found_error in vllm/entrypoints/openai/responses/serving.py).
+func responseNotFound(id string) *refusal {
 	param := "response_id"
-	proxy.WriteErrorDetail(w, http.StatusNotFound, proxy.ErrorDetail{Type: proxy.TypeInvalidRequest,
-		Message: "Response with id '" + id + "' not found.", Param: &param})
+	return &refusal{status: http.StatusNotFound, detail: &proxy.ErrorDetail{Type: proxy.TypeInvalidRequest,
+		Message: "Response with id '" + id + "' not found.", Param: &param}}
 }
 
 // responseOwner finds the engine holding response id: the map, else the engines asked in turn.
-// It answers the client itself (false) when none can serve it: the owner is gone or unhealthy,
-// or no engine holds it.
-func (s *Router) responseOwner(ctx context.Context, w http.ResponseWriter, r *http.Request, id string) (*engine, bool) {
+// A refusal (vLLM's 404) when none can serve it: the owner is gone or unhealthy, or no engine
+// holds it. The request never goes elsewhere: another engine would answer the same 404, or
+// worse, continue a conversation it does not have.
+func (s *Router) responseOwner(ctx context.Context, hdr http.Header, id string) (*engine, *refusal) {
 	now := s.now()
 	if name, ok := s.respOwners.get(id); ok {
 		for _, rep := range s.reps() {
 			e := rep.Eng
 			if e.Name == name && !e.Gone() && e.Discovery().Ready && e.Health.Healthy(now) {
-				return e, true
+				s.met.ResponseAffinity.WithLabelValues(affinityPinned).Inc()
+				return e, nil
 			}
 		}
 		s.met.ResponseAffinity.WithLabelValues(affinityUnavailable).Inc()
 		s.logLimited("response-owner:"+name, "a stored response's engine is gone or unhealthy; answering 404 rather than sending it elsewhere, counted in kvroute_router_response_affinity_total",
 			"engine", name)
-		responseNotFound(w, id)
-		return nil, false
+		return nil, responseNotFound(id)
 	}
-	if e := s.lookupResponse(ctx, r, id); e != nil {
+	if e := s.lookupResponse(ctx, hdr, id); e != nil {
 		s.met.ResponseAffinity.WithLabelValues(affinityProbed).Inc()
+		s.met.ResponseAffinity.WithLabelValues(affinityPinned).Inc()
 		s.respOwners.add(id, e.Name)
-		return e, true
+		return e, nil
 	}
 	s.met.ResponseAffinity.WithLabelValues(affinityNotFound).Inc()
-	responseNotFound(w, id)
-	return nil, false
+	return nil, responseNotFound(id)
 }
 
 // lookupResponse asks each healthy engine for response id (GET /v1/responses/{id}) and returns
 // the first that holds it, nil when none does.
-func (s *Router) lookupResponse(ctx context.Context, r *http.Request, id string) *engine {
+func (s *Router) lookupResponse(ctx context.Context, hdr http.Header, id string) *engine {
 	now := s.now()
 	for _, rep := range s.reps() {
 		e := rep.Eng
@@ -103,7 +104,7 @@ func (s *Router) lookupResponse(ctx context.Context, r *http.Request, id string)
 		pctx, cancel := context.WithTimeout(ctx, responseProbeTimeout)
 		req, err := http.NewRequestWithContext(pctx, http.MethodGet, e.Discovery().URL+"/v1/responses/"+url.PathEscape(id), nil)
 		if err == nil {
-			if a := r.Header.Get("Authorization"); a != "" {
+			if a := hdr.Get("Authorization"); a != "" {
 				req.Header.Set("Authorization", a)
 			}
 			var resp *http.Response
@@ -121,22 +122,6 @@ func (s *Router) lookupResponse(ctx context.Context, r *http.Request, id string)
 	return nil
 }
 
-// pinResponse restricts a Responses follow-up to the engine holding its previous response: the
-// replicas of every other engine are excluded. false when the client was answered (404).
-func (s *Router) pinResponse(ctx context.Context, w http.ResponseWriter, r *http.Request, id string, reps []*replica, excluded map[*replica]bool) bool {
-	owner, ok := s.responseOwner(ctx, w, r, id)
-	if !ok {
-		return false
-	}
-	for _, rep := range reps {
-		if rep.Eng.Name != owner.Name {
-			excluded[rep] = true
-		}
-	}
-	s.met.ResponseAffinity.WithLabelValues(affinityPinned).Inc()
-	return true
-}
-
 // recordResponse remembers which engine stored a Responses answer.
 func (s *Router) recordResponse(id string, e *engine) {
 	if id == "" {
@@ -151,8 +136,9 @@ func (s *Router) recordResponse(id string, e *engine) {
 // GET ?stream=true) passed through.
 func (s *Router) StoredResponse(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	owner, ok := s.responseOwner(r.Context(), w, r, id)
-	if !ok {
+	owner, ref := s.responseOwner(r.Context(), r.Header, id)
+	if ref != nil {
+		ref.write(w)
 		return
 	}
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, owner.Discovery().URL+r.URL.RequestURI(), nil)
@@ -167,7 +153,7 @@ func (s *Router) StoredResponse(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := s.px.Client().Do(req)
 	if err != nil {
-		owner.Health.Failure(s.now(), err.Error())
+		s.fleet.AttemptFailed(owner, err.Error(), false)
 		proxy.WriteError(w, http.StatusBadGateway, "engine "+owner.Name+": "+err.Error())
 		return
 	}

@@ -270,3 +270,20 @@ func (f *Fleet) Served(rep *Replica, promptTokens, cached, blockSize int) {
 		}
 	}
 }
+
+// The fleet is the one writer of an engine's health (Engine.Health): its probes, and what the
+// request path reports through the three methods below.
+
+// AttemptFailed records that an engine failed a request (why): before the first token, or an
+// answer cut after it. unreachable (a refused connection) takes the engine out of routing at
+// once; any other failure counts towards its passive backoff.
+func (f *Fleet) AttemptFailed(e *Engine, why string, unreachable bool) {
+	if unreachable {
+		e.Health.Unreachable(f.o.Now(), why)
+		return
+	}
+	e.Health.Failure(f.o.Now(), why)
+}
+
+// AttemptServed records that an engine answered a request cleanly.
+func (f *Fleet) AttemptServed(e *Engine) { e.Health.Success() }

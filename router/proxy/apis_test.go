@@ -25,7 +25,7 @@ func TestResponsesStreamEvents(t *testing.T) {
 	url := sseEngine(t, 0, created, delta, done)
 	firsts := 0
 	out, rec := doAPI(New(Options{}), url, APIResponses, func() { firsts++ })
-	if out.Err != nil || out.Cut || !out.Started || firsts != 1 || out.ResponseID != "resp_7" {
+	if out.Err != nil || out.Phase != Answered || firsts != 1 || out.ResponseID != "resp_7" {
 		t.Fatalf("outcome %+v, first tokens %d", out, firsts)
 	}
 	if u := out.Usage; u == nil || u.PromptTokens != 12 || u.CachedTokens != 8 || !u.HasCached || u.CompletionTokens != 1 {
@@ -39,7 +39,7 @@ func TestResponsesStreamEvents(t *testing.T) {
 	rec = httptest.NewRecorder()
 	out = New(Options{}).Do(context.Background(), rec, Target{URL: url, Rank: -1}, &Request{Path: "/v1/responses",
 		Body: []byte(`{}`), Header: http.Header{}, Stream: true, API: APIResponses, MayRetry: true})
-	if !out.Retryable || out.EngineError != "boom" || rec.Body.Len() != 0 {
+	if !out.Retryable() || out.EngineError != "boom" || rec.Body.Len() != 0 {
 		t.Fatalf("error before the first delta: %+v, client saw %q", out, rec.Body.String())
 	}
 }
@@ -55,7 +55,7 @@ func TestMessagesStreamEvents(t *testing.T) {
 	url := sseEngine(t, 0, start, ping, delta, md, stop)
 	firsts := 0
 	out, rec := doAPI(New(Options{}), url, APIMessages, func() { firsts++ })
-	if out.Err != nil || out.Cut || firsts != 1 {
+	if out.Err != nil || (out.Phase == Cut) || firsts != 1 {
 		t.Fatalf("outcome %+v, first tokens %d", out, firsts)
 	}
 	if u := out.Usage; u == nil || u.PromptTokens != 20 || u.CompletionTokens != 3 {
@@ -68,7 +68,7 @@ func TestMessagesStreamEvents(t *testing.T) {
 	url = sseEngine(t, 0, start, delta)
 	out, rec = doAPI(New(Options{}), url, APIMessages, nil)
 	body := rec.Body.String()
-	if !out.Cut || !strings.Contains(body, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"InternalServerError\"") {
+	if !(out.Phase == Cut) || !strings.Contains(body, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"InternalServerError\"") {
 		t.Fatalf("cut %+v, client saw %q", out, body)
 	}
 }
