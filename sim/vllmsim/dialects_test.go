@@ -78,7 +78,7 @@ func TestResponsesStream(t *testing.T) {
 			continue
 		}
 		var e struct {
-			Type     string `json:"type"`
+			Type     string              `json:"type"`
 			Response struct{ ID string } `json:"response"`
 		}
 		if json.Unmarshal([]byte(ev), &e) == nil && e.Type == "response.completed" {
