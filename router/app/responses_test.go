@@ -188,3 +188,32 @@ func TestPoolingPathsForwarded(t *testing.T) {
 		t.Fatalf("unknown route: %d %s", a.status, a.body)
 	}
 }
+
+// The session-affinity key: vLLM's X-Session-Id header first, then the body's session_id
+// (vllm_xargs.session_id), then the OpenAI user or the Messages API's metadata.user_id.
+func TestSessionKey(t *testing.T) {
+	for _, c := range []struct {
+		kind         tokens.Kind
+		header, body string
+		want         string
+	}{
+		{tokens.Completion, "h", `{"model":"m","prompt":"x","session_id":"b","user":"u"}`, "h"},
+		{tokens.Completion, "", `{"model":"m","prompt":"x","session_id":"b","user":"u"}`, "b"},
+		{tokens.Completion, "", `{"model":"m","prompt":"x","vllm_xargs":{"session_id":"x"},"user":"u"}`, "x"},
+		{tokens.Chat, "", `{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u"}`, "u"},
+		{tokens.Messages, "", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"metadata":{"user_id":"mu"}}`, "mu"},
+		{tokens.Completion, "", `{"model":"m","prompt":"x"}`, ""},
+	} {
+		tr, err := tokens.Parse(c.kind, []byte(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := http.Header{}
+		if c.header != "" {
+			h.Set("X-Session-Id", c.header)
+		}
+		if got := sessionKey(h, tr); got != c.want {
+			t.Errorf("%s %q: %q, want %q", c.body, c.header, got, c.want)
+		}
+	}
+}
