@@ -225,7 +225,7 @@ func New(o Options) (*Router, error) {
 			ing.Parity = &kvevents.Parity{Algo: algo, Seed: o.Config.Hash.Seed}
 		}
 		var err error
-		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log})
+		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log, Now: o.Now})
 		if err != nil {
 			return nil, err
 		}
