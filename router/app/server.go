@@ -93,6 +93,8 @@ type Router struct {
 	log    *slog.Logger
 	now    func() time.Time
 	policy string
+	// started is when New ran (the balance windows cover no more than that).
+	started time.Time
 
 	ix    *index.Index
 	sub   *kvevents.Subscriber
@@ -186,7 +188,7 @@ func New(o Options) (*Router, error) {
 	} else {
 		name = pol.Name()
 	}
-	s := &Router{o: o, log: o.Logger, now: o.Now, policy: name, readyOnce: make(chan struct{}),
+	s := &Router{o: o, log: o.Logger, now: o.Now, policy: name, started: o.Now(), readyOnce: make(chan struct{}),
 		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
 	s.ix = index.New(index.Options{Now: o.Now})
 	observers := o.Observers
@@ -243,6 +245,7 @@ func New(o Options) (*Router, error) {
 	}
 	s.met = metrics.New(state)
 	s.met.Registry.MustRegister(s.ledger.Collectors()...)
+	s.met.Registry.MustRegister(newBacklogCollector(s))
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
 	}
