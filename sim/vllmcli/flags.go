@@ -249,7 +249,7 @@ var vllmFlags = []flagSpec{
 
 	// VllmConfig
 	{name: "speculative-config", arity: one},
-	{name: "kv-transfer-config", arity: one},
+	{name: "kv-transfer-config", arity: one, use: mapped},
 	{name: "kv-events-config", arity: one, use: mapped},
 	{name: "compilation-config", aliases: []string{"O"}, arity: one},
 	{name: "additional-config", arity: one},
