@@ -93,10 +93,12 @@ type fakeBooking struct {
 	ended  chan struct{}
 }
 
-func (b *fakeBooking) Endpoints() []string        { return b.eps }
-func (b *fakeBooking) Headers() map[string]string { return map[string]string{"x-data-parallel-rank": "0"} }
-func (b *fakeBooking) Served(ep string)           { b.mu.Lock(); b.served = ep; b.mu.Unlock() }
-func (b *fakeBooking) FirstToken()                { b.mu.Lock(); b.first++; b.mu.Unlock() }
+func (b *fakeBooking) Endpoints() []string { return b.eps }
+func (b *fakeBooking) Headers() map[string]string {
+	return map[string]string{"x-data-parallel-rank": "0"}
+}
+func (b *fakeBooking) Served(ep string) { b.mu.Lock(); b.served = ep; b.mu.Unlock() }
+func (b *fakeBooking) FirstToken()      { b.mu.Lock(); b.first++; b.mu.Unlock() }
 func (b *fakeBooking) End(res extproc.Result) {
 	b.mu.Lock()
 	b.res = res
