@@ -136,6 +136,8 @@ type Result struct {
 	// Served is the endpoint the gateway reported it used ("" when it did not say).
 	Served string
 	Usage  *Usage
+	// HeadersAfter is the time from the pick to the response headers (0: none came).
+	HeadersAfter time.Duration
 	// TTFT is the time from the pick to the first token (0: none came).
 	TTFT time.Duration
 	// EngineError is the message of an in-stream error event.

@@ -211,6 +211,7 @@ type stream struct {
 	answered bool // an immediate response went out
 
 	respStatus int
+	respAt     time.Time
 	served     string
 	watch      watcher
 	firstAt    time.Time
@@ -405,6 +406,7 @@ func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.H
 			st.respStatus, _ = strconv.Atoi(headerValue(hv))
 		}
 	}
+	st.respAt = time.Now()
 	st.served = servedEndpoint(m.GetMetadataContext())
 	if st.booking != nil && st.served != "" {
 		eps := st.booking.Endpoints()
@@ -530,6 +532,9 @@ func (st *stream) end(ph Phase, reason string) {
 		EngineError: st.watch.engineErr, Reason: reason}
 	if !st.firstAt.IsZero() {
 		res.TTFT = st.firstAt.Sub(st.picked)
+	}
+	if !st.respAt.IsZero() {
+		res.HeadersAfter = st.respAt.Sub(st.picked)
 	}
 	if st.watch.overflow {
 		st.s.met.errors.WithLabelValues("answer_unread").Inc()
