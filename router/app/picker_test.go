@@ -221,3 +221,71 @@ func TestEPPCheckPassesAgainstKvrouter(t *testing.T) {
 	}
 	testkit.WaitFor(t, waitBound, "every booking released", func() bool { return idle(rt.s) })
 }
+
+// sharedPrefixWorkload is 4 prefixes of 192 tokens, each asked 6 times with its own suffix,
+// interleaved.
+func sharedPrefixWorkload() []string {
+	var out []string
+	for round := range 6 {
+		for p := range 4 {
+			out = append(out, idsPrompt(20+p, 192, 100*p+round, 24, 1))
+		}
+	}
+	return out
+}
+
+// cachedShare is the engines' reported cached tokens over the prompt tokens of what the router
+// accounted.
+func cachedShare(s *Router) (share float64, responses uint64, exact bool) {
+	var prompt, cached, predicted uint64
+	for _, e := range s.Engines() {
+		for _, r := range e.Ranks {
+			prompt += r.Accuracy.PromptTokens
+			cached += r.Accuracy.ActualCached
+			predicted += r.Accuracy.PredictedCached
+			responses += r.Accuracy.WithUsage
+		}
+	}
+	if prompt == 0 {
+		return 0, responses, false
+	}
+	return float64(cached) / float64(prompt), responses, predicted == cached
+}
+
+// A shared-prefix workload gets the same cached share through the picker as through the proxy
+// (each on fresh engines), with predicted = reported cached tokens in both.
+func TestPickerCachedShareMatchesProxy(t *testing.T) {
+	work := sharedPrefixWorkload()
+	run := func(viaPicker bool) (float64, bool) {
+		f := startFleet(t, 3, vllmsim.Config{})
+		rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
+		rt.waitStreams(t, "exact")
+		var gw *gatewaytest.Gateway
+		if viaPicker {
+			gw, _ = startPicker(t, rt, false)
+		}
+		for i, b := range work {
+			if viaPicker {
+				res, err := gw.Do(context.Background(), gatewaytest.Request{Path: "/v1/completions", Body: []byte(b)})
+				if err != nil || res.Status != 200 {
+					t.Fatalf("request %d via the picker: %v %+v", i, err, res)
+				}
+			} else if a := postJSON(t, rt.api.URL+"/v1/completions", b); a.status != 200 {
+				t.Fatalf("request %d via the proxy: %d %s", i, a.status, a.body)
+			}
+			// The next request sees this one's blocks in the index, as in a paced workload.
+			testkit.WaitFor(t, waitBound, "the answer accounted", func() bool { _, n, _ := cachedShare(rt.s); return n == uint64(i+1) })
+		}
+		share, _, exact := cachedShare(rt.s)
+		return share, exact
+	}
+	proxyShare, proxyExact := run(false)
+	pickerShare, pickerExact := run(true)
+	t.Logf("cached share: proxy %.3f, picker %.3f", proxyShare, pickerShare)
+	if proxyShare < 0.5 || pickerShare < proxyShare-0.02 || pickerShare > proxyShare+0.02 {
+		t.Fatalf("cached share: proxy %.3f, picker %.3f; want them within 2 points, and above 0.5", proxyShare, pickerShare)
+	}
+	if !proxyExact || !pickerExact {
+		t.Fatalf("predicted != reported cached tokens (proxy exact %v, picker exact %v)", proxyExact, pickerExact)
+	}
+}
