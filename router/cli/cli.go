@@ -350,7 +350,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	}
 	var ep *extProcServer
 	if x := st.cfg.ExtProc; x != nil {
-		if ep, err = startExtProc(x, srv, st.logger, st.cfg.Limits.MaxBodyBytes); err != nil {
+		if ep, err = startExtProc(x, srv, st.logger, st.cfg.Limits); err != nil {
 			apiLn.Close()
 			adminLn.Close()
 			srv.Close()

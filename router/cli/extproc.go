@@ -23,13 +23,15 @@ type extProcServer struct {
 
 // startExtProc binds the endpoint picker's listener and builds its server over the router's
 // request pipeline (app.Router.Picker); serve starts it.
-func startExtProc(x *config.ExtProc, srv *app.Router, log *slog.Logger, maxBody int64) (*extProcServer, error) {
+func startExtProc(x *config.ExtProc, srv *app.Router, log *slog.Logger, lim config.Limits) (*extProcServer, error) {
 	ln, err := net.Listen("tcp", x.Listen)
 	if err != nil {
 		return nil, err
 	}
-	eps := extproc.New(srv.Picker(), extproc.Options{MaxBodyBytes: int(maxBody), ConformanceHooks: x.ConformanceHooks,
-		Logger: log, Registerer: srv.Metrics().Registry})
+	// The proxy's limits bound the picker alike: the body it holds, the time the body may take
+	// to arrive, a whole request.
+	eps := extproc.New(srv.Picker(), extproc.Options{MaxBodyBytes: int(lim.MaxBodyBytes), BodyTimeout: lim.BodyReadTimeout.Duration,
+		StreamTimeout: lim.RequestTimeout.Duration, ConformanceHooks: x.ConformanceHooks, Logger: log, Registerer: srv.Metrics().Registry})
 	// A gateway keeps one connection and opens a stream per request; keepalive pings find a
 	// gateway that vanished, so its streams end (and their bookings are released).
 	g := grpc.NewServer(grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
