@@ -36,6 +36,8 @@ type Metrics struct {
 	ApproxDecisions      *prometheus.CounterVec // engine: decisions scored from the approximate index
 	UnkeyedRequests      *prometheus.CounterVec // reason: requests routed by load without keys
 	ReportModeOverrides  prometheus.Counter     // client kv_cache_report_mode set back to incremental
+	ResponseAffinity     *prometheus.CounterVec // result: stored Responses answers and follow-ups pinned to their engine
+	ResponseOwnerEvicted prometheus.Counter     // response-owner map entries dropped (size cap or TTL)
 	EngineHeadersSeconds *prometheus.HistogramVec
 	FirstTokenSeconds    *prometheus.HistogramVec // engine: streams only
 	EngineErrors         *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
@@ -93,7 +95,11 @@ func New(state prometheus.Collector) *Metrics {
 		ReportModeOverrides: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "client_report_mode_overrides_total",
 			Help: "Requests whose own vllm_xargs.kv_cache_report_mode the router set back to incremental (outside full mode a client's full mode would leave re-announced blocks in the index)."}),
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
-			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed)."}, []string{"reason"}),
+			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed; pooling: embeddings, scores, rerank, tokenize; responses_previous, responses_items, messages_content: a prompt the router does not reproduce)."}, []string{"reason"}),
+		ResponseAffinity: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "response_affinity_total",
+			Help: "Stored Responses answers and the requests that name them, by result: recorded (owner learnt), pinned (sent to the engine holding it), found_by_lookup (owner found by asking the engines), not_found and owner_unavailable (answered 404, never sent elsewhere)."}, []string{"result"}),
+		ResponseOwnerEvicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "response_owner_evictions_total",
+			Help: "Response-id -> engine entries dropped for the size cap or the TTL (a later request naming one finds its engine by asking the engines)."}),
 		EngineHeadersSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_response_headers_seconds",
 			Help: "Time from forwarding to the engine's response headers (for a vLLM stream: its acceptance, not its first token; for a non-streamed answer: the whole answer).", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		FirstTokenSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_token_seconds",
@@ -115,6 +121,7 @@ func New(state prometheus.Collector) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
 		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.ReportModeOverrides,
+		m.ResponseAffinity, m.ResponseOwnerEvicted,
 		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.RequestSeconds, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
 	if state != nil {

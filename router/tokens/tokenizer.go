@@ -192,7 +192,10 @@ func IsEngineAuth(err error) bool {
 
 func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, error) {
 	t.renders.Add(1)
-	if r.Kind == Chat {
+	if r.Kind.ChatRendered() {
+		if r.chatBody != nil {
+			body = r.chatBody
+		}
 		ids, err := t.postIDs(ctx, engineURL+"/v1/chat/completions/render", body, "token_ids", false)
 		if errors.Is(err, errNoRender) {
 			return t.tokenizeChat(ctx, engineURL, body)

@@ -37,6 +37,8 @@ type Sim struct {
 	nextID  atomic.Uint64
 	sleep   sleepState
 	created int64
+	// stored holds Responses answers stored in this simulator's memory, as vLLM's server does.
+	stored responseStore
 }
 
 // New checks the configuration and builds the simulator; Start opens its sockets.
@@ -180,6 +182,10 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	mux.HandleFunc("POST /v1/completions/render", s.handleCompletionsRender)
 	mux.HandleFunc("POST /v1/chat/completions/render", s.handleChatRender)
+	mux.HandleFunc("POST /v1/responses", s.handleResponses)
+	mux.HandleFunc("GET /v1/responses/{id}", s.handleStoredResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleStoredResponse)
+	mux.HandleFunc("POST /v1/messages", s.handleMessages)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
