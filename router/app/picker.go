@@ -17,6 +17,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strconv"
@@ -92,11 +93,10 @@ func (pk picker) Prepare(ctx context.Context, r *extproc.Request) (extproc.Prepa
 	p, refused := s.prepare(ctx, r.Header, kind, r.Body, reps)
 	if refused != nil {
 		rq.end()
-		body := refused.body
-		if len(body) == 0 {
-			body = extproc.ErrorJSON(refused.status, refused.typ, refused.msg)
-		}
-		return nil, &extproc.Refusal{Status: refused.status, Body: body}
+		// The proxy's answer to the client, as it would write it.
+		rec := httptest.NewRecorder()
+		refused.write(rec)
+		return nil, &extproc.Refusal{Status: rec.Code, Body: rec.Body.Bytes()}
 	}
 	rq.stream = p.tr.Stream
 	up, rw, err := s.upstreamBody(p)
