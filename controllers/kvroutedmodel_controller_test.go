@@ -183,7 +183,7 @@ func TestScaleAndRollout(t *testing.T) {
 	m := newModel(t, ns, "qwen", nil)
 	engine(t, m)
 	setDeploymentStatus(t, ns, "qwen-engine", 1, 1, 1)
-	setDeploymentStatus(t, ns, "qwen-router", 1, 1, 1)
+	setDeploymentStatus(t, ns, "qwen-router", 2, 2, 2)
 	got := waitCondition(t, m, v1alpha1.ConditionReady, "True/Reconciled")
 	if condition(got, v1alpha1.ConditionAvailable) != "True/MinimumReplicasReady" || condition(got, v1alpha1.ConditionDegraded) != "False/AsExpected" {
 		t.Fatalf("conditions %s", describe(got.Status.Conditions))
@@ -271,7 +271,7 @@ func TestWarmup(t *testing.T) {
 	engine(t, m)
 	readyPod(t, m, "qwen-engine-original", first)
 	setDeploymentStatus(t, ns, "qwen-engine", 1, 1, 1)
-	setDeploymentStatus(t, ns, "qwen-router", 1, 1, 1)
+	setDeploymentStatus(t, ns, "qwen-router", 2, 2, 2)
 	waitCondition(t, m, v1alpha1.ConditionAvailable, "True/MinimumReplicasReady")
 
 	// Scale up; the new pods become Ready a minute after the model was Available.
@@ -355,14 +355,26 @@ func scaledObjectCRD() *apiextv1.CustomResourceDefinition {
 	}
 }
 
-func metricsAPIService() *unstructured.Unstructured {
+// metricsAPIService is an APIService of group (custom.metrics.k8s.io or external.metrics.k8s.io).
+func metricsAPIService(group string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{Object: map[string]interface{}{
 		"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-		"metadata": map[string]interface{}{"name": "v1beta2.custom.metrics.k8s.io"},
+		"metadata": map[string]interface{}{"name": "v1beta2." + group},
 		// A local APIService (no spec.service): the aggregator reports it Available at once.
-		"spec": map[string]interface{}{"group": "custom.metrics.k8s.io", "version": "v1beta2", "groupPriorityMinimum": int64(100), "versionPriority": int64(100)},
+		"spec": map[string]interface{}{"group": group, "version": "v1beta2", "groupPriorityMinimum": int64(100), "versionPriority": int64(100)},
 	}}
 	return u
+}
+
+// hpaMetric is the HPA's metric named name (nil: none).
+func hpaMetric(hpa *autoscalingv2.HorizontalPodAutoscaler, name string) *autoscalingv2.MetricSpec {
+	for i, m := range hpa.Spec.Metrics {
+		switch {
+		case m.Pods != nil && m.Pods.Metric.Name == name, m.External != nil && m.External.Metric.Name == name:
+			return &hpa.Spec.Metrics[i]
+		}
+	}
+	return nil
 }
 
 func TestAutoscalerSwitchKEDAAndMetricsAPI(t *testing.T) {
@@ -375,7 +387,9 @@ func TestAutoscalerSwitchKEDAAndMetricsAPI(t *testing.T) {
 	if err := ownedBy(hpa, getModel(t, m)); err != nil {
 		t.Error(err)
 	}
-	if hpa.Spec.ScaleTargetRef.Kind != v1alpha1.Kind || hpa.Spec.MaxReplicas != 5 || hpa.Spec.Metrics[0].Pods.Metric.Name != render.QueueMetric {
+	// The routers' backlog (external metrics API) beside the engines' queue (custom metrics API).
+	if hpa.Spec.ScaleTargetRef.Kind != v1alpha1.Kind || hpa.Spec.MaxReplicas != 5 ||
+		hpaMetric(hpa, render.QueueMetric) == nil || hpaMetric(hpa, render.BacklogMetric) == nil {
 		t.Errorf("HPA spec %+v", hpa.Spec)
 	}
 	got := waitCondition(t, m, v1alpha1.ConditionDegraded, "True/MetricsAPIUnavailable")
@@ -383,12 +397,15 @@ func TestAutoscalerSwitchKEDAAndMetricsAPI(t *testing.T) {
 		t.Errorf("status.autoscaler %+v", got.Status.Autoscaler)
 	}
 
-	// A custom metrics API appears: the model recovers on its own (retry interval).
-	api := metricsAPIService()
-	if err := k8s.Create(ctx, api); err != nil {
-		t.Fatal(err)
+	// The custom and external metrics APIs appear: the model recovers on its own (retry
+	// interval). The HPA reads both metrics, so the model needs both APIs.
+	for _, group := range []string{"custom.metrics.k8s.io", "external.metrics.k8s.io"} {
+		api := metricsAPIService(group)
+		if err := k8s.Create(ctx, api); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(ctx, api) })
 	}
-	t.Cleanup(func() { _ = k8s.Delete(ctx, api) })
 	waitCondition(t, m, v1alpha1.ConditionDegraded, "False/AsExpected")
 
 	// Switch to KEDA with no KEDA installed: the HPA goes, the rest still reconciles.
@@ -505,8 +522,10 @@ func TestAPIKeyAndEnginesConnect(t *testing.T) {
 		if err := k8s.Get(ctx, key(ns, render.RouterName(m)), np); err != nil {
 			return err
 		}
-		if len(np.Spec.Ingress) != 2 {
-			return fmt.Errorf("router policy has %d rules, want API and admin only", len(np.Spec.Ingress))
+		// API and admin, and the peers' route port: back to RouterConnects, the model runs
+		// render.DefaultRouterReplicas routers again.
+		if len(np.Spec.Ingress) != 3 {
+			return fmt.Errorf("router policy has %d rules, want API, admin and peers only", len(np.Spec.Ingress))
 		}
 		return nil
 	})
