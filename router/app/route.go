@@ -251,6 +251,11 @@ func (s *Router) prepare(w http.ResponseWriter, r *http.Request, kind tokens.Kin
 		_, _ = w.Write(ce.Body)
 		return nil, false
 	}
+	var nr *tokens.NoRouteError
+	if errors.As(err, &nr) {
+		p.unkeyed = nr.Reason // the engine kind gives no token ids for it: routed by load, counted
+		return p, true
+	}
 	if err != nil {
 		s.met.TokenizeFailures.Inc()
 		s.tokenizeDegraded.Add(1)
@@ -287,7 +292,10 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	rq.stream = p.tr.Stream
-	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
+	// Only vLLM reads vllm_xargs (trtllm-serve refuses unknown fields): another kind's bodies
+	// are not given one.
+	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport,
+		PinIncremental: !s.o.FullReport && s.fleet.Kind().Profile().ReportMode}
 	if rw.OverridesClientMode(p.body) {
 		s.met.ReportModeOverrides.Inc()
 		s.logLimited("report-mode-override", "a client's vllm_xargs.kv_cache_report_mode was set back to incremental; counted in kvroute_router_client_report_mode_overrides_total")

@@ -19,7 +19,7 @@ var versionOut io.Writer = os.Stdout
 var flagGroups = []cliusage.Group{
 	{Title: "API", Flags: []string{"config", "listen", "admin-listen", "model", "version"}},
 	{Title: "Engines", Flags: []string{"engine", "engines-file", "namespace", "selector", "engine-port",
-		"events-bind", "no-events", "block-size", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full"}},
+		"events-bind", "no-events", "block-size", "engine-kind", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full"}},
 	{Title: "Policy", Flags: []string{"policy", "shadow-policy"}},
 	{Title: "Observability", Flags: []string{"log-format", "log-level", "access-log-sample", "audit",
 		"capture-dir", "capture-max-bytes", "capture-files"}},

@@ -36,6 +36,7 @@ type Metrics struct {
 	ApproxDecisions      *prometheus.CounterVec // engine: decisions scored from the approximate index
 	UnkeyedRequests      *prometheus.CounterVec // reason: requests routed by load without keys
 	ReportModeOverrides  prometheus.Counter     // client kv_cache_report_mode set back to incremental
+	EnginesRefused       prometheus.Gauge       // discovered engines of another kind than the router's
 	EngineHeadersSeconds *prometheus.HistogramVec
 	FirstTokenSeconds    *prometheus.HistogramVec // engine: streams only
 	EngineErrors         *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
@@ -92,8 +93,10 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Decisions where the chosen replica was scored from the approximate index (no healthy event stream)."}, []string{"engine"}),
 		ReportModeOverrides: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "client_report_mode_overrides_total",
 			Help: "Requests whose own vllm_xargs.kv_cache_report_mode the router set back to incremental (outside full mode a client's full mode would leave re-announced blocks in the index)."}),
+		EnginesRefused: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "engines_refused",
+			Help: "Engines discovery lists but the router refuses: their kind is not the router's --engine-kind (a fleet runs one engine kind; /debug/engines names them)."}),
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
-			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed)."}, []string{"reason"}),
+			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed; engine_no_chat_render, engine_no_tokenize: the engine kind serves no route that gives the prompt's token ids)."}, []string{"reason"}),
 		EngineHeadersSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_response_headers_seconds",
 			Help: "Time from forwarding to the engine's response headers (for a vLLM stream: its acceptance, not its first token; for a non-streamed answer: the whole answer).", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		FirstTokenSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_token_seconds",
@@ -114,7 +117,7 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Cached tokens the engines reported, by engine and the scoring mode of the decision."}, []string{"engine", "mode"}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
-		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.ReportModeOverrides,
+		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.ReportModeOverrides, m.EnginesRefused,
 		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.RequestSeconds, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
 	if state != nil {

@@ -2,6 +2,7 @@ package tokens
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,8 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // Source says where a request's tokens came from.
@@ -44,6 +47,8 @@ type Options struct {
 	CacheEntries int
 	// MaxCacheTokens: renders longer than this are not cached (262144).
 	MaxCacheTokens int
+	// Kind is the engines' family: which routes give a prompt's token ids (vLLM when unset).
+	Kind engine.Kind
 }
 
 // Tokenizer tokenizes requests through the engines. Safe for concurrent use.
@@ -53,6 +58,7 @@ type Tokenizer struct {
 	maxTokens int
 	cache     *lru.Cache[uint64, []uint32]
 	group     singleflight.Group
+	prof      engine.Profile
 
 	hits, misses, renders, failures atomic.Uint64
 }
@@ -78,7 +84,7 @@ func New(o Options) *Tokenizer {
 		o.MaxCacheTokens = 262144
 	}
 	c, _ := lru.New[uint64, []uint32](o.CacheEntries) // only fails for a size <= 0
-	return &Tokenizer{client: o.Client, timeout: o.Timeout, maxTokens: o.MaxCacheTokens, cache: c}
+	return &Tokenizer{client: o.Client, timeout: o.Timeout, maxTokens: o.MaxCacheTokens, cache: c, prof: o.Kind.Profile()}
 }
 
 // Stats returns the counters.
@@ -101,6 +107,9 @@ func (t *Tokenizer) Stats() Stats {
 func (t *Tokenizer) Tokens(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, Source, error) {
 	if r.HasIDs {
 		return r.PromptIDs, FromIDs, nil
+	}
+	if !t.prof.CanTokenize(r.Kind == Chat) {
+		return nil, FromEngine, &NoRouteError{Kind: t.prof.Kind, Reason: noRouteReason(t.prof)}
 	}
 	// Every replica of the model renders alike, so the engine is not part of the key.
 	h := xxh3.Hash(r.renderKey)
@@ -193,6 +202,11 @@ func IsEngineAuth(err error) bool {
 
 func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, error) {
 	t.renders.Add(1)
+	if !t.prof.Render {
+		// An engine without vLLM's render routes (SGLang): text through its tokenize route;
+		// Tokens already refused what it cannot tokenize.
+		return t.tokenizeText(ctx, engineURL, r)
+	}
 	if r.Kind == Chat {
 		var gr generateRequest
 		if err := t.post(ctx, engineURL+"/v1/chat/completions/render", body, &gr); err != nil {
@@ -275,10 +289,35 @@ func (t *Tokenizer) tokenizeText(ctx context.Context, engineURL string, r *Reque
 	var tr struct {
 		Tokens []int64 `json:"tokens"`
 	}
-	if err := t.post(ctx, engineURL+"/tokenize", b, &tr); err != nil {
+	if err := t.post(ctx, engineURL+cmp.Or(t.prof.TokenizePath, "/tokenize"), b, &tr); err != nil {
 		return nil, err
 	}
 	return toIDs(tr.Tokens)
+}
+
+// NoRouteError is an engine kind that serves no route giving a request's prompt token ids (SGLang
+// renders no chat template over HTTP; trtllm-serve tokenizes nothing): the request is routed by
+// load without keys, under Reason, and nothing failed.
+type NoRouteError struct {
+	Kind   engine.Kind
+	Reason string
+}
+
+func (e *NoRouteError) Error() string {
+	return fmt.Sprintf("tokens: %s engines serve no route that gives this request's token ids (%s)", e.Kind, e.Reason)
+}
+
+// Unkeyed reasons of NoRouteError.
+const (
+	ReasonNoChatRender = "engine_no_chat_render"
+	ReasonNoTokenize   = "engine_no_tokenize"
+)
+
+func noRouteReason(p engine.Profile) string {
+	if p.TokenizePath == "" && !p.Render {
+		return ReasonNoTokenize
+	}
+	return ReasonNoChatRender
 }
 
 // maxRenderBytes bounds a render answer (a 1M-token prompt is about 8 MB of JSON).
@@ -336,9 +375,13 @@ func (t *Tokenizer) Detokenize(ctx context.Context, engineURL, model string, ids
 	defer cancel()
 	var out struct {
 		Prompt *string `json:"prompt"`
+		Text   *string `json:"text"` // SGLang's DetokenizeResponse
 	}
 	if err := t.post(ctx, engineURL+"/detokenize", body, &out); err != nil {
 		return "", err
+	}
+	if out.Prompt == nil {
+		out.Prompt = out.Text
 	}
 	if out.Prompt == nil {
 		return "", fmt.Errorf("tokens: %s/detokenize: answer has no prompt", engineURL)
