@@ -8,7 +8,9 @@
 //     (sgl-project/sglang at 612d579090db and cc6971b740d8), entrypoints/openai/serving_tokenize.py
 //     (0351c1fafe4c).
 //   - TensorRT-LLM: tensorrt_llm/_torch/pyexecutor/kv_cache_events.py (NVIDIA/TensorRT-LLM at
-//     44004b3864a7), tensorrt_llm/metrics/collector.py (89fd9b74ab7a), docs/source/commands/trtllm-serve.rst.
+//     44004b3864a7), tensorrt_llm/metrics/collector.py (89fd9b74ab7a), tensorrt_llm/serve/openai_protocol.py
+//     (0076e9390e1e: /_internal/tokenize, usage.prompt_tokens_details.cached_tokens, extra="forbid"),
+//     docs/source/commands/trtllm-serve.rst.
 package engine
 
 import (
@@ -103,11 +105,14 @@ func (k Kind) Profile() Profile {
 	case TRTLLM:
 		return Profile{Kind: TRTLLM,
 			Metrics: Metrics{Path: "/prometheus/metrics", KVUsage: "trtllm_kv_cache_utilization"},
+			// POST /_internal/tokenize {model, prompt} -> {count, tokens}: plain text only
+			// (tensorrt_llm/serve/openai_protocol.py TokenizeRequest, NVIDIA/TensorRT-LLM at 0076e9390e1e).
+			TokenizePath: "/_internal/tokenize",
 			NotApplicable: []string{
 				"hash parity: TensorRT-LLM truncates its radix SHA-256 key to a signed int64, not vLLM's hash; router keys come from the events' token ids",
 				"kv_cache_report_mode: trtllm-serve refuses unknown request fields, so the router sends no vllm_xargs",
 				"snapshots: TensorRT-LLM serves no snapshot endpoint",
-				"tokenize: trtllm-serve serves no tokenize or render route, so requests without prompt token ids are routed by load (unkeyed reason engine_no_tokenize)",
+				"chat render: trtllm-serve's /_internal/tokenize takes text only (no messages), so chat requests are routed by load (unkeyed reason engine_no_chat_render)",
 				"queue and running gauges: not exported; load comes from the router's own ledger",
 			}}
 	}

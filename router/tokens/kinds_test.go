@@ -14,8 +14,8 @@ import (
 )
 
 // SGLang: a completion's text goes to its /tokenize (no render routes are tried), a chat
-// request is refused with a reason and no engine call; TensorRT-LLM: nothing is tokenized, but
-// prompt token ids are still used as given.
+// request is refused with a reason and no engine call; TensorRT-LLM: text through its
+// /_internal/tokenize, chat refused alike, prompt token ids used as given.
 func TestTokenizeByEngineKind(t *testing.T) {
 	var calls, renders atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -54,8 +54,11 @@ func TestTokenizeByEngineKind(t *testing.T) {
 		t.Fatalf("SGLang chat: %v (%d calls); want a no-route error naming %s, no call, no engine fault", err, calls.Load()-before, ReasonNoChatRender)
 	}
 	trt := New(Options{Kind: engine.TRTLLM})
-	if _, _, err := trt.Tokens(ctx, srv.URL, r, body); !errors.As(err, &nr) || nr.Reason != ReasonNoTokenize {
-		t.Fatalf("TensorRT-LLM completion: %v; want %s", err, ReasonNoTokenize)
+	if _, _, err := trt.Tokens(ctx, srv.URL, r, body); err == nil || renders.Load() != 1 {
+		t.Fatalf("TensorRT-LLM completion: %v, %d calls off /tokenize; want its /_internal/tokenize asked (404 here)", err, renders.Load())
+	}
+	if _, _, err := trt.Tokens(ctx, srv.URL, cr, chat); !errors.As(err, &nr) || nr.Reason != ReasonNoChatRender {
+		t.Fatalf("TensorRT-LLM chat: %v; want %s", err, ReasonNoChatRender)
 	}
 	ids := []byte(`{"model":"m","prompt":[1,2,3]}`)
 	ir, err := Parse(Completion, ids)
