@@ -66,8 +66,10 @@ func (e *eventEncoder) encodeKind(b *wireBatch, shape eventShape, k string) ([]b
 	return e.encode(b, shape)
 }
 
-// encodeSGLang writes SGLang's positional batch; the sim's requests carry no cache_salt or
-// session_id metadata on the wire, so no event has the trailing metadata map.
+// encodeSGLang writes SGLang's positional batch. A BlockStored of a salted request starting a
+// chain carries SGLang's trailing metadata map {"cache_salt": ...} (BlockStoredWithMetadata);
+// the sim has no sessions, so session_id is never set. SGLang sends lora_id, not the adapter
+// name, so a LoRA request's blocks cannot be keyed by adapter from SGLang's wire (docs/engines.md).
 func (e *eventEncoder) encodeSGLang(b *wireBatch) ([]byte, error) {
 	e.buf.Reset()
 	e.err = nil
@@ -80,7 +82,12 @@ func (e *eventEncoder) encodeSGLang(b *wireBatch) ([]byte, error) {
 		ev := &b.events[i]
 		switch ev.kind {
 		case evStored:
-			e.check(e.enc.EncodeArrayLen(7))
+			salt, salted := sglangSalt(ev)
+			if salted {
+				e.check(e.enc.EncodeArrayLen(8))
+			} else {
+				e.check(e.enc.EncodeArrayLen(7))
+			}
 			e.str(eventTags[ev.kind])
 			e.hashList(ev.hashes)
 			e.optUint(ev.parent)
@@ -91,6 +98,11 @@ func (e *eventEncoder) encodeSGLang(b *wireBatch) ([]byte, error) {
 			e.check(e.enc.EncodeInt(ev.blockSize))
 			e.optInt(ev.loraID)
 			e.optStr(ev.medium)
+			if salted {
+				e.check(e.enc.EncodeMapLen(1))
+				e.str("cache_salt")
+				e.str(salt)
+			}
 		case evRemoved:
 			e.check(e.enc.EncodeArrayLen(3))
 			e.str(eventTags[ev.kind])
@@ -185,4 +197,20 @@ func (k kindMetrics) Collect(ch chan<- prometheus.Metric) {
 	if k.m.cfg.kind() == KindTRTLLM {
 		ch <- prometheus.MustNewConstMetric(descTRTUsage, g, usage, k.m.cfg.Model)
 	}
+}
+
+// sglangSalt is the cache salt of a BlockStored that starts a chain: the last entry of block
+// 0's vLLM extra keys after the adapter name (simIdentity.blockExtras puts the salt there).
+func sglangSalt(ev *wireEvent) (string, bool) {
+	if ev.parent != nil || len(ev.extraKeys) == 0 {
+		return "", false
+	}
+	n := 0
+	if ev.loraName != nil && *ev.loraName != "" {
+		n = 1
+	}
+	if ek := ev.extraKeys[0]; len(ek) > n {
+		return ek[n], true
+	}
+	return "", false
 }

@@ -40,6 +40,19 @@ func TestEngineKindWire(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: router decoder: %v", k.kind, err)
 		}
+		if k.kind == KindSGLang {
+			salted := *b
+			salted.events = []wireEvent{{kind: evStored, hashes: []uint64{h}, tokens: []uint32{1, 2, 3, 4}, blockSize: 4, medium: &gpu,
+				extraKeys: [][]string{{"salt-1"}}, hasExtras: true}}
+			p, err := newEventEncoder().encodeKind(&salted, shapeE3, k.kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := kvwire.NewDecoderFor(k.ek).DecodeBatch(p)
+			if err != nil || d.Events[0].Stored.CacheSalt.V != "salt-1" {
+				t.Errorf("SGLang salted event: %v %+v", err, d)
+			}
+		}
 		if len(got.Events) != 3 || got.Events[0].Stored.BlockHashes[0].Uint64() != h || len(got.Events[0].Stored.TokenIDs) != 4 ||
 			got.Events[0].Stored.ParentBlockHash.V.Uint64() != parent || got.Events[1].Removed.BlockHashes[0].Uint64() != h {
 			t.Errorf("%s: decoded %+v", k.kind, got.Events)
