@@ -82,3 +82,33 @@ func TestEngineKindsPredictedEqualsReported(t *testing.T) {
 		})
 	}
 }
+
+// A fleet runs one engine kind: an SGLang engine discovered by a vLLM router is refused, not
+// routed to, counted on /metrics and listed in /debug/engines with why; the vLLM engine beside
+// it is routed as usual.
+func TestMixedFleetRefused(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{})
+	es := f.engines()
+	es[1].Kind = "sglang"
+	rt := startRouter(t, discovery.NewStatic(es), noHealthLoop)
+	if n := testutil.ToFloat64(rt.s.met.EnginesRefused); n != 1 {
+		t.Fatalf("engines refused %v, want 1", n)
+	}
+	var refused, routed int
+	for _, e := range rt.s.Engines() {
+		switch {
+		case e.Name == "e1" && strings.Contains(e.Refused, "kind=sglang but the router runs vllm engines") && len(e.Ranks) == 0:
+			refused++
+		case e.Name == "e0" && e.Refused == "" && len(e.Ranks) == 1:
+			routed++
+		}
+	}
+	if refused != 1 || routed != 1 {
+		t.Fatalf("/debug/engines: %+v", rt.s.Engines())
+	}
+	for range 4 {
+		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 32, 2, 8, 1)); a.status != 200 || a.header.Get("x-kvroute-engine") == "e1" {
+			t.Fatalf("answer %d from %q", a.status, a.header.Get("x-kvroute-engine"))
+		}
+	}
+}

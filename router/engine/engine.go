@@ -94,7 +94,9 @@ func (k Kind) Profile() Profile {
 		return Profile{Kind: SGLang,
 			Metrics: Metrics{Path: "/metrics", Waiting: "sglang:num_queue_reqs", Running: "sglang:num_running_reqs",
 				KVUsage: "sglang:token_usage", RankLabel: "dp_rank",
-				ConfigInfo: "sglang:cache_config_info", BlockSizeLabel: "page_size"},
+				// page_size and num_pages: the labels GIE's model-server protocol and llm-d's
+				// picker read (llm-d/llm-d-router v0.10.0, datalayer/extractor).
+				ConfigInfo: "sglang:cache_config_info", BlockSizeLabel: "page_size", GPUBlocksLabel: "num_pages"},
 			TokenizePath: "/tokenize",
 			NotApplicable: []string{
 				"hash parity: SGLang hashes pages with its own SHA-256 chain truncated to int64, not vLLM's; router keys come from the events' token ids",

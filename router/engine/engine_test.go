@@ -27,7 +27,7 @@ func TestProfiles(t *testing.T) {
 		t.Errorf("SGLang profile %+v: no parity, no report mode, text tokenize only, reasons listed", s)
 	}
 	tr := TRTLLM.Profile()
-	if tr.CanTokenize(false) || tr.CanTokenize(true) || tr.Metrics.Path != "/prometheus/metrics" {
-		t.Errorf("TensorRT-LLM profile %+v: no tokenize route, metrics on /prometheus/metrics", tr)
+	if !tr.CanTokenize(false) || tr.CanTokenize(true) || tr.TokenizePath != "/_internal/tokenize" || tr.Metrics.Path != "/prometheus/metrics" {
+		t.Errorf("TensorRT-LLM profile %+v: text through /_internal/tokenize only, metrics on /prometheus/metrics", tr)
 	}
 }

@@ -703,8 +703,8 @@ func (f *Fleet) engineSample(name string, smp *Sample) {
 			bs = smp.BlockSize
 		}
 		if bs > 0 && r.View().MetricsBlockSize != bs {
-			f.log.Info("block size read from the engine's /metrics (vllm:cache_config_info); keys use it while no configured, announced or event-learned size exists",
-				"engine", name, "rank", r.Rank, "block_size", bs)
+			f.log.Info("block size read from the engine's /metrics; keys use it while no configured, announced or event-learned size exists",
+				"engine", name, "rank", r.Rank, "block_size", bs, "metric", f.kind.Profile().Metrics.ConfigInfo)
 		}
 		if fig, ok := smp.Rank(r.Rank); ok {
 			r.update(func(v *View) { v.Figures, v.HaveFigures, v.MetricsBlockSize = fig, true, bs })

@@ -166,6 +166,7 @@ var (
 	descSGLQueue   = prometheus.NewDesc("sglang:num_queue_reqs", "The number of requests in the waiting queue.", []string{"model_name", "dp_rank"}, nil)
 	descSGLRunning = prometheus.NewDesc("sglang:num_running_reqs", "The number of running requests.", []string{"model_name", "dp_rank"}, nil)
 	descSGLUsage   = prometheus.NewDesc("sglang:token_usage", "The token usage.", []string{"model_name", "dp_rank"}, nil)
+	descSGLConfig  = prometheus.NewDesc("sglang:cache_config_info", "Information of the cache configuration.", []string{"page_size", "num_pages"}, nil)
 	descTRTUsage   = prometheus.NewDesc("trtllm_kv_cache_utilization", "KV cache utilization.", []string{"model_name"}, nil)
 )
 
@@ -174,7 +175,7 @@ var (
 type kindMetrics struct{ m *simMetrics }
 
 func (k kindMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSGLQueue, descSGLRunning, descSGLUsage, descTRTUsage} {
+	for _, d := range []*prometheus.Desc{descSGLQueue, descSGLRunning, descSGLUsage, descSGLConfig, descTRTUsage} {
 		ch <- d
 	}
 }
@@ -193,6 +194,9 @@ func (k kindMetrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descSGLRunning, g, float64(running), l...)
 			ch <- prometheus.MustNewConstMetric(descSGLUsage, g, u, l...)
 		}
+	}
+	if k.m.cfg.kind() == KindSGLang {
+		ch <- prometheus.MustNewConstMetric(descSGLConfig, g, 1, strconv.Itoa(k.m.cfg.BlockSize), strconv.Itoa(k.m.cfg.NumGPUBlocks))
 	}
 	if k.m.cfg.kind() == KindTRTLLM {
 		ch <- prometheus.MustNewConstMetric(descTRTUsage, g, usage, k.m.cfg.Model)
