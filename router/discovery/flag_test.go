@@ -1,7 +1,6 @@
 package discovery
 
 import (
-	"github.com/kvroute/kvroute/router/engine"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 func TestParseEngineFlagGood(t *testing.T) {
