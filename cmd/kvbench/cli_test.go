@@ -73,7 +73,7 @@ func defaultOf(text string) string {
 }
 
 func TestFlagsMatchDocs(t *testing.T) {
-	for _, sub := range []string{"cache", "replay"} {
+	for _, sub := range []string{"cache", "replay", "cost"} {
 		t.Run(sub, func(t *testing.T) {
 			_, help, _ := kvbench(t, sub, "--help")
 			doccheck.Check(t, "../..", "kvbench "+sub, doccheck.HelpFlags(help))

@@ -16,6 +16,7 @@ import (
 // subcommands maps a name to its entry point; each parses its own flags.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) error{
 	"cache":  runCache,
+	"cost":   runCost,
 	"replay": runReplay,
 	"router": runRouter, // hidden: the routers kvbench replay starts (router.go)
 }
@@ -31,6 +32,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintln(stderr, "usage: kvbench cache|replay --trace F [flags]   (kvbench cache -h, kvbench replay -h for flags)")
+		fmt.Fprintln(stderr, "       kvbench cost [flags]                        (the router's own cost; kvbench cost -h)")
 		fmt.Fprintln(stderr, "       kvbench --version")
 		if len(args) == 0 {
 			return 2
@@ -39,7 +41,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := subcommands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "kvbench: unknown subcommand %q (known: cache, replay)\n", args[0])
+		fmt.Fprintf(stderr, "kvbench: unknown subcommand %q (known: cache, cost, replay)\n", args[0])
 		return 2
 	}
 	if err := cmd(args[1:], stdout, stderr); err != nil {

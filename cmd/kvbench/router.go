@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/kvroute/kvroute/router/cli"
@@ -19,6 +20,21 @@ import (
 func runRouter(args []string, _, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// KVBENCH_ROUTER_CPUPROFILE=FILE writes the router's CPU profile there on exit: how the
+	// request path's cost is profiled (kvbench cost with a wrapper running `kvbench router`).
+	if path := os.Getenv("KVBENCH_ROUTER_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
+	}
 	if code := cli.Run(ctx, args, stderr, cli.Options{Policies: policies.Registry()}); code != 0 {
 		return exitCode(code)
 	}

@@ -203,7 +203,7 @@ func Attributed(files []docFile, cmd string) []Mention {
 
 // Commands whose arguments are told apart; a subcommand binary's name alone starts nothing.
 var commands = []string{"kvrouter", "vllm-sim", "manager",
-	"kvbench cache", "kvbench replay",
+	"kvbench cache", "kvbench replay", "kvbench cost",
 	"kvroutectl render", "kvroutectl hash", "kvroutectl decode", "kvroutectl assess", "kvroutectl audit", "kvroutectl version"}
 
 func cmdPattern(cmd string) *regexp.Regexp {

@@ -152,4 +152,3 @@ func (s *Router) accessLog(d *decision, p *prepared) {
 	}
 	s.log.Info("routed", "sample_every", n, "decision", s.routeAnswer(d, s.ledger.Explain(&d.Req, d.Cands), p))
 }
-

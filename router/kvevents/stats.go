@@ -189,7 +189,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		PublisherRestarts: c.publisherRestarts.Load(), Stalls: c.stalls.Load(), Heartbeats: c.heartbeats.Load(),
 		Snapshots: c.snapshots.Load(), SnapshotsInstalled: c.snapshotsInstalled.Load(), SnapshotFailures: c.snapshotFailures.Load(),
 		LastApplied: last, QuietRequests: uint64(max(c.quiet.Load(), 0)), LastQuiet: unixOrZero(c.lastQuiet.Load()),
-		Engine:      engine, Rank: rank,
+		Engine: engine, Rank: rank,
 		State:   StreamState(c.state.Load()),
 		Partial: c.partial.Load(), Seeded: c.seeded.Load(), SeedRejected: c.seedRejects.Load(),
 		LastSeq: c.lastSeq.Load(), HaveSeq: c.haveSeq.Load(),

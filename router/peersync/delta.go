@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvroute/kvroute/router/bincodec"
 	"github.com/kvroute/kvroute/router/blockkey"
 )
 
@@ -121,11 +122,11 @@ var ErrFormat = errors.New("peersync: bad batch")
 // EncodeBatch appends b to dst.
 func EncodeBatch(dst []byte, b *Batch) []byte {
 	dst = binary.AppendUvarint(dst, batchVersion)
-	dst = appendStr(dst, b.Peer)
+	dst = bincodec.AppendString(dst, b.Peer)
 	dst = binary.AppendVarint(dst, b.Epoch)
 	dst = binary.AppendUvarint(dst, b.Seq)
 	dst = binary.AppendVarint(dst, b.Sent)
-	dst = appendStr(dst, b.SnapshotURL)
+	dst = bincodec.AppendString(dst, b.SnapshotURL)
 	ready := uint64(0)
 	if b.Ready {
 		ready = 1
@@ -136,7 +137,7 @@ func EncodeBatch(dst []byte, b *Batch) []byte {
 		d := &b.Deltas[i]
 		dst = append(dst, byte(d.Kind))
 		dst = binary.AppendUvarint(dst, d.Request)
-		dst = appendStr(dst, d.Replica)
+		dst = bincodec.AppendString(dst, d.Replica)
 		dst = binary.AppendVarint(dst, d.Prefill)
 		dst = binary.AppendVarint(dst, d.Tokens)
 		dst = binary.AppendUvarint(dst, uint64(len(d.Keys)))
@@ -146,7 +147,7 @@ func EncodeBatch(dst []byte, b *Batch) []byte {
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(b.Totals)))
 	for _, t := range b.Totals {
-		dst = appendStr(dst, t.Replica)
+		dst = bincodec.AppendString(dst, t.Replica)
 		dst = binary.AppendVarint(dst, t.Prefill)
 		dst = binary.AppendVarint(dst, t.Decode)
 		dst = binary.AppendVarint(dst, t.Running)
@@ -154,160 +155,63 @@ func EncodeBatch(dst []byte, b *Batch) []byte {
 	return dst
 }
 
-func appendStr(dst []byte, s string) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(s)))
-	return append(dst, s...)
-}
-
 // DecodeBatch parses a batch, checking every length against the input and the bounds above. It
 // never panics and allocates in proportion to len(p).
 func DecodeBatch(p []byte) (*Batch, error) {
-	r := reader{b: p}
-	if v := r.uvarint(); r.err == nil && v != batchVersion {
+	r := bincodec.NewReader(p, ErrFormat)
+	if v := r.Uvarint("version"); r.Err() == nil && v != batchVersion {
 		return nil, fmt.Errorf("%w: version %d, this router reads %d", ErrFormat, v, batchVersion)
 	}
 	b := &Batch{}
-	b.Peer = r.str()
-	b.Epoch = r.varint()
-	b.Seq = r.uvarint()
-	b.Sent = r.varint()
-	b.SnapshotURL = r.str()
-	switch r.uvarint() {
+	b.Peer = r.String("peer", maxString)
+	b.Epoch = r.Varint("epoch")
+	b.Seq = r.Uvarint("seq")
+	b.Sent = r.Varint("sent")
+	b.SnapshotURL = r.String("snapshot URL", maxString)
+	switch r.Uvarint("ready flag") {
 	case 0:
 	case 1:
 		b.Ready = true
 	default:
-		r.fail("ready flag")
+		r.Fail("ready flag not 0 or 1")
 	}
-	n := r.count(maxDeltas, 1+1+1+1+1+1)
+	n := r.Count("deltas", maxDeltas, 1+1+1+1+1+1)
 	if n > 0 {
 		b.Deltas = make([]Delta, n)
 	}
-	for i := 0; i < n && r.err == nil; i++ {
+	for i := 0; i < n && r.Err() == nil; i++ {
 		d := &b.Deltas[i]
-		k := r.byte()
+		k := r.Byte("delta kind")
 		if k < byte(Routed) || k > byte(Failed) {
-			r.fail("delta kind %d", k)
+			r.Fail("delta kind %d", k)
 		}
 		d.Kind = Kind(k)
-		d.Request = r.uvarint()
-		d.Replica = r.str()
-		d.Prefill = r.varint()
-		d.Tokens = r.varint()
-		nk := r.count(maxKeysCap, 8)
+		d.Request = r.Uvarint("request")
+		d.Replica = r.String("replica", maxString)
+		d.Prefill = r.Varint("prefill")
+		d.Tokens = r.Varint("tokens")
+		nk := r.Count("keys", maxKeysCap, 8)
 		if nk > 0 {
 			d.Keys = make([]blockkey.Key, nk)
 		}
-		for j := 0; j < nk && r.err == nil; j++ {
-			d.Keys[j] = blockkey.Key(r.u64())
+		for j := 0; j < nk && r.Err() == nil; j++ {
+			d.Keys[j] = blockkey.Key(r.U64("key"))
 		}
 	}
-	nt := r.count(maxTotals, 1+1+1+1)
+	nt := r.Count("totals", maxTotals, 1+1+1+1)
 	if nt > 0 {
 		b.Totals = make([]Total, nt)
 	}
-	for i := 0; i < nt && r.err == nil; i++ {
+	for i := 0; i < nt && r.Err() == nil; i++ {
 		t := &b.Totals[i]
-		t.Replica = r.str()
-		t.Prefill = r.varint()
-		t.Decode = r.varint()
-		t.Running = r.varint()
+		t.Replica = r.String("replica", maxString)
+		t.Prefill = r.Varint("prefill")
+		t.Decode = r.Varint("decode")
+		t.Running = r.Varint("running")
 	}
-	if r.err == nil && r.off != len(p) {
-		r.fail("%d bytes after the end", len(p)-r.off)
-	}
-	if r.err != nil {
-		return nil, r.err
+	r.End()
+	if r.Err() != nil {
+		return nil, r.Err()
 	}
 	return b, nil
-}
-
-type reader struct {
-	b   []byte
-	off int
-	err error
-}
-
-func (r *reader) fail(format string, a ...any) {
-	if r.err == nil {
-		r.err = fmt.Errorf("%w: at byte %d: %s", ErrFormat, r.off, fmt.Sprintf(format, a...))
-	}
-}
-
-func (r *reader) byte() byte {
-	if r.err != nil {
-		return 0
-	}
-	if r.off >= len(r.b) {
-		r.fail("truncated")
-		return 0
-	}
-	v := r.b[r.off]
-	r.off++
-	return v
-}
-
-func (r *reader) uvarint() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(r.b[r.off:])
-	if n <= 0 {
-		r.fail("bad or truncated varint")
-		return 0
-	}
-	r.off += n
-	return v
-}
-
-func (r *reader) varint() int64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(r.b[r.off:])
-	if n <= 0 {
-		r.fail("bad or truncated varint")
-		return 0
-	}
-	r.off += n
-	return v
-}
-
-func (r *reader) u64() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	if len(r.b)-r.off < 8 {
-		r.fail("truncated")
-		return 0
-	}
-	v := binary.LittleEndian.Uint64(r.b[r.off:])
-	r.off += 8
-	return v
-}
-
-func (r *reader) str() string {
-	n := r.uvarint()
-	if r.err != nil {
-		return ""
-	}
-	if n > maxString || n > uint64(len(r.b)-r.off) {
-		r.fail("string of %d bytes", n)
-		return ""
-	}
-	s := string(r.b[r.off : r.off+int(n)])
-	r.off += int(n)
-	return s
-}
-
-func (r *reader) count(max, minBytes int) int {
-	n := r.uvarint()
-	if r.err != nil {
-		return 0
-	}
-	if n > uint64(max) || n*uint64(minBytes) > uint64(len(r.b)-r.off) {
-		r.fail("count %d over the limit or the input", n)
-		return 0
-	}
-	return int(n)
 }

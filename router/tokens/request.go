@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unicode/utf8"
 )
 
 // Kind is the OpenAI endpoint a request was sent to.
@@ -159,8 +160,7 @@ func (r *Request) parsePrompt(raw json.RawMessage) error {
 	if err != errNotIDs {
 		return err
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	if s, ok := jsonString(raw); ok {
 		r.PromptText = s
 		return nil
 	}
@@ -171,7 +171,7 @@ func (r *Request) parsePrompt(raw json.RawMessage) error {
 	if len(list) == 0 {
 		return badf("prompt must not be empty")
 	}
-	if json.Unmarshal(list[0], &s) == nil {
+	if s, ok := jsonString(list[0]); ok {
 		r.PromptText = s
 		return nil
 	}
@@ -183,6 +183,24 @@ func (r *Request) parsePrompt(raw json.RawMessage) error {
 		return err
 	}
 	return badf("prompt must be a string, a list of strings, or lists of valid token ids (integers 0..%d)", uint32(math.MaxUint32))
+}
+
+// jsonString is json.Unmarshal of raw (valid JSON: a value the body's decode produced) into a
+// string. A prompt is the largest string the router reads (a 100k-token prompt is hundreds of kB):
+// one with no escapes and valid UTF-8 decodes to its bytes as they are, without a second scan
+// by encoding/json; any other takes encoding/json's path (it unescapes, and replaces invalid
+// UTF-8 with U+FFFD).
+func jsonString(raw []byte) (string, bool) {
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
+		if in := raw[1 : len(raw)-1]; bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+			return string(in), true
+		}
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
 }
 
 func (r *Request) setIDs(ids []uint32) error {

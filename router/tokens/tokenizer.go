@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -208,49 +207,18 @@ func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, bo
 		return t.tokenizeText(ctx, engineURL, r)
 	}
 	if r.Kind == Chat {
-		var gr generateRequest
-		if err := t.post(ctx, engineURL+"/v1/chat/completions/render", body, &gr); err != nil {
-			if !errors.Is(err, errNoRender) {
-				return nil, err
-			}
+		ids, err := t.postIDs(ctx, engineURL+"/v1/chat/completions/render", body, "token_ids", false)
+		if errors.Is(err, errNoRender) {
 			return t.tokenizeChat(ctx, engineURL, body)
 		}
-		return gr.ids()
+		return ids, err
 	}
-	var grs []generateRequest
-	err := t.post(ctx, engineURL+"/v1/completions/render", body, &grs)
+	// One GenerateRequest per prompt; the router routes by the first.
+	ids, err := t.postIDs(ctx, engineURL+"/v1/completions/render", body, "token_ids", true)
 	if errors.Is(err, errNoRender) {
 		return t.tokenizeText(ctx, engineURL, r)
 	}
-	if err != nil {
-		return nil, err
-	}
-	if len(grs) == 0 {
-		return nil, fmt.Errorf("tokens: completions render returned no prompt")
-	}
-	return grs[0].ids()
-}
-
-type generateRequest struct {
-	TokenIDs []int64 `json:"token_ids"`
-}
-
-func (g *generateRequest) ids() ([]uint32, error) { return toIDs(g.TokenIDs) }
-
-// toIDs checks an engine's token ids against the rule the request parser applies (parseIDs):
-// 0..2^32-1. An id past int64 already fails the JSON decode.
-func toIDs(in []int64) ([]uint32, error) {
-	if len(in) == 0 {
-		return nil, errors.New("tokens: the engine returned no token ids")
-	}
-	out := make([]uint32, len(in))
-	for i, v := range in {
-		if v < 0 || v > math.MaxUint32 {
-			return nil, fmt.Errorf("tokens: the engine returned token id %d at position %d, outside 0..%d", v, i, uint32(math.MaxUint32))
-		}
-		out[i] = uint32(v)
-	}
-	return out, nil
+	return ids, err
 }
 
 // tokenizeChat is the /tokenize chat form (same renderer as chat completions).
@@ -270,13 +238,7 @@ func (t *Tokenizer) tokenizeChat(ctx context.Context, engineURL string, body []b
 	if err != nil {
 		return nil, fmt.Errorf("tokens: rendering the /tokenize body: %w", err)
 	}
-	var tr struct {
-		Tokens []int64 `json:"tokens"`
-	}
-	if err := t.post(ctx, engineURL+"/tokenize", b, &tr); err != nil {
-		return nil, err
-	}
-	return toIDs(tr.Tokens)
+	return t.postIDs(ctx, engineURL+"/tokenize", b, "tokens", false)
 }
 
 // tokenizeText is the /tokenize completion form (add_special_tokens defaults to true there as in
@@ -286,17 +248,11 @@ func (t *Tokenizer) tokenizeText(ctx context.Context, engineURL string, r *Reque
 	if err != nil {
 		return nil, fmt.Errorf("tokens: rendering the /tokenize body: %w", err)
 	}
-	var tr struct {
-		Tokens []int64 `json:"tokens"`
-	}
-	if err := t.post(ctx, engineURL+cmp.Or(t.prof.TokenizePath, "/tokenize"), b, &tr); err != nil {
-		return nil, err
-	}
-	return toIDs(tr.Tokens)
+	return t.postIDs(ctx, engineURL+cmp.Or(t.prof.TokenizePath, "/tokenize"), b, "tokens", false)
 }
 
-// NoRouteError is an engine kind that serves no route giving a request's prompt token ids (SGLang
-// renders no chat template over HTTP; trtllm-serve tokenizes nothing): the request is routed by
+// NoRouteError is an engine kind that serves no route giving a request's prompt token ids (SGLang's
+// and trtllm-serve's tokenize routes take text only): the request is routed by
 // load without keys, under Reason, and nothing failed.
 type NoRouteError struct {
 	Kind   engine.Kind
@@ -320,37 +276,66 @@ func noRouteReason(p engine.Profile) string {
 	return ReasonNoChatRender
 }
 
-// maxRenderBytes bounds a render answer (a 1M-token prompt is about 8 MB of JSON).
-const maxRenderBytes = 64 << 20
-
+// post sends body to url and decodes the engine's answer into into.
 func (t *Tokenizer) post(ctx context.Context, url string, body []byte, into any) error {
+	answer, err := t.call(ctx, url, body)
+	if err != nil {
+		return err
+	}
+	defer putAnswer(answer)
+	// A decoder, not Unmarshal: what follows the answer's first value is ignored, as before.
+	if err := json.NewDecoder(bytes.NewReader(answer.Bytes())).Decode(into); err != nil {
+		return fmt.Errorf("tokens: %s: bad answer: %w", url, err)
+	}
+	return nil
+}
+
+// postIDs sends body to url and returns the token ids under key in the answer (engineIDs).
+func (t *Tokenizer) postIDs(ctx context.Context, url string, body []byte, key string, first bool) ([]uint32, error) {
+	answer, err := t.call(ctx, url, body)
+	if err != nil {
+		return nil, err
+	}
+	defer putAnswer(answer)
+	ids, err := engineIDs(answer.Bytes(), key, first)
+	var bad badAnswer
+	if errors.As(err, &bad) {
+		return nil, fmt.Errorf("tokens: %s: bad answer: %w", url, bad.error)
+	}
+	return ids, err
+}
+
+// call sends body to url and returns the engine's 200 answer in a pooled buffer (putAnswer), or
+// the error its status means.
+func (t *Tokenizer) call(ctx context.Context, url string, body []byte) (*bytes.Buffer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("tokens: %w", err)
+		return nil, fmt.Errorf("tokens: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := t.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("tokens: %w", err)
+		return nil, fmt.Errorf("tokens: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 		switch {
 		case clientStatus(resp.StatusCode) && vllmError(msg):
-			return &ClientError{Status: resp.StatusCode, Body: msg}
+			return nil, &ClientError{Status: resp.StatusCode, Body: msg}
 		case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
-			return errNoRender
+			return nil, errNoRender
 		case clientStatus(resp.StatusCode):
-			return &ClientError{Status: resp.StatusCode, Body: msg}
+			return nil, &ClientError{Status: resp.StatusCode, Body: msg}
 		}
 		// 401/403 (IsEngineAuth), 408, 429 and 5xx: the engine's fault or the router's, never the client's.
-		return &EngineError{URL: url, Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg[:min(len(msg), 512)]))}
+		return nil, &EngineError{URL: url, Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg[:min(len(msg), 512)]))}
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRenderBytes)).Decode(into); err != nil {
-		return fmt.Errorf("tokens: %s: bad answer: %w", url, err)
+	answer, err := readAnswer(resp.Body, resp.ContentLength)
+	if err != nil {
+		return nil, fmt.Errorf("tokens: %s: bad answer: %w", url, err)
 	}
-	return nil
+	return answer, nil
 }
 
 // MaxDetokenize bounds the ids one Detokenize call sends (the audit sends a varying span,

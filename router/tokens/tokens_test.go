@@ -318,8 +318,8 @@ func TestTokenIDRangeFromEngine(t *testing.T) {
 			t.Errorf("%s: %v %v", c.answer, got, err)
 		}
 	}
-	if _, err := toIDs([]int64{1, 1 << 32}); err == nil || !strings.Contains(err.Error(), "token id 4294967296 at position 1, outside 0..4294967295") {
-		t.Errorf("toIDs error %v", err)
+	if _, err := engineIDs([]byte(`{"token_ids":[1,4294967296]}`), "token_ids", false); err == nil || !strings.Contains(err.Error(), "token id 4294967296 at position 1, outside 0..4294967295") {
+		t.Errorf("engineIDs error %v", err)
 	}
 }
 

@@ -35,7 +35,7 @@ import (
 	"github.com/kvroute/kvroute/controllers"
 	"github.com/kvroute/kvroute/controllers/render"
 	"github.com/kvroute/kvroute/internal/testkit"
-	"github.com/kvroute/kvroute/router/fleet"
+	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/test/envtestenv"
 )
 
@@ -202,7 +202,7 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 	// within 60 s of the replica's last event (its last_event in /debug/engines), with no more
 	// traffic to help.
 	stall(t, bad.URL, true)
-	time.Sleep(fleet.StaleAfter + 500*time.Millisecond) // the request must come past the last batch to be evidence
+	time.Sleep(kvevents.QuietAfter + 500*time.Millisecond) // the request must come past the last batch to be evidence
 	served := func() uint64 {
 		es, err := debugEngines(admURL)
 		if err != nil {
