@@ -23,6 +23,7 @@ COPY controllers/ controllers/
 COPY cmd/manager/ cmd/manager/
 COPY internal/version/ internal/version/
 COPY internal/suggest/ internal/suggest/
+COPY internal/vllmrelease/ internal/vllmrelease/
 COPY router/config/ router/config/
 COPY router/blockkey/ router/blockkey/
 COPY router/score/ router/score/

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/kvroute/kvroute/internal/suggest"
+	"github.com/kvroute/kvroute/internal/vllmrelease"
 )
 
 // ArgWarning is one spec.engine.args entry that is no option of the pinned vLLM's `vllm serve`.
@@ -21,7 +22,7 @@ type ArgWarning struct {
 }
 
 func (w ArgWarning) String() string {
-	s := fmt.Sprintf("spec.engine.args[%d] %q is not a `vllm serve` option of vLLM %s", w.Index, w.Arg, VLLMFlagsTag)
+	s := fmt.Sprintf("spec.engine.args[%d] %q is not a `vllm serve` option of vLLM %s", w.Index, w.Arg, vllmrelease.FlagsTag)
 	if w.Suggestion != "" {
 		s += "; did you mean " + w.Suggestion + "?"
 	}
@@ -29,7 +30,7 @@ func (w ArgWarning) String() string {
 }
 
 // CheckEngineArgs names the arguments that look like options (a leading dash, not a number)
-// but are none of vLLM's (vllmFlags), each with the nearest known flag by edit distance. It
+// but are none of vLLM's (vllmrelease.Flags), each with the nearest known flag by edit distance. It
 // only warns: the engine image may be newer than the list. Values (4096, JSON, a path) pass.
 func CheckEngineArgs(args []string) []ArgWarning {
 	var out []ArgWarning
@@ -50,7 +51,7 @@ func CheckEngineArgs(args []string) []ArgWarning {
 func knownFlag(a string) (bool, string) {
 	if !strings.HasPrefix(a, "--") {
 		name, _, _ := strings.Cut(a, "=")
-		if _, ok := vllmShortFlags[name]; ok {
+		if vllmrelease.Short(name[1:]) != nil {
 			return true, ""
 		}
 		if strings.HasPrefix(name, "-O") { // -O3, -O.level
@@ -63,10 +64,7 @@ func knownFlag(a string) (bool, string) {
 		name = name[:i]
 	}
 	name = strings.ReplaceAll(name, "_", "-")
-	if _, ok := vllmFlags[name]; ok {
-		return true, ""
-	}
-	if rest, ok := strings.CutPrefix(name, "no-"); ok && vllmFlags[rest] {
+	if f, _ := vllmrelease.Lookup(name); f != nil {
 		return true, ""
 	}
 	return false, nearestFlag("--" + name)
@@ -80,14 +78,14 @@ func nearestFlag(name string) string { return suggest.Nearest(name, allFlagSpell
 // always resolves to the same suggestion.
 var allFlagSpellings = sync.OnceValue(func() []string {
 	var out []string
-	for f, neg := range vllmFlags {
-		out = append(out, "--"+f)
-		if neg {
-			out = append(out, "--no-"+f)
+	for _, f := range vllmrelease.Flags {
+		out = append(out, "--"+f.Name)
+		if f.Arity == vllmrelease.BoolOpt {
+			out = append(out, "--no-"+f.Name)
 		}
-	}
-	for s := range vllmShortFlags {
-		out = append(out, s)
+		for _, a := range f.Aliases {
+			out = append(out, "-"+a)
+		}
 	}
 	sort.Strings(out)
 	return out

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/internal/vllmrelease"
 )
 
 func TestCheckEngineArgs(t *testing.T) {
@@ -43,19 +44,10 @@ func TestArgWarningNamesTheFlagTheReleaseAndTheFix(t *testing.T) {
 		t.Fatalf("warnings %v", w)
 	}
 	msg := w[0].String()
-	for _, want := range []string{`spec.engine.args[0] "--gpu-memory-utilisation=0.9"`, render.VLLMFlagsTag, "did you mean --gpu-memory-utilization?"} {
+	for _, want := range []string{`spec.engine.args[0] "--gpu-memory-utilisation=0.9"`, vllmrelease.FlagsTag, "did you mean --gpu-memory-utilization?"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("%q lacks %q", msg, want)
 		}
-	}
-}
-
-// TestFlagListFollowsThePinnedVLLM ties the flag list to the default engine image: moving
-// TestedVLLMReleases[0] without reading the new release's CLI again fails here.
-func TestFlagListFollowsThePinnedVLLM(t *testing.T) {
-	if render.VLLMFlagsTag != render.TestedVLLMReleases[0].Tag {
-		t.Fatalf("the vLLM flag list stands for %s but the pinned release is %s: read vllm/engine/arg_utils.py and vllm/entrypoints/openai/cli_args.py at the new tag and update controllers/render/vllm_flags.go",
-			render.VLLMFlagsTag, render.TestedVLLMReleases[0].Tag)
 	}
 }
 

@@ -1,8 +1,8 @@
 package render_test
 
 import (
+	"encoding/json"
 	"slices"
-	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers/render"
+	"github.com/kvroute/kvroute/internal/vllmrelease"
 )
 
 func mountAt(c corev1.Container, path string) (corev1.VolumeMount, bool) {
@@ -200,8 +201,9 @@ func TestManagedModelCacheClaim(t *testing.T) {
 }
 
 func TestKVEventsEndpointBinds(t *testing.T) {
-	// vLLM binds a PUB endpoint holding "*" and connects to any other, so the endpoint the
-	// engines publish on must hold one; only EnginesConnect dials out, on purpose.
+	// vLLM binds a wildcard PUB endpoint and connects to any other (vllmrelease.BindsEndpoint,
+	// the rule vllm-sim's `vllm serve` follows too), so the endpoint the engines publish on must
+	// bind; only EnginesConnect dials out, on purpose.
 	for _, shape := range shapes {
 		m := sample(t, shape)
 		if !*m.Spec.Engine.KVEvents.Enabled {
@@ -211,7 +213,13 @@ func TestKVEventsEndpointBinds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		binds := strings.Contains(cfg, `"endpoint":"tcp://*:`)
+		var kc struct {
+			Endpoint string `json:"endpoint"`
+		}
+		if err := json.Unmarshal([]byte(cfg), &kc); err != nil {
+			t.Fatal(err)
+		}
+		binds := vllmrelease.BindsEndpoint(kc.Endpoint)
 		if binds == render.EnginesConnect(m) {
 			t.Errorf("%s: endpoint binds=%v with EnginesConnect=%v: %s", shape, binds, render.EnginesConnect(m), cfg)
 		}

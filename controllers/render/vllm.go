@@ -1,46 +1,31 @@
 package render
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/kvroute/kvroute/internal/vllmrelease"
+)
 
 // Version is this release of kvroute: the tag of its images (ghcr.io/kvroute/...), of
 // dist/install.yaml's manager and of the OLM bundle. test/ship keeps them in step with it and
 // with the release workflow.
 const Version = "v0.1.0"
 
-// TestedVLLM is one vLLM release the project's tests and vectors cover.
-type TestedVLLM struct {
-	// Tag of vllm/vllm-openai.
-	Tag string
-	// EventShape is the KV-event batch shape it sends (testdata/vllm/vllm-batch-shapes.json):
-	// E1 array batch of array events, E2 map batch of map events, E3 array batch of map events.
-	EventShape string
-	// Replay is its replay reply framing.
-	Replay string
-	// Evidence says what the claim rests on.
-	Evidence string
-}
+// TestedVLLM is one vLLM release the project's tests and vectors cover (internal/vllmrelease).
+type TestedVLLM = vllmrelease.Release
 
-// TestedVLLMReleases are the vLLM releases kvroute is tested with, newest first. The first is
-// the default engine image. "Tested" means: the release's event shape, replay framing,
-// engine flags the operator writes and the metrics the router and autoscaler read are covered
-// by this repository's decoders, vectors and simulator (vllm-sim --event-layout map sends E3);
-// no vLLM runs in CI. docs/install.md lists the same table; test/ship checks they agree.
-var TestedVLLMReleases = []TestedVLLM{
-	{
-		Tag:        "v0.26.0",
-		EventShape: "E3: array batch of map events",
-		Replay:     "`[\"\", topic, seq, payload]`; end `[\"\", \"\", ff*8, \"\"]`",
-		Evidence:   "live capture (testdata/vllm/vllm-batch-shapes.json E3); kvwire vectors for E1, E2, E3",
-	},
-}
+// TestedVLLMReleases are the vLLM releases kvroute is tested with, newest first; the first is
+// the default engine image. The list, with what each release sends and the source it was
+// checked against, lives in internal/vllmrelease beside the flag table.
+var TestedVLLMReleases = vllmrelease.Tested
 
 // VLLMImage is the image repository the tested releases are published under.
-const VLLMImage = "vllm/vllm-openai"
+const VLLMImage = vllmrelease.Image
 
 // Images the operator uses when neither the resource nor a flag names one, and that
 // `kvroutectl render` uses by default: the newest tested vLLM, and this release's kvrouter.
 var (
-	DefaultEngineImage = VLLMImage + ":" + TestedVLLMReleases[0].Tag
+	DefaultEngineImage = vllmrelease.DefaultImage()
 	DefaultRouterImage = "ghcr.io/kvroute/kvrouter:" + Version
 )
 
@@ -77,10 +62,4 @@ func EngineImageTested(image string) (tested bool, tag string) {
 }
 
 // TestedVLLMTags are the tags of TestedVLLMReleases, for messages.
-func TestedVLLMTags() []string {
-	out := make([]string, len(TestedVLLMReleases))
-	for i, r := range TestedVLLMReleases {
-		out[i] = r.Tag
-	}
-	return out
-}
+func TestedVLLMTags() []string { return vllmrelease.Tags() }

@@ -270,14 +270,14 @@ func (s *Router) DebugRoute(w http.ResponseWriter, r *http.Request) {
 	case s.debugRouteSlots <- struct{}{}:
 		defer func() { <-s.debugRouteSlots }()
 	default:
-		proxy.WriteError(w, http.StatusTooManyRequests, proxy.TypeUnavailable,
+		proxy.WriteError(w, http.StatusTooManyRequests,
 			fmt.Sprintf("%d /debug/route calls are in flight already; retry when one has finished", debugRouteConcurrency))
 		return
 	}
 	kind := tokens.Completion
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.Config.Limits.MaxBodyBytes))
 	if err != nil {
-		proxy.WriteError(w, http.StatusRequestEntityTooLarge, proxy.TypeInvalidRequest, err.Error())
+		proxy.WriteError(w, http.StatusRequestEntityTooLarge, err.Error())
 		return
 	}
 	var probe map[string]json.RawMessage
@@ -293,7 +293,7 @@ func (s *Router) DebugRoute(w http.ResponseWriter, r *http.Request) {
 	d, ex, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)
 	if err != nil {
 		s.release(d)
-		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, err.Error())
+		proxy.WriteError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	ans := s.routeAnswer(d, ex, p)

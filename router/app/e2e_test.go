@@ -124,7 +124,7 @@ func TestMalformedBodies(t *testing.T) {
 				Code    int    `json:"code"`
 			} `json:"error"`
 		}
-		if a.status != 400 || json.Unmarshal(a.body, &e) != nil || e.Error.Message == "" || e.Error.Type != "invalid_request_error" || e.Error.Code != 400 {
+		if a.status != 400 || json.Unmarshal(a.body, &e) != nil || e.Error.Message == "" || e.Error.Type != "BadRequestError" || e.Error.Code != 400 {
 			t.Errorf("%s %s: %d %s", c.path, c.body, a.status, a.body)
 		}
 	}

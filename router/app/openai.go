@@ -37,10 +37,14 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	rq.stream = p.tr.Stream
-	// Only vLLM reads vllm_xargs (trtllm-serve refuses unknown fields): another kind's bodies
-	// are not given one.
-	rw := proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport,
-		PinIncremental: !s.o.FullReport && s.fleet.Kind().Profile().ReportMode}
+	api := apiFor(kind)
+	// The rewrite (usage in the stream, the KV report mode) is OpenAI's completions and chat
+	// fields; the Responses and Messages APIs report usage themselves and take no vllm_xargs. Only vLLM reads
+	// vllm_xargs (trtllm-serve refuses unknown fields): another kind's bodies are not given one.
+	var rw proxy.Rewrite
+	if kind == tokens.Completion || kind == tokens.Chat {
+		rw = proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport && s.fleet.Kind().Profile().ReportMode}
+	}
 	if rw.OverridesClientMode(p.body) {
 		s.met.ReportModeOverrides.Inc()
 		s.logLimited("report-mode-override", "a client's vllm_xargs.kv_cache_report_mode was set back to incremental; counted in kvroute_router_client_report_mode_overrides_total")
@@ -48,7 +52,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	upBody, err := rw.Apply(p.body)
 	if err != nil {
 		rq.outcome = outcomeClientError
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())
+		proxy.WriteErrorFor(w, api, http.StatusBadRequest, err.Error())
 		return
 	}
 	excluded := map[*replica]bool{}
@@ -61,10 +65,10 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 			if n == 0 {
 				rq.outcome = outcomeNoEngine
 				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
-				proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
+				proxy.WriteErrorFor(w, api, http.StatusServiceUnavailable, "no healthy engine")
 			} else {
 				rq.outcome = outcomeEngineError
-				s.allFailed(w, last)
+				s.allFailed(w, api, last)
 			}
 			return
 		}
@@ -78,9 +82,9 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		rq.outcome = requestOutcome(out)
 		if out.Phase == proxy.Failed && !out.ClientGone() {
 			if out.Kind == proxy.KindRequestTimeout {
-				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.TypeServer, out.Err.Error())
+				proxy.WriteErrorFor(w, api, http.StatusGatewayTimeout, out.Err.Error())
 			} else {
-				proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+a.rep.Name+": "+out.Err.Error())
+				proxy.WriteErrorFor(w, api, http.StatusBadGateway, "engine "+a.rep.Name+": "+out.Err.Error())
 			}
 		}
 		if out.Phase == proxy.Cut {
@@ -92,7 +96,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	rq.outcome = outcomeEngineError
-	s.allFailed(w, last)
+	s.allFailed(w, api, last)
 }
 
 // requestRecord is what a generation request's end reports: its duration (from the server's
@@ -179,13 +183,13 @@ func requestOutcome(out proxy.Outcome) string {
 }
 
 // allFailed answers a request whose every attempt failed before its first token.
-func (s *Router) allFailed(w http.ResponseWriter, last proxy.Outcome) {
+func (s *Router) allFailed(w http.ResponseWriter, api proxy.API, last proxy.Outcome) {
 	s.met.Errors.WithLabelValues("", s.policy, "all_failed").Inc()
 	msg := "every engine tried failed"
 	if last.Err != nil {
 		msg += ": " + last.Err.Error()
 	}
-	proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, msg)
+	proxy.WriteErrorFor(w, api, http.StatusBadGateway, msg)
 }
 
 // forward sends one attempt to its replica through the proxy and returns what came of it;
@@ -205,7 +209,7 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	engine, cached := a.EngineName(), strconv.Itoa(a.PredictedCached())
 	return s.px.Do(ctx, w, a.Target(), &proxy.Request{
-		Path: generatePath(a.p.kind), Body: body, Header: hdr, Stream: a.p.tr.Stream, DropUsageChunk: rw.IncludeUsage,
+		Path: enginePath(a.p.kind, r), Body: body, Header: hdr, Stream: a.p.tr.Stream, DropUsageChunk: rw.IncludeUsage, API: apiFor(a.p.kind),
 		MayRetry: mayRetry,
 		SetHeaders: func(h http.Header) {
 			h.Set("x-kvroute-engine", engine)
@@ -220,10 +224,18 @@ func (s *Router) forward(ctx context.Context, w http.ResponseWriter, r *http.Req
 	})
 }
 
-// generatePath is the engine's path for a request kind.
-func generatePath(kind tokens.Kind) string {
-	if kind == tokens.Chat {
+// enginePath is where a request kind goes on the engine: the path it came in by (a pooling
+// request's own).
+func enginePath(kind tokens.Kind, r *http.Request) string {
+	switch kind {
+	case tokens.Chat:
 		return "/v1/chat/completions"
+	case tokens.Responses:
+		return "/v1/responses"
+	case tokens.Messages:
+		return "/v1/messages"
+	case tokens.Pooling:
+		return r.URL.Path
 	}
 	return "/v1/completions"
 }
@@ -233,7 +245,7 @@ func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	reps := s.reps()
 	e := s.tokenizerEngine(reps)
 	if e == nil {
-		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, "no healthy engine")
+		proxy.WriteError(w, http.StatusServiceUnavailable, "no healthy engine")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -247,13 +259,13 @@ func (s *Router) Models(w http.ResponseWriter, r *http.Request) {
 	resp, err := s.px.Client().Do(req)
 	if err != nil {
 		s.fleet.AttemptFailed(e, err.Error(), false)
-		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.Name+": "+err.Error())
+		proxy.WriteError(w, http.StatusBadGateway, "engine "+e.Name+": "+err.Error())
 		return
 	}
 	defer resp.Body.Close()
 	if s.o.EngineAPIKey != "" && proxy.IsAuthStatus(resp.StatusCode) {
 		s.engineAuthFailure(callModels, e.Name, proxy.ErrEngineAuth)
-		proxy.WriteError(w, http.StatusBadGateway, proxy.TypeServer, "engine "+e.Name+": "+proxy.ErrEngineAuth.Error())
+		proxy.WriteError(w, http.StatusBadGateway, "engine "+e.Name+": "+proxy.ErrEngineAuth.Error())
 		return
 	}
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))

@@ -40,43 +40,73 @@ type prepared struct {
 	degraded bool
 	// unkeyed is why the request is routed without keys (unkeyedMultimodal), "" to key it.
 	unkeyed string
+	// pinned is the engine every attempt must go to ("" for any): the one holding the
+	// Responses answer the request continues (responses.go).
+	pinned string
 }
 
 // refusal is a request the router answers itself without routing it: the client's mistake, or
 // an engine's refusal every engine would give (a prompt over the context length).
 type refusal struct {
 	status int
-	// body is the engine's own answer, as it gave it; empty: typ and msg make an OpenAI error.
+	// body is the engine's own answer, as it gave it; empty: msg makes an error of vLLM's type
+	// for the status.
 	body []byte
-	typ  string
 	msg  string
+	// api is the answer's dialect: the Messages API answers in its own error shape.
+	api proxy.API
+	// detail, when set, is the error in full (a param, a type other than the status's).
+	detail *proxy.ErrorDetail
 }
 
 // write answers the client with the refusal.
 func (f *refusal) write(w http.ResponseWriter) {
-	if len(f.body) == 0 {
-		proxy.WriteError(w, f.status, f.typ, f.msg)
+	if f.detail != nil {
+		proxy.WriteErrorDetail(w, f.status, *f.detail)
 		return
+	}
+	if len(f.body) == 0 {
+		proxy.WriteErrorFor(w, f.api, f.status, f.msg)
+		return
+	}
+	b := f.body
+	if f.api == proxy.APIMessages {
+		b = proxy.OpenAIErrorAsMessages(b) // the render call answers in OpenAI's shape
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(f.status)
-	_, _ = w.Write(f.body)
+	_, _ = w.Write(b)
 }
 
 // prepare parses and keys a request. A tokenization failure degrades it to load-only routing
 // instead of failing it; a refusal is the client's to read.
 func (s *Router) prepare(ctx context.Context, hdr http.Header, kind tokens.Kind, body []byte, reps []*replica) (*prepared, *refusal) {
+	api := apiFor(kind)
 	tr, err := tokens.Parse(kind, body)
 	if err != nil {
 		s.met.Errors.WithLabelValues("", s.policy, "bad_request").Inc()
-		return nil, &refusal{status: http.StatusBadRequest, typ: proxy.TypeInvalidRequest, msg: err.Error()}
+		return nil, &refusal{status: http.StatusBadRequest, msg: err.Error(), api: api}
 	}
-	p := &prepared{tr: tr, kind: kind, body: body, session: hdr.Get("X-Session-Id")}
-	if tokens.Multimodal(body) {
+	p := &prepared{tr: tr, kind: kind, body: body, session: sessionKey(hdr, tr)}
+	rendered := body
+	if cb := tr.ChatBody(); cb != nil {
+		rendered = cb
+	}
+	if tokens.Multimodal(rendered) {
 		p.unkeyed = unkeyedMultimodal
 	}
-	if p.session == "" {
-		p.session = tr.User
+	if id := tr.PreviousResponseID; id != "" {
+		owner, ref := s.responseOwner(ctx, hdr, id)
+		if ref != nil {
+			return nil, ref
+		}
+		p.pinned = owner.Name
+	}
+	if tr.Unkeyed != "" {
+		// The engine's prompt is not one the router can reproduce (or there is no KV cache to
+		// reuse): routed by load, no render call spent on it.
+		p.unkeyed = tr.Unkeyed
+		return p, nil
 	}
 	te := s.tokenizerEngine(reps)
 	p.id = s.identity(tr, te)
@@ -95,7 +125,7 @@ func (s *Router) prepare(ctx context.Context, hdr http.Header, kind tokens.Kind,
 		// The engine refused the request itself (bad max_tokens, unknown model, a prompt over
 		// the context length): every engine would, so the client gets the engine's answer.
 		s.met.Errors.WithLabelValues("", s.policy, "engine_refused").Inc()
-		return nil, &refusal{status: ce.Status, body: ce.Body}
+		return nil, &refusal{status: ce.Status, body: ce.Body, api: api}
 	}
 	var nr *tokens.NoRouteError
 	if errors.As(err, &nr) {
@@ -159,6 +189,13 @@ type attempt struct {
 // book decides where the request goes (the policy over reps, excluded left out) and books the
 // pick in the ledger. An error means no replica can take it.
 func (s *Router) book(p *prepared, reps []*replica, excluded map[*replica]bool) (*attempt, error) {
+	if p.pinned != "" {
+		for _, r := range reps {
+			if r.Eng.Name != p.pinned {
+				excluded[r] = true
+			}
+		}
+	}
 	d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
 	if err != nil {
 		s.release(d)
@@ -250,6 +287,9 @@ func (a *attempt) End(out proxy.Outcome, excluded map[*replica]bool) {
 		a.exclude(out, excluded, gone)
 		return
 	}
+	if a.p.kind == tokens.Responses && a.p.tr.Store && out.Status == http.StatusOK {
+		s.recordResponse(out.ResponseID, rep.Eng)
+	}
 	if !gone {
 		a.observeAnswer(out)
 	}
@@ -330,7 +370,7 @@ func (a *attempt) observeAnswer(out proxy.Outcome) {
 				"engine", rep.Name, "kind", out.Kind, "err", out.Err)
 		}
 	}
-	if out.Status == http.StatusOK && out.Phase == proxy.Answered && out.Err == nil {
+	if out.Status == http.StatusOK && out.Phase == proxy.Answered && out.Err == nil && a.p.kind != tokens.Pooling {
 		s.account(rep, d.Req.Tokens, d.Req.BlockSize, a.PredictedCached(), out.Usage, d.Mode(d.chosen))
 	}
 }
@@ -377,4 +417,28 @@ func (s *Router) account(rep *replica, promptTokens, blockSize, predicted int, u
 	s.met.PredictedCached.WithLabelValues(name).Add(float64(predicted))
 	s.met.ActualCached.WithLabelValues(name).Add(float64(u.CachedTokens))
 	s.accountMode(rep, mode, promptTokens, predicted, u.CachedTokens)
+}
+
+// apiFor is the answer dialect of a request kind.
+func apiFor(kind tokens.Kind) proxy.API {
+	switch kind {
+	case tokens.Responses:
+		return proxy.APIResponses
+	case tokens.Messages:
+		return proxy.APIMessages
+	}
+	return proxy.APIOpenAI
+}
+
+// sessionKey is a request's session for session affinity: the X-Session-Id header (vLLM reads
+// the same header as its request-level session_id), else the body's session_id (or
+// vllm_xargs.session_id), else the OpenAI user field (the Messages API's metadata.user_id).
+func sessionKey(hdr http.Header, tr *tokens.Request) string {
+	if h := hdr.Get("X-Session-Id"); h != "" {
+		return h
+	}
+	if tr.SessionID != "" {
+		return tr.SessionID
+	}
+	return tr.User
 }

@@ -66,6 +66,10 @@ type Options struct {
 	HealthInterval time.Duration
 	// MaxAttempts bounds the engines tried for one request (3).
 	MaxAttempts int
+	// ResponseOwners and ResponseOwnerTTL bound the map of stored Responses answers to their
+	// engines (100000 entries, 24h).
+	ResponseOwners   int
+	ResponseOwnerTTL time.Duration
 	// DiscoveryWait is how long a request that arrives before the first engine snapshot waits
 	// for it before a 503 "no engine discovered yet" (10s).
 	DiscoveryWait time.Duration
@@ -136,6 +140,8 @@ type Router struct {
 	// debugSections are router-wide parts of GET /debug/engines that live outside the server
 	// (the trace capture's counts), by key; set before serving (AddDebugSection).
 	debugSections map[string]func() any
+	// respOwners maps stored Responses answers to the engine holding them (responses.go).
+	respOwners *responseOwners
 }
 
 // New builds a server; it connects nothing until Run.
@@ -245,6 +251,7 @@ func New(o Options) (*Router, error) {
 		return float64(st.PredictedEvicted), float64(st.ApproximateEvicted)
 	}
 	s.met = metrics.New(state)
+	s.respOwners = newResponseOwners(o.ResponseOwners, o.ResponseOwnerTTL, s.met.ResponseOwnerEvicted.Inc)
 	s.met.Registry.MustRegister(s.ledger.Collectors()...)
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start

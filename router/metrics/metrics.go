@@ -37,6 +37,8 @@ type Metrics struct {
 	UnkeyedRequests      *prometheus.CounterVec // reason: requests routed by load without keys
 	ReportModeOverrides  prometheus.Counter     // client kv_cache_report_mode set back to incremental
 	EnginesRefused       prometheus.Gauge       // discovered engines of another kind than the router's
+	ResponseAffinity     *prometheus.CounterVec // result: stored Responses answers and follow-ups pinned to their engine
+	ResponseOwnerEvicted prometheus.Counter     // response-owner map entries dropped (size cap or TTL)
 	EngineHeadersSeconds *prometheus.HistogramVec
 	FirstTokenSeconds    *prometheus.HistogramVec // engine: streams only
 	EngineErrors         *prometheus.CounterVec   // engine, when: in-stream error events the engines sent
@@ -96,7 +98,11 @@ func New(state prometheus.Collector) *Metrics {
 		EnginesRefused: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "engines_refused",
 			Help: "Engines discovery lists but the router refuses: their kind is not the router's --engine-kind (a fleet runs one engine kind; /debug/engines names them)."}),
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
-			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed; engine_no_chat_render, engine_no_tokenize: the engine kind serves no route that gives the prompt's token ids)."}, []string{"reason"}),
+			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed; pooling: embeddings, scores, rerank, tokenize; responses_previous, responses_items, messages_content: a prompt the router does not reproduce; engine_no_chat_render: the engine kind tokenizes text only)."}, []string{"reason"}),
+		ResponseAffinity: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "response_affinity_total",
+			Help: "Stored Responses answers and the requests that name them, by result: recorded (owner learnt), pinned (sent to the engine holding it), found_by_lookup (owner found by asking the engines), not_found and owner_unavailable (answered 404, never sent elsewhere)."}, []string{"result"}),
+		ResponseOwnerEvicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "response_owner_evictions_total",
+			Help: "Response-id -> engine entries dropped for the size cap or the TTL (a later request naming one finds its engine by asking the engines)."}),
 		EngineHeadersSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_response_headers_seconds",
 			Help: "Time from forwarding to the engine's response headers (for a vLLM stream: its acceptance, not its first token; for a non-streamed answer: the whole answer).", Buckets: prometheus.ExponentialBuckets(1e-3, 2.5, 12)}, []string{"engine"}),
 		FirstTokenSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_first_token_seconds",
@@ -118,6 +124,7 @@ func New(state prometheus.Collector) *Metrics {
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
 		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.ReportModeOverrides, m.EnginesRefused,
+		m.ResponseAffinity, m.ResponseOwnerEvicted,
 		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.RequestSeconds, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
 	if state != nil {

@@ -136,6 +136,8 @@ type Request struct {
 	MayRetry bool
 	// SetHeaders adds the router's response headers just before the status is written.
 	SetHeaders func(h http.Header)
+	// API is the answer's dialect (APIOpenAI when unset).
+	API API
 	// OnFirstToken is called when the first token is about to reach the client: for a stream,
 	// the first SSE `data:` event that carries a choice (comments, keep-alives and the
 	// response headers are not it); for a non-streamed answer, the whole answer (vLLM sends it
@@ -222,6 +224,9 @@ type Outcome struct {
 	HeadersAfter time.Duration
 	// TTFT is the time to the first token (see Request.OnFirstToken); 0 when none came.
 	TTFT time.Duration
+	// ResponseID is the id of a Responses answer (its body, or the stream's response.created),
+	// "" when none was seen.
+	ResponseID string
 }
 
 // Started reports whether anything of the answer reached the client: no retry is possible.
@@ -261,7 +266,10 @@ var ErrRequestTimeout = errors.New("the request took longer than the request tim
 
 // forwarded request headers: the client's identity and content negotiation, nothing hop-by-hop.
 var forwardHeaders = []string{"Authorization", "Accept", "Content-Type", "OpenAI-Organization",
-	"OpenAI-Project", "X-Request-Id", "Traceparent", "Tracestate", "User-Agent"}
+	"OpenAI-Project", "X-Request-Id", "Traceparent", "Tracestate", "User-Agent",
+	// vLLM's session header (its request-level session_id, echoed on BlockStored events) and
+	// the Messages API's version header.
+	"X-Session-Id", "Anthropic-Version"}
 
 // hop-by-hop response headers (RFC 9110 7.6.1) and the length, which the copy may change.
 var dropResponse = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true,
@@ -407,6 +415,9 @@ func (p *Proxy) whole(parent, ctx context.Context, w http.ResponseWriter, r *Req
 	if json.Unmarshal(buf, &body) == nil && body.Usage != nil {
 		out.Usage = body.Usage.usage()
 	}
+	if r.API == APIResponses && resp.StatusCode == http.StatusOK {
+		out.ResponseID = responseID(buf)
+	}
 	return out
 }
 
@@ -422,7 +433,11 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 	for !out.Started() {
 		ev, err := er.next()
 		if len(ev) > 0 {
-			switch c := classify(ev); c.kind {
+			c := classify(ev, r.API)
+			if c.responseID != "" {
+				out.ResponseID = c.responseID
+			}
+			switch c.kind {
 			case evComment:
 				// keep-alives before the first token stay here: the client has no headers yet
 			case evError:
@@ -444,6 +459,9 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 				out.Phase = Answered
 				return out
 			case evData:
+				if c.usage != nil {
+					out.Usage = mergeUsage(out.Usage, c.usage)
+				}
 				held = append(held, ev...)
 			default: // a choice, or [DONE]: the answer has begun
 				ft.Stop()
@@ -454,7 +472,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 				p.writeHead(w, r, resp, true)
 				out.Phase = Answered
 				if c.usage != nil {
-					out.Usage = c.usage
+					out.Usage = mergeUsage(out.Usage, c.usage)
 				}
 				if c.kind == evDone {
 					er.done = true
@@ -476,7 +494,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 			return f
 		}
 		if err != nil {
-			return p.endStream(parent, ctx, w, rc, er, out, err)
+			return p.endStream(parent, ctx, w, rc, er, out, err, r.API)
 		}
 	}
 	idle.arm()
@@ -486,9 +504,12 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 			ev = nil // a torn event is not forwarded: the error event below must parse on its own
 		}
 		if len(ev) > 0 {
-			c := classify(ev)
+			c := classify(ev, r.API)
 			if c.usage != nil {
-				out.Usage = c.usage
+				out.Usage = mergeUsage(out.Usage, c.usage)
+			}
+			if c.responseID != "" && out.ResponseID == "" {
+				out.ResponseID = c.responseID
 			}
 			switch {
 			case c.kind == evError:
@@ -511,13 +532,13 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 			_ = rc.Flush()
 		}
 		if err != nil {
-			return p.endStream(parent, ctx, w, rc, er, out, err)
+			return p.endStream(parent, ctx, w, rc, er, out, err, r.API)
 		}
 	}
 }
 
 // endStream settles a started stream whose body ended (err is io.EOF or the read error).
-func (p *Proxy) endStream(parent, ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, er *eventReader, out Outcome, err error) Outcome {
+func (p *Proxy) endStream(parent, ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, er *eventReader, out Outcome, err error, api API) Outcome {
 	if errors.Is(err, io.EOF) {
 		if er.done {
 			return out
@@ -534,7 +555,7 @@ func (p *Proxy) endStream(parent, ctx context.Context, w http.ResponseWriter, rc
 	if out.ClientGone() {
 		return out
 	}
-	WriteStreamError(w, TypeServer, "the engine's answer broke off: "+out.Err.Error(), http.StatusBadGateway)
+	WriteStreamErrorFor(w, api, TypeInternal, "the engine's answer broke off: "+out.Err.Error(), http.StatusBadGateway)
 	_ = rc.Flush()
 	return out
 }
@@ -617,6 +638,8 @@ type eventInfo struct {
 	kind      evKind
 	usage     *Usage
 	usageOnly bool
+	// responseID is a Responses event's response.id.
+	responseID string
 	// for evError
 	message   string
 	code      int
@@ -630,7 +653,7 @@ var (
 
 // classify reads one SSE event: its data lines joined (SSE joins them with newlines; JSON
 // does not care).
-func classify(ev []byte) eventInfo {
+func classify(ev []byte, api API) eventInfo {
 	var data []byte
 	hasData := false
 	for line := range bytes.Lines(ev) {
@@ -644,6 +667,9 @@ func classify(ev []byte) eventInfo {
 	}
 	if bytes.Equal(data, doneData) {
 		return eventInfo{kind: evDone}
+	}
+	if api != APIOpenAI {
+		return classifyTyped(api, data)
 	}
 	var chunk struct {
 		Choices []json.RawMessage `json:"choices"`
@@ -681,18 +707,37 @@ func classify(ev []byte) eventInfo {
 	return info
 }
 
+// usageJSON reads the three usage shapes vLLM writes: OpenAI's (prompt_tokens,
+// prompt_tokens_details.cached_tokens), the Responses API's (input_tokens,
+// input_tokens_details.cached_tokens) and the Messages API's (input_tokens,
+// cache_read_input_tokens).
 type usageJSON struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens *int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	PromptTokensDetails *cachedDetail `json:"prompt_tokens_details"`
+	InputTokens         int           `json:"input_tokens"`
+	OutputTokens        int           `json:"output_tokens"`
+	InputTokensDetails  *cachedDetail `json:"input_tokens_details"`
+	CacheReadTokens     *int          `json:"cache_read_input_tokens"`
+}
+
+type cachedDetail struct {
+	CachedTokens *int `json:"cached_tokens"`
 }
 
 func (u *usageJSON) usage() *Usage {
-	out := &Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
-	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-		out.CachedTokens, out.HasCached = *d.CachedTokens, true
+	out := &Usage{PromptTokens: u.PromptTokens + u.InputTokens, CompletionTokens: u.CompletionTokens + u.OutputTokens}
+	for _, c := range []*int{cached(u.PromptTokensDetails), cached(u.InputTokensDetails), u.CacheReadTokens} {
+		if c != nil {
+			out.CachedTokens, out.HasCached = *c, true
+		}
 	}
 	return out
+}
+
+func cached(d *cachedDetail) *int {
+	if d == nil {
+		return nil
+	}
+	return d.CachedTokens
 }

@@ -21,7 +21,7 @@ func FuzzStream(f *testing.F) {
 	f.Add([]byte("data: {\"error\":{\"message\":\"x\",\"code\":\"y\"}}\n\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		first, _ := (&eventReader{br: bufio.NewReader(bytes.NewReader(in))}).next()
-		wellFormed := classify(first).kind == evChoice
+		wellFormed := classify(first, APIOpenAI).kind == evChoice
 		for _, drop := range []bool{false, true} {
 			rec := httptest.NewRecorder()
 			ctx, cancel := context.WithCancelCause(context.Background())

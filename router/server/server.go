@@ -31,6 +31,9 @@ type Router interface {
 	Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte)
 	// Models serves GET /v1/models.
 	Models(w http.ResponseWriter, r *http.Request)
+	// StoredResponse serves GET /v1/responses/{id} and POST /v1/responses/{id}/cancel: the
+	// engine that stored the response answers.
+	StoredResponse(w http.ResponseWriter, r *http.Request)
 	// DebugRoute serves POST /debug/route; DebugEngines GET /debug/engines.
 	DebugRoute(w http.ResponseWriter, r *http.Request)
 	DebugEngines(w http.ResponseWriter, r *http.Request)
@@ -75,6 +78,21 @@ func (s *Server) API() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, tokens.Completion) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, tokens.Chat) })
+	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, tokens.Responses) })
+	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, tokens.Messages) })
+	stored := func(w http.ResponseWriter, r *http.Request) {
+		if s.awaitDiscovery(w, r) {
+			s.rt.StoredResponse(w, r)
+		}
+	}
+	mux.HandleFunc("GET /v1/responses/{id}", stored)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", stored)
+	allowed := map[string]string{"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/responses": "POST",
+		"/v1/messages": "POST", "/v1/models": "GET, HEAD", "/healthz": "GET, HEAD", "/readyz": "GET, HEAD"}
+	for _, path := range PoolingPaths {
+		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, tokens.Pooling) })
+		allowed[path] = "POST"
+	}
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
 		if s.awaitDiscovery(w, r) {
 			s.rt.Models(w, r)
@@ -88,17 +106,28 @@ func (s *Server) API() http.Handler {
 		}
 		writeOK(w)
 	})
-	allowed := map[string]string{"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET, HEAD",
-		"/healthz": "GET, HEAD", "/readyz": "GET, HEAD"}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow, ok := allowed[r.URL.Path]; ok {
 			w.Header().Set("Allow", allow)
-			proxy.WriteError(w, http.StatusMethodNotAllowed, proxy.TypeInvalidRequest, "method "+r.Method+" not allowed on "+r.URL.Path)
+			proxy.WriteErrorFor(w, apiOf(r.URL.Path), http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path)
 			return
 		}
-		proxy.WriteError(w, http.StatusNotFound, proxy.TypeInvalidRequest, "no route "+r.Method+" "+r.URL.Path)
+		proxy.WriteError(w, http.StatusNotFound, "no route "+r.Method+" "+r.URL.Path)
 	})
 	return mux
+}
+
+// PoolingPaths are the pinned vLLM's routes that reuse no KV cache (embeddings, pooling,
+// classification, scores, rerank, tokenize, detokenize): forwarded by load, unkeyed.
+var PoolingPaths = []string{"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank",
+	"/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize"}
+
+// apiOf is the error dialect of a path: the Messages API's for /v1/messages.
+func apiOf(path string) proxy.API {
+	if path == "/v1/messages" {
+		return proxy.APIMessages
+	}
+	return proxy.APIOpenAI
 }
 
 // writeOK answers a probe; a probe that left before reading it needs nothing more.
@@ -134,6 +163,7 @@ func Accepted(ctx context.Context) time.Time {
 
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind tokens.Kind) {
 	accepted := time.Now()
+	api := apiOf(r.URL.Path)
 	if !s.awaitDiscovery(w, r) {
 		return
 	}
@@ -144,7 +174,8 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 		// `curl -d` body (application/x-www-form-urlencoded) or none at all is refused here
 		// the same way, before a render call and a routing decision are spent on it.
 		s.rt.Refused("bad_request")
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest,
+		// vLLM's validation handler types it with the status phrase, "Bad Request".
+		proxy.WriteErrorTyped(w, api, http.StatusBadRequest, http.StatusText(http.StatusBadRequest),
 			"Unsupported Media Type: Only 'application/json' is allowed")
 		return
 	}
@@ -159,18 +190,18 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, kind toke
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			s.rt.Refused("body_timeout")
 			w.Header().Set("Connection", "close")
-			proxy.WriteError(w, http.StatusRequestTimeout, proxy.TypeInvalidRequest,
+			proxy.WriteErrorFor(w, api, http.StatusRequestTimeout,
 				fmt.Sprintf("the request body did not arrive within %v", s.o.BodyReadTimeout))
 			return
 		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			s.rt.Refused("too_large")
-			proxy.WriteError(w, http.StatusRequestEntityTooLarge, proxy.TypeInvalidRequest,
+			proxy.WriteErrorFor(w, api, http.StatusRequestEntityTooLarge,
 				fmt.Sprintf("request body over %d bytes", mbe.Limit))
 			return
 		}
-		proxy.WriteError(w, http.StatusBadRequest, proxy.TypeInvalidRequest, "reading the body: "+err.Error())
+		proxy.WriteErrorFor(w, api, http.StatusBadRequest, "reading the body: "+err.Error())
 		return
 	}
 	s.rt.Generate(ctx, w, r, kind, body)
@@ -200,7 +231,7 @@ func (s *Server) awaitDiscovery(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	case <-t.C:
 		s.rt.Refused("no_engine")
-		proxy.WriteError(w, http.StatusServiceUnavailable, proxy.TypeUnavailable, ErrNotDiscovered)
+		proxy.WriteErrorFor(w, apiOf(r.URL.Path), http.StatusServiceUnavailable, ErrNotDiscovered)
 		return false
 	}
 }

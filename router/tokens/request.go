@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"reflect"
 	"unicode/utf8"
 )
 
@@ -21,14 +23,31 @@ const (
 	Completion Kind = iota
 	// Chat is POST /v1/chat/completions.
 	Chat
+	// Responses is POST /v1/responses (vLLM renders its instructions and input as chat).
+	Responses
+	// Messages is POST /v1/messages, vLLM's Anthropic endpoint (converted to chat by vLLM).
+	Messages
+	// Pooling is a request forwarded without keys: embeddings, pooling, classification,
+	// scores, rerank, tokenize and detokenize (no KV cache to reuse).
+	Pooling
 )
 
 func (k Kind) String() string {
-	if k == Chat {
+	switch k {
+	case Chat:
 		return "chat"
+	case Responses:
+		return "responses"
+	case Messages:
+		return "messages"
+	case Pooling:
+		return "pooling"
 	}
 	return "completion"
 }
+
+// ChatRendered reports whether the engine renders the kind's prompt through its chat template.
+func (k Kind) ChatRendered() bool { return k == Chat || k == Responses || k == Messages }
 
 // Request is the part of an OpenAI request body the router needs. Raw fields keep the
 // caller's bytes so a cache key or a forwarded body never depends on re-encoding.
@@ -48,6 +67,21 @@ type Request struct {
 	HasIDs bool
 	// User is the OpenAI "user" field, used as a session key by session affinity.
 	User string
+	// SessionID is vLLM's request-level session_id: the body's session_id, else
+	// vllm_xargs.session_id (vLLM's compatibility spelling); "" for none.
+	SessionID string
+	// PreviousResponseID is a Responses request's previous_response_id ("" for none): the
+	// conversation so far lives in the memory of the engine that stored that response.
+	PreviousResponseID string
+	// Store is a Responses request's store (true unless it says false, as in vLLM).
+	Store bool
+	// Unkeyed says why the router cannot reproduce the engine's prompt for this request ("" when
+	// it can): the request is routed by load.
+	Unkeyed string
+
+	// chatBody is the chat request the engine renders for a Responses or Messages request
+	// (nil for the other kinds, whose body is rendered as it is).
+	chatBody []byte
 
 	// renderKey is the canonical bytes of every field that changes the rendered prompt.
 	renderKey []byte
@@ -80,7 +114,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 	var top map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&top); err != nil {
-		return nil, badf("invalid JSON body: %v", err)
+		return nil, badf("invalid JSON body: %s", jsonError(err))
 	}
 	if dec.More() {
 		return nil, badf("invalid JSON body: trailing data after the object")
@@ -92,7 +126,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 	if err := optString(top, "model", &r.Model); err != nil {
 		return nil, err
 	}
-	if r.Model == "" {
+	if r.Model == "" && kind != Pooling {
 		return nil, badf("model is required")
 	}
 	if err := optBool(top, "stream", &r.Stream); err != nil {
@@ -103,7 +137,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 			IncludeUsage *bool `json:"include_usage"`
 		}
 		if err := json.Unmarshal(raw, &so); err != nil {
-			return nil, badf("stream_options: %v", err)
+			return nil, badf("stream_options: %s", jsonError(err))
 		}
 		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
 	}
@@ -113,8 +147,18 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 	if err := optString(top, "user", &r.User); err != nil {
 		return nil, err
 	}
+	if err := r.parseSession(top); err != nil {
+		return nil, err
+	}
 	key := []byte(kind.String() + "\x00" + r.Model + "\x00")
 	switch kind {
+	case Responses, Messages:
+		if err := r.parseChatLike(top); err != nil {
+			return nil, err
+		}
+		key = append(append(key, r.chatBody...), 0)
+	case Pooling:
+		r.Unkeyed = UnkeyedPooling
 	case Chat:
 		raw, ok := top["messages"]
 		var msgs []json.RawMessage
@@ -122,7 +166,7 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 			return nil, badf("messages is required")
 		}
 		if err := json.Unmarshal(raw, &msgs); err != nil {
-			return nil, badf("messages must be an array: %v", err)
+			return nil, badf("messages must be an array: %s", jsonError(err))
 		}
 		if len(msgs) == 0 {
 			return nil, badf("messages must not be empty")
@@ -312,6 +356,59 @@ func optBool(top map[string]json.RawMessage, k string, dst *bool) error {
 	}
 	if err := json.Unmarshal(raw, dst); err != nil {
 		return badf("%s must be a boolean", k)
+	}
+	return nil
+}
+
+// jsonError describes a JSON decoding error in the request's terms: what the JSON held and what
+// was expected there, never the Go type it was decoded into.
+func jsonError(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		want := "a value of another kind"
+		switch te.Type.Kind() {
+		case reflect.Map, reflect.Struct:
+			want = "an object"
+		case reflect.Slice, reflect.Array:
+			want = "an array"
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "a boolean"
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8,
+			reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+			want = "a number"
+		}
+		where := ""
+		if te.Field != "" {
+			where = " at " + te.Field
+		}
+		return fmt.Sprintf("expected %s%s, got a JSON %s", want, where, te.Value)
+	case errors.As(err, &se):
+		return fmt.Sprintf("%s (at byte %d)", se.Error(), se.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "the JSON ends early"
+	}
+	return err.Error()
+}
+
+// parseSession reads vLLM's session_id: the body field, else vllm_xargs.session_id.
+func (r *Request) parseSession(top map[string]json.RawMessage) error {
+	if err := optString(top, "session_id", &r.SessionID); err != nil || r.SessionID != "" {
+		return err
+	}
+	raw, ok := top["vllm_xargs"]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	var xs map[string]json.RawMessage
+	if json.Unmarshal(raw, &xs) != nil {
+		return badf("vllm_xargs must be an object")
+	}
+	if v, ok := xs["session_id"]; ok && json.Unmarshal(v, &r.SessionID) != nil {
+		return badf("vllm_xargs.session_id must be a string")
 	}
 	return nil
 }

@@ -107,7 +107,7 @@ func (t *Tokenizer) Tokens(ctx context.Context, engineURL string, r *Request, bo
 	if r.HasIDs {
 		return r.PromptIDs, FromIDs, nil
 	}
-	if !t.prof.CanTokenize(r.Kind == Chat) {
+	if !t.prof.CanTokenize(r.Kind.ChatRendered()) {
 		return nil, FromEngine, &NoRouteError{Kind: t.prof.Kind, Reason: noRouteReason(t.prof)}
 	}
 	// Every replica of the model renders alike, so the engine is not part of the key.
@@ -206,7 +206,10 @@ func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, bo
 		// Tokens already refused what it cannot tokenize.
 		return t.tokenizeText(ctx, engineURL, r)
 	}
-	if r.Kind == Chat {
+	if r.Kind.ChatRendered() {
+		if r.chatBody != nil {
+			body = r.chatBody
+		}
 		ids, err := t.postIDs(ctx, engineURL+"/v1/chat/completions/render", body, "token_ids", false)
 		if errors.Is(err, errNoRender) {
 			return t.tokenizeChat(ctx, engineURL, body)

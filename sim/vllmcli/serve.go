@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/vllmrelease"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -342,7 +343,7 @@ func applyKVEvents(cfg *vllmsim.Config, raw, wild string) error {
 	if kc.Endpoint != nil {
 		endpoint = *kc.Endpoint
 	}
-	if BindsEndpoint(endpoint) {
+	if vllmrelease.BindsEndpoint(endpoint) {
 		cfg.KVEventsBind = wildcardTo(endpoint, wild)
 	} else {
 		cfg.KVEventsConnect = endpoint
@@ -364,13 +365,6 @@ func applyKVEvents(cfg *vllmsim.Config, raw, wild string) error {
 		cfg.KVSnapshotPort = port
 	}
 	return nil
-}
-
-// BindsEndpoint reports whether vLLM binds its KV-events PUB socket to endpoint (rather than
-// connecting to it).
-func BindsEndpoint(endpoint string) bool {
-	return strings.Contains(endpoint, "*") || strings.Contains(endpoint, "::") ||
-		strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://")
 }
 
 func isWildcardHost(h string) bool {

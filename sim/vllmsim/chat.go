@@ -39,7 +39,8 @@ func messageText(m chatMessage) (string, error) {
 	}
 	var b strings.Builder
 	for _, p := range parts {
-		if p.Type != "text" {
+		// The Responses API's input_text and output_text parts are text to the chat template.
+		if p.Type != "text" && p.Type != "input_text" && p.Type != "output_text" {
 			return "", fmt.Errorf("content part type %q is not supported by the simulator (text only)", p.Type)
 		}
 		b.WriteString(p.Text)

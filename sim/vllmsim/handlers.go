@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -26,6 +27,11 @@ type genJob struct {
 	loraID       *int
 	fullMode     bool
 	seed         uint64
+	// dialect is the answer's API (dialectResponses, dialectMessages; "" for OpenAI's).
+	dialect string
+	// msgs and store: a Responses request's conversation and whether its answer is stored.
+	msgs  []chatMessage
+	store bool
 }
 
 // newJob validates a generation request in vLLM's order: the model (OpenAIServing._check_model),
@@ -153,8 +159,11 @@ func (s *Sim) checkModel(model string, j *genJob) error {
 	return &apiError{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model), "model"}
 }
 
+// requestID is unique across simulators, as vLLM's random_uuid ids are: two simulators
+// started in the same second must not answer with the same response id, or a router that
+// learns ids from answers would pin a follow-up to the wrong one.
 func (s *Sim) requestID(prefix string) string {
-	return fmt.Sprintf("%s-%016x", prefix, s.nextID.Add(1)^uint64(s.created)<<20)
+	return fmt.Sprintf("%s-%016x%08x", prefix, s.nextID.Add(1)^uint64(s.created)<<20, rand.Uint32())
 }
 
 func (s *Sim) handleCompletions(w http.ResponseWriter, r *http.Request) {
@@ -313,18 +322,25 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 					rk.abort(er)
 				}
 				out.streamError(err)
+			} else if j.dialect == dialectMessages {
+				writeAnthropicError(w, err)
 			} else {
 				writeError(w, err)
 			}
 			return
 		}
 		if done {
-			if j.stream {
+			switch {
+			case j.stream && j.dialect != dialectOpenAI:
+				out.dialectEnd()
+			case j.stream:
 				if j.includeUsage {
 					out.event(out.envelope(nil, out.usage()))
 				}
 				out.done()
-			} else {
+			case j.dialect != dialectOpenAI:
+				writeJSON(w, http.StatusOK, out.dialectFinal())
+			default:
 				writeJSON(w, http.StatusOK, out.final())
 			}
 			return
@@ -341,6 +357,7 @@ type output struct {
 	sent      []int     // tokens already streamed per request
 	finished  []bool    // finish_reason already streamed per request
 	lastWrite time.Time // when bytes last went out (keep-alive timing)
+	seq       int       // the Responses stream's sequence_number
 }
 
 // advance streams new tokens (when streaming) and reports whether every request ended.
@@ -377,7 +394,9 @@ func (o *output) advance() (bool, error) {
 			budget -= len(toks)
 		}
 		if o.j.stream {
-			if o.sent[i] == 0 && len(toks) > 0 && o.j.chat {
+			if o.sent[i] == 0 && len(toks) > 0 && o.j.dialect != dialectOpenAI {
+				o.dialectStart()
+			} else if o.sent[i] == 0 && len(toks) > 0 && o.j.chat {
 				o.event(o.envelope([]any{o.chatChoice(i, map[string]any{"role": "assistant", "content": ""}, nil)}, nil))
 			}
 			for k, t := range toks {
@@ -401,6 +420,12 @@ func (o *output) advance() (bool, error) {
 
 // chunk streams one token's text for choice i; the last one carries finish_reason "length".
 func (o *output) chunk(i int, text string, last bool) {
+	if o.j.dialect != dialectOpenAI {
+		if text != "" {
+			o.dialectChunk(text)
+		}
+		return
+	}
 	var finish any
 	if last {
 		finish = "length"
@@ -457,6 +482,10 @@ func (o *output) flush() {
 // headers: one `data: {"error": {...}}` event (ErrorResponse: message, type, param, code = the
 // HTTP status it would have had), then `data: [DONE]`, under the 200 already sent.
 func (o *output) streamError(err error) {
+	if o.j.dialect != dialectOpenAI {
+		o.dialectError(err)
+		return
+	}
 	var ae *apiError
 	if !errors.As(err, &ae) {
 		ae = &apiError{http.StatusInternalServerError, "InternalServerError", err.Error(), ""}

@@ -38,6 +38,8 @@ type Sim struct {
 	nextID  atomic.Uint64
 	sleep   sleepState
 	created int64
+	// stored holds Responses answers stored in this simulator's memory, as vLLM's server does.
+	stored responseStore
 }
 
 // New checks the configuration and builds the simulator; Start opens its sockets.
@@ -182,6 +184,10 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.kindRoutes(mux)
+	mux.HandleFunc("POST /v1/responses", s.handleResponses)
+	mux.HandleFunc("GET /v1/responses/{id}", s.handleStoredResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleStoredResponse)
+	mux.HandleFunc("POST /v1/messages", s.handleMessages)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /debug/cache", s.handleDebugCache)

@@ -112,7 +112,7 @@ func TestOpenAISDK(t *testing.T) {
 	if err := json.Unmarshal([]byte(line[strings.LastIndex(line, "\n")+1:]), &got); err != nil {
 		t.Fatalf("sdk output %q: %v", out, err)
 	}
-	if got.CompletionText == "" || got.StreamChunks < 2 || got.StreamUsage == 0 || got.BadType != "invalid_request_error" {
+	if got.CompletionText == "" || got.StreamChunks < 2 || got.StreamUsage == 0 || got.BadType != "BadRequestError" {
 		t.Fatalf("sdk saw %+v", got)
 	}
 }
