@@ -94,15 +94,17 @@ func (r *KVRoutedModelReconciler) reconcileAutoscaler(ctx context.Context, m *v1
 	return res
 }
 
-// MetricsGroups are the metrics API groups an HPA for m reads: the default queue metric is a
-// Pods metric, served by the custom metrics API.
+// MetricsGroups are the metrics API groups an HPA for m reads: the default metrics are the
+// routers' backlog, an External metric (external metrics API), and the engines' queue, a Pods
+// metric (custom metrics API). The HPA scales down only when it reads every metric, so both
+// are needed (docs/autoscaling.md has the adapter rules).
 func MetricsGroups(m *v1alpha1.KVRoutedModel) []string {
 	a := m.Spec.Autoscaling
 	if a == nil || a.Provider != "HPA" {
 		return nil
 	}
 	if a.HPA == nil || len(a.HPA.Metrics) == 0 {
-		return []string{customMetricsGroup}
+		return []string{customMetricsGroup, externalMetricsGroup}
 	}
 	set := map[string]bool{}
 	for _, ms := range a.HPA.Metrics {

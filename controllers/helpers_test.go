@@ -28,7 +28,7 @@ func TestMetricsGroups(t *testing.T) {
 	}{
 		"no autoscaling": {&v1alpha1.KVRoutedModel{}, nil},
 		"keda":           {&v1alpha1.KVRoutedModel{Spec: v1alpha1.KVRoutedModelSpec{Autoscaling: &v1alpha1.AutoscalingSpec{Provider: "KEDA"}}}, nil},
-		"default metric": {hpa(), []string{customMetricsGroup}},
+		"default metrics": {hpa(), []string{customMetricsGroup, externalMetricsGroup}},
 		"external and resource": {hpa(autoscalingv2.MetricSpec{Type: autoscalingv2.ExternalMetricSourceType}, autoscalingv2.MetricSpec{Type: autoscalingv2.ResourceMetricSourceType}),
 			[]string{externalMetricsGroup, resourceMetricsGroup}},
 		"object": {hpa(autoscalingv2.MetricSpec{Type: autoscalingv2.ObjectMetricSourceType}), []string{customMetricsGroup}},

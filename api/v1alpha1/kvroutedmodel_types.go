@@ -668,8 +668,11 @@ type CSIVolume struct {
 
 // RouterSpec configures the KV-aware router.
 type RouterSpec struct {
-	// Replicas of the router Deployment.
-	// +kubebuilder:default=1
+	// Replicas of the router Deployment. Unset: 2 (1 with spec.engine.kvEvents.mode
+	// EnginesConnect, where each engine sends its events to one router). Two routers share their
+	// in-flight load and start from each other's index, so a rolling update or a lost node keeps
+	// one serving with an exact index; 1 is a single router (a restart past the engines' replay
+	// rings starts approximate).
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100
 	// +optional
@@ -882,6 +885,9 @@ type AutoscalingSpec struct {
 	// +kubebuilder:validation:Enum=HPA;KEDA
 	// +required
 	Provider string `json:"provider"`
+	// MinReplicas may be 0 with provider KEDA: the model then scales to zero, a request that
+	// finds no ready replica is held by the router (up to 5 minutes) and the routers' held
+	// requests (kvroute_router_held_requests) activate KEDA, which brings a replica up.
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
 	// +optional
@@ -890,10 +896,19 @@ type AutoscalingSpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	// +required
 	MaxReplicas int32 `json:"maxReplicas"`
-	// TargetQueuePerReplica is the target of the default metric, vllm:num_requests_waiting per replica.
+	// TargetQueuePerReplica is the target of the fallback metric, vllm:num_requests_waiting per
+	// replica: it scales the model while the routers' backlog is absent (no router metrics yet,
+	// or no adapter rule for them), and beside it otherwise (the autoscaler takes the larger).
 	// +kubebuilder:default="4"
 	// +optional
 	TargetQueuePerReplica *resource.Quantity `json:"targetQueuePerReplica,omitempty"`
+	// TargetBacklogPerReplica is the target of the default metric, the routers' queued prefill
+	// in seconds of the replicas' measured drain (kvroute_router_backlog_seconds) per replica.
+	// docs/autoscaling.md says how the default was chosen.
+	// +kubebuilder:default="2"
+	// +kubebuilder:validation:XValidation:rule=`quantity(string(self)).isGreaterThan(quantity('0'))`,message="spec.autoscaling.targetBacklogPerReplica must be positive (seconds of queued prefill per replica)"
+	// +optional
+	TargetBacklogPerReplica *resource.Quantity `json:"targetBacklogPerReplica,omitempty"`
 	// Behavior of the HPA (KEDA passes it to the HPA it creates).
 	// +optional
 	Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior,omitempty"`

@@ -56,6 +56,11 @@ func (in *AutoscalingSpec) DeepCopyInto(out *AutoscalingSpec) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.TargetBacklogPerReplica != nil {
+		in, out := &in.TargetBacklogPerReplica, &out.TargetBacklogPerReplica
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.Behavior != nil {
 		in, out := &in.Behavior, &out.Behavior
 		*out = new(v2.HorizontalPodAutoscalerBehavior)

@@ -154,7 +154,8 @@ func TestEnginesConnect(t *testing.T) {
 		t.Fatalf("default mode %q", plain.Spec.Engine.KVEvents.Mode)
 	}
 	pcm, _ := render.RouterConfigMap(plain)
-	if np := render.RouterNetworkPolicy(plain); render.EventsService(plain) != nil || np == nil || len(np.Spec.Ingress) != 2 ||
+	// Three rules: the API port, the admin port and (two routers by default) the peers' route port.
+	if np := render.RouterNetworkPolicy(plain); render.EventsService(plain) != nil || np == nil || len(np.Spec.Ingress) != 3 ||
 		strings.Contains(pcm.Data[render.RouterConfigKey], "bind") {
 		t.Fatal("EnginesConnect children rendered in RouterConnects mode")
 	}

@@ -31,10 +31,25 @@ const (
 // RouterPeersName is the headless Service through which router pods find each other.
 func RouterPeersName(m *v1alpha1.KVRoutedModel) string { return m.Name + "-router-peers" }
 
-// severalRouters: the clustering is rendered.
-func severalRouters(m *v1alpha1.KVRoutedModel) bool {
-	return m.Spec.Router.Replicas != nil && *m.Spec.Router.Replicas > 1
+// DefaultRouterReplicas is the router Deployment's size when spec.router.replicas is unset: two,
+// so that a rolling update or a drained node always leaves one router serving, with the other's
+// index to start from.
+const DefaultRouterReplicas = 2
+
+// RouterReplicas is the router Deployment's size: spec.router.replicas, or DefaultRouterReplicas
+// (1 with EnginesConnect, where each engine sends its events to one router).
+func RouterReplicas(m *v1alpha1.KVRoutedModel) int32 {
+	if r := m.Spec.Router.Replicas; r != nil {
+		return *r
+	}
+	if EnginesConnect(m) {
+		return 1
+	}
+	return DefaultRouterReplicas
 }
+
+// severalRouters: the clustering is rendered.
+func severalRouters(m *v1alpha1.KVRoutedModel) bool { return RouterReplicas(m) > 1 }
 
 // embeddedNATS: several routers, each with its own NATS server (no external URL).
 func embeddedNATS(m *v1alpha1.KVRoutedModel) bool {

@@ -195,7 +195,6 @@ func CheckDefaulted(m *v1alpha1.KVRoutedModel) error {
 	need(e.KVEvents.TopicPrefix != "", "spec.engine.kvEvents.topicPrefix")
 	need(e.KVEvents.HWM != nil, "spec.engine.kvEvents.hwm")
 	need(e.KVEvents.BufferSteps != 0, "spec.engine.kvEvents.bufferSteps")
-	need(s.Router.Replicas != nil, "spec.router.replicas")
 	need(s.Router.Service.Port != 0 && s.Router.Service.Type != "", "spec.router.service")
 	need(s.Router.Policy != "", "spec.router.policy")
 	need(s.Router.Warmup.Duration != nil && s.Router.Warmup.Credit.IsSet(), "spec.router.warmup")
@@ -203,6 +202,7 @@ func CheckDefaulted(m *v1alpha1.KVRoutedModel) error {
 	if a := s.Autoscaling; a != nil {
 		need(a.MinReplicas != nil, "spec.autoscaling.minReplicas")
 		need(a.TargetQueuePerReplica != nil, "spec.autoscaling.targetQueuePerReplica")
+		need(a.TargetBacklogPerReplica != nil, "spec.autoscaling.targetBacklogPerReplica")
 		if a.KEDA != nil {
 			need(a.KEDA.PollingInterval != nil && a.KEDA.CooldownPeriod != nil, "spec.autoscaling.keda.pollingInterval/cooldownPeriod")
 		}

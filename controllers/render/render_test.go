@@ -331,7 +331,7 @@ func TestAllIsStableAndPure(t *testing.T) {
 		kinds = append(kinds, o.GetObjectKind().GroupVersionKind().Kind)
 	}
 	want := []string{"ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment",
-		"PodDisruptionBudget", "NetworkPolicy", "Deployment", "Service", "NetworkPolicy", "ScaledObject"}
+		"PodDisruptionBudget", "NetworkPolicy", "Deployment", "Service", "Service", "PodDisruptionBudget", "NetworkPolicy", "ScaledObject"}
 	if !reflect.DeepEqual(kinds, want) {
 		t.Errorf("order = %v, want %v", kinds, want)
 	}
@@ -416,12 +416,27 @@ func TestPDB(t *testing.T) {
 func TestAutoscalers(t *testing.T) {
 	h := render.HorizontalPodAutoscaler(sample(t, "hpa"))
 	if h.Spec.ScaleTargetRef.Kind != "KVRoutedModel" || *h.Spec.MinReplicas != 2 || h.Spec.MaxReplicas != 10 ||
-		h.Spec.Metrics[0].Pods.Metric.Name != render.QueueMetric || h.Spec.Behavior.ScaleDown.StabilizationWindowSeconds == nil {
-		t.Errorf("hpa = %+v", h.Spec)
+		h.Spec.Behavior.ScaleDown.StabilizationWindowSeconds == nil || len(h.Spec.Metrics) != 2 {
+		t.Fatalf("hpa = %+v", h.Spec)
+	}
+	// The routers' backlog per replica (external, selected by the PodMonitors' model label),
+	// then the engines' queue per pod: the HPA takes the larger, and the queue alone while the
+	// backlog is absent.
+	ext, pods := h.Spec.Metrics[0].External, h.Spec.Metrics[1].Pods
+	if ext == nil || ext.Metric.Name != render.BacklogMetric || ext.Metric.Selector.MatchLabels[render.ModelLabel] != "qwen-hpa" ||
+		ext.Target.AverageValue.String() != "2" || pods == nil || pods.Metric.Name != render.QueueMetric || pods.Target.AverageValue.String() != "4" {
+		t.Errorf("hpa metrics = %+v %+v", ext, pods)
+	}
+	// minReplicas 0: the HPA stays at 1 (its own zero is an alpha gate); the operator wakes a model at 0.
+	z := sample(t, "hpa")
+	z.Spec.Autoscaling.MinReplicas = ptr(int32(0))
+	if h := render.HorizontalPodAutoscaler(z); *h.Spec.MinReplicas != 1 {
+		t.Errorf("minReplicas 0 renders HPA minReplicas %d, want 1", *h.Spec.MinReplicas)
 	}
 	m := sample(t, "keda")
 	q := resource.MustParse("500m")
 	m.Spec.Autoscaling.TargetQueuePerReplica = &q
+	m.Spec.Autoscaling.MinReplicas = ptr(int32(1))
 	so, err := render.ScaledObject(m)
 	if err != nil {
 		t.Fatal(err)
@@ -429,9 +444,40 @@ func TestAutoscalers(t *testing.T) {
 	if so.GetAPIVersion() != "keda.sh/v1alpha1" || so.GetKind() != "ScaledObject" {
 		t.Errorf("gvk = %v", so.GroupVersionKind())
 	}
-	trig := so.Object["spec"].(map[string]interface{})["triggers"].([]interface{})[0].(map[string]interface{})
-	if th := trig["metadata"].(map[string]interface{})["threshold"]; th != "0.5" {
-		t.Errorf("threshold = %v, want 0.5 (KEDA parses floats, not quantities)", th)
+	triggers := func(so map[string]interface{}) map[string]map[string]interface{} {
+		out := map[string]map[string]interface{}{}
+		for _, tr := range so["spec"].(map[string]interface{})["triggers"].([]interface{}) {
+			tr := tr.(map[string]interface{})
+			out[tr["name"].(string)] = tr["metadata"].(map[string]interface{})
+		}
+		return out
+	}
+	tr := triggers(so.Object)
+	if len(tr) != 2 || tr["queue"]["threshold"] != "0.5" || tr["backlog"]["threshold"] != "2" ||
+		tr["backlog"]["query"] != `max(kvroute_router_backlog_seconds{namespace="llm",model_name="qwen3-8b"})` {
+		t.Errorf("triggers = %v (thresholds are floats: KEDA parses floats, not quantities)", tr)
+	}
+	// At minReplicas 0 the held requests activate the model.
+	m.Spec.Autoscaling.MinReplicas = ptr(int32(0))
+	so, _ = render.ScaledObject(m)
+	if tr := triggers(so.Object); len(tr) != 3 || tr["held"]["activationThreshold"] != "0" ||
+		!strings.HasPrefix(tr["held"]["query"].(string), "sum(kvroute_router_held_requests{") {
+		t.Errorf("minReplicas 0 triggers = %v", tr)
+	}
+	// ... and the routers hold a request through the cold start, where 30s covers a restart.
+	if c, _ := render.RouterConfig(m); c.Hold.MaxWait.Duration != render.ScaleFromZeroHoldWait || c.Hold.MaxWaiting != 128 {
+		t.Errorf("minReplicas 0 hold = %+v", c.Hold)
+	}
+	m.Spec.Autoscaling.MinReplicas = ptr(int32(1))
+	if c, _ := render.RouterConfig(m); c.Hold.MaxWait.Duration != 30*time.Second {
+		t.Errorf("minReplicas 1 hold = %+v", c.Hold)
+	}
+	// A query of one's own replaces both default signals.
+	m.Spec.Autoscaling.MinReplicas = ptr(int32(1))
+	m.Spec.Autoscaling.KEDA.Prometheus.Query = "sum(up)"
+	so, _ = render.ScaledObject(m)
+	if tr := triggers(so.Object); len(tr) != 1 || tr["query"]["query"] != "sum(up)" {
+		t.Errorf("custom query triggers = %v", tr)
 	}
 }
 
@@ -530,12 +576,41 @@ func TestRouterPeersRendering(t *testing.T) {
 		t.Fatalf("external NATS config: %+v", c.Peers)
 	}
 
+	// Unset: two routers, clustered, a budget that keeps one, spread across nodes.
+	def := sample(t, "minimal")
+	if def.Spec.Router.Replicas != nil {
+		t.Fatalf("minimal sample sets spec.router.replicas %d", *def.Spec.Router.Replicas)
+	}
+	dd, _ := render.RouterDeployment(def, testOpts)
+	c2, _ := render.RouterConfig(def)
+	if *dd.Spec.Replicas != 2 || render.RouterPeersService(def) == nil || c2.Peers == nil {
+		t.Fatalf("default: %d routers, peers %+v", *dd.Spec.Replicas, c2.Peers)
+	}
+	if pdb := render.RouterPodDisruptionBudget(def); pdb == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Fatalf("default router PDB: %+v", pdb)
+	}
+	sp := dd.Spec.Template.Spec.TopologySpreadConstraints
+	if len(sp) != 1 || sp[0].TopologyKey != corev1.LabelHostname || sp[0].MaxSkew != 1 ||
+		sp[0].WhenUnsatisfiable != corev1.ScheduleAnyway || !reflect.DeepEqual(sp[0].LabelSelector.MatchLabels, render.RouterSelector(def)) {
+		t.Fatalf("router spread: %+v", sp)
+	}
+
+	// One router, asked for: none of it.
 	one := sample(t, "minimal")
-	if render.RouterPeersService(one) != nil || render.RouterPodDisruptionBudget(one) != nil {
+	one.Spec.Router.Replicas = ptr(int32(1))
+	d1, _ := render.RouterDeployment(one, testOpts)
+	if render.RouterPeersService(one) != nil || render.RouterPodDisruptionBudget(one) != nil || *d1.Spec.Replicas != 1 ||
+		d1.Spec.Template.Spec.TopologySpreadConstraints != nil {
 		t.Fatal("clustering rendered for one router")
 	}
 	if c, _ := render.RouterConfig(one); c.Peers != nil {
 		t.Fatalf("peers config for one router: %+v", c.Peers)
+	}
+	// EnginesConnect, unset: one router (each engine sends its events to one).
+	ec := sample(t, "minimal")
+	ec.Spec.Engine.KVEvents.Mode = v1alpha1.EventsEnginesConnect
+	if render.RouterReplicas(ec) != 1 || render.RouterPodDisruptionBudget(ec) != nil {
+		t.Fatalf("EnginesConnect default: %d routers", render.RouterReplicas(ec))
 	}
 }
 

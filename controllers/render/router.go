@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -58,6 +59,11 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 		// The name of the variable, never the key: the ConfigMap is readable more widely
 		// than the Secret.
 		c.EngineAuth = &config.EngineAuth{APIKeyEnv: RouterAPIKeyEnv}
+	}
+	if a := m.Spec.Autoscaling; a != nil && a.MinReplicas != nil && *a.MinReplicas == 0 {
+		// A model at zero replicas answers after a cold start (KEDA's activation, the pod's
+		// scheduling, the engine's load), minutes: the hold waits that long.
+		c.Hold.MaxWait = metav1.Duration{Duration: ScaleFromZeroHoldWait}
 	}
 	c.ServedModelName = m.Spec.Model.Name
 	c.KVCacheReportMode = m.Spec.Router.KVCacheReportMode
@@ -218,7 +224,7 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
 		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(*r.Replicas),
+			Replicas: ptr(RouterReplicas(m)),
 			Selector: &metav1.LabelSelector{MatchLabels: RouterSelector(m)},
 			Strategy: appsv1.DeploymentStrategy{
 				Type: appsv1.RollingUpdateDeploymentStrategyType,
@@ -239,6 +245,7 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 					EnableServiceLinks:            ptr(false),
 					TerminationGracePeriodSeconds: ptr(int64(30)),
 					SecurityContext:               podSec,
+					TopologySpreadConstraints:     routerSpread(m),
 				},
 			},
 		},
@@ -325,4 +332,25 @@ func RoleBinding(m *v1alpha1.KVRoutedModel) *rbacv1.RoleBinding {
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: RouterName(m)},
 		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: RouterName(m), Namespace: m.Namespace}},
 	}
+}
+
+// ScaleFromZeroHoldWait is how long the router holds a request for a model whose minReplicas
+// is 0 (config hold.maxWait; 30s otherwise, a replica restarting).
+const ScaleFromZeroHoldWait = 5 * time.Minute
+
+// routerSpread spreads several router pods across nodes, so a lost node leaves a router (the
+// PodDisruptionBudget covers drains). A preference, not a rule: a one-node cluster still runs
+// them all. matchLabelKeys counts each ReplicaSet's pods apart, so a rolling update's new pods
+// spread among themselves too. Nil with one router.
+func routerSpread(m *v1alpha1.KVRoutedModel) []corev1.TopologySpreadConstraint {
+	if !severalRouters(m) {
+		return nil
+	}
+	return []corev1.TopologySpreadConstraint{{
+		MaxSkew:           1,
+		TopologyKey:       corev1.LabelHostname,
+		WhenUnsatisfiable: corev1.ScheduleAnyway,
+		LabelSelector:     &metav1.LabelSelector{MatchLabels: RouterSelector(m)},
+		MatchLabelKeys:    []string{appsv1.DefaultDeploymentUniqueLabelKey},
+	}}
 }

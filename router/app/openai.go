@@ -27,7 +27,13 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// Deferred so that an answer cut after its first token (the handler aborts by panicking)
 	// is measured too; by then every byte the client gets has been written.
 	defer rq.end()
-	reps := s.reps()
+	reps, held := s.admit(ctx)
+	if held != nil {
+		rq.outcome = outcomeNoEngine
+		held.api = apiFor(kind)
+		held.write(w)
+		return
+	}
 	endTokenize := s.childSpan(ctx, "kvroute.tokenize")
 	p, refused := s.prepare(ctx, r.Header, kind, body, reps)
 	endTokenize()

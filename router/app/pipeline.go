@@ -4,6 +4,8 @@ package app
 // by. Each front end (the OpenAI proxy in openai.go; any other that asks the router where a
 // request goes) drives the same four steps and nothing else decides, books or releases:
 //
+//	admit     hold the request while no replica is ready (router/admission): a   -> []*replica
+//	          model scaled to zero, or every replica restarting
 //	prepare   parse the body and key it (render or tokenize through an engine)  -> *prepared
 //	book      decide (the policy over every replica) and book the pick in the   -> *attempt
 //	          ledger: its load and predicted blocks, in one step under the lock
@@ -23,6 +25,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute/router/admission"
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
@@ -57,10 +60,15 @@ type refusal struct {
 	api proxy.API
 	// detail, when set, is the error in full (a param, a type other than the status's).
 	detail *proxy.ErrorDetail
+	// retryAfter, when > 0, is the Retry-After header's seconds.
+	retryAfter int
 }
 
 // write answers the client with the refusal.
 func (f *refusal) write(w http.ResponseWriter) {
+	if f.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(f.retryAfter))
+	}
 	if f.detail != nil {
 		proxy.WriteErrorDetail(w, f.status, *f.detail)
 		return
@@ -76,6 +84,57 @@ func (f *refusal) write(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(f.status)
 	_, _ = w.Write(b)
+}
+
+// holdCheckInterval is how often the hold looks for a ready replica while requests wait.
+const holdCheckInterval = 250 * time.Millisecond
+
+// admit returns the replicas to route the request over once one of them is ready: at once
+// when one is, else after holding the request (router/admission) until one is, in arrival
+// order. Past the hold's wait, or with the hold full, a 503 with Retry-After; with the hold
+// off, the replicas as they are (book then finds no candidate: 503). A request released
+// whose replica went again before it looked waits anew within its first bound.
+func (s *Router) admit(ctx context.Context) ([]*replica, *refusal) {
+	reps := s.reps()
+	since := time.Now()
+	for !s.readyIn(reps) {
+		err := s.hold.Wait(ctx, since)
+		switch {
+		case err == nil:
+			reps = s.reps()
+			continue
+		case errors.Is(err, admission.ErrOff):
+			return reps, nil
+		case errors.Is(err, admission.ErrFull), errors.Is(err, admission.ErrExpired):
+			s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
+			o := s.hold.Options()
+			why := "all " + strconv.Itoa(o.MaxWaiting) + " places in the hold are taken"
+			if errors.Is(err, admission.ErrExpired) {
+				why = "none became ready within " + o.MaxWait.String()
+			}
+			s.logLimited("hold:"+why, "a held request got 503: no ready replica; counted in kvroute_router_hold_requests_total", "why", why)
+			return nil, &refusal{status: http.StatusServiceUnavailable,
+				msg: "no ready engine for the model (" + why + "); retry later", retryAfter: holdRetryAfter(o.MaxWait)}
+		default: // the client left
+			return nil, &refusal{status: http.StatusServiceUnavailable, msg: "no ready engine: " + err.Error()}
+		}
+	}
+	return reps, nil
+}
+
+// holdRetryAfter is the Retry-After a request refused by the hold gets: a tenth of the wait
+// (a replica coming up is seconds to minutes away), at least one second.
+func holdRetryAfter(wait time.Duration) int { return max(1, int(wait/10/time.Second)) }
+
+// readyIn reports whether one of reps can take a request now (what the hold waits for).
+func (s *Router) readyIn(reps []*replica) bool {
+	now := s.now()
+	for _, r := range reps {
+		if r.View().Ready && r.Eng.Health.Healthy(now) {
+			return true
+		}
+	}
+	return false
 }
 
 // prepare parses and keys a request. A tokenization failure degrades it to load-only routing

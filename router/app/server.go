@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvroute/kvroute/router/admission"
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -98,6 +99,8 @@ type Router struct {
 	log    *slog.Logger
 	now    func() time.Time
 	policy string
+	// started is when New ran (the balance windows cover no more than that).
+	started time.Time
 
 	ix    *index.Index
 	sub   *kvevents.Subscriber
@@ -131,6 +134,8 @@ type Router struct {
 	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
 	exactHook func(*replica) bool
 	readyOnce chan struct{}
+	// hold keeps generation requests while no replica is ready (router/admission; admit).
+	hold *admission.Hold
 	// debugRouteSlots bounds /debug/route calls in flight (debugRouteConcurrency).
 	debugRouteSlots chan struct{}
 	// peers is parity across replicas (nil without events; the fleet forgets removed replicas).
@@ -193,7 +198,7 @@ func New(o Options) (*Router, error) {
 	} else {
 		name = pol.Name()
 	}
-	s := &Router{o: o, log: o.Logger, now: o.Now, policy: name, readyOnce: make(chan struct{}),
+	s := &Router{o: o, log: o.Logger, now: o.Now, policy: name, started: o.Now(), readyOnce: make(chan struct{}),
 		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
 	s.ix = index.New(index.Options{Now: o.Now})
 	observers := o.Observers
@@ -253,6 +258,9 @@ func New(o Options) (*Router, error) {
 	s.met = metrics.New(state)
 	s.respOwners = newResponseOwners(o.ResponseOwners, o.ResponseOwnerTTL, s.met.ResponseOwnerEvicted.Inc)
 	s.met.Registry.MustRegister(s.ledger.Collectors()...)
+	s.met.Registry.MustRegister(newBacklogCollector(s))
+	s.hold = admission.New(admission.Options{MaxWaiting: o.Config.Hold.MaxWaiting, MaxWait: o.Config.Hold.MaxWait.Duration}, o.Model)
+	s.met.Registry.MustRegister(s.hold.Collectors()...)
 	for _, c := range authCalls {
 		s.met.EngineAuth.WithLabelValues(c) // present at 0, so an alert can use rate() from the start
 	}
@@ -336,6 +344,7 @@ func (s *Router) Run(ctx context.Context) error {
 	}
 	go s.expireLoop(ctx)
 	go s.fleet.Run(ctx)
+	go s.hold.Run(ctx, s.anyHealthy, holdCheckInterval)
 	err := src.Run(ctx, func(snap []discovery.Engine) {
 		s.apply(ctx, snap)
 		select {
@@ -393,7 +402,7 @@ func recordTTL(requestTimeout time.Duration) time.Duration {
 func (s *Router) NotReady() string { return s.notReady() }
 
 // Ready reports whether the first engine snapshot is applied and at least one engine is ready
-// and healthy.
+// and healthy, or the router can hold requests until one is (config hold.maxWaiting > 0).
 func (s *Router) Ready() bool {
 	return s.notReady() == ""
 }
@@ -405,21 +414,15 @@ func (s *Router) notReady() string {
 	default:
 		return server.ErrNotDiscovered
 	}
-	if !s.anyHealthy() {
+	if !s.anyHealthy() && s.hold.Options().MaxWaiting == 0 {
+		// With a hold the router stays ready: it takes the requests and holds them while a
+		// replica comes up (a model scaled to zero gets its demand through a router only).
 		return "no healthy engine"
 	}
 	return s.peerNotReady()
 }
 
-func (s *Router) anyHealthy() bool {
-	now := s.now()
-	for _, r := range s.reps() {
-		if r.View().Ready && r.Eng.Health.Healthy(now) {
-			return true
-		}
-	}
-	return false
-}
+func (s *Router) anyHealthy() bool { return s.readyIn(s.reps()) }
 
 // Metrics exposes the collectors (for tests and the admin handler).
 func (s *Router) Metrics() *metrics.Metrics { return s.met }

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/kvroute/kvroute/internal/version"
@@ -88,6 +89,8 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	captureFiles := fs.Int("capture-files", 0, "capture: files kept (default 4)")
 	shadowPol := fs.String("shadow-policy", "", "re-decide every request with this policy without acting on it; kvroute_router_shadow_* metrics (docs/should-you-route.md)")
 	auditOn := fs.Bool("audit", false, "audit sampled prompts for a varying span at their start (/debug/audit; docs/should-you-route.md)")
+	holdWaiting := fs.Int("hold-max-waiting", -1, "requests held at once while the model has no ready replica (0: answer 503 at once; -1: the config's, default 128)")
+	holdWait := fs.Duration("hold-max-wait", 0, "how long a held request waits for a ready replica before its 503 with Retry-After (0: the config's, default 30s)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	accessSample := fs.Int("access-log-sample", 0, "log one routed request in N with its decision's breakdown (as /debug/route shows it); 0: off")
@@ -175,6 +178,12 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	}
 	if *shadowPol != "" {
 		cfg.ShadowPolicy = *shadowPol
+	}
+	if *holdWaiting >= 0 {
+		cfg.Hold.MaxWaiting = *holdWaiting
+	}
+	if *holdWait > 0 {
+		cfg.Hold.MaxWait = metav1.Duration{Duration: *holdWait}
 	}
 	if *auditOn {
 		if cfg.Audit == nil {

@@ -50,6 +50,8 @@ type Config struct {
 	Warmup    Warmup     `json:"warmup"`
 	Events    Events     `json:"events"`
 	Limits    Limits     `json:"limits"`
+	// Hold bounds the requests held while the model has no ready replica (router/admission).
+	Hold Hold `json:"hold"`
 	// ServedModelName is the engines' --served-model-name (event topics, LoRA detection); ""
 	// reads each engine's /v1/models. --model overrides it.
 	ServedModelName string `json:"servedModelName,omitempty"`
@@ -304,6 +306,19 @@ type Limits struct {
 	RequestTimeout metav1.Duration `json:"requestTimeout"`
 }
 
+// MaxHoldWaiting bounds hold.maxWaiting: each held request is a client connection and its body.
+const MaxHoldWaiting = 65536
+
+// Hold is the queue of generation requests that found no ready replica (a model scaled to
+// zero, or every replica restarting): they wait, in arrival order, for one to become ready.
+type Hold struct {
+	// MaxWaiting is how many may wait at once (128); 0 answers 503 at once, as without a hold.
+	MaxWaiting int `json:"maxWaiting"`
+	// MaxWait is how long one may wait (30s: a replica restarting; a model at zero replicas
+	// needs its cold start, minutes: the operator sets 5m then); past it, 503 with Retry-After.
+	MaxWait metav1.Duration `json:"maxWait"`
+}
+
 // Policies are the names policy and shadowPolicy accept: score's one list of production policies
 // (least-loaded is an alias of load). kvbench's router offers more (ValidatePolicies).
 var Policies = score.ProductionPolicies
@@ -346,6 +361,7 @@ func Default() Config {
 			IdleTimeout:       metav1.Duration{Duration: 5 * time.Minute},
 			RequestTimeout:    metav1.Duration{Duration: 30 * time.Minute},
 		},
+		Hold: Hold{MaxWaiting: 128, MaxWait: metav1.Duration{Duration: 30 * time.Second}},
 	}
 }
 
@@ -571,6 +587,12 @@ func (c Config) ValidatePolicies(policies []string) error {
 		if d.v <= 0 {
 			bad("limits."+d.key, "%v must be > 0", d.v)
 		}
+	}
+	if c.Hold.MaxWaiting < 0 || c.Hold.MaxWaiting > MaxHoldWaiting {
+		bad("hold.maxWaiting", "%d must be between 0 and %d", c.Hold.MaxWaiting, MaxHoldWaiting)
+	}
+	if c.Hold.MaxWaiting > 0 && c.Hold.MaxWait.Duration <= 0 {
+		bad("hold.maxWait", "%v must be > 0 while hold.maxWaiting is %d", c.Hold.MaxWait.Duration, c.Hold.MaxWaiting)
 	}
 	if a := c.EngineAuth; a != nil {
 		switch {

@@ -637,3 +637,6 @@ func (l *Ledger) Stats() Stats {
 	return Stats{InFlight: n, Predicted: l.pred.Len(), Approximate: l.approx.Len(),
 		PredictedEvicted: l.pred.Evicted(), ApproximateEvicted: l.approx.Evicted()}
 }
+
+// WindowSpan is the length of the balance windows (Window).
+func (l *Ledger) WindowSpan() time.Duration { return l.win.Span() }

@@ -82,7 +82,7 @@ spec: {model: {name: m, uri: org/m}, autoscaling: {provider: KEDA, maxReplicas: 
 		{"topicPrefix kv", e.KVEvents.TopicPrefix == "kv"},
 		{"hwm 100000", *e.KVEvents.HWM == 100000},
 		{"bufferSteps 10000", e.KVEvents.BufferSteps == 10000},
-		{"router.replicas 1", *s.Router.Replicas == 1},
+		{"router.replicas unset (the renderer's 2)", s.Router.Replicas == nil},
 		{"router service ClusterIP:8000", s.Router.Service.Type == "ClusterIP" && s.Router.Service.Port == 8000},
 		{"router resources small requests", s.Router.Resources != nil && s.Router.Resources.Requests.Cpu().String() == "100m"},
 		{"policy kv", s.Router.Policy == "kv"},
@@ -91,6 +91,7 @@ spec: {model: {name: m, uri: org/m}, autoscaling: {provider: KEDA, maxReplicas: 
 			s.NetworkPolicy.AllowFrom[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "monitoring"},
 		{"minReplicas 1", *s.Autoscaling.MinReplicas == 1},
 		{"targetQueuePerReplica 4", s.Autoscaling.TargetQueuePerReplica.String() == "4"},
+		{"targetBacklogPerReplica 2", s.Autoscaling.TargetBacklogPerReplica.String() == "2"},
 		{"keda polling 15 / cooldown 300", *s.Autoscaling.KEDA.PollingInterval == 15 && *s.Autoscaling.KEDA.CooldownPeriod == 300},
 	}
 	for _, c := range checks {
