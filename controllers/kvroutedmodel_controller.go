@@ -11,6 +11,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -223,8 +224,10 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 	for _, o := range objs {
 		switch o.GetObjectKind().GroupVersionKind().Kind {
 		case "HorizontalPodAutoscaler", "ScaledObject":
-			autoscaler = o
-			continue
+			if o.GetName() != render.PrefillName(m) { // the prefill pool's HPA is a plain child
+				autoscaler = o
+				continue
+			}
 		}
 		rendered[optionalChild{o.GetObjectKind().GroupVersionKind(), o.GetName()}] = true
 		u, err := r.applyObject(ctx, o)
@@ -238,9 +241,12 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 				errs = append(errs, fmt.Errorf("read back Deployment %s: %w", u.GetName(), err))
 				continue
 			}
-			if d.Name == render.EngineName(m) {
+			switch d.Name {
+			case render.EngineName(m):
 				obs.Engine = d
-			} else {
+			case render.PrefillName(m):
+				obs.Prefill = d
+			default:
 				obs.Router = d
 			}
 		}
@@ -267,7 +273,11 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 
 // observeOnly fills the status from the children as they are, for a suspended model.
 func (r *KVRoutedModelReconciler) observeOnly(ctx context.Context, m *v1alpha1.KVRoutedModel, obs *status.Observed) error {
-	for name, dst := range map[string]**appsv1.Deployment{render.EngineName(m): &obs.Engine, render.RouterName(m): &obs.Router} {
+	deps := map[string]**appsv1.Deployment{render.EngineName(m): &obs.Engine, render.RouterName(m): &obs.Router}
+	if render.Disaggregated(m) {
+		deps[render.PrefillName(m)] = &obs.Prefill
+	}
+	for name, dst := range deps {
 		d := &appsv1.Deployment{}
 		err := r.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: name}, d)
 		switch {
@@ -378,5 +388,11 @@ func optionalChildren(m *v1alpha1.KVRoutedModel) []optionalChild {
 		// Only a claim the model controls (onDelete: Delete) is deleted when spec.model.cache
 		// stops asking for it; a retained one is left, as it is when the model goes.
 		{corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"), render.ManagedModelCacheName(m)},
+		// The prefill pool and its policy, budget and HPA, when spec.disaggregation goes (or
+		// its autoscaling does).
+		{appsv1.SchemeGroupVersion.WithKind("Deployment"), render.PrefillName(m)},
+		{np, render.PrefillName(m)},
+		{policyv1.SchemeGroupVersion.WithKind("PodDisruptionBudget"), render.PrefillName(m)},
+		{autoscalingv2.SchemeGroupVersion.WithKind("HorizontalPodAutoscaler"), render.PrefillName(m)},
 	}
 }

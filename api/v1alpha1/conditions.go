@@ -50,6 +50,14 @@ const (
 	ManagedByValue     = "kvroute-operator"
 	ComponentEngine    = "engine"
 	ComponentRouter    = "router"
+	// ComponentPrefill labels the prefill pool's pods (spec.disaggregation); the decode pool
+	// keeps ComponentEngine, so the engine Deployment's selector and /scale stay as they are.
+	ComponentPrefill = "prefill"
+	// LabelRole is an engine pod's pool with spec.disaggregation: RolePrefill or RoleDecode.
+	// The router's discovery reads it.
+	LabelRole   = "serving.kvroute.io/role"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
 	EngineAppName      = "vllm"
 	RouterAppName      = "kvrouter"
 	AnnotationPrefix   = "serving.kvroute.io/"

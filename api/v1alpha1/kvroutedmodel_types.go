@@ -55,6 +55,9 @@ type KVRoutedModelList struct {
 // +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode == 'ReadWriteMany' || !has(self.replicas) || self.replicas <= 1`,messageExpression=`'spec.replicas is %d but spec.model.cache.accessMode %s attaches the cache to one node, so only one engine pod can use it: set spec.replicas to 1 or 0, or use a ReadWriteMany claim (spec.model.cache.accessMode: ReadWriteMany)'.format([self.replicas, self.model.cache.accessMode])`,fieldPath=".replicas"
 // +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode == 'ReadWriteMany' || !has(self.autoscaling) || self.autoscaling.maxReplicas <= 1`,messageExpression=`'spec.autoscaling.maxReplicas is %d but spec.model.cache.accessMode %s attaches the cache to one node, so only one engine pod can use it: set spec.autoscaling.maxReplicas to 1, or use a ReadWriteMany claim (spec.model.cache.accessMode: ReadWriteMany)'.format([self.autoscaling.maxReplicas, self.model.cache.accessMode])`,fieldPath=".autoscaling.maxReplicas"
 // +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.engine) || !has(self.engine.env) || self.engine.env.all(e, e.name != 'HF_HOME')`,message="spec.engine.env must not set HF_HOME with spec.model.cache: the cache sets it to the claim's mount",fieldPath=".engine.env"
+// +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.replicas) || !has(self.disaggregation.prefill.replicas) || (self.replicas == 0) == (self.disaggregation.prefill.replicas == 0)`,messageExpression=`'spec.disaggregation.prefill.replicas is %d and spec.replicas (the decode pool) is %d: a pool of zero beside a non-zero one serves no request (a prefill needs a decoder to hand over to, and the decode pool alone is not disaggregation): scale both to zero, or neither'.format([self.disaggregation.prefill.replicas, self.replicas])`,fieldPath=".disaggregation.prefill.replicas"
+// +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.disaggregation.prefill.parallelism) || self.disaggregation.connector != 'NixlConnector' || self.engine.parallelism.tensor % self.disaggregation.prefill.parallelism.tensor == 0`,messageExpression=`'spec.engine.parallelism.tensor %d (the decode pool) must be a multiple of spec.disaggregation.prefill.parallelism.tensor %d: the NIXL connector of vLLM refuses "Decode TP cannot be smaller than prefill TP"'.format([self.engine.parallelism.tensor, self.disaggregation.prefill.parallelism.tensor])`,fieldPath=".disaggregation.prefill.parallelism.tensor"
+// +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.engine.args) || !self.engine.args.exists(a, a.matches('^--kv[-_]transfer[-_]config([=.].*)?$'))`,message="spec.engine.args must not set --kv-transfer-config with spec.disaggregation: the operator writes it for each pool from spec.disaggregation.connector",fieldPath=".engine.args"
 type KVRoutedModelSpec struct {
 	// Model identity and weights.
 	// +required
@@ -90,6 +93,82 @@ type KVRoutedModelSpec struct {
 	// Autoscaling, when set, makes HPA or KEDA scale this resource through /scale.
 	// +optional
 	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
+
+	// Disaggregation splits the engines into a prefill pool and a decode pool joined by a vLLM
+	// KV connector. The decode pool is the engine Deployment (spec.engine, spec.replicas,
+	// spec.autoscaling, /scale); the prefill pool is a Deployment of its own.
+	// +optional
+	Disaggregation *DisaggregationSpec `json:"disaggregation,omitempty"`
+}
+
+// DisaggregationSpec is the prefill/decode split.
+// +kubebuilder:validation:XValidation:rule=`self.connector in ['NixlConnector', 'MooncakeConnector', 'MoRIIOConnector', 'LMCacheConnectorV1']`,messageExpression=`'spec.disaggregation.connector %s is not a prefill/decode connector the pinned vLLM ships: use NixlConnector (the default), MooncakeConnector, MoRIIOConnector or LMCacheConnectorV1'.format([self.connector])`,fieldPath=".connector"
+type DisaggregationSpec struct {
+	// Connector is vLLM's kv_connector of both pools (--kv-transfer-config).
+	// +kubebuilder:default=NixlConnector
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	Connector string `json:"connector,omitempty"`
+
+	// SideChannelPort is VLLM_NIXL_SIDE_CHANNEL_PORT (DP rank r: port + r).
+	// +kubebuilder:default=5700
+	// +kubebuilder:validation:Minimum=1024
+	// +kubebuilder:validation:Maximum=65000
+	// +optional
+	SideChannelPort int32 `json:"sideChannelPort,omitempty"`
+
+	// Prefill is the prefill pool: spec.engine with these changes.
+	// +kubebuilder:default={}
+	// +optional
+	Prefill PrefillPoolSpec `json:"prefill,omitempty"`
+}
+
+// PrefillPoolSpec is what the prefill pool sets over spec.engine.
+type PrefillPoolSpec struct {
+	// Resources replace spec.engine.resources.
+	// +optional
+	Resources *PoolResources `json:"resources,omitempty"`
+	// Args are added after spec.engine.args.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	// +optional
+	Args []EngineArg `json:"args,omitempty"`
+	// Parallelism replaces spec.engine.parallelism.
+	// +optional
+	Parallelism *ParallelismSpec `json:"parallelism,omitempty"`
+	// Replicas of the prefill Deployment, unless Autoscaling owns them.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+	// Autoscaling is an HPA on the prefill Deployment itself.
+	// +optional
+	Autoscaling *PoolAutoscaling `json:"autoscaling,omitempty"`
+}
+
+// PoolResources are a pool's container resources.
+type PoolResources struct {
+	// +optional
+	Limits corev1.ResourceList `json:"limits,omitempty"`
+	// +optional
+	Requests corev1.ResourceList `json:"requests,omitempty"`
+}
+
+// PoolAutoscaling is a pool's HPA.
+type PoolAutoscaling struct {
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MinReplicas *int32 `json:"minReplicas,omitempty"`
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +required
+	MaxReplicas int32 `json:"maxReplicas"`
+	// TargetQueuePerReplica: vllm:num_requests_waiting per replica.
+	// +kubebuilder:default="4"
+	// +optional
+	TargetQueuePerReplica *resource.Quantity `json:"targetQueuePerReplica,omitempty"`
 }
 
 // ModelSpec names the model and where its weights come from.
@@ -985,6 +1064,9 @@ type KVRoutedModelStatus struct {
 	Router *RouterStatus `json:"router,omitempty"`
 	// +optional
 	Autoscaler *AutoscalerStatus `json:"autoscaler,omitempty"`
+	// Prefill reports the prefill pool; absent without spec.disaggregation.
+	// +optional
+	Prefill *PoolStatus `json:"prefill,omitempty"`
 	// LastScaleTime is when spec.replicas last changed.
 	// +optional
 	LastScaleTime *metav1.Time `json:"lastScaleTime,omitempty"`
@@ -1112,4 +1194,21 @@ type AutoscalerStatus struct {
 	Kind string `json:"kind,omitempty"`
 	// +optional
 	Name string `json:"name,omitempty"`
+}
+
+// PoolStatus reports the prefill Deployment.
+type PoolStatus struct {
+	// +optional
+	DeploymentName string `json:"deploymentName,omitempty"`
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// +listType=atomic
+	// +optional
+	SideChannelPorts []int32 `json:"sideChannelPorts,omitempty"`
 }

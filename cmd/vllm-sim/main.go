@@ -69,7 +69,8 @@ Simulated: --served-model-name, --host, --port, --block-size, --prefix-caching-h
 --enable-prefix-caching, --data-parallel-size/-dp, --max-model-len, --max-num-seqs,
 --max-num-batched-tokens, --num-gpu-blocks-override, --enable-prompt-tokens-details,
 --lora-modules, --api-key, --sse-keep-alive-interval, --kv-events-config (endpoint, replay_endpoint,
-topic, hwm, buffer_steps). Other vLLM flags are accepted and ignored (one log line names them),
+topic, hwm, buffer_steps), --kv-transfer-config (kv_connector, kv_role, engine_id,
+kv_load_failure_policy; VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, VLLM_NIXL_ABORT_REQUEST_TIMEOUT). Other vLLM flags are accepted and ignored (one log line names them),
 except those whose effect the simulator cannot give (TLS, --uds, multi-node DP, --config,
 --no-enable-prefix-caching). $(VAR) in arguments expands from the environment as in Kubernetes.
 The simulator's own flags (vllm-sim -h) go in VLLM_SIM_ARGS.
@@ -134,6 +135,10 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	// default 0 = off. vLLM takes whole seconds; the sim also takes fractions, so tests can run
 	// keep-alives in milliseconds.
 	keepAlive := fs.Float64("sse-keep-alive-interval", 0, "seconds of silence after which a stream gets a ': keep-alive' comment, as vLLM writes it (0 = off; vLLM takes whole seconds)")
+	fs.Float64Var(&cfg.KVTransferBytesPerS, "kv-transfer-bytes-per-s", vllmsim.DefaultKVTransferBytesPerS,
+		"P/D: bandwidth a decode pulls a prefill engine's KV blocks at (default a 200 Gb/s RDMA NIC's line rate)")
+	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", vllmsim.DefaultKVBytesPerToken,
+		"P/D: KV bytes per token moved (default Llama-3.1-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

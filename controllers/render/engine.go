@@ -164,6 +164,9 @@ func EngineArgs(m *v1alpha1.KVRoutedModel) ([]string, error) {
 		}
 		args = append(args, "--kv-events-config", cfg)
 	}
+	if Disaggregated(m) {
+		args = append(args, "--kv-transfer-config", KVTransferConfigJSON(m))
+	}
 	if len(e.LoRAAdapters) > 0 {
 		args = append(args, "--enable-lora", "--lora-modules")
 		for _, a := range e.LoRAAdapters {
@@ -203,12 +206,19 @@ func claims(m *v1alpha1.KVRoutedModel) []string {
 	return out
 }
 
-// EngineDeployment renders the vLLM Deployment. spec.replicas is copied as is: HPA and KEDA
-// scale the KVRoutedModel, so the operator stays the Deployment's only writer.
+// EngineDeployment renders the vLLM Deployment (with spec.disaggregation, the decode pool).
+// spec.replicas is copied as is: HPA and KEDA scale the KVRoutedModel, so the operator stays
+// the Deployment's only writer.
 func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployment, error) {
 	if err := CheckDefaulted(m); err != nil {
 		return nil, err
 	}
+	return poolDeployment(m, opts, decodePool(m))
+}
+
+// poolDeployment renders one engine pool's Deployment from m's engine spec (for the prefill
+// pool, a copy with the pool's changes).
+func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*appsv1.Deployment, error) {
 	e := &m.Spec.Engine
 	image := e.Image
 	if image == "" {
@@ -229,8 +239,8 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		ImagePullPolicy: e.ImagePullPolicy,
 		Command:         []string{"vllm", "serve"},
 		Args:            args,
-		Ports:           engineContainerPorts(m, ports),
-		Env:             engineEnv(m),
+		Ports:           append(engineContainerPorts(m, ports), sideChannelContainerPorts(m)...),
+		Env:             append(engineEnv(m), sideChannelEnv(m)...),
 		Resources:       engineResources(m),
 		VolumeMounts:    []corev1.VolumeMount{{Name: "home", MountPath: engineHome}},
 		StartupProbe:    healthProbe(e.Port, 10, startupTimeout/10),
@@ -276,21 +286,21 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		ServiceAccountName:            pod.ServiceAccountName,
 	}
 	podSpec.ImagePullSecrets = append(podSpec.ImagePullSecrets, pod.ImagePullSecrets...)
-	podSpec.TopologySpreadConstraints = engineTopologySpread(m)
+	podSpec.TopologySpreadConstraints = engineTopologySpread(m, pl.selector)
 	strategy := engineStrategy(m)
 
 	d := &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
-		ObjectMeta: objectMeta(m, EngineName(m), v1alpha1.ComponentEngine),
+		ObjectMeta: objectMeta(m, pl.name, pl.component),
 		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(*m.Spec.Replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: EngineSelector(m)},
+			Replicas: copyPtr(pl.replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: pl.selector},
 			Strategy: strategy,
 			// Downloading and loading weights can take far longer than the 600 s default.
 			ProgressDeadlineSeconds: ptr(int32(startupTimeout + 600)),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
-					Labels:      merge(pod.Labels, enginePodLabels(m)),
+					Labels:      merge(pod.Labels, pl.podLabels),
 					Annotations: merge(pod.Annotations, EnginePodAnnotations(m)),
 				},
 				Spec: podSpec,
@@ -300,9 +310,12 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	return d, nil
 }
 
-func enginePodLabels(m *v1alpha1.KVRoutedModel) map[string]string {
-	l := childLabels(m, v1alpha1.ComponentEngine)
+func enginePodLabels(m *v1alpha1.KVRoutedModel, component, role string) map[string]string {
+	l := childLabels(m, component)
 	l[v1alpha1.LabelName] = v1alpha1.EngineAppName
+	if role != "" {
+		l[v1alpha1.LabelRole] = role
+	}
 	return l
 }
 
@@ -616,8 +629,8 @@ func engineVolumes(m *v1alpha1.KVRoutedModel, container *corev1.Container) []cor
 	return volumes
 }
 
-// engineTopologySpread renders the user's spread constraints over the engine pods.
-func engineTopologySpread(m *v1alpha1.KVRoutedModel) []corev1.TopologySpreadConstraint {
+// engineTopologySpread renders the user's spread constraints over one pool's pods.
+func engineTopologySpread(m *v1alpha1.KVRoutedModel, selector map[string]string) []corev1.TopologySpreadConstraint {
 	var out []corev1.TopologySpreadConstraint
 	for _, t := range m.Spec.Engine.Pod.TopologySpreadConstraints {
 		out = append(out, corev1.TopologySpreadConstraint{
@@ -625,7 +638,7 @@ func engineTopologySpread(m *v1alpha1.KVRoutedModel) []corev1.TopologySpreadCons
 			TopologyKey:       t.TopologyKey,
 			WhenUnsatisfiable: t.WhenUnsatisfiable,
 			MinDomains:        copyPtr(t.MinDomains),
-			LabelSelector:     &metav1.LabelSelector{MatchLabels: EngineSelector(m)},
+			LabelSelector:     &metav1.LabelSelector{MatchLabels: selector},
 			// Spread each revision on its own, so a rollout's surge pod is not counted against
 			// the pods it replaces.
 			MatchLabelKeys: []string{appsv1.DefaultDeploymentUniqueLabelKey},

@@ -66,6 +66,11 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if peers := allowFrom(m); len(peers) > 0 {
 		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: peers, Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}})
 	}
+	if Disaggregated(m) {
+		// The prefill pods reach the decode pods on every port: the KV transfer's transport
+		// (UCX under NIXL) picks its own ports.
+		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: []networkingv1.NetworkPolicyPeer{podsLabelled(PrefillSelector(m))}})
+	}
 	return ingressPolicy(m, EngineName(m), v1alpha1.ComponentEngine, EngineSelector(m), rules)
 }
 
@@ -88,8 +93,12 @@ func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy 
 		rules = append(rules, r)
 	}
 	if EnginesConnect(m) {
+		from := []networkingv1.NetworkPolicyPeer{podsLabelled(EngineSelector(m))}
+		if Disaggregated(m) {
+			from = append(from, podsLabelled(PrefillSelector(m)))
+		}
 		rules = append(rules, networkingv1.NetworkPolicyIngressRule{
-			From:  []networkingv1.NetworkPolicyPeer{podsLabelled(EngineSelector(m))},
+			From:  from,
 			Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.KVEvents.BasePort)},
 		})
 	}

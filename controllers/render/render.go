@@ -135,6 +135,19 @@ func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 	if np := NetworkPolicy(m); np != nil {
 		objs = append(objs, np)
 	}
+	prefill, err := PrefillDeployment(m, opts)
+	if err != nil {
+		return nil, err
+	}
+	if prefill != nil {
+		objs = append(objs, prefill, PrefillPodDisruptionBudget(m))
+		if np := PrefillNetworkPolicy(m); np != nil {
+			objs = append(objs, np)
+		}
+		if hpa := PrefillAutoscaler(m); hpa != nil {
+			objs = append(objs, hpa)
+		}
+	}
 	objs = append(objs, router, RouterService(m))
 	if svc := RouterPeersService(m); svc != nil {
 		objs = append(objs, svc)
@@ -199,6 +212,12 @@ func CheckDefaulted(m *v1alpha1.KVRoutedModel) error {
 	need(s.Router.Policy != "", "spec.router.policy")
 	need(s.Router.Warmup.Duration != nil && s.Router.Warmup.Credit.IsSet(), "spec.router.warmup")
 	need(s.NetworkPolicy.Enabled != nil, "spec.networkPolicy.enabled")
+	if d := s.Disaggregation; d != nil {
+		need(d.Connector != "" && d.SideChannelPort != 0 && d.Prefill.Replicas != nil, "spec.disaggregation.connector/sideChannelPort/prefill.replicas")
+		if a := d.Prefill.Autoscaling; a != nil {
+			need(a.MinReplicas != nil && a.TargetQueuePerReplica != nil, "spec.disaggregation.prefill.autoscaling.minReplicas/targetQueuePerReplica")
+		}
+	}
 	if a := s.Autoscaling; a != nil {
 		need(a.MinReplicas != nil, "spec.autoscaling.minReplicas")
 		need(a.TargetQueuePerReplica != nil, "spec.autoscaling.targetQueuePerReplica")

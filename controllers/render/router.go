@@ -33,7 +33,7 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 	c.Policy = m.Spec.Router.Policy
 	c.BlockSize = int(e.BlockSize)
 	c.Hash = config.Hash{Algo: e.HashAlgo, Seed: e.HashSeed}
-	c.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(m.Namespace, EngineSelectorString(m), int(e.Port))}
+	c.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(m.Namespace, DiscoverySelectorString(m), int(e.Port))}
 	c.Warmup = config.Warmup{Duration: *m.Spec.Router.Warmup.Duration, Credit: m.Spec.Router.Warmup.Credit.Float64()}
 	if to := m.Spec.Router.Timeouts; to != nil {
 		for _, f := range []struct {

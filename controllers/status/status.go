@@ -38,6 +38,8 @@ type Observed struct {
 	Model *v1alpha1.KVRoutedModel
 	// Engine and Router are the Deployments read back after applying; nil when absent.
 	Engine, Router *appsv1.Deployment
+	// Prefill is the prefill pool's Deployment (spec.disaggregation); nil when absent.
+	Prefill *appsv1.Deployment
 	// Autoscaler names the HPA or ScaledObject in place; nil when none.
 	Autoscaler *v1alpha1.AutoscalerStatus
 	// Warming is the warm-up plan's count.
@@ -77,6 +79,14 @@ func Compute(o Observed) v1alpha1.KVRoutedModelStatus {
 		st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = e.Status.Replicas, e.Status.ReadyReplicas, e.Status.UpdatedReplicas
 		p := render.EnginePorts(m)
 		st.Engine = &v1alpha1.EngineStatus{DeploymentName: e.Name, KVEventPorts: p.Events, ReplayPorts: p.Replay, ModelCache: o.ModelCache}
+	}
+	if p := o.Prefill; p != nil && render.Disaggregated(m) {
+		dl := m.Spec.Engine.Parallelism.DataLocal
+		if pp := m.Spec.Disaggregation.Prefill.Parallelism; pp != nil && pp.DataLocal > 0 {
+			dl = pp.DataLocal
+		}
+		st.Prefill = &v1alpha1.PoolStatus{DeploymentName: p.Name, Replicas: p.Status.Replicas, ReadyReplicas: p.Status.ReadyReplicas,
+			UpdatedReplicas: p.Status.UpdatedReplicas, Selector: render.PrefillSelectorString(m), SideChannelPorts: render.SideChannelPorts(m, dl)}
 	}
 	if o.Router != nil {
 		st.Router = &v1alpha1.RouterStatus{DeploymentName: o.Router.Name, ServiceName: render.RouterName(m), Endpoint: render.RouterEndpoint(m),
@@ -187,10 +197,17 @@ func progressingCondition(o Observed) metav1.Condition {
 	if o.Suspended {
 		return cond(v1alpha1.ConditionProgressing, false, v1alpha1.ReasonSuspended, "spec.suspend is set: children are not changed")
 	}
-	for _, d := range []struct {
+	deps := []struct {
 		what string
 		dep  *appsv1.Deployment
-	}{{"engine", o.Engine}, {"router", o.Router}} {
+	}{{"engine", o.Engine}, {"router", o.Router}}
+	if render.Disaggregated(o.Model) {
+		deps = append(deps, struct {
+			what string
+			dep  *appsv1.Deployment
+		}{"prefill", o.Prefill})
+	}
+	for _, d := range deps {
 		if reason, msg := rollout(d.what, d.dep); reason != "" {
 			return cond(v1alpha1.ConditionProgressing, true, reason, msg)
 		}

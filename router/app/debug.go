@@ -21,10 +21,12 @@ import (
 
 // EngineInfo is one engine in GET /debug/engines.
 type EngineInfo struct {
-	Name         string            `json:"name"`
-	URL          string            `json:"url"`
-	Model        string            `json:"model"`
-	Ready        bool              `json:"ready"`
+	Name  string `json:"name"`
+	URL   string `json:"url"`
+	Model string `json:"model"`
+	Ready bool   `json:"ready"`
+	// Role is the engine's pool in a disaggregated model (prefill, decode); absent otherwise.
+	Role         string            `json:"role,omitempty"`
 	Health       proxy.HealthState `json:"health"`
 	WarmupUntil  *time.Time        `json:"warmup_until,omitempty"`
 	WarmupCredit float64           `json:"warmup_credit"`
@@ -111,7 +113,7 @@ func (s *Router) Engines() []EngineInfo {
 		if cur == nil || cur.Name != r.Eng.Name {
 			dp := r.Eng.Discovery()
 			prof := s.fleet.Kind().Profile()
-			out = append(out, EngineInfo{Name: dp.Name, URL: dp.URL, Model: r.Eng.Model, Ready: dp.Ready,
+			out = append(out, EngineInfo{Name: dp.Name, URL: dp.URL, Model: r.Eng.Model, Ready: dp.Ready, Role: dp.Role,
 				Health: r.Eng.Health.State(now), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now),
 				Kind: string(prof.Kind), NotApplicable: prof.NotApplicable})
 			cur = &out[len(out)-1]

@@ -334,6 +334,15 @@ const (
 	DefaultSnapshotPortsAnnotation = v1alpha1.AnnotationKVSnapshot
 	DefaultBlockSizeAnnotation     = v1alpha1.AnnotationBlock
 	DefaultWarmupUntilAnnotation   = v1alpha1.AnnotationWarmup
+	// DefaultRoleLabel is the engine pod label naming its pool in a disaggregated model
+	// (RolePrefill or RoleDecode); absent on an aggregated engine.
+	DefaultRoleLabel = v1alpha1.LabelRole
+)
+
+// An engine's pool in a disaggregated model (the value of DefaultRoleLabel).
+const (
+	RolePrefill = v1alpha1.RolePrefill
+	RoleDecode  = v1alpha1.RoleDecode
 )
 
 // Default returns the configuration used for every key a file leaves out.

@@ -46,6 +46,9 @@ type Engine struct {
 	// router treats a change for the same Name as a restart of every stream of it. Static
 	// and file engines have none ("").
 	Incarnation string
+	// Role is the engine's pool in a disaggregated model: config.RolePrefill or
+	// config.RoleDecode; "" for an engine that computes whole requests (aggregated).
+	Role string
 }
 
 // Ranks is the number of DP ranks the engine announces event, replay or snapshot endpoints for (at
@@ -58,7 +61,7 @@ func (e Engine) Ranks() int {
 func (e Engine) Equal(o Engine) bool {
 	return e.Name == o.Name && e.URL == o.URL && slices.Equal(e.Events, o.Events) &&
 		slices.Equal(e.Replay, o.Replay) && slices.Equal(e.Snapshot, o.Snapshot) && e.BlockSize == o.BlockSize && e.Kind == o.Kind &&
-		e.WarmupUntil.Equal(o.WarmupUntil) && e.Ready == o.Ready && e.Incarnation == o.Incarnation
+		e.WarmupUntil.Equal(o.WarmupUntil) && e.Ready == o.Ready && e.Incarnation == o.Incarnation && e.Role == o.Role
 }
 
 // Source produces the full set of engines each time it changes.

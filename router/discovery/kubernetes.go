@@ -295,6 +295,13 @@ func EngineFromPod(p *corev1.Pod, o KubernetesOptions) (e Engine, ok bool, probl
 		Ready:       podReady(p),
 		Incarnation: incarnation(p, c),
 	}
+	switch r := p.Labels[config.DefaultRoleLabel]; r {
+	case "", config.RolePrefill, config.RoleDecode:
+		e.Role = r
+	default:
+		problems = append(problems, fmt.Sprintf("label %s=%q is neither %q nor %q (routed as an engine that computes whole requests)",
+			config.DefaultRoleLabel, r, config.RolePrefill, config.RoleDecode))
+	}
 	ann := p.Annotations
 	events, err := endpointsFromPorts(ip, ann[o.EventsPortsAnnotation])
 	if err != nil {

@@ -149,3 +149,28 @@ func TestNewKubernetesRefusesBadOptions(t *testing.T) {
 }
 
 var restConfigForOptionsTest = rest.Config{Host: "https://127.0.0.1:1"}
+
+// A disaggregated model's pods name their pool in the operator's role label; an unknown value
+// is reported and the pod routed as one that computes whole requests.
+func TestEngineFromPodRole(t *testing.T) {
+	for _, c := range []struct {
+		label, want string
+		problem     bool
+	}{{"", "", false}, {config.RolePrefill, config.RolePrefill, false}, {config.RoleDecode, config.RoleDecode, false}, {"encode", "", true}} {
+		p := enginePod("10.0.0.1", nil)
+		if c.label != "" {
+			p.Labels = map[string]string{config.DefaultRoleLabel: c.label}
+		}
+		e, ok, problems := EngineFromPod(p, KubernetesOptions{})
+		if !ok || e.Role != c.want || (len(problems) > 0) != c.problem {
+			t.Errorf("label %q: ok=%v role=%q problems=%v", c.label, ok, e.Role, problems)
+		}
+		if c.problem && !strings.Contains(problems[0], `"encode" is neither "prefill" nor "decode"`) {
+			t.Errorf("problem %q does not name the value", problems[0])
+		}
+	}
+	a, b := Engine{Name: "p"}, Engine{Name: "p", Role: config.RolePrefill}
+	if a.Equal(b) {
+		t.Error("a role change is not a change of the snapshot")
+	}
+}

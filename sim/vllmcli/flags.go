@@ -40,7 +40,7 @@ var mappedFlags = []string{
 	"sse-keep-alive-interval", "model", "max-model-len", "served-model-name",
 	"data-parallel-size", "block-size", "num-gpu-blocks-override", "enable-prefix-caching",
 	"prefix-caching-hash-algo", "enable-lora", "max-num-batched-tokens", "max-num-seqs",
-	"kv-events-config",
+	"kv-events-config", "kv-transfer-config",
 }
 
 // unsupportedFlags are vLLM flags whose effect the simulator cannot give (other processes'

@@ -78,6 +78,12 @@ func TestRenderedEngineCommands(t *testing.T) {
 			}},
 		{shape: "lora", ignored: "--tensor-parallel-size --max-lora-rank",
 			check: func(c vllmsim.Config) bool { return len(c.LoRAAdapters) > 0 }},
+		// The decode pool of a disaggregated model: NIXL on the pod's IP.
+		{shape: "pd", ignored: "--tensor-parallel-size",
+			check: func(c vllmsim.Config) bool {
+				k := c.KVTransfer
+				return k != nil && k.Connector == "NixlConnector" && k.Role == "kv_both" && k.SideChannelHost == "10.0.0.7" && k.SideChannelPort == 5700
+			}},
 		// Engines dial the router's events Service: vLLM connects to an endpoint with a host.
 		{shape: "bound", ignored: "--tensor-parallel-size",
 			check: func(c vllmsim.Config) bool {
@@ -103,5 +109,38 @@ func TestRenderedEngineCommands(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// TestRenderedPrefillCommand runs the prefill pool's command through the same parser: its own
+// args after spec.engine's, the connector, the side channel on the pod's IP.
+func TestRenderedPrefillCommand(t *testing.T) {
+	b, err := os.ReadFile("../../config/samples/serving_v1alpha1_kvroutedmodel_pd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := validation.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := v.Admit(context.Background(), b, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := render.PrefillDeployment(m, render.Options{DefaultEngineImage: "vllm/vllm-openai:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := d.Spec.Template.Spec.Containers[0]
+	res, err := vllmcli.Serve(vllmsim.Config{}, ctr.Args, podEnv(ctr, "10.0.0.8"))
+	if err != nil {
+		t.Fatalf("%q: %v", ctr.Args, err)
+	}
+	c := res.Config
+	if k := c.KVTransfer; k == nil || k.SideChannelHost != "10.0.0.8" || k.SideChannelPort != 5700 || c.MaxBatchedTokens != 16384 {
+		t.Fatalf("from %q:\n%+v", ctr.Args, c)
+	}
+	if err := c.Defaults().Validate(); err != nil {
+		t.Error(err)
 	}
 }

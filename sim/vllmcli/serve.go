@@ -124,6 +124,11 @@ func Serve(base vllmsim.Config, args []string, env func(string) (string, bool)) 
 			return Result{}, err
 		}
 	}
+	if st.transferJSON != "" {
+		if err := applyKVTransfer(&cfg, st.transferJSON, env); err != nil {
+			return Result{}, err
+		}
+	}
 	return Result{Config: cfg, Ignored: p.ignored}, nil
 }
 
@@ -388,6 +393,7 @@ func wildcardTo(endpoint, host string) string {
 type serveState struct {
 	model, served []string
 	eventsJSON    string
+	transferJSON  string
 	hostSet       bool
 }
 
@@ -447,6 +453,8 @@ func (st *serveState) apply(cfg *vllmsim.Config, name, spelt string, vals []stri
 		cfg.SSEKeepAliveInterval = time.Duration(s * float64(time.Second))
 	case "kv-events-config":
 		st.eventsJSON = vals[0]
+	case "kv-transfer-config":
+		st.transferJSON = vals[0]
 	default:
 		return fmt.Errorf("%s: mapped flag without a mapping (vllmcli bug)", spelt)
 	}

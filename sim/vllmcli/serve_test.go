@@ -113,6 +113,23 @@ func TestServeFlags(t *testing.T) {
 		{name: "null publisher", args: []string{"m", "--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"null"}`},
 			check: func(c vllmsim.Config) bool { return !eventsOn(c) }},
 
+		{name: "NIXL connector with its environment", args: []string{"m", "--kv-transfer-config",
+			`{"kv_connector":"NixlConnector","kv_role":"kv_producer","kv_load_failure_policy":"fail","kv_connector_extra_config":{"backends":["UCX"]}}`},
+			env: envOf("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.1.2.3", "VLLM_NIXL_SIDE_CHANNEL_PORT", "5601", "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "30"),
+			check: func(c vllmsim.Config) bool {
+				k := c.KVTransfer
+				return k != nil && k.Connector == "NixlConnector" && k.Role == "kv_producer" && k.LoadFailurePolicy == "fail" &&
+					k.SideChannelHost == "10.1.2.3" && k.SideChannelPort == 5601 && k.AbortTimeout == 30*time.Second
+			}},
+		{name: "NIXL defaults", args: []string{"m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`},
+			check: func(c vllmsim.Config) bool {
+				k := c.KVTransfer
+				return k != nil && k.SideChannelHost == "localhost" && k.SideChannelPort == 5600 && k.AbortTimeout == 0
+			}},
+		{name: "connector without a role", args: []string{"m", "--kv-transfer-config", `{"kv_connector":"NixlConnector"}`}, err: "kv_role"},
+		{name: "unknown kv-transfer key", args: []string{"m", "--kv-transfer-config", `{"kv_conector":"NixlConnector"}`}, err: `unknown field "kv_conector"`},
+		{name: "bad side-channel port", args: []string{"m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`},
+			env: envOf("VLLM_NIXL_SIDE_CHANNEL_PORT", "x"), err: "VLLM_NIXL_SIDE_CHANNEL_PORT"},
 		{name: "unknown flag", args: []string{"m", "--frobnicate"}, err: "--frobnicate: not a flag of `vllm serve`"},
 		{name: "misspelt flag", args: []string{"m", "--gpu-memory-utilisation", "0.9"}, err: "did you mean --gpu-memory-utilization?"},
 		{name: "ambiguous prefix", args: []string{"m", "--max-num", "3"}, err: "ambiguous"},

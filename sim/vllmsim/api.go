@@ -94,6 +94,8 @@ type commonParams struct {
 	TopP          *float64        `json:"top_p"`
 	VLLMXArgs     json.RawMessage `json:"vllm_xargs"`
 	Priority      int             `json:"priority"`
+	// KVTransferParams drive the P/D connector (pd.go); ignored without --kv-transfer-config.
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 type completionRequest struct {

@@ -113,6 +113,13 @@ type Config struct {
 	OmitPromptTokensDetails bool
 	Seed                    int64 // seeds the fail-rate draw
 
+	// KVTransfer is --kv-transfer-config (nil: no connector; kv_transfer_params are ignored).
+	KVTransfer *KVTransfer
+	// KVTransferBytesPerS and KVBytesPerToken give a decode's transfer time for the blocks it
+	// pulls (defaults DefaultKVTransferBytesPerS, DefaultKVBytesPerToken; see pd.go).
+	KVTransferBytesPerS float64
+	KVBytesPerToken     int
+
 	eventClock func() float64 // batch timestamps (tests pin it); nil = time.Now
 }
 
@@ -141,6 +148,22 @@ func (cfg Config) Defaults() Config {
 	}
 	if cfg.DataParallelSize == 0 {
 		cfg.DataParallelSize = 1
+	}
+	if cfg.KVTransferBytesPerS == 0 {
+		cfg.KVTransferBytesPerS = DefaultKVTransferBytesPerS
+	}
+	if cfg.KVBytesPerToken == 0 {
+		cfg.KVBytesPerToken = DefaultKVBytesPerToken
+	}
+	if kt := cfg.KVTransfer; kt != nil {
+		c := *kt
+		if c.LoadFailurePolicy == "" {
+			c.LoadFailurePolicy = "recompute"
+		}
+		if c.AbortTimeout == 0 {
+			c.AbortTimeout = defaultNixlAbortTimeout
+		}
+		cfg.KVTransfer = &c
 	}
 	if cfg.EventLayout == "" {
 		cfg.EventLayout = "E3"
@@ -228,6 +251,9 @@ func (cfg Config) Validate() error {
 	if _, err := parseEventShape(cfg.EventLayout); err != nil {
 		return err
 	}
+	if err := cfg.validateKVTransfer(); err != nil {
+		return err
+	}
 	if _, err := strconv.ParseUint(cfg.HashSeed, 10, 32); err != nil && cfg.HashSeed != "random" {
 		// What CPython accepts at start-up; vLLM then hashes the string literally.
 		return fmt.Errorf("PYTHONHASHSEED must be \"random\" or a decimal integer 0..4294967295, got %q", cfg.HashSeed)
@@ -278,4 +304,32 @@ func DefaultTopic(host string, httpPort int, model string) string {
 // scaled converts simulated seconds into wall time under the time scale.
 func (cfg Config) scaled(seconds float64) time.Duration {
 	return time.Duration(seconds / cfg.TimeScale * float64(time.Second))
+}
+
+// validateKVTransfer checks what vLLM's KVTransferConfig checks (kv_role among its roles and
+// required with a connector; kv_load_failure_policy recompute or fail) and the simulator's
+// own figures.
+func (cfg Config) validateKVTransfer() error {
+	if cfg.KVTransferBytesPerS < 0 || cfg.KVBytesPerToken < 0 {
+		return fmt.Errorf("kv-transfer-bytes-per-s and kv-bytes-per-token must be non-negative")
+	}
+	kt := cfg.KVTransfer
+	if kt == nil {
+		return nil
+	}
+	switch {
+	case kt.Connector == "":
+		return fmt.Errorf("kv-transfer-config: kv_connector is required")
+	case kt.Role == "":
+		return fmt.Errorf("kv-transfer-config: please specify kv_role when kv_connector is set, supported roles are kv_producer, kv_consumer, kv_both")
+	case kt.Role != "kv_producer" && kt.Role != "kv_consumer" && kt.Role != "kv_both":
+		return fmt.Errorf("kv-transfer-config: unsupported kv_role %q, supported roles are kv_producer, kv_consumer, kv_both", kt.Role)
+	case kt.LoadFailurePolicy != "recompute" && kt.LoadFailurePolicy != "fail":
+		return fmt.Errorf("kv-transfer-config: kv_load_failure_policy %q: want recompute or fail", kt.LoadFailurePolicy)
+	case kt.SideChannelPort < 0 || kt.SideChannelPort+cfg.DataParallelSize-1 > 65535:
+		return fmt.Errorf("side channel port %d out of range for %d ranks", kt.SideChannelPort, cfg.DataParallelSize)
+	case kt.AbortTimeout < 0:
+		return fmt.Errorf("abort timeout must be non-negative")
+	}
+	return nil
 }

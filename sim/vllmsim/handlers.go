@@ -32,6 +32,7 @@ type genJob struct {
 	// msgs and store: a Responses request's conversation and whether its answer is stored.
 	msgs  []chatMessage
 	store bool
+	xfer  *kvTransferParams // nil without a connector
 }
 
 // newJob validates a generation request in vLLM's order: the model (OpenAIServing._check_model),
@@ -106,6 +107,9 @@ func (s *Sim) newJob(chat bool, p commonParams, maxTokens *int, prompts [][]uint
 	j.fullMode = full
 	if p.Seed != nil {
 		j.seed = uint64(*p.Seed)
+	}
+	if s.cfg.KVTransfer != nil {
+		j.xfer = p.KVTransferParams
 	}
 	return j, nil
 }
@@ -259,6 +263,7 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 			er := newEngineRequest(fmt.Sprintf("%s-%d-%d", j.id, pi, c), pr, j.maxTokens,
 				choiceSeed(pr, c, j.seed), j.ident)
 			er.loraID, er.fullMode, er.dnotify = j.loraID, j.fullMode, notify
+			er.remoteDecode = j.xfer != nil && j.xfer.DoRemoteDecode
 			if err := er.extendHashes(s.hasher, s.cfg.BlockSize); err != nil {
 				writeError(w, badRequest("hashing the prompt: %v", err))
 				return
@@ -267,7 +272,7 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 		}
 	}
 	w.Header().Set("x-vllm-sim-rank", strconv.Itoa(rk.idx))
-	out := &output{sim: s, j: j, reqs: reqs, w: w, sent: make([]int, len(reqs)),
+	out := &output{sim: s, rk: rk, j: j, reqs: reqs, w: w, sent: make([]int, len(reqs)),
 		finished: make([]bool, len(reqs))}
 	if j.stream {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -281,6 +286,20 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 				out.streamError(&apiError{http.StatusInternalServerError, "InternalServerError", "injected failure (--fail-rate)", ""})
 				return
 			}
+		}
+	}
+	if j.xfer != nil && j.xfer.DoRemotePrefill && !j.xfer.DoRemoteDecode {
+		loaded, err := s.remotePrefill(r.Context(), rk, j.xfer, reqs[0])
+		if err != nil {
+			if j.stream {
+				out.streamError(err)
+			} else {
+				writeError(w, err)
+			}
+			return
+		}
+		for _, er := range reqs {
+			er.remoteLoaded = loaded
 		}
 	}
 	rk.submit(reqs...)
@@ -351,6 +370,7 @@ func (s *Sim) run(w http.ResponseWriter, r *http.Request, j *genJob) {
 // output collects or streams the tokens of a job's engine requests.
 type output struct {
 	sim       *Sim
+	rk        *rank
 	j         *genJob
 	reqs      []*engineRequest
 	w         http.ResponseWriter
@@ -532,6 +552,10 @@ func (o *output) final() map[string]any {
 	if o.j.chat {
 		obj = "chat.completion"
 	}
+	var xfer any
+	if ids := o.reqs[0].xferBlockIDs; ids != nil {
+		xfer = o.rk.transferParams(o.sim.engineID, o.reqs[0])
+	}
 	return map[string]any{"id": o.j.id, "object": obj, "created": time.Now().Unix(), "model": o.j.model,
-		"choices": choices, "usage": o.usage(), "system_fingerprint": nil, "kv_transfer_params": nil}
+		"choices": choices, "usage": o.usage(), "system_fingerprint": nil, "kv_transfer_params": xfer}
 }

@@ -29,6 +29,11 @@ type rank struct {
 	gen     uint64 // process generation, bumped by restart
 	paused  pauseState
 	wake    chan struct{}
+
+	held               map[string]*heldTransfer // prefill requests' blocks awaiting a decoder
+	xfer               *transferStats
+	sideHost           string // side channel as a decoder dials it
+	sidePort           int
 }
 
 // rankStats are the counters /metrics exports, in tokens like vLLM's.
@@ -210,6 +215,14 @@ func (rk *rank) schedule() []scheduled {
 	}
 	for len(rk.waiting) > 0 && len(rk.running) < rk.cfg.MaxNumSeqs && budget > 0 {
 		r := rk.waiting[0]
+		if r.remoteLoaded {
+			if !rk.admitRemote(r) {
+				break
+			}
+			budget--
+			step = append(step, scheduled{r: r, tokens: 1})
+			continue
+		}
 		// The last token is always recomputed, so at most numTokens-1 tokens hit, in whole blocks.
 		hits := rk.pool.lookup(r.blockHashes, (r.numTokens()-1)/bs)
 		base := len(hits) * bs
@@ -238,6 +251,48 @@ func (rk *rank) schedule() []scheduled {
 		step = append(step, scheduled{r: r, tokens: n})
 	}
 	return step
+}
+
+// admitRemote schedules a decode-side request whose prompt arrived from a producer, as vLLM's
+// scheduler does once the transfer finished (_update_waiting_for_remote_kv): local prefix hits
+// first, the transferred blocks cached (BlockStored) with the prompt computed but its last
+// token, which this step recomputes; num_cached_tokens is that count. Local hits alone are
+// the prefix-cache stats' hits.
+func (rk *rank) admitRemote(r *engineRequest) bool {
+	bs := rk.cfg.BlockSize
+	hits := rk.pool.lookup(r.blockHashes, (r.numTokens()-1)/bs)
+	need := rk.blocksNeeded(r, r.numTokens(), len(hits))
+	if !rk.pool.canAllocate(need, hits) {
+		return false
+	}
+	computed := r.numTokens() - 1
+	rk.pool.touch(hits)
+	r.blocks = append(append(r.blocks, hits...), rk.pool.allocate(need)...)
+	r.numCachedBlocks = len(hits)
+	received := min(computed/bs, len(r.blockHashes))
+	if received > r.numCachedBlocks {
+		rk.pool.cacheFull(r, r.numCachedBlocks, received)
+		r.numCachedBlocks = received
+	}
+	if full := min(r.numTokens()/bs, len(r.blockHashes)); full > r.numCachedBlocks {
+		rk.pool.cacheFull(r, r.numCachedBlocks, full) // allocate_slots for the recomputed token
+		r.numCachedBlocks = full
+	}
+	if !r.counted {
+		r.counted = true
+		rk.stats.prefixQueries += uint64(r.numTokens())
+		rk.stats.prefixHits += uint64(len(hits) * bs)
+		rk.stats.promptTokens += uint64(len(r.prompt))
+	}
+	if r.cachedTokens < 0 {
+		r.cachedTokens = computed
+	}
+	r.remoteLoaded = false // a preempted request recomputes like any other
+	rk.waiting = rk.waiting[1:]
+	r.state = stateRunning
+	rk.running = append(rk.running, r)
+	r.numComputed = r.numTokens()
+	return true
 }
 
 // blocksNeeded is how many new blocks a request needs to hold total tokens.
@@ -332,7 +387,13 @@ func (rk *rank) finish(r *engineRequest, err error) {
 func (rk *rank) retire(r *engineRequest, err error) {
 	rk.running = slices.DeleteFunc(rk.running, func(x *engineRequest) bool { return x == r })
 	rk.waiting = slices.DeleteFunc(rk.waiting, func(x *engineRequest) bool { return x == r })
-	rk.freeBlocks(r)
+	if r.remoteDecode && err == nil && len(r.blocks) > 0 {
+		// The NIXL scheduler's request_finished: a length-capped prefill for a remote decoder
+		// keeps its blocks until the decoder has read them (or the abort timeout).
+		rk.hold(r)
+	} else {
+		rk.freeBlocks(r)
+	}
 	r.state = stateDone
 	if err == nil {
 		rk.stats.finished++
@@ -369,6 +430,7 @@ func (rk *rank) restart() {
 		rk.finish(r, errRestarted)
 	}
 	rk.aborts = nil
+	rk.dropHeld()
 	rk.pool = newBlockPool(rk.cfg.NumGPUBlocks, rk.cfg.BlockSize)
 	rk.stats = rankStats{}
 	if rk.obs != nil {

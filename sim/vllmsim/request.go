@@ -25,6 +25,11 @@ type engineRequest struct {
 	loraID    *int
 	loraName  *string
 	fullMode  bool // vllm_xargs kv_cache_report_mode "full"
+	// remoteDecode: a prefill-role request whose blocks are held for a decoder when it ends;
+	// remoteLoaded: a decode-role request whose prompt arrived computed from a producer.
+	remoteDecode bool
+	remoteLoaded bool
+	xferBlockIDs []int // the held block ids (set before the last token is delivered)
 
 	state           reqState
 	numComputed     int

@@ -40,6 +40,10 @@ type Sim struct {
 	created int64
 	// stored holds Responses answers stored in this simulator's memory, as vLLM's server does.
 	stored responseStore
+
+	engineID string         // the connector's engine id
+	sideSrvs []*http.Server // side channels, one per rank
+	xfer     transferStats
 }
 
 // New checks the configuration and builds the simulator; Start opens its sockets.
@@ -58,7 +62,16 @@ func New(cfg Config) (*Sim, error) {
 	s.kindReg = prometheus.NewRegistry()
 	s.kindReg.MustRegister(kindMetrics{s.metrics})
 	for i := range cfg.DataParallelSize {
-		s.ranks = append(s.ranks, newRank(i, &s.cfg, h, s.metrics.ranks[i]))
+		rk := newRank(i, &s.cfg, h, s.metrics.ranks[i])
+		rk.xfer = &s.xfer
+		s.ranks = append(s.ranks, rk)
+	}
+	if kt := cfg.KVTransfer; kt != nil {
+		s.engineID = kt.EngineID
+		if s.engineID == "" {
+			s.engineID = newEngineID(rand.Uint64())
+		}
+		registerTransferMetrics(s.reg, &s.xfer)
 	}
 	return s, nil
 }
@@ -91,6 +104,12 @@ func (s *Sim) Start(ctx context.Context) error {
 		}
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
+	if err := s.startSideChannels(ctx); err != nil {
+		s.cancel()
+		s.closePublishers()
+		_ = ln.Close()
+		return err
+	}
 	for _, rk := range s.ranks {
 		if rk.pub != nil {
 			rk.pub.start()
@@ -162,6 +181,9 @@ func (s *Sim) Close() error {
 		}
 		if s.srv != nil {
 			_ = s.srv.Close()
+		}
+		for _, srv := range s.sideSrvs {
+			_ = srv.Close()
 		}
 		s.wg.Wait()
 		s.closePublishers()
