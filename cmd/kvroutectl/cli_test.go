@@ -23,13 +23,13 @@ func TestVersionHelpAndUsageErrors(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"--help"}, {"help"}, {"render", "--help"}, {"hash", "--help"}, {"decode", "--help"},
-		{"assess", "--help"}, {"audit", "--help"}, {"audit", "-h"}} {
+		{"assess", "--help"}, {"audit", "--help"}, {"audit", "-h"}, {"epp-check", "--help"}} {
 		if _, stderr, rc := ctl(args...); rc != 0 || !strings.Contains(stderr, "usage: kvroutectl") {
 			t.Errorf("%v: exit %d, %q", args, rc, stderr)
 		}
 	}
 	for _, args := range [][]string{{}, {"nope"}, {"render", "--nope"}, {"hash", "--nope"}, {"decode", "--nope"},
-		{"assess", "--nope"}, {"audit", "--nope"}, {"audit"}, {"audit", "--bodies", "b", "--output", "xml"}} {
+		{"assess", "--nope"}, {"audit", "--nope"}, {"audit"}, {"audit", "--bodies", "b", "--output", "xml"}, {"epp-check"}, {"epp-check", "127.0.0.1:1"}} {
 		if _, stderr, rc := ctl(args...); rc != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, rc, stderr)
 		}
@@ -41,7 +41,7 @@ func TestVersionHelpAndUsageErrors(t *testing.T) {
 }
 
 func TestFlagsMatchDocs(t *testing.T) {
-	for _, sub := range []string{"render", "hash", "decode", "assess", "audit"} {
+	for _, sub := range []string{"render", "hash", "decode", "assess", "audit", "epp-check"} {
 		t.Run(sub, func(t *testing.T) {
 			_, help, _ := ctl(sub, "--help")
 			doccheck.Check(t, "../..", "kvroutectl "+sub, doccheck.HelpFlags(help))

@@ -19,11 +19,12 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"render": {"render a KVRoutedModel's child objects as YAML (no cluster needed)", runRender},
-	"hash":   {"vLLM-exact block hashes for token ids, as JSON", runHash},
-	"decode": {"decode one KV-event payload into normalized JSON", runDecode},
-	"assess": {"read a vLLM fleet's counters and say whether routing by KV cache is worth it", runAssess},
-	"audit":  {"find prompts whose start varies while the rest repeats (captured trace, request bodies, or both)", runAudit},
+	"render":    {"render a KVRoutedModel's child objects as YAML (no cluster needed)", runRender},
+	"hash":      {"vLLM-exact block hashes for token ids, as JSON", runHash},
+	"decode":    {"decode one KV-event payload into normalized JSON", runDecode},
+	"assess":    {"read a vLLM fleet's counters and say whether routing by KV cache is worth it", runAssess},
+	"audit":     {"find prompts whose start varies while the rest repeats (captured trace, request bodies, or both)", runAudit},
+	"epp-check": {"play the gateway in front of an endpoint picker (Gateway API Inference Extension) and check it", runEPPCheck},
 	"version": {"print the version, commit, build date and Go version", func(_ []string, _ io.Reader, stdout, _ io.Writer) int {
 		version.Print(stdout, "kvroutectl")
 		return 0
@@ -56,8 +57,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: kvroutectl <command> [flags]\n\ncommands:")
-	for _, name := range []string{"render", "hash", "decode", "assess", "audit", "version"} {
-		fmt.Fprintf(w, "  %-8s %s\n", name, commands[name].summary)
+	for _, name := range []string{"render", "hash", "decode", "assess", "audit", "epp-check", "version"} {
+		fmt.Fprintf(w, "  %-9s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintln(w, "\nkvroutectl <command> --help for a command's flags.")
 }

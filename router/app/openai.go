@@ -44,18 +44,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	rq.stream = p.tr.Stream
 	api := apiFor(kind)
-	// The rewrite (usage in the stream, the KV report mode) is OpenAI's completions and chat
-	// fields; the Responses and Messages APIs report usage themselves and take no vllm_xargs. Only vLLM reads
-	// vllm_xargs (trtllm-serve refuses unknown fields): another kind's bodies are not given one.
-	var rw proxy.Rewrite
-	if kind == tokens.Completion || kind == tokens.Chat {
-		rw = proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport && s.fleet.Kind().Profile().ReportMode}
-	}
-	if rw.OverridesClientMode(p.body) {
-		s.met.ReportModeOverrides.Inc()
-		s.logLimited("report-mode-override", "a client's vllm_xargs.kv_cache_report_mode was set back to incremental; counted in kvroute_router_client_report_mode_overrides_total")
-	}
-	upBody, err := rw.Apply(p.body)
+	upBody, rw, err := s.upstreamBody(p)
 	if err != nil {
 		rq.outcome = outcomeClientError
 		proxy.WriteErrorFor(w, api, http.StatusBadRequest, err.Error())
@@ -103,6 +92,25 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	rq.outcome = outcomeEngineError
 	s.allFailed(w, api, last)
+}
+
+// upstreamBody is the body the engine gets: the client's, asking for the usage the router reads
+// (cached_tokens) and holding vLLM's KV report mode to the router's.
+func (s *Router) upstreamBody(p *prepared) ([]byte, proxy.Rewrite, error) {
+	// The rewrite (usage in the stream, the KV report mode) is OpenAI's completions and chat
+	// fields; the Responses and Messages APIs report usage themselves and take no vllm_xargs.
+	var rw proxy.Rewrite
+	if p.kind == tokens.Completion || p.kind == tokens.Chat {
+		rw = proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport && s.fleet.Kind().Profile().ReportMode}
+		// Only vLLM reads vllm_xargs (trtllm-serve refuses unknown fields): another kind's
+		// bodies are not given one.
+	}
+	if rw.OverridesClientMode(p.body) {
+		s.met.ReportModeOverrides.Inc()
+		s.logLimited("report-mode-override", "a client's vllm_xargs.kv_cache_report_mode was set back to incremental; counted in kvroute_router_client_report_mode_overrides_total")
+	}
+	b, err := rw.Apply(p.body)
+	return b, rw, err
 }
 
 // requestRecord is what a generation request's end reports: its duration (from the server's

@@ -37,6 +37,8 @@ type Options struct {
 	Policies *score.Registry
 	// Ready, when set, receives the bound API and admin addresses (tests listen on port 0).
 	Ready func(api, admin string)
+	// ExtProcReady, when set, receives the endpoint picker's bound address.
+	ExtProcReady func(addr string)
 }
 
 type engineFlags []string
@@ -69,6 +71,9 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	cfgPath := fs.String("config", "", "YAML configuration file (router/config schema); flags override it")
 	listen := fs.String("listen", "", "API address host:port (default :8000)")
 	admin := fs.String("admin-listen", "", "metrics and debug address (default 127.0.0.1:9090)")
+	extProc := fs.String("ext-proc-listen", "", "also serve the Gateway API Inference Extension's endpoint picker protocol (Envoy ext_proc over gRPC, with the liveness/readiness health services) at host:port, e.g. :9002")
+	conformance := fs.Bool("ext-proc-conformance-hooks", false, "endpoint picker: honour the Inference Extension conformance suite's test-epp-endpoint-selection header (conformance runs only)")
+	pool := fs.String("inference-pool", "", "InferencePool discovery: the pool (in --namespace) whose selector's pods on its target ports are the engines")
 	var engines engineFlags
 	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;snapshot=tcp://..,..;warmup-until=RFC3339;block-size=N;kind=vllm|sglang|trtllm (repeatable; all but NAME=URL optional)")
 	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
@@ -137,6 +142,18 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	if *admin != "" {
 		cfg.AdminListen = *admin
 	}
+	if *extProc != "" {
+		if cfg.ExtProc == nil {
+			cfg.ExtProc = &config.ExtProc{}
+		}
+		cfg.ExtProc.Listen = *extProc
+	}
+	if *conformance {
+		if cfg.ExtProc == nil {
+			return nil, errors.New("--ext-proc-conformance-hooks needs --ext-proc-listen")
+		}
+		cfg.ExtProc.ConformanceHooks = true
+	}
 	if *policy != "" {
 		cfg.Policy = *policy
 	}
@@ -152,7 +169,13 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	if *noEvents {
 		cfg.Events.Enabled = false
 	}
-	if *namespace != "" || *selector != "" {
+	switch {
+	case *pool != "":
+		if *selector != "" || *enginePort != 0 {
+			return nil, errors.New("--inference-pool takes the selector and ports from the pool: drop --selector and --engine-port")
+		}
+		cfg.Discovery = &config.Discovery{InferencePool: &config.InferencePoolDiscovery{Namespace: *namespace, Name: *pool}}
+	case *namespace != "" || *selector != "":
 		cfg.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(*namespace, *selector, *enginePort)}
 	}
 	if *eventsBind != "" {
@@ -208,13 +231,13 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	}
 
 	sources := 0
-	for _, set := range []bool{len(engines) > 0, *enginesFile != "", cfg.Discovery != nil && cfg.Discovery.Kubernetes != nil} {
+	for _, set := range []bool{len(engines) > 0, *enginesFile != "", cfg.Discovery != nil} {
 		if set {
 			sources++
 		}
 	}
 	if sources > 1 {
-		return nil, errors.New("give one engine source: --engine, --engines-file, or --namespace/--selector (or the config's discovery)")
+		return nil, errors.New("give one engine source: --engine, --engines-file, --namespace/--selector or --namespace/--inference-pool (or the config's discovery)")
 	}
 	switch {
 	case len(engines) > 0:
@@ -254,9 +277,23 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 		if st.source, err = discovery.NewKubernetes(rc, ko); err != nil {
 			return nil, err
 		}
+	case cfg.Discovery != nil && cfg.Discovery.InferencePool != nil:
+		ip := cfg.Discovery.InferencePool
+		if ip.Namespace == "" || ip.Name == "" {
+			return nil, errors.New("InferencePool discovery needs both --namespace and --inference-pool")
+		}
+		rc, err := ctrl.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("InferencePool discovery: %w", err)
+		}
+		st.hostTopic = true
+		if st.source, err = discovery.NewInferencePool(rc, discovery.InferencePoolOptions{Namespace: ip.Namespace, Name: ip.Name,
+			Pods: discovery.KubernetesOptions{Logger: logger}}); err != nil {
+			return nil, err
+		}
 	default:
 		if len(cfg.Engines) == 0 && st.eventsBind == "" {
-			return nil, errors.New("no engines: give --engine, --engines-file, --namespace/--selector or a config with engines")
+			return nil, errors.New("no engines: give --engine, --engines-file, --namespace/--selector, --namespace/--inference-pool or a config with engines")
 		}
 	}
 	return st, nil
@@ -332,6 +369,16 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 		}
 		srv.SetSnapshotURL(u)
 	}
+	var ep *extProcServer
+	if x := st.cfg.ExtProc; x != nil {
+		if ep, err = startExtProc(x, srv, st.logger, st.cfg.Limits); err != nil {
+			apiLn.Close()
+			adminLn.Close()
+			srv.Close()
+			fmt.Fprintln(stderr, "kvrouter: --ext-proc-listen:", err)
+			return 1
+		}
+	}
 	// No WriteTimeout: it would cut long streams. limits.headerReadTimeout and
 	// limits.bodyReadTimeout guard against slow clients holding connections.
 	api := &http.Server{Handler: srv.APIHandler()}
@@ -339,8 +386,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	adm := &http.Server{Handler: obs.admin(srv.AdminHandler()), ReadHeaderTimeout: 10 * time.Second}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- srv.Run(ctx) }()
+	if ep != nil {
+		go func() { errc <- ep.serve(ctx, srv) }()
+	}
 	go func() { errc <- api.Serve(apiLn) }()
 	go func() { errc <- adm.Serve(adminLn) }()
 	if st.cfg.Report != nil {
@@ -348,6 +398,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	}
 	attrs := []any{"api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
 		"engine_api_key", st.engineKey != "", "otlp_traces", tracer != nil}
+	if ep != nil {
+		attrs = append(attrs, "ext_proc", ep.addr())
+	}
 	if c := srv.PeerClusterAddr(); c != "" {
 		// The route address the embedded NATS server bound: a peers.clusterListen port 0 is
 		// chosen by the kernel, and tools that start several routers (kvbench replay --routers)
@@ -357,6 +410,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	st.logger.Info("kvrouter listening", attrs...)
 	if o.Ready != nil {
 		o.Ready(apiLn.Addr().String(), adminLn.Addr().String())
+	}
+	if ep != nil && o.ExtProcReady != nil {
+		o.ExtProcReady(ep.addr())
 	}
 	code := 0
 	select {
@@ -370,6 +426,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	cancel()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
+	if ep != nil {
+		ep.stop(sctx)
+	}
 	_ = api.Shutdown(sctx)
 	_ = adm.Shutdown(sctx)
 	srv.Close()

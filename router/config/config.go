@@ -32,6 +32,9 @@ type Config struct {
 	Listen string `json:"listen"`
 	// AdminListen serves /metrics and /debug; loopback unless the operator opens it for scraping.
 	AdminListen string `json:"adminListen"`
+	// ExtProc serves the Gateway API Inference Extension's endpoint picker protocol beside the
+	// API (docs/gateways.md, "As an endpoint picker"); nil: off.
+	ExtProc *ExtProc `json:"extProc,omitempty"`
 	// Policy names the scorer (see the --policy flag).
 	Policy string `json:"policy"`
 	// BlockSize is the engines' KV block size in tokens; 0 learns it from the events.
@@ -221,9 +224,28 @@ type Engine struct {
 	Kind string `json:"kind,omitempty"`
 }
 
+// ExtProc is the endpoint picker's gRPC listener (Envoy ext_proc and the gRPC health services).
+type ExtProc struct {
+	// Listen is the gRPC address (host:port), e.g. :9002.
+	Listen string `json:"listen"`
+	// ConformanceHooks honours the Inference Extension conformance suite's
+	// test-epp-endpoint-selection header and echoes x-conformance-test-served-endpoint. For
+	// conformance runs only: a client could steer its own requests.
+	ConformanceHooks bool `json:"conformanceHooks,omitempty"`
+}
+
 // Discovery selects one engine source.
 type Discovery struct {
 	Kubernetes *KubernetesDiscovery `json:"kubernetes,omitempty"`
+	// InferencePool follows a Gateway API Inference Extension pool: its selector's pods on its
+	// target ports (one per DP rank when it lists several).
+	InferencePool *InferencePoolDiscovery `json:"inferencePool,omitempty"`
+}
+
+// InferencePoolDiscovery names an InferencePool (inference.networking.k8s.io/v1).
+type InferencePoolDiscovery struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
 }
 
 // KubernetesDiscovery watches engine pods and reads the contract from their annotations.
@@ -539,8 +561,15 @@ func (c Config) ValidatePolicies(policies []string) error {
 		if len(c.Engines) > 0 {
 			bad("discovery", "set either engines or discovery, not both")
 		}
-		if d.Kubernetes == nil {
-			bad("discovery", "names no source (kubernetes)")
+		if d.InferencePool != nil {
+			if d.Kubernetes != nil {
+				bad("discovery", "set either kubernetes or inferencePool, not both")
+			}
+			if d.InferencePool.Namespace == "" || d.InferencePool.Name == "" {
+				bad("discovery.inferencePool", "namespace and name are both required")
+			}
+		} else if d.Kubernetes == nil {
+			bad("discovery", "names no source (kubernetes or inferencePool)")
 		} else {
 			k := d.Kubernetes
 			if k.Namespace == "" {
@@ -553,6 +582,9 @@ func (c Config) ValidatePolicies(policies []string) error {
 				bad("discovery.kubernetes.port", "%d is out of range 0..65535 (0: the engine container's port named http)", k.Port)
 			}
 		}
+	}
+	if x := c.ExtProc; x != nil && x.Listen == "" {
+		bad("extProc.listen", "required (host:port of the endpoint picker's gRPC listener, e.g. :9002)")
 	}
 	s := c.Scoring
 	if s.LoadWeight < 0 {

@@ -1,0 +1,356 @@
+package app
+
+// The Gateway API Inference Extension front end: the router as an endpoint picker. A gateway
+// streams each request through router/extproc, which drives the Picker below; the Picker drives
+// the request pipeline (pipeline.go) like the proxy does: prepare keys the body, book decides
+// and books the pick, the response phases the gateway streams back give FirstToken and the
+// outcome End settles. Nothing here decides, books or releases on its own.
+//
+// What the picker cannot know as the proxy does: the gateway forwards the request, so a
+// fallback the gateway used is learnt from the served endpoint it reports (the first booking is
+// taken back and the request booked where it went), and a stream the gateway closes
+// mid-answer is a client that left (Envoy closes it alike for a downstream reset and an
+// upstream one; Envoy's own outlier detection sees the upstream).
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/router/extproc"
+	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/tokens"
+)
+
+// maxFallbacks bounds the fallback endpoints sent after the pick: the next best candidates
+// the gateway tries, in order, when the pick fails.
+const maxFallbacks = 3
+
+// Failure kinds only the picker sees (the reason label of kvroute_router_errors_total).
+const (
+	// kindGatewayFallback: the gateway served the request from a fallback, not the pick.
+	kindGatewayFallback = "gateway_fallback"
+	// kindGatewayUnsent: the gateway never had the pick (the answer to it could not be sent).
+	kindGatewayUnsent = "gateway_unsent"
+)
+
+var (
+	errGatewayFallback = errors.New("the gateway could not use the pick and served the request from a fallback")
+	errGatewayUnsent   = errors.New("the pick never reached the gateway")
+	errAnswerCut       = errors.New("the answer broke off")
+)
+
+// Picker is the router as an endpoint picker, for router/extproc.
+func (s *Router) Picker() extproc.Picker { return picker{s} }
+
+type picker struct{ s *Router }
+
+// pickRequest is a prepared request (extproc.Prepared).
+type pickRequest struct {
+	p       *prepared
+	reps    []*replica
+	body    []byte
+	dropUse bool
+	rq      requestRecord
+}
+
+func (r *pickRequest) Stream() bool         { return r.p.tr.Stream }
+func (r *pickRequest) Body() []byte         { return r.body }
+func (r *pickRequest) DropUsageChunk() bool { return r.dropUse }
+
+// generateKind is the generation request a path names.
+func generateKind(path string) (tokens.Kind, bool) {
+	switch path {
+	case "/v1/chat/completions":
+		return tokens.Chat, true
+	case "/v1/completions":
+		return tokens.Completion, true
+	}
+	return 0, false
+}
+
+// Prepare parses and keys a request (pipeline prepare) and rewrites its body as the proxy does
+// (usage asked for, the KV report mode held).
+func (pk picker) Prepare(ctx context.Context, r *extproc.Request) (extproc.Prepared, *extproc.Refusal) {
+	s := pk.s
+	rq := requestRecord{s: s, start: time.Now(), outcome: outcomeClientError}
+	kind, ok := generateKind(r.Path)
+	if !ok || (r.Method != "" && r.Method != http.MethodPost) {
+		s.met.Errors.WithLabelValues("", s.policy, "not_found").Inc()
+		rq.end()
+		return nil, &extproc.Refusal{Status: http.StatusNotFound, Body: extproc.ErrorJSON(http.StatusNotFound, proxy.TypeInvalidRequest,
+			"the endpoint picker routes POST /v1/chat/completions and /v1/completions, not "+r.Method+" "+r.Path)}
+	}
+	reps := s.reps()
+	p, refused := s.prepare(ctx, r.Header, kind, r.Body, reps)
+	if refused != nil {
+		rq.end()
+		// The proxy's answer to the client, as it would write it.
+		rec := httptest.NewRecorder()
+		refused.write(rec)
+		return nil, &extproc.Refusal{Status: rec.Code, Body: rec.Body.Bytes()}
+	}
+	rq.stream = p.tr.Stream
+	up, rw, err := s.upstreamBody(p)
+	if err != nil {
+		rq.end()
+		return nil, &extproc.Refusal{Status: http.StatusBadRequest, Body: extproc.ErrorJSON(http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())}
+	}
+	rq.outcome = outcomeOK
+	return &pickRequest{p: p, reps: reps, body: up, dropUse: rw.IncludeUsage, rq: rq}, nil
+}
+
+// Pick books the request (pipeline book) on the policy's pick within the gateway's subset,
+// with the next best candidates as fallbacks. The router sheds nothing, so it never answers
+// extproc.ErrShed.
+func (pk picker) Pick(_ context.Context, pp extproc.Prepared, sub extproc.Subset) (extproc.Booking, error) {
+	s := pk.s
+	r := pp.(*pickRequest)
+	excluded := map[*replica]bool{}
+	if sub.Set {
+		in := 0
+		for _, rep := range r.reps {
+			if inSubset(endpointOf(rep), sub.Endpoints) {
+				in++
+			} else {
+				excluded[rep] = true
+			}
+		}
+		if in == 0 {
+			s.met.Errors.WithLabelValues("", s.policy, "no_engine_in_subset").Inc()
+			r.rq.outcome = outcomeNoEngine
+			r.rq.end()
+			return nil, extproc.ErrNoEndpoint
+		}
+	}
+	a, err := s.book(r.p, r.reps, excluded)
+	if err != nil {
+		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
+		r.rq.outcome = outcomeNoEngine
+		r.rq.end()
+		return nil, extproc.ErrNoEndpoint
+	}
+	b := &booking{s: s, r: r, a: a, eps: []string{endpointOf(a.rep)}, reps: []*replica{a.rep}}
+	s.fallbacks(b, excluded)
+	return b, nil
+}
+
+// fallbacks adds the next best candidates to b, by the policy's cost (its explanation; by the
+// predicted cached tokens for a policy without one; those a balance guard kept from the pick
+// last, since a fallback serves only when the pick failed), each a different endpoint on which the
+// pick's rank header holds: the same DP rank of an engine of several, or an engine of one.
+func (s *Router) fallbacks(b *booking, excluded map[*replica]bool) {
+	d := b.a.d
+	ex := s.ledger.Explain(&d.Req, d.Cands)
+	rank := b.a.Target().Rank
+	type cand struct {
+		i       int
+		guarded bool // a balance guard kept it from being the pick: a fallback after the others
+		cost    float64
+	}
+	var cs []cand
+	for i, rep := range d.reps {
+		if i == d.chosen || excluded[rep] || len(d.Guards[i]) > 0 || !d.Cands[i].Healthy {
+			continue
+		}
+		if (rank < 0 && rep.Eng.Discovery().Ranks() != 1) || (rank >= 0 && rep.Rank != rank) {
+			continue
+		}
+		c := cand{i: i, cost: -float64(d.Cached[i])}
+		if ex != nil {
+			if ex[i].Excluded == score.GuardUnhealthy {
+				continue
+			}
+			c.cost, c.guarded = ex[i].Cost, ex[i].Excluded != ""
+		}
+		cs = append(cs, c)
+	}
+	slices.SortStableFunc(cs, func(x, y cand) int {
+		switch {
+		case x.guarded != y.guarded:
+			if y.guarded {
+				return -1
+			}
+			return 1
+		case x.cost < y.cost:
+			return -1
+		case x.cost > y.cost:
+			return 1
+		}
+		return 0
+	})
+	for _, c := range cs {
+		if len(b.eps) > maxFallbacks {
+			break
+		}
+		ep := endpointOf(d.reps[c.i])
+		if ep == "" || slices.Contains(b.eps, ep) {
+			continue
+		}
+		b.eps, b.reps = append(b.eps, ep), append(b.reps, d.reps[c.i])
+	}
+}
+
+// endpointOf is a replica's endpoint as a gateway names it: the engine's host:port.
+func endpointOf(rep *replica) string {
+	u, err := url.Parse(rep.Eng.Discovery().URL)
+	if err != nil {
+		return ""
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// inSubset reports whether an endpoint is in a subset hint (ip:port entries, or a bare ip for
+// every port of the address).
+func inSubset(ep string, subset []string) bool {
+	host, _, _ := net.SplitHostPort(ep)
+	for _, e := range subset {
+		e = strings.TrimSpace(e)
+		if e == ep {
+			return true
+		}
+		if _, _, err := net.SplitHostPort(e); err != nil && strings.Trim(e, "[]") == host {
+			return true
+		}
+	}
+	return false
+}
+
+// booking is one picked request (extproc.Booking): its attempt, in flight until End.
+type booking struct {
+	s *Router
+	r *pickRequest
+	// a is the attempt, nil once a fallback the router could not book served the request.
+	a    *attempt
+	eps  []string
+	reps []*replica // reps[k] is at eps[k]
+}
+
+func (b *booking) Endpoints() []string { return b.eps }
+
+// Headers pin the DP rank of an engine of several (the rank's of the pick; fallbacks share it).
+func (b *booking) Headers() map[string]string {
+	if t := b.a.Target(); t.Rank >= 0 {
+		return map[string]string{strings.ToLower(proxy.RankHeader): strconv.Itoa(t.Rank)}
+	}
+	return nil
+}
+
+// Served moves the booking to the fallback the gateway used instead of the pick: the pick's
+// attempt ends as never taken (a failure of that engine), and the request is booked where it
+// went, so its load and predicted blocks are that engine's.
+func (b *booking) Served(ep string) {
+	if ep == "" || b.a == nil || sameEndpoint(ep, b.eps[0]) {
+		return
+	}
+	s := b.s
+	var to *replica
+	for k, e := range b.eps[1:] {
+		if sameEndpoint(ep, e) {
+			to = b.reps[k+1]
+		}
+	}
+	b.a.End(proxy.Outcome{Phase: proxy.Unsent, Kind: kindGatewayFallback, Err: errGatewayFallback}, map[*replica]bool{})
+	b.a = nil
+	if to == nil {
+		s.met.Errors.WithLabelValues("", s.policy, "served_unknown").Inc()
+		s.logLimited("served-unknown", "the gateway served a request from an endpoint the picker did not name; it is not booked, counted in kvroute_router_errors_total",
+			"served", ep, "picked", strings.Join(b.eps, ","))
+		return
+	}
+	only := map[*replica]bool{}
+	for _, rep := range b.r.reps {
+		if rep != to {
+			only[rep] = true
+		}
+	}
+	a, err := s.book(b.r.p, b.r.reps, only)
+	if err != nil {
+		s.met.Errors.WithLabelValues("", s.policy, "served_unbooked").Inc()
+		s.logLimited("served-unbooked", "the gateway served a request from a fallback the router no longer routes to; it is not booked, counted in kvroute_router_errors_total",
+			"served", ep, "err", err)
+		return
+	}
+	b.a = a
+}
+
+// sameEndpoint compares two endpoints as host:port.
+func sameEndpoint(a, b string) bool {
+	if a == b {
+		return true
+	}
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	return err1 == nil && err2 == nil && pa == pb && net.ParseIP(ha).Equal(net.ParseIP(hb)) && net.ParseIP(ha) != nil
+}
+
+// FirstToken: the engine's first token passed the gateway (pipeline FirstToken).
+func (b *booking) FirstToken() {
+	if b.a != nil {
+		b.a.FirstToken()
+	}
+}
+
+// End settles the attempt from what the gateway streamed back (pipeline End).
+func (b *booking) End(res extproc.Result) {
+	out := outcomeOf(res)
+	if b.a != nil {
+		b.a.End(out, map[*replica]bool{})
+		b.a = nil
+	}
+	b.r.rq.outcome = requestOutcome(out)
+	b.r.rq.end()
+}
+
+// outcomeOf is the proxy's outcome for what the gateway reported: the request ended where the
+// gateway sent it, so nothing is retried here (the gateway's fallbacks are its retries).
+func outcomeOf(res extproc.Result) proxy.Outcome {
+	out := proxy.Outcome{Status: res.Status, EngineError: res.EngineError, TTFT: res.TTFT, HeadersAfter: res.HeadersAfter}
+	if u := res.Usage; u != nil {
+		out.Usage = &proxy.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, CachedTokens: u.CachedTokens, HasCached: u.HasCached}
+	}
+	started := proxy.Failed
+	if res.Status > 0 {
+		started = proxy.Cut
+	}
+	switch res.Phase {
+	case extproc.Complete, extproc.Refused:
+		out.Phase = proxy.Answered
+	case extproc.Cut:
+		out.Phase, out.Kind, out.Err = proxy.Cut, proxy.KindEOF, errAnswerCut
+		if res.EngineError != "" {
+			out.Kind, out.Err = proxy.KindEngineError, errors.New(res.EngineError)
+		}
+		if res.Reason != "" {
+			// The gateway closed the stream mid-answer: a client that left, as far as the
+			// picker can tell.
+			out.Kind, out.Err = proxy.KindClientGone, context.Canceled
+		}
+		if res.Reason == "stream_timeout" {
+			out.Kind, out.Err = proxy.KindRequestTimeout, proxy.ErrRequestTimeout
+		}
+	case extproc.Abandoned:
+		out.Phase, out.Kind, out.Err = started, proxy.KindClientGone, context.Canceled
+		if res.Reason == "stream_timeout" {
+			out.Kind, out.Err = proxy.KindRequestTimeout, proxy.ErrRequestTimeout
+		}
+	default: // Unsent
+		out.Phase, out.Kind, out.Err = proxy.Failed, kindGatewayUnsent, errGatewayUnsent
+	}
+	return out
+}
