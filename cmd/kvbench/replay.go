@@ -60,6 +60,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed (20 where kvbench cache takes 1: a live run waits in wall time)")
 	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies, four by default where kvbench cache runs every peer's, since each is a live run ("+strings.Join(reg.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
 	routerEvents := fs.Bool("router-events", true, "routers subscribe to the engines' KV events; false runs every policy as POLICY"+replay.NoEventsSuffix)
+	engineKind := fs.String("engine-kind", "vllm", "the fleet's engine kind: every vllm-sim speaks that engine's HTTP and KV-event wire (vllm, sglang, trtllm) and every kvrouter runs --engine-kind with it")
 	seeds := fs.Int("seeds", 3, "repetitions; a seed moves the arrival jitter and the sims' seeds (a regime's requests are drawn once and are the same in every seed; --capacity draws them per seed)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	report := fs.String("report", "", "write an HTML report into this directory")
@@ -159,7 +160,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	o.SimArgs = append(steps, "--headers-at-acceptance="+strconv.FormatBool(*atAcceptance), "--block-size", strconv.Itoa(*blockSize),
 		"--num-gpu-blocks", strconv.Itoa(*blocks), "--max-num-seqs", strconv.Itoa(*seqs),
-		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576")
+		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576", "--engine-kind", *engineKind)
+	o.RouterArgs = append(o.RouterArgs, "--engine-kind", *engineKind)
 	if o.SimBin, o.RouterBin, o.RouterPrefix, err = findBinaries(*binDir, *simBin, *routerBin); err != nil {
 		return err
 	}

@@ -109,6 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 	topic := fs.String("kv-events-topic", "", "event topic (default kv@HOST:PORT@MODEL; pass an empty value for vLLM's empty topic)")
 	fs.StringVar(&cfg.EventLayout, "event-layout", "E3", "KV-event batch shape: E1 (array batch, array events; kv_events.py before #42892), "+
 		"E2 (map batch, map events; newest upstream kv_events.py), E3 (array batch, map events; seen in a live v0.26.0 capture); aliases array = E1, map = E3")
+	fs.StringVar(&cfg.EngineKind, "engine-kind", "vllm", "whose HTTP surface and KV-event wire to speak: vllm, sglang (positional events, no replay topic frame, /tokenize text only, sglang: metrics) or trtllm (map events with int64 hashes, /_internal/tokenize, /prometheus/metrics)")
 	replayTopic := fs.Bool("replay-topic-frame", true, "send the topic frame in replay replies (vLLM PR #45177, June 2026); false = the older [seq, payload] replies")
 	fs.IntVar(&cfg.BufferSteps, "kv-buffer-steps", 10000, "replay ring length in batches")
 	fs.IntVar(&cfg.HWM, "kv-hwm", 100000, "PUB send high-water mark")

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -30,6 +31,12 @@ type EngineInfo struct {
 	WarmupUntil  *time.Time        `json:"warmup_until,omitempty"`
 	WarmupCredit float64           `json:"warmup_credit"`
 	Ranks        []RankInfo        `json:"ranks"`
+	// Kind is the engine family (--engine-kind); NotApplicable the router's vLLM checks that do
+	// not apply to it, each with why; Refused, for an engine of another kind than the router's,
+	// why it is not routed to (it has no ranks then).
+	Kind          string   `json:"kind"`
+	NotApplicable []string `json:"not_applicable,omitempty"`
+	Refused       string   `json:"refused,omitempty"`
 }
 
 // RankInfo is one (engine, DP rank).
@@ -105,8 +112,10 @@ func (s *Router) Engines() []EngineInfo {
 	for _, r := range reps {
 		if cur == nil || cur.Name != r.Eng.Name {
 			dp := r.Eng.Discovery()
+			prof := s.fleet.Kind().Profile()
 			out = append(out, EngineInfo{Name: dp.Name, URL: dp.URL, Model: r.Eng.Model, Ready: dp.Ready, Role: dp.Role,
-				Health: r.Eng.Health.State(now), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now)})
+				Health: r.Eng.Health.State(now), WarmupCredit: s.warmupCredit(dp.WarmupUntil, now),
+				Kind: string(prof.Kind), NotApplicable: prof.NotApplicable})
 			cur = &out[len(out)-1]
 			if !dp.WarmupUntil.IsZero() {
 				wu := dp.WarmupUntil
@@ -114,6 +123,10 @@ func (s *Router) Engines() []EngineInfo {
 			}
 		}
 		cur.Ranks = append(cur.Ranks, s.rankInfo(r))
+	}
+	refused := s.fleet.Refused()
+	for _, name := range slices.Sorted(maps.Keys(refused)) {
+		out = append(out, EngineInfo{Name: name, Kind: string(s.fleet.Kind()), Refused: refused[name], Ranks: []RankInfo{}})
 	}
 	return out
 }

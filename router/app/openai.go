@@ -101,7 +101,9 @@ func (s *Router) upstreamBody(p *prepared) ([]byte, proxy.Rewrite, error) {
 	// fields; the Responses and Messages APIs report usage themselves and take no vllm_xargs.
 	var rw proxy.Rewrite
 	if p.kind == tokens.Completion || p.kind == tokens.Chat {
-		rw = proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport}
+		rw = proxy.Rewrite{IncludeUsage: p.tr.Stream && !p.tr.IncludeUsage, FullReport: s.o.FullReport, PinIncremental: !s.o.FullReport && s.fleet.Kind().Profile().ReportMode}
+		// Only vLLM reads vllm_xargs (trtllm-serve refuses unknown fields): another kind's
+		// bodies are not given one.
 	}
 	if rw.OverridesClientMode(p.body) {
 		s.met.ReportModeOverrides.Inc()

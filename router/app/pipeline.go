@@ -186,6 +186,11 @@ func (s *Router) prepare(ctx context.Context, hdr http.Header, kind tokens.Kind,
 		s.met.Errors.WithLabelValues("", s.policy, "engine_refused").Inc()
 		return nil, &refusal{status: ce.Status, body: ce.Body, api: api}
 	}
+	var nr *tokens.NoRouteError
+	if errors.As(err, &nr) {
+		p.unkeyed = nr.Reason // the engine kind gives no token ids for it: routed by load, counted
+		return p, nil
+	}
 	if err != nil {
 		s.met.TokenizeFailures.Inc()
 		s.tokenizeDegraded.Add(1)

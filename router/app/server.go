@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
+	enginekind "github.com/kvroute/kvroute/router/engine"
 	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
@@ -218,7 +219,8 @@ func New(o Options) (*Router, error) {
 	}
 	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstTokenTimeout.Duration,
 		IdleTimeout: idle, EngineAPIKey: o.EngineAPIKey})
-	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout})
+	kind, _ := enginekind.Parse(o.Config.EngineKind) // validated with the config
+	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout, Kind: kind})
 	if o.Config.Events.Enabled {
 		s.peers = kvevents.NewPeerTable()
 		// Without full report mode every BlockStored is a physical copy (vLLM's contract); with

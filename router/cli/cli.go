@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/engine"
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/router/tracing"
 )
@@ -74,8 +75,9 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	conformance := fs.Bool("ext-proc-conformance-hooks", false, "endpoint picker: honour the Inference Extension conformance suite's test-epp-endpoint-selection header (conformance runs only)")
 	pool := fs.String("inference-pool", "", "InferencePool discovery: the pool (in --namespace) whose selector's pods on its target ports are the engines")
 	var engines engineFlags
-	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;snapshot=tcp://..,..;warmup-until=RFC3339;block-size=N (repeatable; all but NAME=URL optional)")
+	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;snapshot=tcp://..,..;warmup-until=RFC3339;block-size=N;kind=vllm|sglang|trtllm (repeatable; all but NAME=URL optional)")
 	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
+	engineKind := fs.String("engine-kind", "", "engines' family: vllm, sglang or trtllm (default vllm; the config's engineKind); an engine of another kind is refused")
 	eventsBind := fs.String("events-bind", "", "bound mode: bind tcp://HOST:PORT for engines that dial in, told apart by topic (overrides events.bind)")
 	namespace := fs.String("namespace", "", "Kubernetes discovery: namespace of the engine pods")
 	selector := fs.String("selector", "", "Kubernetes discovery: label selector of the engine pods")
@@ -157,6 +159,12 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	}
 	if *blockSize >= 0 {
 		cfg.BlockSize = *blockSize
+	}
+	if *engineKind != "" {
+		if _, err := engine.Parse(*engineKind); err != nil {
+			return nil, fmt.Errorf("--engine-kind: %w", err)
+		}
+		cfg.EngineKind = *engineKind
 	}
 	if *noEvents {
 		cfg.Events.Enabled = false
@@ -245,6 +253,10 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 			es = append(es, en)
 		}
 		if err := discovery.CheckSnapshot(es); err != nil {
+			return nil, fmt.Errorf("--engine: %w", err)
+		}
+		kind, _ := engine.Parse(cfg.EngineKind) // checked with the config
+		if err := discovery.MixedKinds(kind, es); err != nil {
 			return nil, fmt.Errorf("--engine: %w", err)
 		}
 		st.source = discovery.NewStatic(es)

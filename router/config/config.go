@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // Config is the whole file.
@@ -40,6 +41,10 @@ type Config struct {
 	BlockSize int `json:"blockSize"`
 	// Hash is how the engines hash blocks (used by the parity check).
 	Hash Hash `json:"hash"`
+	// EngineKind is the engines' family: vllm (the default), sglang or trtllm. It picks the
+	// event layout, the tokenize route, the /metrics names and which vLLM-only checks run;
+	// a fleet runs one kind. --engine-kind sets it.
+	EngineKind string `json:"engineKind,omitempty"`
 	// Engines is a static engine list; empty when Discovery is used.
 	Engines []Engine `json:"engines,omitempty"`
 	// Discovery finds engines at runtime instead of a static list.
@@ -215,6 +220,8 @@ type Engine struct {
 	Replay []string `json:"replay,omitempty"`
 	// WarmupUntil gives the replica warm-up credit until then.
 	WarmupUntil *metav1.Time `json:"warmupUntil,omitempty"`
+	// Kind is the engine's family; empty is the router's engineKind, anything else must equal it.
+	Kind string `json:"kind,omitempty"`
 }
 
 // ExtProc is the endpoint picker's gRPC listener (Envoy ext_proc and the gRPC health services).
@@ -515,9 +522,20 @@ func (c Config) ValidatePolicies(policies []string) error {
 	if v, err := strconv.ParseUint(c.Hash.Seed, 10, 32); err != nil || strconv.FormatUint(v, 10) != c.Hash.Seed {
 		bad("hash.seed", "%q is not a decimal integer 0..4294967295 (PYTHONHASHSEED)", c.Hash.Seed)
 	}
+	fleetKind, kerr := engine.Parse(c.EngineKind)
+	if kerr != nil {
+		bad("engineKind", "%v", kerr)
+	} else if c.KVCacheReportMode != "" && !fleetKind.Profile().ReportMode {
+		bad("kvCacheReportMode", "%q needs vLLM engines; %s engines have no report modes", c.KVCacheReportMode, fleetKind)
+	}
 	seen := map[string]bool{}
 	for i, e := range c.Engines {
 		key := fmt.Sprintf("engines[%d]", i)
+		if k, err := engine.Parse(e.Kind); err != nil {
+			bad(key+".kind", "%v", err)
+		} else if kerr == nil && e.Kind != "" && k != fleetKind {
+			bad(key+".kind", "%s differs from engineKind %s: a fleet mixing engine kinds is refused", k, fleetKind)
+		}
 		if e.Name == "" {
 			bad(key+".name", "required")
 		} else if seen[e.Name] {

@@ -90,6 +90,9 @@ func TestParseRejects(t *testing.T) {
 		{"header timeout", "limits: {headerReadTimeout: 0s}\n", "limits.headerReadTimeout"},
 		{"idle timeout", "limits: {idleTimeout: 0s}\n", "limits.idleTimeout"},
 		{"bad duration", "warmup: {duration: soon}\n", "router config"},
+		{"engine kind", "engineKind: tgi\n", `engineKind: engine kind "tgi" is not one of vllm, sglang, trtllm`},
+		{"mixed kinds", "engineKind: sglang\nengines: [{name: a, url: 'http://x:1', kind: trtllm}]\n", "engines[0].kind: trtllm differs from engineKind sglang: a fleet mixing engine kinds is refused"},
+		{"report mode on sglang", "engineKind: sglang\nkvCacheReportMode: full\n", `kvCacheReportMode: "full" needs vLLM engines; sglang engines have no report modes`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))

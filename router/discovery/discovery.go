@@ -7,9 +7,12 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // Engine is one routable engine (a pod, or a static entry) with one event stream per DP rank.
@@ -31,6 +34,9 @@ type Engine struct {
 	Snapshot []string
 	// BlockSize is the engine's KV block size in tokens; 0 = unknown (learned from events).
 	BlockSize int
+	// Kind is the engine family ("" = the router's --engine-kind). The router runs one kind: an
+	// engine of another is refused (see MixedKinds).
+	Kind engine.Kind
 	// WarmupUntil is when the engine's warm-up credit ends; zero = not warming.
 	WarmupUntil time.Time
 	// Ready engines are routed to; the others are listed so their streams and debug state
@@ -54,7 +60,7 @@ func (e Engine) Ranks() int {
 // Equal reports whether two engines are identical, field by field.
 func (e Engine) Equal(o Engine) bool {
 	return e.Name == o.Name && e.URL == o.URL && slices.Equal(e.Events, o.Events) &&
-		slices.Equal(e.Replay, o.Replay) && slices.Equal(e.Snapshot, o.Snapshot) && e.BlockSize == o.BlockSize &&
+		slices.Equal(e.Replay, o.Replay) && slices.Equal(e.Snapshot, o.Snapshot) && e.BlockSize == o.BlockSize && e.Kind == o.Kind &&
 		e.WarmupUntil.Equal(o.WarmupUntil) && e.Ready == o.Ready && e.Incarnation == o.Incarnation && e.Role == o.Role
 }
 
@@ -86,4 +92,18 @@ func cloneSnapshot(es []Engine) []Engine {
 		out[i] = e
 	}
 	return out
+}
+
+// MixedKinds returns an error naming the first engine whose kind is not fleet's. A fleet runs one
+// engine kind: the router tokenizes each request once, through one engine's route, and keys it
+// one way, so an engine of another kind (its own chat rendering, tokenize route, /metrics names
+// and event layout) would be scored against keys it may not share. Refusing such a fleet, rather
+// than scoring part of it wrongly, is the rule.
+func MixedKinds(fleet engine.Kind, es []Engine) error {
+	for _, e := range es {
+		if k := e.Kind.Or(fleet); k != fleet {
+			return fmt.Errorf("engine %s is kind=%s but the router runs %s engines: a fleet mixing engine kinds is refused (run one router per kind)", e.Name, k, fleet)
+		}
+	}
+	return nil
 }

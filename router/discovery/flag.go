@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // Keys of the --engine syntax after NAME=URL.
@@ -20,13 +21,14 @@ const (
 	keySnapshot    = "snapshot"
 	keyWarmupUntil = "warmup-until"
 	keyBlockSize   = "block-size"
+	keyKind        = "kind"
 )
 
-var flagKeys = []string{keyEvents, keyReplay, keySnapshot, keyWarmupUntil, keyBlockSize}
+var flagKeys = []string{keyEvents, keyReplay, keySnapshot, keyWarmupUntil, keyBlockSize, keyKind}
 
 // ParseEngineFlag parses one --engine value (also one line of --engines-file):
 //
-//	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;snapshot=tcp://HOST:S0,tcp://HOST:S1;warmup-until=RFC3339;block-size=N
+//	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;snapshot=tcp://HOST:S0,tcp://HOST:S1;warmup-until=RFC3339;block-size=N;kind=vllm|sglang|trtllm
 //
 // Everything after the URL is optional and may come in any order, each key once. events,
 // replay and snapshot list one endpoint per DP rank in rank order, the same count when more
@@ -46,7 +48,7 @@ func parseEngine(s string) (Engine, error) {
 	parts := strings.Split(strings.TrimSpace(s), ";")
 	name, rawURL, ok := strings.Cut(parts[0], "=")
 	if !ok {
-		return Engine{}, errors.New("want NAME=http://HOST:PORT[;events=...][;replay=...][;snapshot=...][;warmup-until=RFC3339][;block-size=N]")
+		return Engine{}, errors.New("want NAME=http://HOST:PORT[;events=...][;replay=...][;snapshot=...][;warmup-until=RFC3339][;block-size=N][;kind=vllm|sglang|trtllm]")
 	}
 	name = strings.TrimSpace(name)
 	if err := checkName(name); err != nil {
@@ -99,6 +101,12 @@ func parseEngine(s string) (Engine, error) {
 				return Engine{}, fmt.Errorf("block-size %q is not a number of tokens in 1..%d", val, blockkey.MaxBlockSize)
 			}
 			e.BlockSize = n
+		case keyKind:
+			k, err := engine.Parse(val)
+			if err != nil || val == "" {
+				return Engine{}, fmt.Errorf("kind %q is not one of vllm, sglang, trtllm", val)
+			}
+			e.Kind = k
 		default:
 			return Engine{}, fmt.Errorf("unknown key %q (keys: %s)", key, strings.Join(flagKeys, ", "))
 		}
@@ -242,6 +250,9 @@ func (e Engine) String() string {
 	}
 	if e.BlockSize > 0 {
 		b.WriteString(";" + keyBlockSize + "=" + strconv.Itoa(e.BlockSize))
+	}
+	if e.Kind != "" {
+		b.WriteString(";" + keyKind + "=" + string(e.Kind))
 	}
 	return b.String()
 }

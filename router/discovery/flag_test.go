@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 func TestParseEngineFlagGood(t *testing.T) {
@@ -37,6 +38,8 @@ func TestParseEngineFlagGood(t *testing.T) {
 				Replay: []string{"tcp://h:5600", "tcp://h:5601"}, Snapshot: []string{"tcp://h:5700", "tcp://h:5701"}}},
 		{"e7=http://h:8000;events=tcp://h:5557;snapshot=tcp://h:5700",
 			Engine{Name: "e7", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:5557"}, Snapshot: []string{"tcp://h:5700"}}},
+		{"e8=http://h:8000;kind=SGLang;events=tcp://h:5557",
+			Engine{Name: "e8", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:5557"}, Kind: engine.SGLang}},
 	}
 	for _, tc := range cases {
 		got, err := ParseEngineFlag(tc.in)
@@ -56,6 +59,8 @@ func TestParseEngineFlagGood(t *testing.T) {
 
 func TestParseEngineFlagBad(t *testing.T) {
 	cases := []struct{ in, wantErr string }{
+		{"e=http://h:8000;kind=tgi", `kind "tgi" is not one of vllm, sglang, trtllm`},
+		{"e=http://h:8000;kind=", `kind "" is not one of`},
 		{"", "want NAME=http"},
 		{"http://h:8000", "want NAME=http"},
 		{"=http://h:8000", "name before '=' is empty"},
@@ -197,4 +202,17 @@ func FuzzParseTopic(f *testing.F) {
 			t.Fatalf("ParseTopic(%q) = %q %q %q, which does not rebuild the topic", topic, p, h, m)
 		}
 	})
+}
+
+// A fleet runs one engine kind: an engine of another is named; one without kind= takes the
+// fleet's.
+func TestMixedKinds(t *testing.T) {
+	es := []Engine{{Name: "a"}, {Name: "b", Kind: engine.SGLang}}
+	if err := MixedKinds(engine.SGLang, es); err != nil {
+		t.Errorf("an SGLang fleet of one unmarked and one SGLang engine: %v", err)
+	}
+	err := MixedKinds(engine.VLLM, es)
+	if err == nil || !strings.Contains(err.Error(), "engine b is kind=sglang but the router runs vllm engines") {
+		t.Errorf("a vLLM fleet with an SGLang engine: %v", err)
+	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // DefaultEngineContainer is the name the operator gives the vLLM container in engine pods.
@@ -260,6 +261,12 @@ func (s *kubeSource) engines(pods []*corev1.Pod, problems map[string]string) []E
 // take their defaults). ok is false for a pod that cannot be an engine (no IP yet,
 // finished, no HTTP port); problems lists what was wrong, including annotations that were
 // ignored on a pod that is still listed.
+// EngineKindAnnotation names an engine pod's kind (vllm, sglang, trtllm); absent is the
+// router's --engine-kind. The router runs one kind: a pod of another is refused (MixedKinds).
+// The operator's constant for it belongs with the others in api/v1alpha1; until it is there the
+// name is fixed here.
+const EngineKindAnnotation = "serving.kvroute.io/engine-kind"
+
 func EngineFromPod(p *corev1.Pod, o KubernetesOptions) (e Engine, ok bool, problems []string) {
 	o.fill()
 	if p.Status.PodIP == "" {
@@ -331,6 +338,15 @@ func EngineFromPod(p *corev1.Pod, o KubernetesOptions) (e Engine, ok bool, probl
 		} else {
 			e.BlockSize = n
 		}
+	}
+	if v, has := ann[EngineKindAnnotation]; has {
+		k, err := engine.Parse(v)
+		if err != nil {
+			// Kept as written: the fleet refuses an engine whose kind is not its own, and says so.
+			problems = append(problems, fmt.Sprintf("annotation %s: %v (engine refused)", EngineKindAnnotation, err))
+			k = engine.Kind(strings.TrimSpace(v))
+		}
+		e.Kind = k
 	}
 	if v, has := ann[o.WarmupUntilAnnotation]; has && strings.TrimSpace(v) != "" {
 		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(v))

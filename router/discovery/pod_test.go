@@ -60,6 +60,19 @@ func TestEngineFromPod(t *testing.T) {
 	}
 }
 
+// A pod says its engine kind by annotation; an unknown kind is a problem and is kept as
+// written, so the fleet refuses the pod rather than routing it as its own kind.
+func TestEngineFromPodKind(t *testing.T) {
+	e, ok, problems := EngineFromPod(enginePod("10.0.0.1", map[string]string{EngineKindAnnotation: "SGLang"}), KubernetesOptions{})
+	if !ok || len(problems) > 0 || e.Kind != "sglang" {
+		t.Fatalf("kind %q ok=%v problems=%v", e.Kind, ok, problems)
+	}
+	e, _, problems = EngineFromPod(enginePod("10.0.0.1", map[string]string{EngineKindAnnotation: "tgi"}), KubernetesOptions{})
+	if len(problems) != 1 || MixedKinds("vllm", []Engine{e}) == nil {
+		t.Fatalf("kind %q problems=%v: want one problem and the engine refused", e.Kind, problems)
+	}
+}
+
 func TestEngineFromPodProblems(t *testing.T) {
 	ann := map[string]string{
 		config.DefaultEventsPortsAnnotation: "5557",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 type static struct{ engines []Engine }
@@ -89,6 +90,13 @@ func fromConfigEngine(ce config.Engine) (Engine, error) {
 	}
 	if ce.WarmupUntil != nil {
 		e.WarmupUntil = ce.WarmupUntil.Time
+	}
+	if ce.Kind != "" {
+		k, err := engine.Parse(ce.Kind)
+		if err != nil {
+			return Engine{}, err
+		}
+		e.Kind = k
 	}
 	return e, nil
 }

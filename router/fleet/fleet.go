@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/engine"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/load"
@@ -77,9 +79,48 @@ type Fleet struct {
 	mu      sync.RWMutex
 	engines map[string]*Engine
 	reps    []*Replica // every replica, engine then rank order
+	// kind is the fleet's engine kind; refused: engines of another kind, by name, with why.
+	kind    engine.Kind
+	refused map[string]string
 
 	// healthMu serialises HealthTick.
 	healthMu sync.Mutex
+}
+
+// Kind is the fleet's engine kind (config engineKind, vLLM by default).
+func (f *Fleet) Kind() engine.Kind { return f.kind }
+
+// Refused returns the engines discovery listed but the fleet refused, by name, with why.
+func (f *Fleet) Refused() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return maps.Clone(f.refused)
+}
+
+// refuseMixed drops the engines of another kind than the fleet's (discovery.MixedKinds says why
+// a fleet runs one kind), logging each once and keeping them for Refused and the debug page.
+func (f *Fleet) refuseMixed(snap []discovery.Engine) []discovery.Engine {
+	out := snap[:0:0]
+	refused := map[string]string{}
+	for _, d := range snap {
+		err := discovery.MixedKinds(f.kind, []discovery.Engine{d})
+		if err == nil {
+			out = append(out, d)
+			continue
+		}
+		refused[d.Name] = err.Error()
+		f.mu.RLock()
+		_, told := f.refused[d.Name]
+		f.mu.RUnlock()
+		if !told {
+			f.log.Error("engine refused", "engine", d.Name, "err", err)
+		}
+	}
+	f.mu.Lock()
+	f.refused = refused
+	f.mu.Unlock()
+	f.o.Metrics.EnginesRefused.Set(float64(len(refused)))
+	return out
 }
 
 // Engine is one discovered engine and its replicas (one per DP rank).
@@ -221,8 +262,9 @@ func New(o Options) *Fleet {
 	if o.LogLimited == nil {
 		o.LogLimited = func(_, msg string, args ...any) { o.Logger.Warn(msg, args...) }
 	}
-	f := &Fleet{o: o, log: o.Logger, tracker: degraded.NewTracker(o.HealthInterval), engines: map[string]*Engine{}}
-	f.scraper = NewReader(ReaderOptions{Client: o.Client, Interval: o.ScrapeInterval, Timeout: 2 * time.Second,
+	kind, _ := engine.Parse(o.Config.EngineKind) // validated with the config; vLLM when unset
+	f := &Fleet{o: o, log: o.Logger, tracker: degraded.NewTracker(o.HealthInterval), engines: map[string]*Engine{}, kind: kind}
+	f.scraper = NewReader(ReaderOptions{Client: o.Client, Kind: kind, Interval: o.ScrapeInterval, Timeout: 2 * time.Second,
 		OnSample: f.engineSample, OnError: f.engineScrapeFailed})
 	return f
 }
@@ -259,6 +301,7 @@ func (f *Fleet) Apply(ctx context.Context, snap []discovery.Engine) {
 	f.syncMu.Lock()
 	defer f.syncMu.Unlock()
 	_, old := f.Snapshot()
+	snap = f.refuseMixed(snap)
 	info := f.prefetchModels(ctx, snap, old)
 	next := map[string]*Engine{}
 	for _, d := range snap {
@@ -391,7 +434,7 @@ func (f *Fleet) addEngine(d discovery.Engine, mi modelInfo) (*Engine, error) {
 			ep = d.Events[r]
 		}
 		if ev.Enabled && f.o.Sub != nil && (ep != "" || f.o.Bound) {
-			sc := kvevents.StreamConfig{Engine: d.Name, Rank: r, Endpoint: ep, Topic: f.topic(d, e.Model),
+			sc := kvevents.StreamConfig{Engine: d.Name, Rank: r, Endpoint: ep, Topic: f.topic(d, e.Model), Kind: f.kind,
 				OnChange: func(st kvevents.StreamState, bs int) {
 					rep.update(func(v *View) { v.StreamState, v.LearnedBlockSize = st, bs })
 					rep.trail.push(st)
@@ -660,8 +703,8 @@ func (f *Fleet) engineSample(name string, smp *Sample) {
 			bs = smp.BlockSize
 		}
 		if bs > 0 && r.View().MetricsBlockSize != bs {
-			f.log.Info("block size read from the engine's /metrics (vllm:cache_config_info); keys use it while no configured, announced or event-learned size exists",
-				"engine", name, "rank", r.Rank, "block_size", bs)
+			f.log.Info("block size read from the engine's /metrics; keys use it while no configured, announced or event-learned size exists",
+				"engine", name, "rank", r.Rank, "block_size", bs, "metric", f.kind.Profile().Metrics.ConfigInfo)
 		}
 		if fig, ok := smp.Rank(r.Rank); ok {
 			r.update(func(v *View) { v.Figures, v.HaveFigures, v.MetricsBlockSize = fig, true, bs })

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // DefaultInterval is how often the Reader scrapes every engine. vLLM updates its gauges once
@@ -62,10 +64,20 @@ const maxBlockSize = 1 << 16
 // maxRanks bounds the engine label this reader accepts (a DP size far beyond any deployment).
 const maxRanks = 1024
 
-// Parse reads the figures the router uses from a Prometheus text page. It looks at the lines
-// of the five metrics it knows and skips the rest by their first bytes, so a page of histograms
-// costs little more than reading it.
-func Parse(page []byte) (Sample, error) {
+// Parse reads the figures the router uses from a vLLM Prometheus text page (ParseFor vLLM).
+func Parse(page []byte) (Sample, error) { return ParseFor(engine.VLLM, page) }
+
+// ParseFor reads the figures the router uses from a Prometheus text page of a kind engine, by
+// that engine's names (engine.Metrics). It looks at the lines of the metrics it knows and skips
+// the rest by their first bytes, so a page of histograms costs little more than reading it.
+func ParseFor(kind engine.Kind, page []byte) (Sample, error) {
+	m := kind.Profile().Metrics
+	// vLLM engines that only export the deprecated usage gauge still report their usage.
+	oldUsage := ""
+	if kind.Or(engine.VLLM) == engine.VLLM {
+		oldUsage = "vllm:gpu_cache_usage_perc"
+	}
+	prefix := commonPrefix(m.Waiting, m.Running, m.KVUsage, m.ConfigInfo, oldUsage)
 	var s Sample
 	var usageNew, usageOld []float64
 	var seenNew, seenOld []bool
@@ -76,35 +88,26 @@ func Parse(page []byte) (Sample, error) {
 		} else {
 			page = nil
 		}
-		if len(line) < 6 || line[0] != 'v' || !bytes.HasPrefix(line, prefixVLLM) {
+		if len(line) <= len(prefix) || !bytes.HasPrefix(line, prefix) {
 			continue
 		}
 		name, labels, value, ok := splitSample(line)
-		if !ok {
+		if !ok || len(name) == 0 {
 			continue
 		}
 		switch string(name) {
-		case "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc":
-		case "vllm:cache_config_info":
-			if v, ok := label(labels, "num_gpu_blocks"); ok {
-				if n, err := strconv.Atoi(string(v)); err == nil && n > 0 {
-					s.GPUBlocks = n
-				}
-			}
-			if v, ok := label(labels, "block_size"); ok {
-				if n, err := strconv.Atoi(string(v)); err == nil && n > 0 && n <= maxBlockSize {
-					s.BlockSize = n
-				}
-			}
+		case m.Waiting, m.Running, m.KVUsage, oldUsage:
+		case m.ConfigInfo:
+			configInfo(&s, m, labels)
 			continue
 		default:
 			continue
 		}
 		rank := 0
-		if v, ok := label(labels, "engine"); ok {
+		if v, ok := label(labels, m.RankLabel); ok && m.RankLabel != "" {
 			n, err := strconv.Atoi(string(v))
 			if err != nil || n < 0 || n >= maxRanks {
-				return s, fmt.Errorf("fleet: %s has engine=%q, not a DP rank", name, v)
+				return s, fmt.Errorf("fleet: %s has %s=%q, not a DP rank", name, m.RankLabel, v)
 			}
 			rank = n
 		}
@@ -118,13 +121,13 @@ func Parse(page []byte) (Sample, error) {
 			seenNew, seenOld = append(seenNew, false), append(seenOld, false)
 		}
 		switch string(name) {
-		case "vllm:num_requests_waiting":
+		case m.Waiting:
 			s.Ranks[rank].Waiting = int(f)
-		case "vllm:num_requests_running":
+		case m.Running:
 			s.Ranks[rank].Running = int(f)
-		case "vllm:kv_cache_usage_perc":
+		case m.KVUsage:
 			usageNew[rank], seenNew[rank] = f, true
-		case "vllm:gpu_cache_usage_perc":
+		case oldUsage:
 			usageOld[rank], seenOld[rank] = f, true
 		}
 	}
@@ -139,7 +142,43 @@ func Parse(page []byte) (Sample, error) {
 	return s, nil
 }
 
-var prefixVLLM = []byte("vllm:")
+// configInfo reads the block size and GPU block count from the cache configuration gauge's
+// labels (vLLM exports every CacheConfig field as a label of vllm:cache_config_info,
+// vllm/v1/metrics/loggers.py; SGLang its page_size).
+func configInfo(s *Sample, m engine.Metrics, labels []byte) {
+	if v, ok := label(labels, m.GPUBlocksLabel); ok && m.GPUBlocksLabel != "" {
+		if n, err := strconv.Atoi(string(v)); err == nil && n > 0 {
+			s.GPUBlocks = n
+		}
+	}
+	if v, ok := label(labels, m.BlockSizeLabel); ok && m.BlockSizeLabel != "" {
+		if n, err := strconv.Atoi(string(v)); err == nil && n > 0 && n <= maxBlockSize {
+			s.BlockSize = n
+		}
+	}
+}
+
+// commonPrefix is the longest prefix the non-empty names share: a line without it names none of
+// them.
+func commonPrefix(names ...string) []byte {
+	var p string
+	first := true
+	for _, n := range names {
+		if n == "" {
+			continue
+		}
+		if first {
+			p, first = n, false
+			continue
+		}
+		i := 0
+		for i < len(p) && i < len(n) && p[i] == n[i] {
+			i++
+		}
+		p = p[:i]
+	}
+	return []byte(p)
+}
 
 // splitSample cuts `name{labels} value [timestamp]` into its parts.
 func splitSample(line []byte) (name, labels, value []byte, ok bool) {
@@ -210,6 +249,8 @@ type ReaderOptions struct {
 	OnSample func(engine string, s *Sample)
 	OnError  func(engine string, err error)
 	Now      func() time.Time
+	// Kind is the engines' kind: the page's path and names (vLLM when unset).
+	Kind engine.Kind
 }
 
 // Reader scrapes a changing set of engines every interval.
@@ -292,7 +333,7 @@ var ErrStatus = errors.New("fleet: /metrics answered")
 func (r *Reader) Read(ctx context.Context, base string) (Sample, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+r.o.Kind.Profile().Metrics.Path, nil)
 	if err != nil {
 		return Sample{}, err
 	}
@@ -312,7 +353,7 @@ func (r *Reader) Read(ctx context.Context, base string) (Sample, error) {
 	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, maxPage)); err != nil {
 		return Sample{}, err
 	}
-	s, err := Parse(buf.Bytes())
+	s, err := ParseFor(r.o.Kind, buf.Bytes())
 	s.At = r.o.Now()
 	return s, err
 }

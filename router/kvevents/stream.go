@@ -13,6 +13,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvroute/kvroute/router/engine"
 	"github.com/kvroute/kvroute/router/index"
 	"github.com/kvroute/kvroute/router/kvwire"
 	"github.com/kvroute/kvroute/router/peersnap"
@@ -47,6 +48,9 @@ type StreamConfig struct {
 	MaxBlocks int
 	// Ingest overrides Options.Ingest for this stream.
 	Ingest *IngestOptions
+	// Kind is the engine publishing the stream (unset: vLLM): it picks the decoder's layout of
+	// array events, and the vLLM hash parity check is off for other engines.
+	Kind engine.Kind
 	// OnChange, when set, is told the stream's state and learned block size (0: none yet)
 	// whenever either changes, from the stream's worker goroutine: the router's fleet pushes
 	// them into the replica's view so a decision reads them without asking the subscriber. It

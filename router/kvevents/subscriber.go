@@ -227,6 +227,9 @@ func (s *Subscriber) Add(cfg StreamConfig) error {
 	if cfg.Ingest != nil {
 		ing = *cfg.Ingest
 	}
+	if !cfg.Kind.Profile().HashParity {
+		ing.Parity = nil // the engine's hash is its own: nothing to recompute (shown by the debug page)
+	}
 	key := StreamKey{cfg.Engine, cfg.Rank}
 	if cfg.Engine == "" || cfg.Rank < 0 {
 		return fmt.Errorf("kvevents: stream %v: engine name and a rank >= 0 are required", key)
@@ -248,7 +251,7 @@ func (s *Subscriber) Add(cfg StreamConfig) error {
 		key: key, cfg: cfg, id: id, ix: ix, sub: s,
 		queue: make(chan kvwire.Message, s.opts.QueueLen),
 		kick:  make(chan struct{}, 1), lost: make(chan struct{}, 1), ctl: make(chan func()), stop: make(chan struct{}), done: make(chan struct{}),
-		dec: kvwire.NewDecoder(),
+		dec: kvwire.NewDecoderFor(cfg.Kind),
 	}
 	var g *Ingester
 	if g, err = newIngester(ix, id, ing, &st.c.ingest); err == nil {

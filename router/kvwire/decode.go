@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // maxDepth bounds nesting in skipped or unmodelled values, so hostile input cannot recurse deeply.
@@ -31,16 +32,23 @@ type Decoder struct {
 	extras  []blockkey.ExtraKey // backing store of every block's Extras
 	intern  map[string]string
 	batch   Batch
+	// kind is the engine whose positional layout array events are read in (see arrayField).
+	kind engine.Kind
 	// libOnly turns the raw readers off so every value goes through the library; tests use it
 	// to check that both paths decode every input alike.
 	libOnly bool
 }
 
-// NewDecoder returns a decoder ready for DecodeBatch.
-func NewDecoder() *Decoder {
+// NewDecoder returns a decoder of vLLM's wire, ready for DecodeBatch.
+func NewDecoder() *Decoder { return NewDecoderFor(engine.VLLM) }
+
+// NewDecoderFor returns a decoder of kind's wire. Batches and map events read alike for every
+// engine; what differs is an array event's positions (SGLang's seventh field is a metadata map
+// where vLLM has lora_name) and SGLang's token pairs under speculative decoding.
+func NewDecoderFor(kind engine.Kind) *Decoder {
 	// A non-nil arena from the start: an empty bin hash or extra key sliced from a nil arena
 	// would be nil, and a nil Bytes reads as an integer hash.
-	d := &Decoder{intern: make(map[string]string), arena: make([]byte, 0, 256)}
+	d := &Decoder{intern: make(map[string]string), arena: make([]byte, 0, 256), kind: kind.Or(engine.VLLM)}
 	d.md = msgpack.NewDecoder(&d.r) // bytes.Reader is a ByteScanner: no extra buffering
 	return d
 }
@@ -237,13 +245,26 @@ const (
 	fLocality
 	fOwnership
 	fSessionID
+	// fCacheSalt and fMetadata are SGLang's (a map event's cache_salt; the metadata map that
+	// ends a positional BlockStored); no vLLM array position reaches them.
+	fCacheSalt
+	fMetadata
 	numStoredFields
 )
+
+// numVLLMArrayFields is how many BlockStored positions vLLM's array layout has.
+const numVLLMArrayFields = fSessionID + 1
+
+// sglangStoredFields are SGLang's BlockStored positions after the tag: its legacy array with
+// medium, then the metadata map BlockStoredWithMetadata appends when a request carried a salt
+// or a session (python/sglang/srt/disaggregation/kv_events.py; the seven-element base array
+// stays as it was when no metadata is present).
+var sglangStoredFields = [...]int{fBlockHashes, fParentBlockHash, fTokenIDs, fBlockSize, fLoRAID, fMedium, fMetadata}
 
 var storedFields = [numStoredFields]string{
 	"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
 	"lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality",
-	"ownership", "session_id",
+	"ownership", "session_id", "cache_salt", "metadata",
 }
 
 // removedFields are BlockRemoved's fields in declaration order, as BlockStored field indices
@@ -299,6 +320,8 @@ func fieldIndex(name []byte) int {
 		return fOwnership
 	case "session_id":
 		return fSessionID
+	case "cache_salt":
+		return fCacheSalt
 	}
 	return -1
 }
@@ -311,7 +334,11 @@ func (d *Decoder) storedField(s *BlockStored, f int) (err error) {
 	case fParentBlockHash:
 		s.ParentBlockHash, err = d.optHash()
 	case fTokenIDs:
-		s.TokenIDs, err = d.tokens(s.TokenIDs[:0])
+		if d.kind == engine.SGLang {
+			s.TokenIDs, err = d.sglangTokens(s.TokenIDs[:0])
+		} else {
+			s.TokenIDs, err = d.tokens(s.TokenIDs[:0])
+		}
 	case fBlockSize:
 		s.BlockSize, err = d.int("block_size")
 	case fLoRAID:
@@ -334,6 +361,10 @@ func (d *Decoder) storedField(s *BlockStored, f int) (err error) {
 		s.Ownership, err = d.optStr("ownership")
 	case fSessionID:
 		s.SessionID, err = d.optStr("session_id")
+	case fCacheSalt:
+		s.CacheSalt, err = d.optStr("cache_salt")
+	case fMetadata:
+		err = d.sglangMetadata(s)
 	default:
 		err = d.skip(0)
 	}
@@ -421,17 +452,7 @@ func (d *Decoder) decodeArrayEvent(e *Event) error {
 	d.setTag(e, tag)
 	var seen uint32
 	for p := 1; p < n; p++ {
-		f := -1
-		switch e.Type {
-		case EventBlockStored:
-			if p-1 < numStoredFields {
-				f = p - 1
-			}
-		case EventBlockRemoved:
-			if p-1 < len(removedFields) {
-				f = removedFields[p-1]
-			}
-		}
+		f := d.arrayField(e.Type, p-1)
 		if err := d.storedField(&e.Stored, f); err != nil {
 			return err
 		}
@@ -440,6 +461,26 @@ func (d *Decoder) decodeArrayEvent(e *Event) error {
 		}
 	}
 	return finishEvent(e, seen)
+}
+
+// arrayField is the field at position i (after the tag) of an array event of class t in the
+// decoder's engine layout, or -1 for a position to skip.
+func (d *Decoder) arrayField(t EventType, i int) int {
+	switch t {
+	case EventBlockStored:
+		if d.kind == engine.SGLang {
+			if i < len(sglangStoredFields) {
+				return sglangStoredFields[i]
+			}
+		} else if i < numVLLMArrayFields {
+			return i
+		}
+	case EventBlockRemoved:
+		if i < len(removedFields) {
+			return removedFields[i]
+		}
+	}
+	return -1
 }
 
 // finishEvent checks required fields and moves BlockRemoved's fields into place.
@@ -790,6 +831,87 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
 	if err != nil {
 		return dst, err
 	}
+	return d.tokenBody(dst, n)
+}
+
+// sglangTokens reads SGLang's token_ids: token ids, or under EAGLE speculative decoding one
+// [token, next token] pair per position (mem_cache/events.py keeps that payload for bigram
+// keys). A pair's first element is the token at its position, so a page of pairs gives exactly
+// the page's token ids, one per position, as the flat form does.
+func (d *Decoder) sglangTokens(dst []uint32) ([]uint32, error) {
+	n, err := d.arrayLen("token_ids")
+	if err != nil || n == 0 {
+		return dst, err
+	}
+	c, err := d.peek()
+	if err != nil {
+		return dst, d.eof(err)
+	}
+	if !isArray(c) {
+		return d.tokenBody(dst, n)
+	}
+	for i := 0; i < n; i++ {
+		m, err := d.arrayLen("token pair")
+		if err != nil {
+			return dst, fmt.Errorf("token %d: %w", i, err)
+		}
+		if m < 1 {
+			return dst, fmt.Errorf("token %d: empty token pair", i)
+		}
+		v, err := d.int("token id")
+		if err != nil {
+			return dst, fmt.Errorf("token %d: %w", i, err)
+		}
+		if v < 0 || v > math.MaxUint32 {
+			return dst, fmt.Errorf("token %d: id %d out of range 0..4294967295", i, v)
+		}
+		dst = append(dst, uint32(v))
+		for j := 1; j < m; j++ {
+			if err := d.skip(0); err != nil {
+				return dst, err
+			}
+		}
+	}
+	return dst, nil
+}
+
+// sglangMetadata reads the metadata map SGLang appends to a positional BlockStored
+// (BlockStoredMetadata: cache_salt, session_id; neither takes part in the block hash) or a
+// None. Keys it does not know are skipped.
+func (d *Decoder) sglangMetadata(s *BlockStored) error {
+	if null, err := d.isNil(); null || err != nil {
+		return err
+	}
+	n, err := d.mapLen("metadata")
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		key, err := d.strBytes("metadata key")
+		if err != nil {
+			return err
+		}
+		switch string(key) {
+		case "cache_salt":
+			s.CacheSalt, err = d.optStr("cache_salt")
+		case "session_id":
+			s.SessionID, err = d.optStr("session_id")
+		default:
+			err = d.skip(0)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
+// tokenBody reads n token ids after the array header.
+func (d *Decoder) tokenBody(dst []uint32, n int) ([]uint32, error) {
 	i := 0
 	if b := d.rest(); len(b) > 0 {
 		// Token ids straight from the payload while they are integers in uint32 range; the rest

@@ -20,6 +20,9 @@ import (
 type Encoder struct {
 	buf bytes.Buffer
 	e   *msgpack.Encoder
+	// signed writes integer hashes as int64 (the bits read as two's complement), as SGLang and
+	// TensorRT-LLM send them; vLLM's are unsigned.
+	signed bool
 }
 
 // NewEncoder returns an encoder.
@@ -209,6 +212,8 @@ func (enc *Encoder) optStr(v Opt[string]) {
 func (enc *Encoder) hash(h Hash) {
 	if h.Bytes != nil {
 		_ = enc.e.EncodeBytes(h.Bytes)
+	} else if enc.signed {
+		_ = enc.e.EncodeInt(int64(h.Int))
 	} else {
 		_ = enc.e.EncodeUint(h.Int)
 	}

@@ -176,8 +176,12 @@ type BlockStored struct {
 	// Ownership names who owns the copy (vLLM #52067; e.g. a KV connector); part of the
 	// residency key copies are counted by.
 	Ownership Opt[string]
-	// SessionID is the session the blocks were cached for (vLLM #51381).
+	// SessionID is the session the blocks were cached for (vLLM #51381; SGLang's metadata).
 	SessionID Opt[string]
+	// CacheSalt is the salt of the request that stored the blocks, as SGLang sends it (its
+	// metadata element or map field; vLLM puts the salt in extra_keys instead). On a run with no
+	// parent it is block 0's extra key, as the router keys a salted request.
+	CacheSalt Opt[string]
 }
 
 // BlockRemoved is the eviction of cached blocks.
@@ -229,7 +233,13 @@ func (s *BlockStored) BlockExtras(dst blockkey.Extras, i int) (blockkey.Extras, 
 			ek = []blockkey.Extras{}
 		}
 	}
-	return blockkey.ExtrasFromEvent(dst, s.LoRAName.V, ek, i)
+	ex, err := blockkey.ExtrasFromEvent(dst, s.LoRAName.V, ek, i)
+	if err != nil || i != 0 || s.ParentBlockHash.OK || !s.CacheSalt.OK || s.CacheSalt.V == "" {
+		return ex, err
+	}
+	// A copy: ex may be the decoder's own extra_keys entry.
+	out := append(append(dst[:0:0], ex...), blockkey.String(s.CacheSalt.V))
+	return out, nil
 }
 
 // CheckTokens reports whether the event's sizes are consistent: a block size in

@@ -2,6 +2,7 @@ package tokens
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,8 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/kvroute/kvroute/router/engine"
 )
 
 // Source says where a request's tokens came from.
@@ -43,6 +46,8 @@ type Options struct {
 	CacheEntries int
 	// MaxCacheTokens: renders longer than this are not cached (262144).
 	MaxCacheTokens int
+	// Kind is the engines' family: which routes give a prompt's token ids (vLLM when unset).
+	Kind engine.Kind
 }
 
 // Tokenizer tokenizes requests through the engines. Safe for concurrent use.
@@ -52,6 +57,7 @@ type Tokenizer struct {
 	maxTokens int
 	cache     *lru.Cache[uint64, []uint32]
 	group     singleflight.Group
+	prof      engine.Profile
 
 	hits, misses, renders, failures atomic.Uint64
 }
@@ -77,7 +83,7 @@ func New(o Options) *Tokenizer {
 		o.MaxCacheTokens = 262144
 	}
 	c, _ := lru.New[uint64, []uint32](o.CacheEntries) // only fails for a size <= 0
-	return &Tokenizer{client: o.Client, timeout: o.Timeout, maxTokens: o.MaxCacheTokens, cache: c}
+	return &Tokenizer{client: o.Client, timeout: o.Timeout, maxTokens: o.MaxCacheTokens, cache: c, prof: o.Kind.Profile()}
 }
 
 // Stats returns the counters.
@@ -100,6 +106,9 @@ func (t *Tokenizer) Stats() Stats {
 func (t *Tokenizer) Tokens(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, Source, error) {
 	if r.HasIDs {
 		return r.PromptIDs, FromIDs, nil
+	}
+	if !t.prof.CanTokenize(r.Kind.ChatRendered()) {
+		return nil, FromEngine, &NoRouteError{Kind: t.prof.Kind, Reason: noRouteReason(t.prof)}
 	}
 	// Every replica of the model renders alike, so the engine is not part of the key.
 	h := xxh3.Hash(r.renderKey)
@@ -192,6 +201,11 @@ func IsEngineAuth(err error) bool {
 
 func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, error) {
 	t.renders.Add(1)
+	if !t.prof.Render {
+		// An engine without vLLM's render routes (SGLang): text through its tokenize route;
+		// Tokens already refused what it cannot tokenize.
+		return t.tokenizeText(ctx, engineURL, r)
+	}
 	if r.Kind.ChatRendered() {
 		if r.chatBody != nil {
 			body = r.chatBody
@@ -237,7 +251,32 @@ func (t *Tokenizer) tokenizeText(ctx context.Context, engineURL string, r *Reque
 	if err != nil {
 		return nil, fmt.Errorf("tokens: rendering the /tokenize body: %w", err)
 	}
-	return t.postIDs(ctx, engineURL+"/tokenize", b, "tokens", false)
+	return t.postIDs(ctx, engineURL+cmp.Or(t.prof.TokenizePath, "/tokenize"), b, "tokens", false)
+}
+
+// NoRouteError is an engine kind that serves no route giving a request's prompt token ids (SGLang's
+// and trtllm-serve's tokenize routes take text only): the request is routed by
+// load without keys, under Reason, and nothing failed.
+type NoRouteError struct {
+	Kind   engine.Kind
+	Reason string
+}
+
+func (e *NoRouteError) Error() string {
+	return fmt.Sprintf("tokens: %s engines serve no route that gives this request's token ids (%s)", e.Kind, e.Reason)
+}
+
+// Unkeyed reasons of NoRouteError.
+const (
+	ReasonNoChatRender = "engine_no_chat_render"
+	ReasonNoTokenize   = "engine_no_tokenize"
+)
+
+func noRouteReason(p engine.Profile) string {
+	if p.TokenizePath == "" && !p.Render {
+		return ReasonNoTokenize
+	}
+	return ReasonNoChatRender
 }
 
 // post sends body to url and decodes the engine's answer into into.
@@ -324,9 +363,13 @@ func (t *Tokenizer) Detokenize(ctx context.Context, engineURL, model string, ids
 	defer cancel()
 	var out struct {
 		Prompt *string `json:"prompt"`
+		Text   *string `json:"text"` // SGLang's DetokenizeResponse
 	}
 	if err := t.post(ctx, engineURL+"/detokenize", body, &out); err != nil {
 		return "", err
+	}
+	if out.Prompt == nil {
+		out.Prompt = out.Text
 	}
 	if out.Prompt == nil {
 		return "", fmt.Errorf("tokens: %s/detokenize: answer has no prompt", engineURL)

@@ -55,6 +55,9 @@ type Config struct {
 	// ReplayNoTopicFrame sends replay replies without the topic frame, as vLLM did before PR
 	// #45177 (merged June 2026): [seq, payload] and the end marker [ff*8, ""].
 	ReplayNoTopicFrame bool
+	// EngineKind is whose HTTP surface and KV-event wire the sim speaks: "vllm" (the default),
+	// "sglang" or "trtllm" (kinds.go). An SGLang sim replays without the topic frame.
+	EngineKind string
 	// KVSnapshotPort is vLLM's snapshot_endpoint (PR #57789) for rank 0 (rank r: port+r); 0 =
 	// off. Set, the data frames carry a 24-byte sequence (seq and a per-process publisher id) and
 	// an idle publisher sends an empty batch every second.
@@ -207,6 +210,8 @@ func (cfg Config) Validate() error {
 	switch {
 	case cfg.Port < 0 || cfg.Port > 65535:
 		return fmt.Errorf("port %d out of range", cfg.Port)
+	case checkEngineKind(cfg.EngineKind) != nil:
+		return checkEngineKind(cfg.EngineKind)
 	case cfg.BlockSize < 1:
 		return fmt.Errorf("block size must be positive, got %d", cfg.BlockSize)
 	case cfg.NumGPUBlocks < 2:

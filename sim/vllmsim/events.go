@@ -24,6 +24,7 @@ type publisher struct {
 	rank  int
 	topic string
 	shape eventShape
+	kind  string        // Config.EngineKind: whose wire (kinds.go)
 	enc   *eventEncoder // used by the send loop only
 	// replayTopic sends the topic frame in replay replies (vLLM PR #45177, merged June 2026);
 	// false gives the older [seq, payload] replies and [ff*8, ""] end marker.
@@ -115,7 +116,7 @@ func newPublisher(cfg *Config, rank int, topic string) (*publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &publisher{rank: rank, topic: topic, shape: shape, enc: newEventEncoder(), replayTopic: !cfg.ReplayNoTopicFrame, drop: cfg.DropEventEvery,
+	p := &publisher{rank: rank, topic: topic, shape: shape, enc: newEventEncoder(), kind: cfg.kind(), replayTopic: !cfg.ReplayNoTopicFrame && cfg.kind() != KindSGLang, drop: cfg.DropEventEvery,
 		stallAfter: cfg.StallEventsAfter, clock: cfg.eventClock, in: make(chan pubItem, 4096), quit: make(chan struct{}),
 		ring: make([]ringEntry, cfg.BufferSteps), snapshot: cfg.KVSnapshotPort != 0, heartbeat: time.Second}
 	p.newPID()
@@ -324,7 +325,7 @@ func (p *publisher) handle(it pubItem) {
 }
 
 func (p *publisher) send(it pubItem) {
-	payload, err := p.enc.encode(toWireBatch(it.ts, it.evs, p.rank), p.shape)
+	payload, err := p.enc.encodeKind(toWireBatch(it.ts, it.evs, p.rank), p.shape, p.kind)
 	if err != nil {
 		slog.Error("vllm-sim: encoding a KV event batch", "rank", p.rank, "err", err)
 		return

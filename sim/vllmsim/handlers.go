@@ -96,6 +96,10 @@ func (s *Sim) newJob(chat bool, p commonParams, maxTokens *int, prompts [][]uint
 		}
 		j.ident.CacheSalt = *p.CacheSalt
 	}
+	if s.cfg.kind() == KindTRTLLM && len(p.VLLMXArgs) > 0 {
+		// trtllm-serve's request models forbid unknown fields (kinds.go).
+		return nil, badRequest("vllm_xargs: Extra inputs are not permitted")
+	}
 	full, err := reportMode(p.VLLMXArgs)
 	if err != nil {
 		return nil, err

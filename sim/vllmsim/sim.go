@@ -13,14 +13,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Sim is one simulated vLLM server (all its DP ranks behind one HTTP port).
 type Sim struct {
-	cfg     Config
-	hasher  *blockHasher
-	reg     *prometheus.Registry
+	cfg    Config
+	hasher *blockHasher
+	reg    *prometheus.Registry
+	// kindReg is the /metrics page of an SGLang or TensorRT-LLM sim (kinds.go).
+	kindReg *prometheus.Registry
 	metrics *simMetrics
 	ranks   []*rank
 	topic   string
@@ -58,6 +59,8 @@ func New(cfg Config) (*Sim, error) {
 	s := &Sim{cfg: cfg, hasher: h, reg: prometheus.NewRegistry(), created: time.Now().Unix(),
 		failRNG: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x766c6c6d2d73696d))}
 	s.metrics = newSimMetrics(&s.cfg, s.reg, &s.sleep)
+	s.kindReg = prometheus.NewRegistry()
+	s.kindReg.MustRegister(kindMetrics{s.metrics})
 	for i := range cfg.DataParallelSize {
 		rk := newRank(i, &s.cfg, h, s.metrics.ranks[i])
 		rk.xfer = &s.xfer
@@ -202,17 +205,13 @@ func (s *Sim) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
-	mux.HandleFunc("POST /v1/completions/render", s.handleCompletionsRender)
-	mux.HandleFunc("POST /v1/chat/completions/render", s.handleChatRender)
+	s.kindRoutes(mux)
 	mux.HandleFunc("POST /v1/responses", s.handleResponses)
 	mux.HandleFunc("GET /v1/responses/{id}", s.handleStoredResponse)
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleStoredResponse)
 	mux.HandleFunc("POST /v1/messages", s.handleMessages)
-	mux.HandleFunc("POST /tokenize", s.handleTokenize)
-	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/cache", s.handleDebugCache)
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleReset)
 	mux.HandleFunc("POST /sleep", s.handleSleep)

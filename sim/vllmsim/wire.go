@@ -76,6 +76,9 @@ type eventEncoder struct {
 	buf bytes.Buffer
 	enc *msgpack.Encoder
 	err error
+	// signed writes hashes as int64 (their bits as two's complement), as SGLang and
+	// TensorRT-LLM send them (kinds.go).
+	signed bool
 }
 
 func newEventEncoder() *eventEncoder {
@@ -137,7 +140,15 @@ func (e *eventEncoder) optUint(v *uint64) {
 		e.check(e.enc.EncodeNil())
 		return
 	}
-	e.check(e.enc.EncodeUint(*v))
+	e.hash(*v)
+}
+
+func (e *eventEncoder) hash(h uint64) {
+	if e.signed {
+		e.check(e.enc.EncodeInt(int64(h)))
+		return
+	}
+	e.check(e.enc.EncodeUint(h))
 }
 
 func (e *eventEncoder) optStr(v *string) {
@@ -278,7 +289,7 @@ func (e *eventEncoder) storedFields(ev *wireEvent, all bool) {
 func (e *eventEncoder) hashList(hs []uint64) {
 	e.check(e.enc.EncodeArrayLen(len(hs)))
 	for _, h := range hs {
-		e.check(e.enc.EncodeUint(h))
+		e.hash(h)
 	}
 }
 

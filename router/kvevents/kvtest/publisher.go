@@ -6,6 +6,7 @@
 package kvtest
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvroute/kvroute/router/engine"
 	"github.com/kvroute/kvroute/router/kvwire"
 )
 
@@ -35,6 +37,9 @@ type Options struct {
 	// snapshot endpoint does (docs/features/kv_events.md, PR #57789); Restart then draws a new
 	// one, as a new engine process would.
 	Publisher *kvwire.PublisherID
+	// Kind, when not vLLM, encodes batches as that engine does (kvwire.AppendEngineBatch) and,
+	// for SGLang, answers replays without the topic frame, as SGLang's publisher does.
+	Kind engine.Kind
 }
 
 // Publisher publishes batches on a PUB socket and serves replays from its ring. Safe for
@@ -177,7 +182,13 @@ func (p *Publisher) publish(send bool, events []kvwire.Event) (uint64, error) {
 	defer p.mu.Unlock()
 	p.ts += 0.25
 	b := kvwire.Batch{TS: p.ts, Events: events, DataParallelRank: kvwire.Some(int64(p.opts.Rank))}
-	payload, err := p.enc.AppendBatch(nil, &b, p.opts.Layout)
+	var payload []byte
+	var err error
+	if k := p.opts.Kind.Or(engine.VLLM); k != engine.VLLM {
+		payload, err = p.enc.AppendEngineBatch(nil, &b, k, kvwire.LayoutUnknown)
+	} else {
+		payload, err = p.enc.AppendBatch(nil, &b, p.opts.Layout)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -282,6 +293,13 @@ func (p *Publisher) serve() {
 			}
 		}
 		p.mu.Unlock()
+		if p.opts.Kind == engine.SGLang { // [identity, "", seq, payload]: no topic frame
+			for _, m := range out {
+				_, _ = p.router.SendMessage(id, []byte{}, binary.BigEndian.AppendUint64(nil, m.Seq), m.Payload)
+			}
+			_, _ = p.router.SendMessage(id, []byte{}, binary.BigEndian.AppendUint64(nil, kvwire.EndSeq), []byte{})
+			continue
+		}
 		for _, m := range out {
 			_, _ = p.router.SendMessage(kvwire.ReplayReplyFrames(id, m))
 		}

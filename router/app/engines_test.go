@@ -1,0 +1,114 @@
+package app
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/internal/testkit"
+	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/sim/vllmsim"
+)
+
+// An SGLang-shaped and a TensorRT-LLM-shaped fleet (vllm-sim speaking each engine's event wire,
+// tokenize route and /metrics page) are routed exactly: on a shared-prefix workload, every
+// request's predicted cached tokens equal what the engine reports in its usage, the streams are
+// exact without vLLM's hash parity, text prompts are tokenized through the engine's own route,
+// and /debug/engines says which vLLM checks do not apply. vLLM runs the same workload as the
+// reference.
+func TestEngineKindsPredictedEqualsReported(t *testing.T) {
+	for _, kind := range []string{"vllm", "sglang", "trtllm"} {
+		t.Run(kind, func(t *testing.T) {
+			f := startFleet(t, 2, vllmsim.Config{EngineKind: kind})
+			rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
+				o.Config.EngineKind = kind
+				o.ProbeInterval = 0
+			})
+			rt.waitStreams(t, "exact")
+			indexed := func() int {
+				n := 0
+				for _, e := range rt.s.Engines() {
+					for _, r := range e.Ranks {
+						n += r.Blocks["GPU"]
+					}
+				}
+				return n
+			}
+			cached := func() int {
+				n := 0
+				for _, s := range f.sims {
+					for _, r := range s.CacheState().Ranks {
+						n += len(r.Hashes)
+					}
+				}
+				return n
+			}
+			reported := 0
+			for i := range 12 {
+				var body string
+				if i%2 == 0 {
+					body = idsPrompt(i%3, 96, i, 20, 1) // three shared prefixes, distinct tails
+				} else {
+					body = fmt.Sprintf(`{"model":"vllm-sim","max_tokens":1,"prompt":"%s tail %d"}`,
+						strings.Repeat("the shared system prompt of this workload says the same words ", 6), i)
+				}
+				a := postJSON(t, rt.api.URL+"/v1/completions", body)
+				if a.status != 200 {
+					t.Fatalf("request %d: %d %s", i, a.status, a.body)
+				}
+				reported += a.cachedTokens(t)
+				// The next decision sees every block this one stored (no race with the events).
+				testkit.WaitFor(t, waitBound, "index caught up with the engines", func() bool { return indexed() == cached() })
+			}
+			var pred, act float64
+			for _, n := range f.names {
+				pred += testutil.ToFloat64(rt.s.met.ModePredictedCached.WithLabelValues(n, modeExact))
+				act += testutil.ToFloat64(rt.s.met.ModeActualCached.WithLabelValues(n, modeExact))
+			}
+			if pred == 0 || pred != act || int(act) != reported {
+				t.Fatalf("%s: predicted %v, reported %v (usage summed %d): want equal and > 0", kind, pred, act, reported)
+			}
+			if n := testutil.ToFloat64(rt.s.met.TokenizeSource.WithLabelValues("engine")); n == 0 {
+				t.Errorf("%s: no text prompt was tokenized through the engine", kind)
+			}
+			for _, e := range rt.s.Engines() {
+				if e.Kind != kind || (kind != "vllm") != (len(e.NotApplicable) > 0) {
+					t.Errorf("%s: /debug/engines says kind %q, not applicable %q", kind, e.Kind, e.NotApplicable)
+				}
+			}
+			t.Logf("%s: predicted = reported = %v cached tokens over 12 requests", kind, act)
+		})
+	}
+}
+
+// A fleet runs one engine kind: an SGLang engine discovered by a vLLM router is refused, not
+// routed to, counted on /metrics and listed in /debug/engines with why; the vLLM engine beside
+// it is routed as usual.
+func TestMixedFleetRefused(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{})
+	es := f.engines()
+	es[1].Kind = "sglang"
+	rt := startRouter(t, discovery.NewStatic(es), noHealthLoop)
+	if n := testutil.ToFloat64(rt.s.met.EnginesRefused); n != 1 {
+		t.Fatalf("engines refused %v, want 1", n)
+	}
+	var refused, routed int
+	for _, e := range rt.s.Engines() {
+		switch {
+		case e.Name == "e1" && strings.Contains(e.Refused, "kind=sglang but the router runs vllm engines") && len(e.Ranks) == 0:
+			refused++
+		case e.Name == "e0" && e.Refused == "" && len(e.Ranks) == 1:
+			routed++
+		}
+	}
+	if refused != 1 || routed != 1 {
+		t.Fatalf("/debug/engines: %+v", rt.s.Engines())
+	}
+	for range 4 {
+		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 32, 2, 8, 1)); a.status != 200 || a.header.Get("x-kvroute-engine") == "e1" {
+			t.Fatalf("answer %d from %q", a.status, a.header.Get("x-kvroute-engine"))
+		}
+	}
+}
