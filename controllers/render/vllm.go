@@ -1,6 +1,10 @@
 package render
 
-import "strings"
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+)
 
 // Version is this release of kvroute: the tag of its images (ghcr.io/kvroute/...), of
 // dist/install.yaml's manager and of the OLM bundle. test/ship keeps them in step with it and
@@ -52,28 +56,7 @@ var simImages = []string{"ghcr.io/kvroute/vllm-sim", "kvroute/vllm-sim"}
 // of vllm/vllm-openai, e.g. docker.io/), or kvroute's vllm-sim. It returns the tag it found, ""
 // for an image with no tag (or only a digest, which cannot be mapped to a release).
 func EngineImageTested(image string) (tested bool, tag string) {
-	name, _, _ := strings.Cut(image, "@")
-	repo, t := name, ""
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		repo, t = name[:i], name[i+1:]
-	}
-	for _, s := range simImages {
-		if repo == s || strings.HasSuffix(repo, "/"+s) {
-			return true, t
-		}
-	}
-	if repo != VLLMImage && !strings.HasSuffix(repo, "/"+VLLMImage) {
-		return false, t
-	}
-	if t == "" {
-		return false, ""
-	}
-	for _, r := range TestedVLLMReleases {
-		if t == r.Tag {
-			return true, t
-		}
-	}
-	return false, t
+	return EngineImageTestedFor(v1alpha1.EngineVLLM, image)
 }
 
 // TestedVLLMTags are the tags of TestedVLLMReleases, for messages.
@@ -83,4 +66,17 @@ func TestedVLLMTags() []string {
 		out[i] = r.Tag
 	}
 	return out
+}
+
+// vllmServer renders `vllm serve`.
+type vllmServer struct{}
+
+func (vllmServer) command() []string                                     { return []string{"vllm", "serve"} }
+func (vllmServer) args(m *v1alpha1.KVRoutedModel) ([]string, error)      { return vllmArgs(m) }
+func (vllmServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return nil, nil }
+func (vllmServer) healthPath() string                                    { return "/health" }
+func (vllmServer) metricsPath() string                                   { return "/metrics" }
+func (vllmServer) flags() *flagTable                                     { return vllmFlagTable }
+func (vllmServer) releases() engineReleases {
+	return engineReleases{Engine: "vLLM", Repo: VLLMImage, Tags: TestedVLLMTags()}
 }

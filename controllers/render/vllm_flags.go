@@ -152,3 +152,8 @@ var vllmShortFlags = map[string]string{
 	"-dph": "data-parallel-hybrid-lb", "-dpe": "data-parallel-external-lb",
 	"-ep": "enable-expert-parallel", "-cc": "compilation-config", "-ac": "attention-config",
 }
+
+var vllmFlagTable = newFlagTable(flagTable{
+	of: "`vllm serve` of vLLM " + VLLMFlagsTag, long: vllmFlags, short: vllmShortFlags,
+	shortPrefixes: []string{"-O"}, underscores: true, dots: true,
+})
