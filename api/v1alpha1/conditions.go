@@ -62,7 +62,7 @@ const (
 	AnnotationEngineKind = "serving.kvroute.io/engine-kind"
 	// AnnotationMetricsPath is the engine's Prometheus path where it is not /metrics.
 	AnnotationMetricsPath = "serving.kvroute.io/metrics-path"
-	AnnotationWarmup     = "serving.kvroute.io/warmup-until"
+	AnnotationWarmup      = "serving.kvroute.io/warmup-until"
 	// AnnotationConfigChecksum on the router pod template rolls the router when its ConfigMap changes.
 	AnnotationConfigChecksum = "serving.kvroute.io/config-checksum"
 )
