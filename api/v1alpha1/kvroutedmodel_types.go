@@ -72,7 +72,7 @@ type KVRoutedModelSpec struct {
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
 
-	// Engine configures the vLLM Deployment.
+	// Engine configures the engine Deployment (vLLM, SGLang or TensorRT-LLM: spec.engine.kind).
 	// +kubebuilder:default={}
 	// +optional
 	Engine EngineSpec `json:"engine,omitempty"`
@@ -201,7 +201,8 @@ type EngineSpec struct {
 	// +optional
 	Kind string `json:"kind,omitempty"`
 
-	// Image of vLLM; the operator's --default-engine-image when empty.
+	// Image of the engine; when empty, the operator's --default-engine-image for vllm and the
+	// pinned release of the kind otherwise.
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	Image string `json:"image,omitempty"`
@@ -277,12 +278,14 @@ type EngineSpec struct {
 	// +optional
 	HashSeed string `json:"hashSeed,omitempty"`
 
-	// KVEvents configures vLLM's --kv-events-config.
+	// KVEvents configures the engines' KV-event publisher (vLLM's and SGLang's --kv-events-config,
+	// TensorRT-LLM's kv_cache_config.kv_events_config).
 	// +kubebuilder:default={}
 	// +optional
 	KVEvents KVEventsSpec `json:"kvEvents,omitempty"`
 
-	// LoRAAdapters are served with --enable-lora --lora-modules name=uri.
+	// LoRAAdapters are served with --enable-lora --lora-modules name=uri (vLLM) or --enable-lora
+	// --lora-paths name=path (SGLang); trtllm-serve takes none.
 	// +kubebuilder:validation:MaxItems=32
 	// +listType=map
 	// +listMapKey=name

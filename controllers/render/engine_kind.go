@@ -147,3 +147,26 @@ func TestedReleases(kind string) string {
 	rel := s.releases()
 	return rel.Engine + " (" + rel.Repo + ":" + strings.Join(rel.Tags, ", ") + ")"
 }
+
+// EngineKindRow is one engine kind as docs/install.md's table of engine kinds shows it.
+type EngineKindRow struct {
+	Kind, Server, Image, Health, Metrics string
+}
+
+// EngineKindRows are the rows of docs/install.md's engine-kinds table, in EngineKinds order;
+// a test keeps the table equal to them. Image is the default of the kind (vLLM's is the
+// operator's shipped --default-engine-image).
+func EngineKindRows() []EngineKindRow {
+	var rows []EngineKindRow
+	for _, k := range EngineKinds() {
+		s := servers[k]
+		rows = append(rows, EngineKindRow{Kind: k, Server: s.flags().of,
+			Image: DefaultImageFor(k, DefaultEngineImage), Health: s.healthPath(), Metrics: s.metricsPath()})
+	}
+	return rows
+}
+
+// String is the row as the table writes it.
+func (r EngineKindRow) String() string {
+	return fmt.Sprintf("| `%s` | %s | `%s` | `%s` | `%s` |", r.Kind, r.Server, r.Image, r.Health, r.Metrics)
+}

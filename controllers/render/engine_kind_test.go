@@ -2,6 +2,7 @@ package render_test
 
 import (
 	"encoding/json"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -297,3 +298,28 @@ func TestEngineImageTestedPerKind(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// docs/install.md's engine-kinds table is EngineKindRows, row for row.
+func TestEngineKindsTableIsCurrent(t *testing.T) {
+	b, err := os.ReadFile("../../docs/install.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	begin, end := strings.Index(doc, "<!-- engine-kinds:"), strings.Index(doc, "<!-- /engine-kinds -->")
+	if begin < 0 || end < begin {
+		t.Fatal("docs/install.md lacks the <!-- engine-kinds --> table")
+	}
+	var rows, want []string
+	for _, l := range strings.Split(doc[begin:end], "\n") {
+		if strings.HasPrefix(l, "| `") {
+			rows = append(rows, l)
+		}
+	}
+	for _, r := range render.EngineKindRows() {
+		want = append(want, r.String())
+	}
+	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
+		t.Errorf("docs/install.md engine-kinds rows:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+}

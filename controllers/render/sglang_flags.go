@@ -222,5 +222,5 @@ var sglangFlags = map[string]bool{
 }
 
 var sglangFlagTable = newFlagTable(flagTable{
-	of: "SGLang's launch server (" + SGLangImage + ":" + TestedSGLangReleases[0] + ")", long: sglangFlags,
+	of: "`python3 -m sglang.launch_server` of SGLang " + TestedSGLangReleases[0], long: sglangFlags,
 })
