@@ -272,8 +272,9 @@ func (s *Router) DebugRoute(w http.ResponseWriter, r *http.Request) {
 		kind = tokens.Chat
 	}
 	reps := s.reps()
-	p, ok := s.prepare(w, r, kind, body, reps)
-	if !ok {
+	p, refused := s.prepare(r.Context(), r.Header, kind, body, reps)
+	if refused != nil {
+		refused.write(w)
 		return
 	}
 	d, ex, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, nil, false)

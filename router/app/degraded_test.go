@@ -22,7 +22,6 @@ import (
 	"github.com/kvroute/kvroute/router/blockkey"
 	"github.com/kvroute/kvroute/router/degraded"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 	"github.com/kvroute/kvroute/router/kvwire"
@@ -162,8 +161,8 @@ func TestSubBlockRequestsAreNotNoEvents(t *testing.T) {
 // QuietRequests block-sized requests (not a whole window later), and no longer once its held
 // batches arrive. The router's stale mark and the reason share the count.
 func TestDegradedNoEventsOnEvidence(t *testing.T) {
-	if fleet.StaleHits != degraded.QuietRequests {
-		t.Fatalf("fleet.StaleHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", fleet.StaleHits, degraded.QuietRequests)
+	if kvevents.QuietHits != degraded.QuietRequests {
+		t.Fatalf("kvevents.QuietHits %d and degraded.QuietRequests %d must agree: the reason reports the stale evidence", kvevents.QuietHits, degraded.QuietRequests)
 	}
 	sim := startSim(t, vllmsim.Config{})
 	clk := &fakeClock{}
@@ -177,7 +176,7 @@ func TestDegradedNoEventsOnEvidence(t *testing.T) {
 		t.Fatalf("healthy stream degraded: %v", r)
 	}
 	sim.SetEventsStalled(true)
-	clk.advance(fleet.StaleAfter) // each quiet request must come fleet.StaleAfter past the last applied batch
+	clk.advance(kvevents.QuietAfter) // each quiet request must come kvevents.QuietAfter past the last applied batch
 	for i := range degraded.QuietRequests {
 		postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, 0, 0, 1))
 	}
@@ -205,7 +204,7 @@ func TestRepeatedCachedPromptIsNotNoEvents(t *testing.T) {
 	prompt := idsPrompt(3, 64, 1, 6, 1) // 70 tokens: a repeat hits all four full blocks, stores none
 	postJSON(t, rt.api.URL+"/v1/completions", prompt)
 	testkit.WaitFor(t, waitBound, "the first batch applied", func() bool { st, _ := rt.s.sub.Stats("e0", 0); return st.Applied > 0 })
-	clk.advance(fleet.StaleAfter) // past the last applied batch, as a silent publisher's requests would be
+	clk.advance(kvevents.QuietAfter) // past the last applied batch, as a silent publisher's requests would be
 	for range 2 * degraded.QuietRequests {
 		postJSON(t, rt.api.URL+"/v1/completions", prompt)
 	}

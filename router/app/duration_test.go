@@ -64,16 +64,16 @@ func TestRequestOutcome(t *testing.T) {
 		out  proxy.Outcome
 		want string
 	}{
-		{proxy.Outcome{Status: 200, Started: true}, outcomeOK},
-		{proxy.Outcome{Status: 400, Started: true}, outcomeClientError},
-		{proxy.Outcome{Status: 503, Started: true}, outcomeEngineError},
-		{proxy.Outcome{Status: 200, Started: true, EngineError: "boom"}, outcomeEngineError},
-		{proxy.Outcome{Status: 200, Started: true, Cut: true, Kind: proxy.KindReset, Err: errors.New("reset")}, outcomeEngineError},
+		{proxy.Outcome{Status: 200, Phase: proxy.Answered}, outcomeOK},
+		{proxy.Outcome{Status: 400, Phase: proxy.Answered}, outcomeClientError},
+		{proxy.Outcome{Status: 503, Phase: proxy.Answered}, outcomeEngineError},
+		{proxy.Outcome{Status: 200, Phase: proxy.Answered, EngineError: "boom"}, outcomeEngineError},
+		{proxy.Outcome{Status: 200, Phase: proxy.Cut, Kind: proxy.KindReset, Err: errors.New("reset")}, outcomeEngineError},
 		{proxy.Outcome{Kind: proxy.KindConnect, Err: errors.New("refused")}, outcomeEngineError},
-		{proxy.Outcome{Kind: proxy.KindRequestTimeout, Err: proxy.ErrRequestTimeout}, outcomeTimeout},
-		{proxy.Outcome{Status: 200, Started: true, Kind: proxy.KindIdleTimeout, Err: proxy.ErrIdleTimeout, Cut: true}, outcomeTimeout},
+		{proxy.Outcome{Phase: proxy.Failed, Kind: proxy.KindRequestTimeout, Err: proxy.ErrRequestTimeout}, outcomeTimeout},
+		{proxy.Outcome{Status: 200, Phase: proxy.Cut, Kind: proxy.KindIdleTimeout, Err: proxy.ErrIdleTimeout}, outcomeTimeout},
 		{proxy.Outcome{Kind: proxy.KindFirstTokenTimeout, Err: proxy.ErrFirstTokenTimeout}, outcomeTimeout},
-		{proxy.Outcome{Status: 200, Started: true, ClientGone: true, Err: errors.New("canceled")}, outcomeCanceled},
+		{proxy.Outcome{Status: 200, Phase: proxy.Cut, Kind: proxy.KindClientGone, Err: errors.New("canceled")}, outcomeCanceled},
 	} {
 		if got := requestOutcome(c.out); got != c.want {
 			t.Errorf("requestOutcome(%+v) = %s, want %s", c.out, got, c.want)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
-	"github.com/kvroute/kvroute/router/fleet"
 	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -121,17 +121,17 @@ func TestEngineServesButStopsPublishing(t *testing.T) {
 		t.Fatalf("status %d", a.status)
 	}
 	sim.SetEventsStalled(true)
-	clk.advance(fleet.StaleAfter + 100*time.Millisecond)
+	clk.advance(kvevents.QuietAfter + 100*time.Millisecond)
 	t0 := time.Now()
-	for i := range fleet.StaleHits {
+	for i := range kvevents.QuietHits {
 		if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(10+i, 64, i, 16, 2)); a.status != 200 {
 			t.Fatalf("status %d", a.status)
 		}
 	}
 	if s := streamState(rt, "e"); s != "inexact" {
-		t.Fatalf("stream %s after %d requests with no events, want inexact", s, fleet.StaleHits)
+		t.Fatalf("stream %s after %d requests with no events, want inexact", s, kvevents.QuietHits)
 	}
-	t.Logf("stale after %d requests, %v", fleet.StaleHits, time.Since(t0).Round(time.Millisecond))
+	t.Logf("stale after %d requests, %v", kvevents.QuietHits, time.Since(t0).Round(time.Millisecond))
 	sim.SetEventsStalled(false)
 	testkit.WaitFor(t, waitBound, "exact again with the held batches applied", func() bool { return mirrors(rt, "e", sim) && streamState(rt, "e") == "exact" })
 }

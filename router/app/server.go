@@ -194,7 +194,8 @@ func New(o Options) (*Router, error) {
 		// Publishes the ledger's transitions once startPeers below has joined the group.
 		observers = append(append([]load.Observer{}, observers...), peerObserver{s: s})
 	}
-	lo := load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: observers}
+	lo := load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: observers,
+		RecordTTL: recordTTL(o.Config.Limits.RequestTimeout.Duration)}
 	if o.Config.Peers != nil {
 		lo.PeerPrefill = s.peerPrefill
 	}
@@ -218,7 +219,7 @@ func New(o Options) (*Router, error) {
 			ing.Parity = &kvevents.Parity{Algo: algo, Seed: o.Config.Hash.Seed}
 		}
 		var err error
-		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log})
+		s.sub, err = kvevents.New(kvevents.Options{Index: s.ix, RcvHWM: o.Config.Events.HWM, Ingest: ing, Logger: s.log, Now: o.Now})
 		if err != nil {
 			return nil, err
 		}
@@ -362,9 +363,21 @@ func (s *Router) expireLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.ledger.Expire()
+			for _, rc := range s.ledger.Expire() {
+				s.logLimited("ledger-expired", "a routed request's end was never reported; the ledger ended it after the request timeout, counted in kvroute_router_ledger_records_expired_total",
+					"replica", rc.Replica.Name, "routed_at", rc.At)
+			}
 		}
 	}
+}
+
+// recordTTL is how long the ledger keeps a request whose end was never reported: no request
+// outlives the request timeout, and the minute covers the release itself.
+func recordTTL(requestTimeout time.Duration) time.Duration {
+	if requestTimeout <= 0 {
+		return 0
+	}
+	return requestTimeout + time.Minute
 }
 
 // NotReady says why the router cannot take traffic ("" when it can).

@@ -125,12 +125,8 @@ type Replica struct {
 	C Counters
 
 	view  atomic.Pointer[View]
-	quiet atomic.Int64 // requests served in a row with no event applied for staleAfter
-	// lastQuiet is when the last of those was answered (unix ns, 0: never): no-events on small
-	// traffic is one of them followed by degraded.QuietWindow of silence.
-	lastQuiet atomic.Int64
-	h         repHealth  // health loop state (health.go)
-	trail     stateTrail // states the stream passed through since the last health sample
+	h     repHealth  // health loop state (health.go)
+	trail stateTrail // states the stream passed through since the last health sample
 }
 
 // Counters are a replica's request-path counters.

@@ -110,11 +110,7 @@ func (f *Fleet) HealthTick(now time.Time) {
 		byName[r.Name] = r
 		c := &r.C
 		smp := degraded.Sample{Events: r.Stream, Routed: c.Routed.Load(), MultimodalRouted: c.MultimodalRouted.Load(),
-			TokenizerFailures: c.TokenizeFailures.Load(), ExactPredicted: c.ExactPredicted.Load(), ExactActual: c.ExactActual.Load(),
-			QuietRequests: uint64(max(r.quiet.Load(), 0))}
-		if ns := r.lastQuiet.Load(); ns != 0 {
-			smp.LastQuiet = time.Unix(0, ns)
-		}
+			TokenizerFailures: c.TokenizeFailures.Load(), ExactPredicted: c.ExactPredicted.Load(), ExactActual: c.ExactActual.Load()}
 		if p := c.tokErr.Load(); p != nil {
 			smp.TokenizerError = *p
 		}
@@ -126,6 +122,7 @@ func (f *Fleet) HealthTick(now time.Time) {
 		if r.Stream && f.o.Sub != nil {
 			if st, ok := f.o.Sub.Stats(r.Eng.Name, r.Rank); ok {
 				smp.State, smp.Partial, smp.LastApplied = st.State.String(), st.Partial, st.LastApplied
+				smp.QuietRequests, smp.LastQuiet = st.QuietRequests, st.LastQuiet
 				smp.Received, smp.Applied, smp.DecodeErrors, smp.Panics = st.Received, st.Applied, st.DecodeErrors, st.Panics
 				smp.Dropped = st.Duplicates + st.TopicMismatches + st.MalformedFrames
 				smp.BlocksStored, smp.UnknownParent, smp.RekeyErrors = st.BlocksStored, st.UnknownParent, st.RekeyErrors
@@ -215,16 +212,6 @@ func (f *Fleet) Degraded() map[string][]degraded.Status {
 	return out
 }
 
-// StaleAfter and StaleHits: a replica whose engine answers StaleHits requests in a row, each of
-// which must have stored a new full block (MustStoreBlock) and each StaleAfter or more after
-// the stream's last applied batch, has a publisher that stopped (a prefill stores blocks, and
-// vLLM publishes them within milliseconds). Several in a row, to ride out a batch that is
-// merely late.
-const (
-	StaleAfter = 2 * time.Second
-	StaleHits  = 3
-)
-
 // MustStoreBlock reports whether serving a prompt of promptTokens, of which cachedTokens were
 // prefix-cache hits, stored at least one new full block, so that an engine publishing events
 // must have sent a BlockStored for it. vLLM's hits are whole blocks from the start, capped so
@@ -247,26 +234,28 @@ func MustStoreBlock(promptTokens, cachedTokens, blockSize int) bool {
 
 // Served is told of an answer the replica's engine gave for a prompt of promptTokens, of which
 // cached were prefix-cache hits (as the engine reported them, or as the router predicted when
-// the engine reports none), at blockSize: it marks the stream stale when the engine serves
-// without publishing.
+// the engine reports none), at blockSize. It passes on to the replica's stream, which owns the
+// verdict on a publisher that went quiet, whether the answer must have stored a block.
 func (f *Fleet) Served(rep *Replica, promptTokens, cached, blockSize int) {
-	if !rep.Stream || f.o.Sub == nil || !MustStoreBlock(promptTokens, cached, blockSize) {
+	if !rep.Stream || f.o.Sub == nil {
 		return
 	}
-	st, ok := f.o.Sub.Stats(rep.Eng.Name, rep.Rank)
-	if !ok {
-		return
-	}
-	now := f.o.Now()
-	if !st.LastApplied.IsZero() && now.Sub(st.LastApplied) < StaleAfter {
-		rep.quiet.Store(0)
-		return
-	}
-	rep.lastQuiet.Store(now.UnixNano())
-	if rep.quiet.Add(1) >= StaleHits && st.State == kvevents.Exact {
-		if err := f.o.Sub.Stale(rep.Eng.Name, rep.Rank); err == nil {
-			f.log.Warn("engine serves but publishes no KV events; replica scored approximately until they resume",
-				"engine", rep.Eng.Name, "rank", rep.Rank, "last_event", st.LastApplied)
-		}
-	}
+	_ = f.o.Sub.Served(rep.Eng.Name, rep.Rank, MustStoreBlock(promptTokens, cached, blockSize))
 }
+
+// The fleet is the one writer of an engine's health (Engine.Health): its probes, and what the
+// request path reports through the three methods below.
+
+// AttemptFailed records that an engine failed a request (why): before the first token, or an
+// answer cut after it. unreachable (a refused connection) takes the engine out of routing at
+// once; any other failure counts towards its passive backoff.
+func (f *Fleet) AttemptFailed(e *Engine, why string, unreachable bool) {
+	if unreachable {
+		e.Health.Unreachable(f.o.Now(), why)
+		return
+	}
+	e.Health.Failure(f.o.Now(), why)
+}
+
+// AttemptServed records that an engine answered a request cleanly.
+func (f *Fleet) AttemptServed(e *Engine) { e.Health.Success() }

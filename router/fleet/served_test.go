@@ -14,19 +14,26 @@ import (
 	"github.com/kvroute/kvroute/router/kvevents/kvtest"
 )
 
-// testClock is real time plus an offset the test moves.
-type testClock struct{ off atomic.Int64 }
+// testClock stands still until the test moves it.
+type testClock struct{ ns atomic.Int64 }
 
-func (c *testClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
-func (c *testClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+func newTestClock() *testClock {
+	c := &testClock{}
+	c.ns.Store(time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+func (c *testClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-// Served takes an engine for a silent publisher only on StaleHits block-storing answers in a
-// row, each StaleAfter or more past the stream's last applied batch on the fleet's clock: an
-// answer within StaleAfter starts the count again, and a prompt that stores no new block is no
-// evidence. The third answer marks the stream stale (an exact stream is no longer exact).
+// Served hands the stream the evidence; the stream takes its engine for a silent publisher only
+// on QuietHits block-storing answers in a row, each QuietAfter or more past its last applied
+// batch on the subscriber's clock: an answer within QuietAfter starts the count again, and a
+// prompt that stores no new block is no evidence. The third answer marks the stream stale (an
+// exact stream is no longer exact).
 func TestServedMarksAQuietPublisherStale(t *testing.T) {
 	const bs = 16
-	sub, err := kvevents.New(kvevents.Options{Index: index.New(index.Options{}), Ingest: kvevents.IngestOptions{BlockSize: bs}})
+	clk := newTestClock()
+	sub, err := kvevents.New(kvevents.Options{Index: index.New(index.Options{}), Ingest: kvevents.IngestOptions{BlockSize: bs}, Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,10 +70,6 @@ func TestServedMarksAQuietPublisherStale(t *testing.T) {
 		return s.Applied > 0 && s.State == kvevents.Exact
 	})
 
-	// The fleet's clock starts a minute behind the stream's (real) one, so that the first
-	// answers come within StaleAfter of the batch however slowly this machine runs.
-	clk := &testClock{}
-	clk.advance(-time.Minute)
 	f := New(Options{Sub: sub, Now: clk.now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	rep := &Replica{Eng: &Engine{Name: "e"}, Rank: 0, Stream: true}
 	serve := func(n, cached int) {
@@ -74,19 +77,18 @@ func TestServedMarksAQuietPublisherStale(t *testing.T) {
 			f.Served(rep, 4*bs, cached, bs)
 		}
 	}
-	serve(StaleHits+1, 0) // right after the batch: the publisher is keeping up
-	if s := stats(); s.StaleMarks != 0 || rep.quiet.Load() != 0 {
-		t.Fatalf("marked stale within StaleAfter of the last batch: %d marks, %d quiet answers", s.StaleMarks, rep.quiet.Load())
+	serve(kvevents.QuietHits+1, 0) // at the batch's instant: the publisher is keeping up
+	if s := stats(); s.StaleMarks != 0 || s.QuietRequests != 0 {
+		t.Fatalf("marked stale within QuietAfter of the last batch: %d marks, %d quiet answers", s.StaleMarks, s.QuietRequests)
 	}
-	clk.advance(time.Minute + StaleAfter)
-	serve(StaleHits, 3*bs) // a capped full hit stores no new block: no evidence
-	serve(StaleHits-1, 0)
-	if s := stats(); s.StaleMarks != 0 {
-		t.Fatalf("stale after %d quiet answers, want %d", StaleHits-1, StaleHits)
+	clk.advance(kvevents.QuietAfter)
+	serve(kvevents.QuietHits, 3*bs) // a capped full hit stores no new block: no evidence
+	serve(kvevents.QuietHits-1, 0)
+	if s := stats(); s.StaleMarks != 0 || s.QuietRequests != kvevents.QuietHits-1 || !s.LastQuiet.Equal(clk.now()) {
+		t.Fatalf("after %d quiet answers: %d marks, %d quiet, last quiet %v; want no mark before %d", kvevents.QuietHits-1, s.StaleMarks, s.QuietRequests, s.LastQuiet, kvevents.QuietHits)
 	}
 	serve(1, 0)
-	testkit.WaitFor(t, 10*time.Second, "the stream marked stale", func() bool { return stats().StaleMarks == 1 })
-	if s := stats(); s.State == kvevents.Exact {
+	if s := stats(); s.StaleMarks != 1 || s.State == kvevents.Exact {
 		t.Fatalf("stream still exact after the stale mark: %+v", s)
 	}
 }

@@ -23,7 +23,7 @@ type counterSpec struct {
 }
 
 // gaugeFields are the rows that are levels, not counts.
-var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true, "SharedBlocks": true, "SharedCopies": true}
+var gaugeFields = map[string]bool{"QueuedBytes": true, "Pending": true, "QuietRequests": true, "SharedBlocks": true, "SharedCopies": true}
 
 // How each counter's movement is told beyond /metrics and /debug/engines: every row is in
 // exactly one of these sets (TestEveryCounterIsToldOnce), so a new counter must choose.
@@ -43,7 +43,7 @@ var (
 	// siteLoggedFields are logged where they happen, with the batch's seq and payload head
 	// (logDrop, logPanic), the requests that showed it (the router's stale mark), or the reason a
 	// peer's snapshot was not used (seedRejected).
-	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true,
+	siteLoggedFields = map[string]bool{"DecodeErrors": true, "TooLarge": true, "OverCap": true, "Panics": true, "StaleMarks": true, "QuietRequests": true,
 		"SeedRejected": true, "SnapshotFailures": true}
 	// dropFields are dropped or skipped messages, batches and events that nothing logs where
 	// they happen: the router logs the first increase of each on a stream (FirstDrops).
@@ -80,6 +80,7 @@ var counterTable = []counterSpec{
 	{"Downs", "stream_downs_total", "downs", "Times the engine's health probe was seen failing (stream taken out of exact).", func(s *Stats) uint64 { return s.Downs }},
 	{"SilentRestarts", "stream_silent_restarts_total", "silent_restarts", "Engine restarts found by a seq jump after an outage or the identity check on return.", func(s *Stats) uint64 { return s.SilentRestarts }},
 	{"OverCap", "stream_over_limit_total", "over_limit", "Times the replica went past its block limit (cleared, stream inexact).", func(s *Stats) uint64 { return s.OverCap }},
+	{"QuietRequests", "stream_quiet_requests", "quiet_requests", "Block-storing answers in a row the engine gave with no batch applied for 2s (3 mark the stream stale; 0 again once an answer finds events flowing).", func(s *Stats) uint64 { return s.QuietRequests }},
 	{"StaleMarks", "stream_stale_marks_total", "stale_marks", "Times the engine served requests with no events coming (stream taken out of exact).", func(s *Stats) uint64 { return s.StaleMarks }},
 	{"SeedRejected", "stream_seed_rejected_total", "seed_rejected", "Peer snapshots not used for the stream (another engine process, the ring wrapped past them, no replay socket, over the block limit); its ring was replayed from seq 0.", func(s *Stats) uint64 { return s.SeedRejected }},
 	{"Restarts", "stream_restarts_total", "restarts", "Engine restarts reported by discovery.", func(s *Stats) uint64 { return s.Restarts }},

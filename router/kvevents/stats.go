@@ -52,6 +52,9 @@ type counters struct {
 	seeded                                                                 atomic.Bool
 	pending                                                                atomic.Int64
 	lastApplied                                                            atomic.Int64 // unix ns
+	// quiet counts block-storing answers in a row served QuietAfter or more past the last applied
+	// batch (Subscriber.Served), lastQuiet when the last of them came (unix ns, 0: never).
+	quiet, lastQuiet atomic.Int64
 
 	ingest ingestCounters
 }
@@ -121,6 +124,8 @@ type Stats struct {
 	OverCap         uint64    // times the replica went past its block limit (cleared, stream inexact)
 	StaleMarks      uint64    // times the engine served requests with no events coming (Subscriber.Stale)
 	LastApplied     time.Time // when the last batch was applied (zero: none)
+	QuietRequests   uint64    // block-storing answers in a row with no batch applied for QuietAfter (Subscriber.Served)
+	LastQuiet       time.Time // when the last of those came (zero: never)
 	Resets          uint64    // times the replica's entries were cleared because the stream became inexact
 	SeedRejected    uint64    // peer snapshots not used: another engine process, the ring wrapped past them, no replay socket, over the block limit
 	// PublisherRestarts: new engine processes seen as a changed publisher id (each also a reset).
@@ -183,7 +188,7 @@ func (c *counters) snapshot(engine string, rank int) Stats {
 		Publisher: pub, Stalled: c.stalled.Load(),
 		PublisherRestarts: c.publisherRestarts.Load(), Stalls: c.stalls.Load(), Heartbeats: c.heartbeats.Load(),
 		Snapshots: c.snapshots.Load(), SnapshotsInstalled: c.snapshotsInstalled.Load(), SnapshotFailures: c.snapshotFailures.Load(),
-		LastApplied: last,
+		LastApplied: last, QuietRequests: uint64(max(c.quiet.Load(), 0)), LastQuiet: unixOrZero(c.lastQuiet.Load()),
 		Engine:      engine, Rank: rank,
 		State:   StreamState(c.state.Load()),
 		Partial: c.partial.Load(), Seeded: c.seeded.Load(), SeedRejected: c.seedRejects.Load(),
@@ -223,4 +228,12 @@ func ownersOf(in *ingestCounters) []string {
 		return *p
 	}
 	return nil
+}
+
+// unixOrZero is ns as a time, zero for 0.
+func unixOrZero(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }

@@ -490,7 +490,7 @@ func (st *stream) apply(m kvwire.Message) {
 	st.fails, st.stale = 0, false
 	st.c.lastSeq.Store(m.Seq)
 	st.c.haveSeq.Store(true)
-	st.c.lastApplied.Store(time.Now().UnixNano())
+	st.c.lastApplied.Store(st.sub.opts.Now().UnixNano())
 	st.lastSum, st.haveSum = payloadSum(m.Payload), true
 	fresh := st.fresh
 	st.fresh = false

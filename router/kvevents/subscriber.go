@@ -58,6 +58,9 @@ type Options struct {
 	SnapshotTimeout time.Duration
 	// Ingest is every stream's ingestion configuration unless its StreamConfig overrides it.
 	Ingest IngestOptions
+	// Now is the subscriber's clock (time.Now when nil): when a batch was applied, and how long
+	// an engine has served requests since (Served).
+	Now func() time.Time
 	// Logger receives what the streams cannot say through counters alone: the first drop of each
 	// kind and recovered panics (slog.Default() when nil).
 	Logger *slog.Logger
@@ -131,6 +134,9 @@ func New(opts Options) (*Subscriber, error) {
 	}
 	if opts.QueueLen <= 0 {
 		opts.QueueLen = 4096
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	if opts.RcvHWM <= 0 {
 		opts.RcvHWM = 100000
@@ -328,17 +334,64 @@ func (s *Subscriber) Up(engine string, rank int) error {
 	return s.do(engine, rank, func(st *stream) { st.setUp() })
 }
 
+// QuietAfter and QuietHits: a stream whose engine answers QuietHits requests in a row, each of
+// which must have stored a new full block and each QuietAfter or more after the stream's last
+// applied batch, has a publisher that stopped (a prefill stores blocks, and vLLM publishes them
+// within milliseconds). Several in a row, to ride out a batch that is merely late.
+const (
+	QuietAfter = 2 * time.Second
+	QuietHits  = 3
+)
+
+// Served tells the stream that its engine answered a request; storedBlock says the answer must
+// have stored a new full block, so that a publishing engine sent a BlockStored for it (the
+// caller knows the engine's caching rule; fleet.MustStoreBlock). The stream owns the verdict:
+// QuietHits such answers in a row, each QuietAfter or more past the last applied batch, mark it
+// stale (Stale), logged once per mark. An answer that stores no block is no evidence either way.
+func (s *Subscriber) Served(engine string, rank int, storedBlock bool) error {
+	if !storedBlock {
+		return nil
+	}
+	s.mu.Lock()
+	st, ok := s.streams[StreamKey{engine, rank}]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("kvevents: no stream %v", StreamKey{engine, rank})
+	}
+	now := s.opts.Now()
+	if last := st.c.lastApplied.Load(); last != 0 && now.Sub(time.Unix(0, last)) < QuietAfter {
+		st.c.quiet.Store(0)
+		return nil
+	}
+	st.c.lastQuiet.Store(now.UnixNano())
+	if st.c.quiet.Add(1) < QuietHits || StreamState(st.c.state.Load()) != Exact {
+		return nil
+	}
+	return s.do(engine, rank, func(st *stream) {
+		if st.markStale() {
+			last := st.c.lastApplied.Load()
+			s.log.Warn("engine serves but publishes no KV events; replica scored approximately until they resume",
+				"engine", engine, "rank", rank, "quiet_requests", st.c.quiet.Load(), "last_event", time.Unix(0, last))
+		}
+	})
+}
+
 // Stale tells the stream that its engine keeps serving requests that should have produced
 // events, and none came: the publisher stalled or died. The stream is not exact until its next
 // batch is applied in order (its blocks stay, scored approximately: a stalled publisher that
 // resumes brings the index back without a repair).
 func (s *Subscriber) Stale(engine string, rank int) error {
-	return s.do(engine, rank, func(st *stream) {
-		if !st.stale {
-			st.c.staleMarks.Add(1)
-		}
-		st.stale = true
-	})
+	return s.do(engine, rank, func(st *stream) { st.markStale() })
+}
+
+// markStale marks the stream stale; true when it was not already.
+func (st *stream) markStale() bool {
+	if st.stale {
+		return false
+	}
+	st.c.staleMarks.Add(1)
+	st.stale = true
+	return true
 }
 
 // do runs f on the stream's worker and waits for it.

@@ -14,5 +14,8 @@ func (l *Ledger) Collectors() []prometheus.Collector {
 			func() float64 { return l.cal.Read().DrainTokensPerS }),
 		g("prefill_drain_attention_weight", "Tokens of prefill one token pair of attention costs at the drain rate, measured beside it from first tokens of different prompt lengths (kv's drain credit); 0 while they do not tell it apart.",
 			func() float64 { return l.cal.Read().DrainAttentionWeight }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "ledger_records_expired_total",
+			Help: "Routed requests the ledger ended because their end was never reported within the request timeout and a minute (a lost release: their load would have stayed on the replica); should stay 0."},
+			func() float64 { return float64(l.expired.Load()) }),
 	}
 }

@@ -34,6 +34,12 @@ type Options struct {
 	Policy score.Policy
 	// PredictedTTL is the predicted side index's TTL (index.DefaultPredictedTTL when 0).
 	PredictedTTL time.Duration
+	// RecordTTL is a safety net: a request still in the ledger this long after it was routed
+	// is ended by Expire as if done, and counted (ExpiredRecords). Every request's end is
+	// its caller's to report (Done or Failed), and a request cannot outlive the router's
+	// request timeout, so one that does is a lost release, whose load would otherwise stay on
+	// its replica for good. 0: no expiry.
+	RecordTTL time.Duration
 	// Observers are told of every request's lifecycle, outside the ledger's lock. A Policy that
 	// is an Observer too (one that fits what it reads from first tokens) is told after them.
 	Observers []Observer
@@ -168,6 +174,9 @@ type Ledger struct {
 	win *score.Windows
 	// cal is every replica's engine timing, fitted from first-token times (its own lock).
 	cal *Calibrations
+	// recordTTL is Options.RecordTTL; expired counts the records it ended.
+	recordTTL time.Duration
+	expired   atomic.Uint64
 	// peerPrefill is Options.PeerPrefill (none without peers).
 	peerPrefill func(replica string) int64
 	// reps is every counted replica by its ReplicaID (Load), copied on write: a decision reads
@@ -198,7 +207,7 @@ func New(o Options) *Ledger {
 	return &Ledger{now: o.Now, obs: obs, pol: o.Policy, live: map[ID]*Record{},
 		pred:   index.NewPredicted(index.SideOptions{TTL: o.PredictedTTL}),
 		approx: index.NewApproximate(index.SideOptions{}),
-		win:    score.NewWindows(span), cal: NewCalibrations(), peerPrefill: o.PeerPrefill}
+		win:    score.NewWindows(span), cal: NewCalibrations(), peerPrefill: o.PeerPrefill, recordTTL: o.RecordTTL}
 }
 
 // Generation is a number that moves after every change to what a decision reads from the ledger
@@ -566,13 +575,40 @@ func (l *Ledger) ImportApprox(r *Replica, entries []index.SideEntry) {
 }
 
 // Expire drops side-index and window entries expired at the ledger's now (Routed also does as
-// it goes).
-func (l *Ledger) Expire() {
+// it goes), and ends the records older than Options.RecordTTL as done, telling the observers
+// (Done, without usage). It returns the records it ended: each is a request whose end was never
+// reported, which the caller logs.
+func (l *Ledger) Expire() []*Record {
 	now := l.now()
 	l.pred.Expire(now)
 	l.approx.Expire(now)
 	l.win.Expire(now.UnixNano())
+	if l.recordTTL <= 0 {
+		return nil
+	}
+	deadline := now.Add(-l.recordTTL)
+	var old []ID
+	l.mu.Lock()
+	for id, rc := range l.live {
+		if rc.At.Before(deadline) {
+			old = append(old, id)
+		}
+	}
+	l.mu.Unlock()
+	var ended []*Record
+	for _, id := range old {
+		rc, err := l.Done(id, nil)
+		if err != nil {
+			continue // ended by its caller meanwhile
+		}
+		l.expired.Add(1)
+		ended = append(ended, rc)
+	}
+	return ended
 }
+
+// ExpiredRecords is how many records Expire ended past Options.RecordTTL.
+func (l *Ledger) ExpiredRecords() uint64 { return l.expired.Load() }
 
 // Window is the replica's balance window at nowNs (the decisions' clock), for
 // Candidate.Window. It changes nothing.

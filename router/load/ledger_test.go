@@ -588,3 +588,43 @@ func routeUncached(t *testing.T, l *Ledger, r *Replica, unc int) ID {
 func decision(req *score.Request, cands []score.Candidate) *route.Decision {
 	return &route.Decision{Req: *req, Cands: cands}
 }
+
+// A record whose end is never reported is ended by Expire once it is RecordTTL old, as done
+// (its load leaves the replica, the observers hear Done), and counted; a younger one stays, and
+// without a TTL nothing expires.
+func TestRecordTTLEndsALostRelease(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	ev := &events{}
+	l := New(Options{Now: c.now, Policy: &recorder{}, Observers: []Observer{ev}, RecordTTL: time.Minute})
+	r := l.NewReplica(0, "e0/0")
+	lost, _ := l.Routed(Routing{Replica: r, Uncached: 48, Held: 64})
+	c.t = c.t.Add(30 * time.Second)
+	young, _ := l.Routed(Routing{Replica: r, Uncached: 16, Held: 16})
+	if ended := l.Expire(); len(ended) != 0 || l.ExpiredRecords() != 0 {
+		t.Fatalf("at 30 s: ended %d (counted %d), want none", len(ended), l.ExpiredRecords())
+	}
+	c.t = c.t.Add(31 * time.Second)
+	ended := l.Expire()
+	if len(ended) != 1 || l.ExpiredRecords() != 1 || ended[0].Uncached != 48 {
+		t.Fatalf("at 61 s: ended %d (counted %d), want the lost one only", len(ended), l.ExpiredRecords())
+	}
+	if got := r.Load(); got.PrefillTokens != 16 || got.Running != 1 {
+		t.Fatalf("load after expiry %+v, want only the young request's", got)
+	}
+	if _, err := l.Done(lost, nil); err != ErrUnknown {
+		t.Fatalf("a late Done of the expired record: %v, want ErrUnknown", err)
+	}
+	if _, err := l.Done(young, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"routed", "routed", "done", "done"}; !slices.Equal(ev.got, want) {
+		t.Fatalf("observers heard %v, want %v", ev.got, want)
+	}
+
+	never := New(Options{Now: c.now, Policy: &recorder{}})
+	never.Routed(Routing{Replica: never.NewReplica(0, "e0/0"), Uncached: 1, Held: 1})
+	c.t = c.t.Add(24 * time.Hour)
+	if ended := never.Expire(); len(ended) != 0 {
+		t.Fatalf("without a TTL Expire ended %d records", len(ended))
+	}
+}

@@ -49,7 +49,7 @@ func TestFirstTokenIsFirstChoice(t *testing.T) {
 	var firstAt time.Duration
 	t0 := time.Now()
 	out, rec := doStream(New(Options{}), url, true, func() { firstAt = time.Since(t0) })
-	if out.Err != nil || !out.Started || out.Cut {
+	if out.Err != nil || !out.Started() || (out.Phase == Cut) {
 		t.Fatalf("outcome %+v", out)
 	}
 	if firstAt < 150*time.Millisecond || out.TTFT < 150*time.Millisecond || out.TTFT-out.HeadersAfter < 100*time.Millisecond {
@@ -82,17 +82,17 @@ func TestFailuresBeforeFirstTokenRetryable(t *testing.T) {
 	dead.Close()
 	for name, c := range cases {
 		out, rec := doStream(c.p, c.url, true, func() { t.Errorf("%s: first token reported", name) })
-		if !out.Retryable || out.Started || out.Kind != c.kind || rec.Body.Len() != 0 || len(rec.Header()) != 0 {
+		if !out.Retryable() || out.Started() || out.Kind != c.kind || rec.Body.Len() != 0 || len(rec.Header()) != 0 {
 			t.Errorf("%s: outcome %+v, client saw %d %q", name, out, rec.Code, rec.Body.String())
 		}
-		if (c.kind == KindConnect || c.kind == KindEOF) != out.PodDown {
-			t.Errorf("%s: PodDown %v", name, out.PodDown)
+		if (c.kind == KindConnect || c.kind == KindEOF) != out.PodDown() {
+			t.Errorf("%s: PodDown %v", name, out.PodDown())
 		}
 	}
 	// The last attempt turns an error event before the first token into an HTTP error with the
 	// engine's status and body.
 	out, rec := doStream(New(Options{}), cases["error event"].url, false, nil)
-	if !out.Started || rec.Code != 500 || !strings.Contains(rec.Body.String(), `"engine dead"`) {
+	if !out.Started() || rec.Code != 500 || !strings.Contains(rec.Body.String(), `"engine dead"`) {
 		t.Fatalf("last attempt: %+v %d %q", out, rec.Code, rec.Body.String())
 	}
 }
@@ -111,7 +111,7 @@ func TestFailureAfterFirstTokenCuts(t *testing.T) {
 	} {
 		out, rec := doStream(New(Options{}), sseEngine(t, time.Millisecond, c.events...), true, nil)
 		body := rec.Body.String()
-		if !out.Cut || out.Retryable || out.Kind != c.kind || !strings.HasPrefix(body, tok+tok) && c.kind == KindEOF {
+		if !(out.Phase == Cut) || out.Retryable() || out.Kind != c.kind || !strings.HasPrefix(body, tok+tok) && c.kind == KindEOF {
 			t.Errorf("%s: outcome %+v body %q", name, out, body)
 		}
 		last := body[strings.LastIndex(strings.TrimSuffix(body, "\n\n"), "\n\n")+2:]
@@ -132,7 +132,7 @@ func TestSimBothHeaderModes(t *testing.T) {
 		rec := httptest.NewRecorder()
 		out := New(Options{}).Do(context.Background(), rec, Target{URL: sim.URL(), Rank: -1}, &Request{
 			Path: "/v1/completions", Body: []byte(streamBody), Header: http.Header{}, Stream: true, OnFirstToken: func() { first = true }})
-		if out.Err != nil || !first || out.Cut {
+		if out.Err != nil || !first || (out.Phase == Cut) {
 			t.Fatalf("at=%v: %+v", at, out)
 		}
 		strip := func(s string) string { // keep-alives are timing, not content

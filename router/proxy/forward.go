@@ -165,23 +165,50 @@ const (
 	KindIdleTimeout       = "idle_timeout"        // a started stream went silent
 	KindRequestTimeout    = "request_timeout"     // the caller's context hit its deadline
 	KindClientGone        = "client_gone"
+	KindEngineAuth        = "engine_auth" // the engine refused the router's own API key (401/403)
 )
 
-// Outcome is what happened to one attempt.
+// Phase is how far an attempt got before it ended. The caller's next step follows from it:
+// retry elsewhere (Unsent, Refused), answer the client itself (Failed), or nothing more
+// (Answered), or abort the connection (Cut).
+type Phase uint8
+
+const (
+	// Unsent: the engine never answered: no connection, a reset, a stream that ended or went
+	// past the first-token timeout before its first token. Nothing reached the client; another
+	// engine may succeed.
+	Unsent Phase = iota
+	// Refused: the engine answered with a failure the proxy held back because the caller may
+	// retry (Request.MayRetry): a 5xx, an error event before the first token, a 401/403 to the
+	// router's own key. Nothing reached the client.
+	Refused
+	// Failed: the attempt failed before anything reached the client and may not be retried
+	// (the client left, the request's deadline passed, or the caller may not retry): the caller
+	// answers the client itself, if it is still there.
+	Failed
+	// Answered: the engine's answer reached the client whole, whatever its status.
+	Answered
+	// Cut: the answer reached the client in part, then broke off. For a stream the proxy has
+	// written an OpenAI-shaped SSE error event (unless the client is the one gone); the caller
+	// must abort the connection (panic(http.ErrAbortHandler)) so that no clean end reaches it.
+	Cut
+)
+
+var phaseNames = [...]string{Unsent: "unsent", Refused: "refused", Failed: "failed", Answered: "answered", Cut: "cut"}
+
+func (p Phase) String() string {
+	if int(p) < len(phaseNames) {
+		return phaseNames[p]
+	}
+	return "phase(" + strconv.Itoa(int(p)) + ")"
+}
+
+// Outcome is what happened to one attempt: the phase it ended in and why.
 type Outcome struct {
+	// Phase is how far the attempt got.
+	Phase Phase
 	// Status is the engine's status (0 when none came).
 	Status int
-	// Started: the status reached the client; no retry is possible.
-	Started bool
-	// Retryable: nothing reached the client and another engine may succeed.
-	Retryable bool
-	// Cut: a started answer failed. For a stream the proxy has written an OpenAI-shaped SSE
-	// error event; the caller must abort the connection (panic(http.ErrAbortHandler)) so that
-	// no clean end reaches the client.
-	Cut bool
-	// PodDown: the failure is the engine's HTTP server, shared by all its DP ranks (a refused
-	// dial, a broken connection, a stream ended before its first token), not one rank.
-	PodDown bool
 	// Kind is the failure kind (Kind*), "" on success.
 	Kind string
 	// EngineError is the message of an in-stream error event the engine sent.
@@ -190,19 +217,37 @@ type Outcome struct {
 	Usage *Usage
 	// Err is the failure ("" kinds have none).
 	Err error
-	// ClientGone: the client disconnected (its context was cancelled).
-	ClientGone bool
 	// HeadersAfter is the time to the engine's response headers (not a first byte of the answer): for a vLLM stream that is its
 	// acceptance, not its first token.
 	HeadersAfter time.Duration
-	// AuthRejected: the engine answered 401/403 to the router's own engine API key. Nothing
-	// was copied to the client (a 401 would tell it its key is wrong when the router's is);
-	// Err is ErrEngineAuth and Retryable follows MayRetry, since during a key rotation another
-	// engine may still take the old key.
-	AuthRejected bool
 	// TTFT is the time to the first token (see Request.OnFirstToken); 0 when none came.
 	TTFT time.Duration
 }
+
+// Started reports whether anything of the answer reached the client: no retry is possible.
+func (o Outcome) Started() bool { return o.Phase >= Answered }
+
+// Retryable reports whether nothing reached the client and another engine may succeed.
+func (o Outcome) Retryable() bool { return o.Phase == Unsent || o.Phase == Refused }
+
+// PodDown reports whether the failure is the engine's HTTP server, shared by all its DP ranks
+// (a refused dial, a broken connection, a stream ended before its first token), not one rank.
+func (o Outcome) PodDown() bool {
+	return o.Phase == Unsent && (o.Kind == KindConnect || o.Kind == KindReset || o.Kind == KindEOF)
+}
+
+// ClientGone reports whether the client disconnected (its context was cancelled).
+func (o Outcome) ClientGone() bool { return o.Kind == KindClientGone }
+
+// AuthRejected reports whether the engine answered 401/403 to the router's own engine API key.
+// Nothing was copied to the client (a 401 would tell it its key is wrong when the router's is);
+// Err is ErrEngineAuth. It is Refused when the caller may retry, since during a key rotation
+// another engine may still take the old key, Failed otherwise.
+func (o Outcome) AuthRejected() bool { return o.Kind == KindEngineAuth }
+
+// EngineTook reports whether the engine took the request, or may have (the client left
+// first): the request's load ends as served, not taken back.
+func (o Outcome) EngineTook() bool { return o.Started() || o.Err == nil || o.ClientGone() }
 
 // ErrFirstTokenTimeout and ErrIdleTimeout are the causes of the timeouts the proxy enforces.
 var (
@@ -258,11 +303,8 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 	resp, err := p.client.Do(req)
 	if err != nil {
 		out := failed(parent, ctx, KindReset, err)
-		if out.Kind == KindReset {
-			out.PodDown = true
-			if isDialError(err) {
-				out.Kind = KindConnect
-			}
+		if out.Kind == KindReset && isDialError(err) {
+			out.Kind = KindConnect
 		}
 		return out
 	}
@@ -270,12 +312,15 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 	out := Outcome{Status: resp.StatusCode, HeadersAfter: time.Since(start)}
 	if p.o.EngineAPIKey != "" && IsAuthStatus(resp.StatusCode) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		out.AuthRejected, out.Retryable, out.Err = true, r.MayRetry, ErrEngineAuth
+		out.Kind, out.Err, out.Phase = KindEngineAuth, ErrEngineAuth, Failed
+		if r.MayRetry {
+			out.Phase = Refused
+		}
 		return out
 	}
 	if resp.StatusCode >= 500 && r.MayRetry {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		out.Retryable, out.Kind = true, KindStatus
+		out.Phase, out.Kind = Refused, KindStatus
 		out.Err = fmt.Errorf("engine answered %d", resp.StatusCode)
 		return out
 	}
@@ -285,15 +330,16 @@ func (p *Proxy) Do(ctx context.Context, w http.ResponseWriter, t Target, r *Requ
 	return p.stream(parent, ctx, cancel, ft, w, r, resp, start, out)
 }
 
-// failed classifies an error before anything reached the client.
+// failed classifies an error before anything reached the client: Unsent, or Failed when the
+// client left or the request's deadline passed.
 func failed(parent, ctx context.Context, kind string, err error) Outcome {
-	out := Outcome{Kind: kind, Err: err, Retryable: true}
+	out := Outcome{Phase: Unsent, Kind: kind, Err: err}
 	switch {
 	case parent.Err() != nil:
-		out.Retryable = false
+		out.Phase = Failed
 		out.Err = context.Cause(parent)
 		if errors.Is(out.Err, context.Canceled) {
-			out.Kind, out.ClientGone = KindClientGone, true
+			out.Kind = KindClientGone
 		} else {
 			out.Kind = KindRequestTimeout
 		}
@@ -331,8 +377,9 @@ func (p *Proxy) whole(parent, ctx context.Context, w http.ResponseWriter, r *Req
 	if err != nil {
 		f := failed(parent, ctx, KindReset, err)
 		f.Status, f.HeadersAfter = out.Status, out.HeadersAfter
-		f.PodDown = f.Kind == KindReset
-		f.Retryable = f.Retryable && (r.MayRetry || resp.StatusCode < 500)
+		if f.Phase == Unsent && !r.MayRetry && resp.StatusCode >= 500 {
+			f.Phase = Failed // the engine's own failure answer could not be read, and no retry may hide it
+		}
 		return f
 	}
 	if resp.StatusCode == http.StatusOK {
@@ -342,15 +389,15 @@ func (p *Proxy) whole(parent, ctx context.Context, w http.ResponseWriter, r *Req
 		}
 	}
 	p.writeHead(w, r, resp, false)
-	out.Started = true
+	out.Phase = Answered
 	if _, err := w.Write(buf); err != nil {
-		out.Err, out.Kind, out.ClientGone = err, KindClientGone, true
+		out.Err, out.Kind, out.Phase = err, KindClientGone, Cut
 		return out
 	}
 	if len(buf) > p.o.MaxCaptureBytes {
 		if _, err := io.Copy(w, resp.Body); err != nil {
 			f := failed(parent, ctx, KindReset, err)
-			out.Err, out.Kind, out.ClientGone, out.Cut = f.Err, f.Kind, f.ClientGone, !f.ClientGone
+			out.Err, out.Kind, out.Phase = f.Err, f.Kind, Cut
 		}
 		return out
 	}
@@ -372,7 +419,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 	er := &eventReader{br: bufio.NewReaderSize(idle, 32<<10)}
 	rc := http.NewResponseController(w)
 	var held []byte
-	for !out.Started {
+	for !out.Started() {
 		ev, err := er.next()
 		if len(ev) > 0 {
 			switch c := classify(ev); c.kind {
@@ -382,7 +429,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 				out.Kind, out.EngineError = KindEngineError, c.message
 				out.Err = fmt.Errorf("engine error event before the first token: %s", c.message)
 				if r.MayRetry {
-					out.Retryable = true
+					out.Phase = Refused
 					return out
 				}
 				// Nothing was written: answer with the error as an HTTP error, the status
@@ -394,7 +441,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(status)
 				_, _ = w.Write(c.errorJSON)
-				out.Started = true
+				out.Phase = Answered
 				return out
 			case evData:
 				held = append(held, ev...)
@@ -405,7 +452,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 					r.OnFirstToken()
 				}
 				p.writeHead(w, r, resp, true)
-				out.Started = true
+				out.Phase = Answered
 				if c.usage != nil {
 					out.Usage = c.usage
 				}
@@ -413,20 +460,19 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 					er.done = true
 				}
 				if _, werr := w.Write(append(held, ev...)); werr != nil {
-					out.Err, out.Kind, out.ClientGone = werr, KindClientGone, true
+					out.Err, out.Kind, out.Phase = werr, KindClientGone, Cut
 					return out
 				}
 				_ = rc.Flush()
 			}
 		}
-		if err != nil && !out.Started {
+		if err != nil && !out.Started() {
 			kind := KindReset
 			if errors.Is(err, io.EOF) {
 				kind, err = KindEOF, errors.New("the engine closed the stream before its first token")
 			}
 			f := failed(parent, ctx, kind, err)
 			f.Status, f.HeadersAfter = out.Status, out.HeadersAfter
-			f.PodDown = f.Kind == kind
 			return f
 		}
 		if err != nil {
@@ -448,7 +494,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 			case c.kind == evError:
 				// The engine's own error after the first token: forwarded as it is (vLLM's
 				// OpenAI shape), then the connection is aborted like any other cut.
-				out.Kind, out.EngineError, out.Cut = KindEngineError, c.message, true
+				out.Kind, out.EngineError, out.Phase = KindEngineError, c.message, Cut
 				out.Err = fmt.Errorf("engine error event: %s", c.message)
 				_, _ = w.Write(ev)
 				_ = rc.Flush()
@@ -459,7 +505,7 @@ func (p *Proxy) stream(parent, ctx context.Context, cancel context.CancelCauseFu
 				continue
 			}
 			if _, werr := w.Write(ev); werr != nil {
-				out.Err, out.Kind, out.ClientGone = werr, KindClientGone, true
+				out.Err, out.Kind, out.Phase = werr, KindClientGone, Cut
 				return out
 			}
 			_ = rc.Flush()
@@ -479,15 +525,15 @@ func (p *Proxy) endStream(parent, ctx context.Context, w http.ResponseWriter, rc
 		out.Kind, out.Err = KindEOF, errors.New("the engine's stream ended without [DONE]")
 	} else {
 		f := failed(parent, ctx, KindReset, err)
-		out.Kind, out.Err, out.ClientGone = f.Kind, f.Err, f.ClientGone
+		out.Kind, out.Err = f.Kind, f.Err
 		if errors.Is(context.Cause(ctx), ErrIdleTimeout) && parent.Err() == nil {
 			out.Kind, out.Err = KindIdleTimeout, fmt.Errorf("no byte from the engine for %v", p.o.IdleTimeout)
 		}
 	}
-	if out.ClientGone {
+	out.Phase = Cut
+	if out.ClientGone() {
 		return out
 	}
-	out.Cut = true
 	WriteStreamError(w, TypeServer, "the engine's answer broke off: "+out.Err.Error(), http.StatusBadGateway)
 	_ = rc.Flush()
 	return out

@@ -65,7 +65,7 @@ func TestStreamByteIdentical(t *testing.T) {
 		Path: "/v1/completions", Body: []byte(body), Header: http.Header{}, Stream: true,
 		SetHeaders: func(h http.Header) { h.Set("x-kvroute-engine", "e0") },
 	})
-	if out.Err != nil || !out.Started || out.Status != 200 {
+	if out.Err != nil || !out.Started() || out.Status != 200 {
 		t.Fatalf("outcome %+v", out)
 	}
 	// Request ids and timestamps differ between two calls; compare with them masked.
@@ -188,7 +188,7 @@ func TestEngineRefusingRouterKey(t *testing.T) {
 		out := p.Do(context.Background(), rec, Target{URL: sim.URL(), Rank: -1}, &Request{
 			Path: "/v1/completions", Body: []byte(`{"model":"vllm-sim","prompt":"hi","max_tokens":1}`), Header: http.Header{},
 			MayRetry: mayRetry})
-		if !out.AuthRejected || out.Status != 401 || out.Started || out.Retryable != mayRetry || !errors.Is(out.Err, ErrEngineAuth) {
+		if !out.AuthRejected() || out.Status != 401 || out.Started() || out.Retryable() != mayRetry || !errors.Is(out.Err, ErrEngineAuth) {
 			t.Fatalf("mayRetry %v: %+v", mayRetry, out)
 		}
 		if rec.Body.Len() != 0 || rec.Code != 200 || len(rec.Header()) != 0 { // 200: the recorder's untouched default
@@ -214,19 +214,19 @@ func TestRetryableBeforeFirstByte(t *testing.T) {
 	p := New(Options{})
 	rec := httptest.NewRecorder()
 	out := p.Do(context.Background(), rec, Target{URL: srv.URL, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, MayRetry: true})
-	if !out.Retryable || out.Started || rec.Body.Len() != 0 {
+	if !out.Retryable() || out.Started() || rec.Body.Len() != 0 {
 		t.Fatalf("a 503 with MayRetry must not reach the client: %+v %q", out, rec.Body.String())
 	}
 	rec = httptest.NewRecorder()
 	out = p.Do(context.Background(), rec, Target{URL: srv.URL, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}})
-	if out.Retryable || !out.Started || rec.Code != 503 {
+	if out.Retryable() || !out.Started() || rec.Code != 503 {
 		t.Fatalf("the last attempt forwards the 503: %+v", out)
 	}
 	ln := httptest.NewServer(http.NotFoundHandler())
 	dead := ln.URL
 	ln.Close()
 	out = p.Do(context.Background(), httptest.NewRecorder(), Target{URL: dead, Rank: -1}, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}})
-	if !out.Retryable || out.Err == nil || out.Started {
+	if !out.Retryable() || out.Err == nil || out.Started() {
 		t.Fatalf("a refused connection is retryable: %+v", out)
 	}
 }
@@ -245,7 +245,7 @@ func TestIdleTimeoutCutsSilentStream(t *testing.T) {
 	t0 := time.Now()
 	out := New(Options{IdleTimeout: 100 * time.Millisecond}).Do(context.Background(), rec, Target{URL: srv.URL, Rank: -1},
 		&Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, Stream: true})
-	if out.Err == nil || !out.Cut || out.Kind != KindIdleTimeout || time.Since(t0) > 3*time.Second ||
+	if out.Err == nil || !(out.Phase == Cut) || out.Kind != KindIdleTimeout || time.Since(t0) > 3*time.Second ||
 		!strings.HasPrefix(rec.Body.String(), "data: {\"choices\":[{}]}\n\ndata: {\"error\":{") {
 		t.Fatalf("outcome %+v after %v, body %q", out, time.Since(t0), rec.Body.String())
 	}
@@ -349,7 +349,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("the engine request outlived the client")
 	}
-	if out := <-done; !out.ClientGone || out.Retryable {
+	if out := <-done; !out.ClientGone() || out.Retryable() {
 		t.Fatalf("outcome %+v", out)
 	}
 }
