@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -115,29 +114,32 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 }
 
 // ReasonUntestedEngineImage is the reason of the Warning event for an engine image that is not
-// a vLLM release kvroute is tested with (render.TestedVLLMReleases).
+// a release of its engine kind kvroute is tested with (render.TestedVLLMReleases,
+// TestedSGLangReleases, TestedTRTLLMReleases).
 const ReasonUntestedEngineImage = "UntestedEngineImage"
 
 // warnUntestedEngine records a Warning event when the model's engine image is not a tested
-// vLLM release. It is called once per spec generation, so an unchanged model does not repeat it.
+// release of its kind. It is called once per spec generation, so an unchanged model does not
+// repeat it.
 func (r *KVRoutedModelReconciler) warnUntestedEngine(m *v1alpha1.KVRoutedModel) {
+	kind := render.EngineKind(m)
 	image := m.Spec.Engine.Image
 	if image == "" {
-		image = r.Render.DefaultEngineImage
+		image = render.DefaultImageFor(kind, r.Render.DefaultEngineImage)
 	}
 	if image == "" || r.Recorder == nil {
 		return
 	}
-	if ok, _ := render.EngineImageTested(image); ok {
+	if ok, _ := render.EngineImageTestedFor(kind, image); ok {
 		return
 	}
 	r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonUntestedEngineImage, "Reconcile",
-		"engine image %s is not a vLLM release kvroute is tested with (%s:%s); its KV-event shape, replay framing, flags or metrics may differ",
-		image, render.VLLMImage, strings.Join(render.TestedVLLMTags(), ", "))
+		"engine image %s is not a release of %s kvroute is tested with; its KV-event shape, replay framing, flags or metrics may differ",
+		image, render.TestedReleases(kind))
 }
 
 // ReasonUnknownEngineArg is the reason of the Warning event for a spec.engine.args entry that
-// is not an option of the pinned vLLM's `vllm serve` (render.CheckEngineArgs).
+// is not an option of the pinned release's server of its engine kind (render.CheckEngineArgsFor).
 const ReasonUnknownEngineArg = "UnknownEngineArg"
 
 // warnUnknownEngineArgs records one Warning event per unknown or misspelt engine argument,
@@ -151,7 +153,7 @@ func (r *KVRoutedModelReconciler) warnUnknownEngineArgs(m *v1alpha1.KVRoutedMode
 	for i, a := range m.Spec.Engine.Args {
 		args[i] = string(a)
 	}
-	for _, w := range render.CheckEngineArgs(args) {
+	for _, w := range render.CheckEngineArgsFor(render.EngineKind(m), args) {
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonUnknownEngineArg, "Reconcile", "%s", w.String())
 	}
 }

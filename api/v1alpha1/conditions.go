@@ -66,7 +66,11 @@ const (
 	// AnnotationKVSnapshot is read by the router; the operator does not write it yet.
 	AnnotationKVSnapshot = "serving.kvroute.io/kv-snapshot-ports"
 	AnnotationBlock      = "serving.kvroute.io/block-size"
-	AnnotationWarmup     = "serving.kvroute.io/warmup-until"
+	// AnnotationEngineKind is spec.engine.kind on engine pods other than vLLM's.
+	AnnotationEngineKind = "serving.kvroute.io/engine-kind"
+	// AnnotationMetricsPath is the engine's Prometheus path where it is not /metrics.
+	AnnotationMetricsPath = "serving.kvroute.io/metrics-path"
+	AnnotationWarmup      = "serving.kvroute.io/warmup-until"
 	// AnnotationConfigChecksum on the router pod template rolls the router when its ConfigMap changes.
 	AnnotationConfigChecksum = "serving.kvroute.io/config-checksum"
 )

@@ -75,7 +75,7 @@ type KVRoutedModelSpec struct {
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
 
-	// Engine configures the vLLM Deployment.
+	// Engine configures the engine Deployment (vLLM, SGLang or TensorRT-LLM: spec.engine.kind).
 	// +kubebuilder:default={}
 	// +optional
 	Engine EngineSpec `json:"engine,omitempty"`
@@ -242,6 +242,13 @@ type ModelCacheSpec struct {
 	OnDelete string `json:"onDelete,omitempty"`
 }
 
+// Engine kinds (spec.engine.kind).
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+	EngineTRTLLM = "trtllm"
+)
+
 // Model cache deletion policies (spec.model.cache.onDelete).
 const (
 	CacheRetain = "Retain"
@@ -256,8 +263,25 @@ const (
 // +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.port < self.kvEvents.basePort || self.port >= self.kvEvents.basePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.port %d collides with the KV event ports spec.engine.kvEvents.basePort .. basePort+dataLocal-1 (%d..%d): it is the event port of DP rank %d; move spec.engine.port or spec.engine.kvEvents.basePort'.format([self.port, self.kvEvents.basePort, self.kvEvents.basePort + self.parallelism.dataLocal - 1, self.port - self.kvEvents.basePort])`,fieldPath=".port"
 // +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.port < self.kvEvents.replayBasePort || self.port >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.port %d collides with the KV replay ports spec.engine.kvEvents.replayBasePort .. replayBasePort+dataLocal-1 (%d..%d): it is the replay port of DP rank %d; move spec.engine.port or spec.engine.kvEvents.replayBasePort'.format([self.port, self.kvEvents.replayBasePort, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, self.port - self.kvEvents.replayBasePort])`,fieldPath=".port"
 // +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort >= self.kvEvents.basePort + self.parallelism.dataLocal || self.kvEvents.basePort >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.kvEvents.replayBasePort range %d..%d overlaps the event port range spec.engine.kvEvents.basePort .. basePort+dataLocal-1 (%d..%d), one port per DP rank each: move spec.engine.kvEvents.replayBasePort to %d or above, or to at most %d'.format([self.kvEvents.replayBasePort, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort, self.kvEvents.basePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort + self.parallelism.dataLocal, self.kvEvents.basePort - self.parallelism.dataLocal])`,fieldPath=".kvEvents.replayBasePort"
+// The kind rules refuse, per engine, the flags the operator owns in that engine's spelling (vLLM's
+// are refused for every kind by EngineArg) and what the engine cannot do.
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'sglang' || !has(self.args) || self.args.all(a, !a.matches('^--(model-path|host|tp-size|tp|dp-size|dp|page-size|enable-metrics|enable-cache-report)([=].*)?$'))`,messageExpression=`'spec.engine.args sets %s, which the operator owns for SGLang: set spec.engine.parallelism.tensor for --tp-size/--tp, spec.engine.parallelism.dataLocal for --dp-size/--dp, spec.engine.blockSize for --page-size, spec.model.uri for --model-path, and remove the entry (the operator always passes --host 0.0.0.0, --enable-metrics and --enable-cache-report)'.format([self.args.filter(a, a.matches('^--(model-path|host|tp-size|tp|dp-size|dp|page-size|enable-metrics|enable-cache-report)([=].*)?$'))[0]])`,fieldPath=".args"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'sglang' || !has(self.args) || self.args.all(a, !a.matches('^--disable-radix-cache([=].*)?$'))`,message="spec.engine.args must not set --disable-radix-cache: the router routes on SGLang's radix (prefix) cache, which the operator keeps on; remove the entry",fieldPath=".args"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.args) || self.args.all(a, !a.matches('^--(host|tp_size|extra_llm_api_options|backend)([=].*)?$'))`,messageExpression=`'spec.engine.args sets %s, which the operator owns for TensorRT-LLM: set spec.engine.parallelism.tensor (or dataLocal, its attention-DP ranks) for --tp_size, and remove the entry (the operator writes the --config/--extra_llm_api_options file with the KV cache and event settings from spec.engine, and passes --host 0.0.0.0 and --backend pytorch)'.format([self.args.filter(a, a.matches('^--(host|tp_size|extra_llm_api_options|backend)([=].*)?$'))[0]])`,fieldPath=".args"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind == 'vllm' || !has(self.apiKeySecretRef)`,message="spec.engine.apiKeySecretRef needs spec.engine.kind vllm: SGLang takes its key only as --api-key (visible in the pod spec), TensorRT-LLM has none",fieldPath=".apiKeySecretRef"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.loraAdapters)`,message="spec.engine.loraAdapters needs spec.engine.kind vllm or sglang: trtllm-serve takes no adapter flag",fieldPath=".loraAdapters"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.kvEvents) || !has(self.kvEvents.mode) || self.kvEvents.mode != 'EnginesConnect'`,message="spec.engine.kvEvents.mode must be RouterConnects with spec.engine.kind trtllm: its publisher always binds",fieldPath=".kvEvents.mode"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.parallelism) || !has(self.parallelism.dataLocal) || self.parallelism.dataLocal == 1 || !has(self.parallelism.tensor) || self.parallelism.tensor == 1`,messageExpression=`'spec.engine.parallelism.tensor is %d but must be 1 when dataLocal is %d with spec.engine.kind trtllm: its DP ranks are attention-DP ranks, one GPU each'.format([self.parallelism.tensor, self.parallelism.dataLocal])`,fieldPath=".parallelism.tensor"
 type EngineSpec struct {
-	// Image of vLLM; the operator's --default-engine-image when empty.
+	// Kind is the engine the pods run: vllm (`vllm serve`), sglang (SGLang's launch server) or
+	// trtllm (`trtllm-serve`). Each gets its own flags, image, probes and metrics path.
+	// +kubebuilder:default=vllm
+	// +kubebuilder:validation:Enum=vllm;sglang;trtllm
+	// +optional
+	Kind string `json:"kind,omitempty"`
+
+	// Image of the engine; when empty, the operator's --default-engine-image for vllm and the
+	// pinned release of the kind otherwise.
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	Image string `json:"image,omitempty"`
@@ -333,12 +357,14 @@ type EngineSpec struct {
 	// +optional
 	HashSeed string `json:"hashSeed,omitempty"`
 
-	// KVEvents configures vLLM's --kv-events-config.
+	// KVEvents configures the engines' KV-event publisher (vLLM's and SGLang's --kv-events-config,
+	// TensorRT-LLM's kv_cache_config.kv_events_config).
 	// +kubebuilder:default={}
 	// +optional
 	KVEvents KVEventsSpec `json:"kvEvents,omitempty"`
 
-	// LoRAAdapters are served with --enable-lora --lora-modules name=uri.
+	// LoRAAdapters are served with --enable-lora --lora-modules name=uri (vLLM) or --enable-lora
+	// --lora-paths name=path (SGLang); trtllm-serve takes none.
 	// +kubebuilder:validation:MaxItems=32
 	// +listType=map
 	// +listMapKey=name

@@ -85,7 +85,7 @@ func runRender(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		for i, a := range m.Spec.Engine.Args {
 			args[i] = string(a)
 		}
-		for _, w := range render.CheckEngineArgs(args) {
+		for _, w := range render.CheckEngineArgsFor(render.EngineKind(m), args) {
 			fmt.Fprintf(stderr, "kvroutectl render: %s (%s/%s): warning: %s\n", where, m.Namespace, m.Name, w)
 		}
 		b, err := render.YAML(objs)

@@ -193,7 +193,7 @@ spec:
 	for _, want := range []string{
 		`-:7: document 2: decode: `, `line 13: key "replicas" already set in map`,
 		`-:15: document 3: `, `spec.engine.port 5557 collides with the KV event ports`,
-		`-:22: document 4 (default/d): warning: spec.engine.args[0] "--gpu-memory-utilisation" is not a ` + "`vllm serve`" + ` option of vLLM`,
+		`-:22: document 4 (default/d): warning: spec.engine.args[0] "--gpu-memory-utilisation" is not an option of ` + "`vllm serve`" + ` of vLLM`,
 		`did you mean --gpu-memory-utilization?`,
 		`2 of 4 documents refused`,
 	} {

@@ -51,14 +51,16 @@ func TestArgWarningNamesTheFlagTheReleaseAndTheFix(t *testing.T) {
 	}
 }
 
-// TestEveryFlagTheOperatorWritesIsKnown: the operator's own command line passes the check.
+// TestEveryFlagTheOperatorWritesIsKnown: the operator's own command line, and each sample's
+// args, pass the check of the sample's engine kind.
 func TestEveryFlagTheOperatorWritesIsKnown(t *testing.T) {
 	for _, shape := range shapes {
-		args, err := render.EngineArgs(sample(t, shape))
+		m := sample(t, shape)
+		args, err := render.EngineArgs(m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if w := render.CheckEngineArgs(args); len(w) != 0 {
+		if w := render.CheckEngineArgsFor(render.EngineKind(m), args); len(w) != 0 {
 			t.Errorf("%s: %v", shape, w)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -134,10 +135,29 @@ func TranslateURI(uri string) (modelRef, error) {
 	}
 }
 
-// EngineArgs is the container's args after the `vllm serve` command: the model, the flags
-// the operator owns, LoRA adapters, then the user's args (last, so they can add anything not
-// owned; the CRD refuses owned flags in them).
+// EngineArgs is the engine container's args after its command (EngineCommand), as the
+// model's engine kind renders them.
 func EngineArgs(m *v1alpha1.KVRoutedModel) ([]string, error) {
+	s, err := serverFor(m)
+	if err != nil {
+		return nil, err
+	}
+	return s.args(m)
+}
+
+// EngineCommand is the engine container's command for the model's engine kind.
+func EngineCommand(m *v1alpha1.KVRoutedModel) ([]string, error) {
+	s, err := serverFor(m)
+	if err != nil {
+		return nil, err
+	}
+	return s.command(), nil
+}
+
+// vllmArgs is the container's args after the `vllm serve` command: the model, the flags the
+// operator owns, LoRA adapters, then the user's args (last, so they can add anything not
+// owned; the CRD refuses owned flags in them).
+func vllmArgs(m *v1alpha1.KVRoutedModel) ([]string, error) {
 	e := &m.Spec.Engine
 	model, err := TranslateURI(m.Spec.Model.URI)
 	if err != nil {
@@ -220,32 +240,38 @@ func EngineDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 // pool, a copy with the pool's changes).
 func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*appsv1.Deployment, error) {
 	e := &m.Spec.Engine
-	image := e.Image
-	if image == "" {
-		image = opts.DefaultEngineImage
+	server, err := serverFor(m)
+	if err != nil {
+		return nil, err
 	}
-	if image == "" {
-		return nil, fmt.Errorf("spec.engine.image is empty and the operator has no --default-engine-image")
+	image, err := engineImage(m, opts)
+	if err != nil {
+		return nil, err
 	}
-	args, err := EngineArgs(m)
+	args, err := server.args(m)
+	if err != nil {
+		return nil, err
+	}
+	env, err := server.env(m)
 	if err != nil {
 		return nil, err
 	}
 	ports := EnginePorts(m)
+	health := server.healthPath()
 
 	container := corev1.Container{
-		Name:            EngineContainer,
+		Name:            engineContainerName(m),
 		Image:           image,
 		ImagePullPolicy: e.ImagePullPolicy,
-		Command:         []string{"vllm", "serve"},
+		Command:         server.command(),
 		Args:            args,
 		Ports:           append(engineContainerPorts(m, ports), sideChannelContainerPorts(m)...),
-		Env:             append(engineEnv(m), sideChannelEnv(m)...),
+		Env:             withEnv(append(engineEnv(m), sideChannelEnv(m)...), env),
 		Resources:       engineResources(m),
 		VolumeMounts:    []corev1.VolumeMount{{Name: "home", MountPath: engineHome}},
-		StartupProbe:    healthProbe(e.Port, 10, startupTimeout/10),
-		ReadinessProbe:  healthProbe(e.Port, 5, 3),
-		LivenessProbe:   healthProbe(e.Port, 10, 3),
+		StartupProbe:    healthProbe(health, e.Port, 10, startupTimeout/10),
+		ReadinessProbe:  healthProbe(health, e.Port, 5, 3),
+		LivenessProbe:   healthProbe(health, e.Port, 10, 3),
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr(false),
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
@@ -316,15 +342,35 @@ func enginePodLabels(m *v1alpha1.KVRoutedModel, component, role string) map[stri
 	if role != "" {
 		l[v1alpha1.LabelRole] = role
 	}
+	if k := EngineKind(m); k != v1alpha1.EngineVLLM {
+		l[v1alpha1.LabelName] = k
+	}
 	return l
+}
+
+// engineContainerName is the engine container's name: "vllm" as before kinds existed, the
+// kind's name for the others.
+func engineContainerName(m *v1alpha1.KVRoutedModel) string {
+	if k := EngineKind(m); k != v1alpha1.EngineVLLM {
+		return k
+	}
+	return EngineContainer
 }
 
 // EnginePodAnnotations is the router <-> engine contract on each engine pod (docs/router.md,
 // Kubernetes discovery; the names live in api/v1alpha1):
-// event and replay ports per rank (absent when off) and the block size.
+// event and replay ports per rank (absent when off) and the block size; for an engine other than
+// vLLM its kind, and its metrics path where it is not /metrics (the engine PodMonitor reads it).
+// A vLLM pod carries neither, so its template is what it was before kinds existed.
 func EnginePodAnnotations(m *v1alpha1.KVRoutedModel) map[string]string {
 	p := EnginePorts(m)
 	a := map[string]string{v1alpha1.AnnotationBlock: itoa(m.Spec.Engine.BlockSize)}
+	if k := EngineKind(m); k != v1alpha1.EngineVLLM {
+		a[v1alpha1.AnnotationEngineKind] = k
+	}
+	if path := EngineMetricsPath(m); path != "/metrics" {
+		a[v1alpha1.AnnotationMetricsPath] = path
+	}
 	if len(p.Events) > 0 {
 		a[v1alpha1.AnnotationKVEvents] = joinPorts(p.Events)
 	}
@@ -388,6 +434,15 @@ func engineEnv(m *v1alpha1.KVRoutedModel) []corev1.EnvVar {
 	return env
 }
 
+// withEnv appends the engine kind's variables to env, in place of any user variable of the
+// same name: the kind's are what its command line depends on.
+func withEnv(env, kind []corev1.EnvVar) []corev1.EnvVar {
+	for _, k := range kind {
+		env = slices.DeleteFunc(env, func(e corev1.EnvVar) bool { return e.Name == k.Name })
+	}
+	return append(env, kind...)
+}
+
 // engineResources copies the user's resources and, when neither requests nor limits name a
 // GPU, asks for tensor x dataLocal of them (extended resources need requests == limits).
 func engineResources(m *v1alpha1.KVRoutedModel) corev1.ResourceRequirements {
@@ -409,10 +464,10 @@ func engineResources(m *v1alpha1.KVRoutedModel) corev1.ResourceRequirements {
 	return r
 }
 
-func healthProbe(port int32, period, failures int32) *corev1.Probe {
+func healthProbe(path string, port int32, period, failures int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-			Path: "/health", Port: intstr.FromInt32(port), Scheme: corev1.URISchemeHTTP}},
+			Path: path, Port: intstr.FromInt32(port), Scheme: corev1.URISchemeHTTP}},
 		PeriodSeconds:    period,
 		TimeoutSeconds:   5,
 		SuccessThreshold: 1,

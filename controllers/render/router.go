@@ -190,7 +190,7 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		Name:            RouterContainer,
 		Image:           image,
 		ImagePullPolicy: r.ImagePullPolicy,
-		Args:            []string{"--config", RouterConfigDir + "/" + RouterConfigKey},
+		Args:            routerArgs(m),
 		Ports:           ports,
 		Env:             env,
 		Resources:       res,
@@ -353,4 +353,17 @@ func routerSpread(m *v1alpha1.KVRoutedModel) []corev1.TopologySpreadConstraint {
 		LabelSelector:     &metav1.LabelSelector{MatchLabels: RouterSelector(m)},
 		MatchLabelKeys:    []string{appsv1.DefaultDeploymentUniqueLabelKey},
 	}}
+}
+
+// routerArgs are kvrouter's arguments: its config file, and for engines other than vLLM the
+// engine kind (--engine-kind), which picks the event wire, tokenize endpoint and metrics names
+// the router reads and makes it refuse an engine of another kind. A vLLM fleet's router is
+// left as it was before kinds existed (vllm is kvrouter's default), so an operator upgrade
+// does not roll every router.
+func routerArgs(m *v1alpha1.KVRoutedModel) []string {
+	args := []string{"--config", RouterConfigDir + "/" + RouterConfigKey}
+	if k := EngineKind(m); k != v1alpha1.EngineVLLM {
+		args = append(args, "--engine-kind", k)
+	}
+	return args
 }

@@ -1,8 +1,9 @@
 package render
 
 import (
-	"strings"
+	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/internal/vllmrelease"
 )
 
@@ -37,29 +38,47 @@ var simImages = []string{"ghcr.io/kvroute/vllm-sim", "kvroute/vllm-sim"}
 // of vllm/vllm-openai, e.g. docker.io/), or kvroute's vllm-sim. It returns the tag it found, ""
 // for an image with no tag (or only a digest, which cannot be mapped to a release).
 func EngineImageTested(image string) (tested bool, tag string) {
-	name, _, _ := strings.Cut(image, "@")
-	repo, t := name, ""
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		repo, t = name[:i], name[i+1:]
-	}
-	for _, s := range simImages {
-		if repo == s || strings.HasSuffix(repo, "/"+s) {
-			return true, t
-		}
-	}
-	if repo != VLLMImage && !strings.HasSuffix(repo, "/"+VLLMImage) {
-		return false, t
-	}
-	if t == "" {
-		return false, ""
-	}
-	for _, r := range TestedVLLMReleases {
-		if t == r.Tag {
-			return true, t
-		}
-	}
-	return false, t
+	return EngineImageTestedFor(v1alpha1.EngineVLLM, image)
 }
 
 // TestedVLLMTags are the tags of TestedVLLMReleases, for messages.
 func TestedVLLMTags() []string { return vllmrelease.Tags() }
+
+// vllmServer renders `vllm serve`.
+type vllmServer struct{}
+
+func (vllmServer) command() []string                                    { return []string{"vllm", "serve"} }
+func (vllmServer) args(m *v1alpha1.KVRoutedModel) ([]string, error)     { return vllmArgs(m) }
+func (vllmServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return nil, nil }
+func (vllmServer) healthPath() string                                   { return "/health" }
+func (vllmServer) metricsPath() string                                  { return "/metrics" }
+func (vllmServer) flags() *flagTable                                    { return vllmFlagTable }
+func (vllmServer) releases() engineReleases {
+	return engineReleases{Engine: "vLLM", Repo: VLLMImage, Tags: TestedVLLMTags()}
+}
+
+// vllmFlagTable is `vllm serve`'s options as the one pin (internal/vllmrelease) lists them.
+var vllmFlagTable = newFlagTable(flagTable{
+	of: "`vllm serve` of vLLM " + vllmrelease.FlagsTag, long: vllmLongFlags(), short: vllmShortFlags(),
+	shortPrefixes: []string{"-O"}, underscores: true, dots: true,
+})
+
+// vllmLongFlags: each long name, true where argparse also takes --no-<name>.
+func vllmLongFlags() map[string]bool {
+	out := make(map[string]bool, len(vllmrelease.Flags))
+	for _, f := range vllmrelease.Flags {
+		out[f.Name] = f.Arity == vllmrelease.BoolOpt
+	}
+	return out
+}
+
+// vllmShortFlags: each single-dash alias ("-tp") with its long name.
+func vllmShortFlags() map[string]string {
+	out := map[string]string{}
+	for _, f := range vllmrelease.Flags {
+		for _, a := range f.Aliases {
+			out["-"+a] = f.Name
+		}
+	}
+	return out
+}

@@ -1,0 +1,151 @@
+package render
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+)
+
+// SGLang's server as the operator renders it, read from sgl-project/sglang:
+//   - python/sglang/srt/server_args.py at commit 001067fffe33 (ServerArgs: one flag per field,
+//     dashes for underscores; --model-path, --served-model-name, --host (default 127.0.0.1, so
+//     the operator binds every interface), --port, --tp-size, --dp-size, --page-size,
+//     --kv-events-config, --disable-radix-cache (prefix caching is on without it),
+//     --enable-metrics, --enable-cache-report (cached_tokens in usage.prompt_tokens_details),
+//     --revision, --enable-lora, --lora-paths NAME=PATH);
+//   - python/sglang/srt/disaggregation/kv_events.py at commit 006d053f182f (KVEventsConfig:
+//     publisher, endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic; the PUB
+//     socket binds an endpoint with "*" and connects to one with a host; each DP rank offsets
+//     both endpoints' ports by its rank), and the unit test of the same file at commit
+//     7b814519a9ea (pure data parallelism offsets by the DP rank, attention DP by the
+//     attention-DP rank: rank r publishes on base+r either way).
+//
+// Newer SGLang refuses keys its publisher does not take, so the config carries only those.
+
+// TestedSGLangReleases are the lmsysorg/sglang tags kvroute is tested with, newest first; the
+// first is the default image of kind sglang. "Tested" means what TestedVLLMReleases means:
+// the flags the operator writes and the event wire are covered by this repository's renderer,
+// decoders and simulator; no SGLang runs in CI. The source index held main-branch snapshots,
+// not the tree at the tag, so the flags above are the snapshot's.
+var TestedSGLangReleases = []string{"v0.5.19"}
+
+// SGLangImage is the image repository of SGLang's releases.
+const SGLangImage = "lmsysorg/sglang"
+
+// sglangServer renders `python3 -m sglang.launch_server`.
+type sglangServer struct{}
+
+func (sglangServer) command() []string {
+	return []string{"python3", "-m", "sglang.launch_server"}
+}
+func (sglangServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return nil, nil }
+func (sglangServer) healthPath() string                                   { return "/health" }
+func (sglangServer) metricsPath() string                                  { return "/metrics" }
+func (sglangServer) flags() *flagTable                                    { return sglangFlagTable }
+func (sglangServer) releases() engineReleases {
+	return engineReleases{Engine: "SGLang", Repo: SGLangImage, Tags: TestedSGLangReleases}
+}
+
+func (sglangServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
+	e := &m.Spec.Engine
+	model, err := TranslateURI(m.Spec.Model.URI)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{
+		"--model-path", model.Path,
+		"--served-model-name", m.Spec.Model.Name,
+		"--host", "0.0.0.0",
+		"--port", itoa(e.Port),
+		"--tp-size", itoa(e.Parallelism.Tensor),
+		"--dp-size", itoa(e.Parallelism.DataLocal),
+		"--page-size", itoa(e.BlockSize),
+		"--enable-metrics",
+		"--enable-cache-report",
+	}
+	if model.Revision != "" {
+		args = append(args, "--revision", model.Revision)
+	}
+	if *e.KVEvents.Enabled {
+		cfg, err := publisherConfigJSON(m, false)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--kv-events-config", cfg)
+	}
+	if len(e.LoRAAdapters) > 0 {
+		args = append(args, "--enable-lora", "--lora-paths")
+		for _, a := range e.LoRAAdapters {
+			ref, err := TranslateURI(a.URI)
+			if err != nil {
+				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: %w", a.Name, err)
+			}
+			if ref.Revision != "" {
+				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: SGLang takes no revision for adapters (%s)", a.Name, a.URI)
+			}
+			args = append(args, a.Name+"="+ref.Path)
+		}
+	}
+	for _, a := range e.Args {
+		args = append(args, string(a))
+	}
+	return args, nil
+}
+
+// publisherConfig is the KV-event publisher config SGLang (--kv-events-config) and
+// TensorRT-LLM (kv_cache_config.kv_events_config) take, in a fixed field order so the
+// rendered command is stable. Enable is TensorRT-LLM's switch; SGLang has none (the flag's
+// presence turns publishing on) and refuses unknown keys, so it is left out there.
+type publisherConfig struct {
+	Enable         *bool  `json:"enable_kv_cache_events,omitempty"`
+	Publisher      string `json:"publisher"`
+	Endpoint       string `json:"endpoint"`
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	Topic          string `json:"topic"`
+	HWM            int32  `json:"hwm"`
+	BufferSteps    int32  `json:"buffer_steps"`
+}
+
+// newPublisherConfig fills the publisher config from spec.engine.kvEvents: rank 0's ports
+// (each engine adds the DP rank), the topic with $(POD_IP) for the kubelet to expand, and with
+// EnginesConnect the router's events Service to dial.
+func newPublisherConfig(m *v1alpha1.KVRoutedModel, enable bool) publisherConfig {
+	ev := m.Spec.Engine.KVEvents
+	c := publisherConfig{
+		Publisher:   "zmq",
+		Endpoint:    fmt.Sprintf("tcp://*:%d", ev.BasePort),
+		Topic:       ev.TopicPrefix + "@$(POD_IP)@" + m.Spec.Model.Name,
+		HWM:         *ev.HWM,
+		BufferSteps: ev.BufferSteps,
+	}
+	if enable {
+		c.Enable = ptr(true)
+	}
+	if EnginesConnect(m) {
+		c.Endpoint = fmt.Sprintf("tcp://%s.%s.svc:%d", EventsServiceName(m), m.Namespace, ev.BasePort)
+	}
+	if *ev.ReplayBasePort != 0 {
+		c.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", *ev.ReplayBasePort)
+	}
+	return c
+}
+
+func publisherConfigJSON(m *v1alpha1.KVRoutedModel, enable bool) (string, error) {
+	return compactJSON(newPublisherConfig(m, enable))
+}
+
+// compactJSON encodes v on one line, leaving <, > and & as they are.
+func compactJSON(v any) (string, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(b.String()), nil
+}

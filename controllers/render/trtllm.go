@@ -1,0 +1,134 @@
+package render
+
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+)
+
+// TensorRT-LLM's server as the operator renders it, read from NVIDIA/TensorRT-LLM:
+//   - tensorrt_llm/commands/serve.py at commit 00209af149e7 (click options, spelt with
+//     underscores as declared: MODEL positional, --host (default localhost, so the operator binds
+//     every interface), --port, --tp_size, --backend, --revision, --config (alias
+//     --extra_llm_api_options): a YAML file whose keys override the LLM API arguments);
+//   - tensorrt_llm/llmapi/llm_args.py (KvCacheConfig: enable_block_reuse, tokens_per_block,
+//     event_buffer_max_size, use_kv_cache_manager_v2) and docs/source/features/kvcache.md at
+//     commit 0076e9390e1e (kv_cache_config.kv_events_config: each attention-DP rank binds
+//     base_port + rank for events and replay; the V2 KV cache manager publishes);
+//   - tensorrt_llm/_torch/pyexecutor/kv_cache_events.py at commit 13599e98c71c (the streaming
+//     publisher of PR #17023: KVEventsConfig's publisher, endpoint, replay_endpoint,
+//     buffer_steps, hwm, max_queue_size, topic; the PUB socket always binds, so engines cannot
+//     dial the router, and the CRD refuses EnginesConnect for this kind).
+//
+// The config goes in a YAML file, and the topic names the pod's IP, which only the kubelet
+// knows: it expands $(POD_IP) in an environment variable holding the config (as JSON, which
+// YAML reads), and a shell writes the variable to the file before starting trtllm-serve.
+
+// TestedTRTLLMReleases are the nvcr.io/nvidia/tensorrt-llm/release tags kvroute is tested
+// with, newest first; the first is the default image of kind trtllm. "Tested" as for
+// TestedVLLMReleases: no TensorRT-LLM runs in CI. The streaming KV-event publisher merged on
+// 2026-07-29 (PR #17023), after 1.3.0rc21; the source index held no tree tagged with a
+// release, so this tag is the first pre-release cut after the merge, not read at its tag.
+var TestedTRTLLMReleases = []string{"1.3.0rc22"}
+
+// TRTLLMImage is the image repository of TensorRT-LLM's releases.
+const TRTLLMImage = "nvcr.io/nvidia/tensorrt-llm/release"
+
+// TRTLLMConfigEnv holds the YAML (JSON) config trtllm-serve reads from TRTLLMConfigPath.
+const (
+	TRTLLMConfigEnv  = "KVROUTE_TRTLLM_CONFIG"
+	TRTLLMConfigPath = engineHome + "/trtllm-config.yaml"
+)
+
+// trtllmServer renders `trtllm-serve`.
+type trtllmServer struct{}
+
+// command writes the config the kubelet expanded into the file and replaces the shell with
+// trtllm-serve, so signals reach the server.
+func (trtllmServer) command() []string {
+	return []string{"/bin/sh", "-c",
+		`printf '%s\n' "$` + TRTLLMConfigEnv + `" > ` + TRTLLMConfigPath + ` && exec trtllm-serve "$@"`,
+		"trtllm-serve"}
+}
+func (trtllmServer) healthPath() string { return "/health" }
+
+// metricsPath: trtllm-serve's /metrics answers JSON iteration statistics; Prometheus text is
+// under /prometheus/metrics.
+func (trtllmServer) metricsPath() string { return "/prometheus/metrics" }
+func (trtllmServer) flags() *flagTable   { return trtllmFlagTable }
+func (trtllmServer) releases() engineReleases {
+	return engineReleases{Engine: "TensorRT-LLM", Repo: TRTLLMImage, Tags: TestedTRTLLMReleases}
+}
+
+// trtllmTensor is --tp_size: with several DP ranks in the pod they are attention-DP ranks, one
+// GPU each (the CRD keeps tensor at 1 then), so the world is the DP size.
+func trtllmTensor(m *v1alpha1.KVRoutedModel) int32 {
+	p := m.Spec.Engine.Parallelism
+	if p.DataLocal > 1 {
+		return p.DataLocal
+	}
+	return p.Tensor
+}
+
+func (trtllmServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
+	e := &m.Spec.Engine
+	model, err := TranslateURI(m.Spec.Model.URI)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{
+		model.Path,
+		"--host", "0.0.0.0",
+		"--port", itoa(e.Port),
+		"--tp_size", itoa(trtllmTensor(m)),
+		"--backend", "pytorch",
+	}
+	if model.Revision != "" {
+		args = append(args, "--revision", model.Revision)
+	}
+	args = append(args, "--config", TRTLLMConfigPath)
+	for _, a := range e.Args {
+		args = append(args, string(a))
+	}
+	return args, nil
+}
+
+// trtllmConfig is the part of the LLM API arguments the operator owns.
+type trtllmConfig struct {
+	EnableAttentionDP bool                `json:"enable_attention_dp,omitempty"`
+	KVCache           trtllmKVCacheConfig `json:"kv_cache_config"`
+}
+
+type trtllmKVCacheConfig struct {
+	EnableBlockReuse   bool             `json:"enable_block_reuse"`
+	TokensPerBlock     int32            `json:"tokens_per_block"`
+	UseManagerV2       bool             `json:"use_kv_cache_manager_v2"`
+	EventBufferMaxSize int32            `json:"event_buffer_max_size,omitempty"`
+	KVEvents           *publisherConfig `json:"kv_events_config,omitempty"`
+}
+
+// TRTLLMConfigJSON is the config trtllm-serve reads: block reuse (its prefix cache) on, the
+// block size, and with events on the V2 KV cache manager and its ZMQ publisher.
+func TRTLLMConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
+	e := &m.Spec.Engine
+	c := trtllmConfig{
+		EnableAttentionDP: e.Parallelism.DataLocal > 1,
+		KVCache:           trtllmKVCacheConfig{EnableBlockReuse: true, TokensPerBlock: e.BlockSize},
+	}
+	if *e.KVEvents.Enabled {
+		pc := newPublisherConfig(m, true)
+		c.KVCache.UseManagerV2 = true
+		c.KVCache.EventBufferMaxSize = e.KVEvents.BufferSteps
+		c.KVCache.KVEvents = &pc
+	}
+	return compactJSON(c)
+}
+
+func (trtllmServer) env(m *v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) {
+	cfg, err := TRTLLMConfigJSON(m)
+	if err != nil {
+		return nil, err
+	}
+	// After POD_IP (engineEnv's first variable), so the kubelet expands $(POD_IP) in it.
+	return []corev1.EnvVar{{Name: TRTLLMConfigEnv, Value: cfg}}, nil
+}
