@@ -44,8 +44,8 @@ func TestRenderDP2SampleShowsPortsPerRank(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	objs := docs(t, out)
-	if len(objs) != 11 { // with the engine and router NetworkPolicies
-		t.Fatalf("want 11 children, got %d", len(objs))
+	if len(objs) != 13 { // with the engine and router NetworkPolicies, the two routers' PDB and peers Service
+		t.Fatalf("want 13 children, got %d", len(objs))
 	}
 	var engine *unstructured.Unstructured
 	for _, o := range objs {
@@ -89,8 +89,8 @@ spec: {model: {name: b, uri: org/b}, networkPolicy: {enabled: false}}
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	objs := docs(t, out)
-	if len(objs) != 20 { // 11 for a, 9 for b (no NetworkPolicies)
-		t.Fatalf("want 20 objects, got %d", len(objs))
+	if len(objs) != 24 { // 13 for a, 11 for b (no NetworkPolicies); each with two routers
+		t.Fatalf("want 24 objects, got %d", len(objs))
 	}
 	if objs[0].GetNamespace() != "team" || objs[len(objs)-1].GetNamespace() != "other" {
 		t.Errorf("namespaces %q / %q", objs[0].GetNamespace(), objs[len(objs)-1].GetNamespace())

@@ -40,8 +40,14 @@ func TestEmbeddedCopyMatchesConfig(t *testing.T) {
 }
 
 func TestCRDFitsClientSideApply(t *testing.T) {
-	if n := len(KVRoutedModelYAML); n >= lastAppliedLimit {
-		t.Fatalf("CRD is %d bytes, over the %d-byte last-applied-configuration limit", n, lastAppliedLimit)
+	// kubectl (and Argo CD's client-side apply) store the object as compact JSON, not as the
+	// YAML it was read from, whose indentation would count tens of KiB more.
+	j, err := yaml.YAMLToJSON(KVRoutedModelYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(j); n >= lastAppliedLimit {
+		t.Fatalf("CRD is %d bytes as JSON, over the %d-byte last-applied-configuration limit: shorten descriptions or move a large upstream type out of the schema", n, lastAppliedLimit)
 	}
 }
 
