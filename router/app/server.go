@@ -149,14 +149,8 @@ type Router struct {
 	respOwners *responseOwners
 }
 
-// New builds a server; it connects nothing until Run.
-func New(o Options) (*Router, error) {
-	if o.Policies == nil {
-		o.Policies = score.Production()
-	}
-	if err := o.Config.ValidatePolicies(o.Policies.Names()); err != nil {
-		return nil, err
-	}
+// setDefaults fills in what the caller left zero.
+func (o *Options) setDefaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -184,6 +178,17 @@ func New(o Options) (*Router, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+}
+
+// New builds a server; it connects nothing until Run.
+func New(o Options) (*Router, error) {
+	if o.Policies == nil {
+		o.Policies = score.Production()
+	}
+	if err := o.Config.ValidatePolicies(o.Policies.Names()); err != nil {
+		return nil, err
+	}
+	o.setDefaults()
 	name := o.Config.Policy
 	if name == "least-loaded" {
 		name = "load"

@@ -299,6 +299,38 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	return st, nil
 }
 
+// setSnapshotURL tells the router where its peers fetch its snapshot (with several routers).
+func setSnapshotURL(st *settings, srv *app.Router, admin net.Addr) {
+	pc := st.cfg.Peers
+	if pc == nil {
+		return
+	}
+	u := pc.SnapshotURL
+	if u == "" {
+		u = snapshotURL(admin)
+	}
+	if u == "" {
+		st.logger.Warn("peers: no snapshot URL (admin address is a wildcard and POD_IP is unset); peers cannot start from this router's index")
+	}
+	srv.SetSnapshotURL(u)
+}
+
+// listeningAttrs are the "kvrouter listening" line's fields.
+func listeningAttrs(st *settings, srv *app.Router, api, admin net.Addr, ep *extProcServer, traces bool) []any {
+	attrs := []any{"api", api.String(), "admin", admin.String(), "policy", st.cfg.Policy,
+		"engine_api_key", st.engineKey != "", "otlp_traces", traces}
+	if ep != nil {
+		attrs = append(attrs, "ext_proc", ep.addr())
+	}
+	if c := srv.PeerClusterAddr(); c != "" {
+		// The route address the embedded NATS server bound: a peers.clusterListen port 0 is
+		// chosen by the kernel, and tools that start several routers (kvbench replay --routers)
+		// read it here to name it in the next router's routes.
+		attrs = append(attrs, "peer_cluster", c)
+	}
+	return attrs
+}
+
 // Run starts the router and blocks until ctx ends; it returns the process's exit code (2 for a
 // bad command line or configuration, 1 for a failure to start or serve).
 func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
@@ -359,16 +391,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 		fmt.Fprintln(stderr, "kvrouter: --admin-listen:", err)
 		return 1
 	}
-	if pc := st.cfg.Peers; pc != nil {
-		u := pc.SnapshotURL
-		if u == "" {
-			u = snapshotURL(adminLn.Addr())
-		}
-		if u == "" {
-			st.logger.Warn("peers: no snapshot URL (admin address is a wildcard and POD_IP is unset); peers cannot start from this router's index")
-		}
-		srv.SetSnapshotURL(u)
-	}
+	setSnapshotURL(st, srv, adminLn.Addr())
 	var ep *extProcServer
 	if x := st.cfg.ExtProc; x != nil {
 		if ep, err = startExtProc(x, srv, st.logger, st.cfg.Limits); err != nil {
@@ -396,18 +419,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	if st.cfg.Report != nil {
 		startReporter(ctx, st, srv)
 	}
-	attrs := []any{"api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "policy", st.cfg.Policy,
-		"engine_api_key", st.engineKey != "", "otlp_traces", tracer != nil}
-	if ep != nil {
-		attrs = append(attrs, "ext_proc", ep.addr())
-	}
-	if c := srv.PeerClusterAddr(); c != "" {
-		// The route address the embedded NATS server bound: a peers.clusterListen port 0 is
-		// chosen by the kernel, and tools that start several routers (kvbench replay --routers)
-		// read it here to name it in the next router's routes.
-		attrs = append(attrs, "peer_cluster", c)
-	}
-	st.logger.Info("kvrouter listening", attrs...)
+	st.logger.Info("kvrouter listening", listeningAttrs(st, srv, apiLn.Addr(), adminLn.Addr(), ep, tracer != nil)...)
 	if o.Ready != nil {
 		o.Ready(apiLn.Addr().String(), adminLn.Addr().String())
 	}

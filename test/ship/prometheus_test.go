@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvroute/kvroute/router/admission"
+	"github.com/kvroute/kvroute/router/app"
 	"github.com/kvroute/kvroute/router/audit"
 	"github.com/kvroute/kvroute/router/capture"
 	"github.com/kvroute/kvroute/router/kvevents"
@@ -40,6 +42,12 @@ var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
 
 // routerMetrics lists every series name kvrouter exposes, read from router/metrics' own
 // collectors (histograms contribute _bucket, _sum and _count).
+// describer is a collector that only describes.
+type describer func(chan<- *prometheus.Desc)
+
+func (d describer) Describe(ch chan<- *prometheus.Desc) { d(ch) }
+func (describer) Collect(chan<- prometheus.Metric)      {}
+
 func routerMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	m := metrics.New(nil)
@@ -65,6 +73,9 @@ func routerMetrics(t *testing.T) map[string]string {
 	collectors = append(append(collectors, peersync.Collectors()...), peersnap.NewMetrics().Collectors()...)
 	// The ledger's fitted engine timing.
 	collectors = append(collectors, load.New(load.Options{Policy: pol}).Collectors()...)
+	// The hold for a model with no ready replica, and the backlog the autoscalers read.
+	collectors = append(collectors, admission.New(admission.Options{}, "m").Collectors()...)
+	collectors = append(collectors, describer(app.BacklogDescs))
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {

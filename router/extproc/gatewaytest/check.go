@@ -76,7 +76,7 @@ func Check(ctx context.Context, addr string, o CheckOptions) ([]Outcome, error) 
 	if err != nil {
 		return nil, err
 	}
-	defer g.Close()
+	defer func() { _ = g.Close() }()
 	c := &checker{g: g, o: o}
 	out := make([]Outcome, 0, len(checks))
 	for _, ck := range checks {
