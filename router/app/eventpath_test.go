@@ -120,6 +120,8 @@ func TestEngineServesButStopsPublishing(t *testing.T) {
 	if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 1, 16, 2)); a.status != 200 {
 		t.Fatalf("status %d", a.status)
 	}
+	// Its batch applied first: a batch applied after the clock moves would restart the window.
+	testkit.WaitFor(t, waitBound, "the first request's blocks indexed", func() bool { return mirrors(rt, "e", sim) })
 	sim.SetEventsStalled(true)
 	clk.advance(kvevents.QuietAfter + 100*time.Millisecond)
 	t0 := time.Now()
@@ -128,8 +130,10 @@ func TestEngineServesButStopsPublishing(t *testing.T) {
 			t.Fatalf("status %d", a.status)
 		}
 	}
-	if s := streamState(rt, "e"); s != "inexact" {
-		t.Fatalf("stream %s after %d requests with no events, want inexact", s, kvevents.QuietHits)
+	// The router hands the evidence to the stream after the answer's last byte: wait for it.
+	testkit.WaitFor(t, waitBound, "the stream inexact after the quiet requests", func() bool { return streamState(rt, "e") == "inexact" })
+	if st, _ := rt.s.sub.Stats("e", 0); st.StaleMarks != 1 || st.QuietRequests != kvevents.QuietHits {
+		t.Fatalf("stale marks %d, quiet requests %d; want 1, %d", st.StaleMarks, st.QuietRequests, kvevents.QuietHits)
 	}
 	t.Logf("stale after %d requests, %v", kvevents.QuietHits, time.Since(t0).Round(time.Millisecond))
 	sim.SetEventsStalled(false)
