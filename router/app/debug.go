@@ -169,7 +169,7 @@ func (s *Router) rankInfo(r *replica) RankInfo {
 	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens,
 		PrefillHeldTokens: ld.PrefillHeldTokens}
 	if s.peer != nil {
-		p := s.peerLoad(r)
+		p := s.peer.Load(r.Name)
 		ri.PeerInflight = &Inflight{Running: p.Running, PrefillTokens: p.PrefillTokens, DecodeTokens: p.DecodeTokens}
 	}
 	c := &r.C
@@ -197,7 +197,7 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 		// Bound mode: messages whose topic named no engine, so no engine's counters hold them.
 		"events_unroutable": uint64(s.unroutableEvents())}
 	if s.peer != nil {
-		out["router_peers"] = s.peerInfo()
+		out["router_peers"] = s.peer.Info()
 	}
 	for key, section := range s.debugSections {
 		out[key] = section()
