@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"github.com/kvroute/kvroute/router/peers"
-	"github.com/kvroute/kvroute/router/peersync"
 )
 
 // Several router replicas (docs/router.md): router/peers owns this router's part in the group
@@ -41,7 +40,7 @@ func (s *Router) PeerClusterAddr() string {
 func (s *Router) HasPeers() bool { return s.peer != nil }
 
 // Peers returns the live peers (nil without peers configured).
-func (s *Router) Peers() []peersync.Peer {
+func (s *Router) Peers() []peers.Peer {
 	if s.peer == nil {
 		return nil
 	}

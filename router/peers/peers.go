@@ -188,8 +188,11 @@ func (g *Group) SetSnapshotURL(u string) { g.snapshotURL.Store(&u) }
 // ClusterAddr is the embedded NATS server's route address ("" without one).
 func (g *Group) ClusterAddr() string { return g.node.ClusterAddr() }
 
+// Peer is one live peer router as the sync sees it (its name, readiness, snapshot address).
+type Peer = peersync.Peer
+
 // Peers returns the live peers.
-func (g *Group) Peers() []peersync.Peer { return g.node.Peers() }
+func (g *Group) Peers() []Peer { return g.node.Peers() }
 
 // Close leaves the group (nil: alone, nothing to leave).
 func (g *Group) Close() {
