@@ -18,10 +18,12 @@ type fakeLedger struct {
 	progress map[string]int // PeerProgress calls by replica
 }
 
-func (l *fakeLedger) RoutedPeer(r *load.Replica, _ []blockkey.Key, uncached int) { l.routed[r.Name] += uncached }
-func (l *fakeLedger) PeerProgress(r *load.Replica)                               { l.progress[r.Name]++ }
-func (l *fakeLedger) ExportApprox(*load.Replica, int) []index.SideEntry          { return nil }
-func (l *fakeLedger) ImportApprox(*load.Replica, []index.SideEntry)              {}
+func (l *fakeLedger) RoutedPeer(r *load.Replica, _ []blockkey.Key, uncached int) {
+	l.routed[r.Name] += uncached
+}
+func (l *fakeLedger) PeerProgress(r *load.Replica)                      { l.progress[r.Name]++ }
+func (l *fakeLedger) ExportApprox(*load.Replica, int) []index.SideEntry { return nil }
+func (l *fakeLedger) ImportApprox(*load.Replica, []index.SideEntry)     {}
 
 type fakeFleet []*fleet.Replica
 
