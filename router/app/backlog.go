@@ -18,7 +18,7 @@ func (s *Router) backlog(reps []*replica) backlog.Fleet {
 	for i, r := range reps {
 		ld := s.ledger.Load(r.ID)
 		in[i] = backlog.Replica{Name: r.Name, Ready: r.View().Ready && r.Eng.Health.Healthy(now),
-			PrefillTokens: ld.PrefillTokens + s.peerLoad(r).PrefillTokens, PrefillAttention: ld.PrefillAttention,
+			PrefillTokens: ld.PrefillTokens + s.peer.Load(r.Name).PrefillTokens, PrefillAttention: ld.PrefillAttention,
 			PrefillSince: ld.PrefillSince, WindowTokens: s.ledger.Window(r.Name, nowNs).Tokens}
 	}
 	// The windows cover no more than this router has been up.

@@ -66,7 +66,7 @@ func (s *Router) views(reps []*replica, now time.Time, out []route.Replica) ([]r
 		}
 		out[i] = route.Replica{Name: r.Name, ID: r.ID, Ready: v.Ready, Healthy: r.Eng.Health.Healthy(now),
 			Approximate: !exact, WarmupCredit: s.warmupCredit(v.WarmupUntil, now), Queue: v.Figures.Waiting, KVUtil: v.Figures.KVUsage,
-			Peer: s.peerLoad(r)} // what the other router replicas have in flight there
+			Peer: s.peer.Load(r.Name)} // what the other router replicas have in flight there
 	}
 	size, _ := bs.Result(s.o.Config.BlockSize)
 	return out, size

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/peers"
 	"github.com/kvroute/kvroute/router/peersync"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -19,7 +21,7 @@ func TestPeerRoutedEntersTheWindow(t *testing.T) {
 	f := startFleet(t, 2, vllmsim.Config{KVEventsPort: 0})
 	rt := startRouter(t, discovery.NewStatic(f.engines()), nil)
 	rt.waitStreams(t, "exact")
-	sink := &peerSink{s: rt.s, share: peersync.NewShare()}
+	sink := peerSink(t, rt)
 	b := &peersync.Batch{Peer: "router-b", Epoch: 1, Seq: 1, Sent: time.Now().UnixNano(), Deltas: []peersync.Delta{
 		{Kind: peersync.Routed, Request: 1, Replica: "e1/0", Prefill: 480, Tokens: 512},
 		{Kind: peersync.Routed, Request: 2, Replica: "e1/0", Prefill: 96, Tokens: 512},
@@ -77,7 +79,7 @@ func TestPeerProgressMovesPrefillSince(t *testing.T) {
 	if e1 == nil || e1.Load.PrefillSince() != 0 {
 		t.Fatalf("replica e1/0 missing or already progressed: %+v", e1)
 	}
-	sink := &peerSink{s: rt.s, share: peersync.NewShare()}
+	sink := peerSink(t, rt)
 	seq := uint64(0)
 	apply := func(total int64, ds ...peersync.Delta) int64 {
 		seq++
@@ -124,4 +126,16 @@ func TestPeerProgressMovesPrefillSince(t *testing.T) {
 	if failed <= first {
 		t.Fatalf("since %d did not move past %d at the peer's failure", failed, first)
 	}
+}
+
+// peerSink is a peer group attached to rt's ledger and fleet that joins no network: the
+// batches a test hands its ApplyPeer are what a peer would have published.
+func peerSink(t *testing.T, rt *router) *peers.Group {
+	t.Helper()
+	g, err := peers.New(peers.Options{Config: &config.Peers{ID: "router-a"}, Now: rt.s.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Attach(rt.s.peerDeps())
+	return g
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/router/kvevents"
 	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/metrics"
+	"github.com/kvroute/kvroute/router/peers"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/score"
 	"github.com/kvroute/kvroute/router/server"
@@ -141,7 +142,7 @@ type Router struct {
 	// peers is parity across replicas (nil without events; the fleet forgets removed replicas).
 	peers *kvevents.PeerTable
 	// peer is this router's part among several router replicas (peers.go; nil when alone).
-	peer *peerState
+	peer *peers.Group
 	// debugSections are router-wide parts of GET /debug/engines that live outside the server
 	// (the trace capture's counts), by key; set before serving (AddDebugSection).
 	debugSections map[string]func() any
@@ -207,15 +208,18 @@ func New(o Options) (*Router, error) {
 		debugRouteSlots: make(chan struct{}, debugRouteConcurrency)}
 	s.ix = index.New(index.Options{Now: o.Now})
 	observers := o.Observers
-	if o.Config.Peers != nil {
-		// Publishes the ledger's transitions once startPeers below has joined the group.
-		observers = append(append([]load.Observer{}, observers...), peerObserver{s: s})
+	var peerPrefill func(string) int64
+	if pc := o.Config.Peers; pc != nil {
+		var err error
+		if s.peer, err = peers.New(peers.Options{Config: pc, Now: o.Now, Logger: s.log}); err != nil {
+			return nil, fmt.Errorf("peers: %w", err)
+		}
+		// Publishes the ledger's transitions once Start below has joined the group.
+		observers = append(append([]load.Observer{}, observers...), s.peer.Observer())
+		peerPrefill = s.peer.Prefill
 	}
 	lo := load.Options{Now: o.Now, Policy: pol, PredictedTTL: o.PredictedTTL, Observers: observers,
-		RecordTTL: recordTTL(o.Config.Limits.RequestTimeout.Duration)}
-	if o.Config.Peers != nil {
-		lo.PeerPrefill = s.peerPrefill
-	}
+		RecordTTL: recordTTL(o.Config.Limits.RequestTimeout.Duration), PeerPrefill: peerPrefill}
 	s.ledger = load.New(lo)
 	lim := o.Config.Limits
 	idle := lim.IdleTimeout.Duration
@@ -273,9 +277,9 @@ func New(o Options) (*Router, error) {
 		Index: s.ix, Ledger: s.ledger, Metrics: s.met, Model: o.Model, TopicHostOnly: o.TopicHostOnly,
 		ProbeInterval: o.ProbeInterval, ProbeTimeout: o.ProbeTimeout, HealthInterval: o.HealthInterval, ScrapeInterval: o.ScrapeInterval,
 		Now: o.Now, Logger: s.log, AuthFailure: s.engineAuthFailure, LogLimited: s.logLimited,
-		SeedStream: s.seedFor, SeedApprox: s.seedApprox})
-	if pc := o.Config.Peers; pc != nil {
-		if err := s.startPeers(pc); err != nil {
+		SeedStream: s.peer.SeedStream, SeedApprox: s.peer.SeedApprox})
+	if s.peer != nil {
+		if err := s.peer.Start(s.peerDeps(), s.met.Registry); err != nil {
 			if s.sub != nil {
 				_ = s.sub.Close()
 			}
@@ -345,7 +349,7 @@ func (s *Router) Run(ctx context.Context) error {
 		src = discovery.NewStatic(es)
 	}
 	if s.peer != nil {
-		s.bootstrap(ctx) // a ready peer's snapshot, before the first engines are added
+		s.peer.Bootstrap(ctx) // a ready peer's snapshot, before the first engines are added
 	}
 	go s.expireLoop(ctx)
 	go s.fleet.Run(ctx)
@@ -371,7 +375,7 @@ func (s *Router) Synced() <-chan struct{} { return s.readyOnce }
 // Close stops the event subscriber (Run does it when its context ends).
 func (s *Router) Close() {
 	s.closeOnce.Do(func() {
-		s.closePeers()
+		s.peer.Close()
 		if s.sub != nil {
 			_ = s.sub.Close()
 		}
@@ -424,7 +428,7 @@ func (s *Router) notReady() string {
 		// replica comes up (a model scaled to zero gets its demand through a router only).
 		return "no healthy engine"
 	}
-	return s.peerNotReady()
+	return s.peer.NotReady()
 }
 
 func (s *Router) anyHealthy() bool { return s.readyIn(s.reps()) }
