@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/internal/engineflags"
 )
 
 // SGLang's server as the operator renders it, read from sgl-project/sglang:
@@ -33,6 +34,11 @@ import (
 // decoders and simulator; no SGLang runs in CI. The source index held main-branch snapshots,
 // not the tree at the tag, so the flags above are the snapshot's.
 var TestedSGLangReleases = []string{"v0.5.19"}
+
+// sglangFlagTable checks spec.engine.args against SGLang's options (internal/engineflags).
+var sglangFlagTable = newFlagTable(flagTable{
+	of: "`python3 -m sglang.launch_server` of SGLang " + TestedSGLangReleases[0], long: engineflags.SGLang,
+})
 
 // SGLangImage is the image repository of SGLang's releases.
 const SGLangImage = "lmsysorg/sglang"
