@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/engineflags"
 	"github.com/kvroute/kvroute/internal/suggest"
+	"github.com/kvroute/kvroute/internal/vllmrelease"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
@@ -397,7 +398,7 @@ type publisher struct {
 // applyPublisher sets the event sockets. needEnable: TensorRT-LLM publishes only with
 // enable_kv_cache_events true; SGLang (the pinned reading) when publisher is zmq, unless
 // enable_kv_cache_events is given false. TensorRT-LLM always binds its endpoint; SGLang binds
-// one with a wildcard host and connects to one with a host, as vLLM does.
+// one holding "*" (or "::", ipc, inproc) and connects to any other, as vLLM does.
 func applyPublisher(cfg *vllmsim.Config, what, raw, wild string, needEnable bool) error {
 	var pc publisher
 	dec := json.NewDecoder(strings.NewReader(raw))
@@ -432,8 +433,7 @@ func applyPublisher(cfg *vllmsim.Config, what, raw, wild string, needEnable bool
 	if pc.Endpoint != nil {
 		endpoint = *pc.Endpoint
 	}
-	rest, _ := strings.CutPrefix(endpoint, "tcp://")
-	if i := strings.LastIndex(rest, ":"); needEnable || (i >= 0 && isWildcardHost(rest[:i])) {
+	if needEnable || vllmrelease.BindsEndpoint(endpoint) {
 		cfg.KVEventsBind = wildcardTo(endpoint, wild)
 	} else {
 		cfg.KVEventsConnect = endpoint

@@ -261,3 +261,41 @@ func TestRenderedOtherEngineRuns(t *testing.T) {
 		})
 	}
 }
+
+// Each engine's publisher switch, as its source reads it: SGLang (the pinned reading) publishes
+// on publisher zmq unless enable_kv_cache_events is false; TensorRT-LLM only with it true, and
+// always binds, even an endpoint with a host.
+func TestOtherEnginePublisherSwitch(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	for _, c := range []struct {
+		name, events  string
+		trt           bool
+		bind, connect string
+	}{
+		{"sglang zmq", `{"publisher":"zmq","endpoint":"tcp://*:6000"}`, false, "tcp://*:6000", ""},
+		{"sglang enabled", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:6000"}`, false, "tcp://*:6000", ""},
+		{"sglang disabled", `{"enable_kv_cache_events":false,"publisher":"zmq"}`, false, "", ""},
+		{"sglang null", `{"endpoint":"tcp://*:6000"}`, false, "", ""},
+		{"sglang dials", `{"publisher":"zmq","endpoint":"tcp://router:6000"}`, false, "", "tcp://router:6000"},
+		{"trtllm enabled", `{"enable_kv_cache_events":true,"endpoint":"tcp://10.0.0.1:6000"}`, true, "tcp://10.0.0.1:6000", ""},
+		{"trtllm not enabled", `{"publisher":"zmq","endpoint":"tcp://*:6000"}`, true, "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var res vllmcli.Result
+			var err error
+			if c.trt {
+				res, err = vllmcli.TRTLLM(vllmsim.Config{}, []string{"m", "--config", "c.yaml"}, none, func(string) ([]byte, error) {
+					return []byte(`{"kv_cache_config":{"kv_events_config":` + c.events + `}}`), nil
+				})
+			} else {
+				res, err = vllmcli.SGLang(vllmsim.Config{}, []string{"--model-path", "m", "--kv-events-config", c.events}, none)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Config.KVEventsBind != c.bind || res.Config.KVEventsConnect != c.connect {
+				t.Errorf("bind %q connect %q, want %q %q", res.Config.KVEventsBind, res.Config.KVEventsConnect, c.bind, c.connect)
+			}
+		})
+	}
+}
