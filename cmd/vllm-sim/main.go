@@ -9,6 +9,11 @@
 // engine command kvroute's operator renders runs unchanged. The simulator's own settings
 // (timing, faults, cache size) then come from VLLM_SIM_ARGS, in this command's flag syntax,
 // separated by spaces; vLLM's flags win where both set a field.
+//
+// Likewise, invoked through a link named python3 as `python3 -m sglang.launch_server ...` it
+// reads SGLang's launch-server options, and through a link named trtllm-serve it reads
+// trtllm-serve's options and its --config file, with the engine kind set to match: the
+// operator's rendered SGLang and TensorRT-LLM engines run on it too.
 package main
 
 import (
@@ -38,6 +43,19 @@ func main() {
 // config reads the command line: vLLM's when invoked as vllm or with serve first, the
 // simulator's otherwise.
 func config(argv0 string, args []string, stderr io.Writer) (vllmsim.Config, error) {
+	switch filepath.Base(argv0) {
+	case "python3", "python":
+		if len(args) < 2 || args[0] != "-m" || args[1] != vllmcli.SGLangModule {
+			return vllmsim.Config{}, fmt.Errorf("run as python3, the simulator takes `python3 -m %s [flags]` only", vllmcli.SGLangModule)
+		}
+		return engineConfig("SGLang", stderr, func(base vllmsim.Config) (vllmcli.Result, error) {
+			return vllmcli.SGLang(base, args[2:], os.LookupEnv)
+		})
+	case "trtllm-serve":
+		return engineConfig("trtllm-serve", stderr, func(base vllmsim.Config) (vllmcli.Result, error) {
+			return vllmcli.TRTLLM(base, args, os.LookupEnv, os.ReadFile)
+		})
+	}
 	asVLLM := filepath.Base(argv0) == "vllm"
 	if asVLLM && (len(args) == 0 || args[0] != "serve") {
 		return vllmsim.Config{}, fmt.Errorf("run as vllm, the simulator takes `vllm serve MODEL [flags]` only")
@@ -59,6 +77,27 @@ func config(argv0 string, args []string, stderr io.Writer) (vllmsim.Config, erro
 	}
 	if len(res.Ignored) > 0 {
 		fmt.Fprintf(stderr, "vllm-sim: ignoring vLLM flags the simulator does not model: %s\n", strings.Join(res.Ignored, " "))
+	}
+	return res.Config, nil
+}
+
+// engineConfig reads another engine's command line (SGLang's launch server, trtllm-serve) onto
+// the simulator's own settings from VLLM_SIM_ARGS, as `vllm serve` is read.
+func engineConfig(engine string, stderr io.Writer, parse func(vllmsim.Config) (vllmcli.Result, error)) (vllmsim.Config, error) {
+	base, err := parseFlags(strings.Fields(os.Getenv(vllmcli.SimArgsEnv)), stderr)
+	if err != nil {
+		return base, fmt.Errorf("%s: %w", vllmcli.SimArgsEnv, err)
+	}
+	res, err := parse(base)
+	if errors.Is(err, vllmcli.ErrHelp) {
+		fmt.Fprintf(stderr, "vllm-sim, simulating %s: the options the operator renders are read (internal/engineflags lists the rest);\nthe simulator's own flags (vllm-sim -h) go in %s.\n", engine, vllmcli.SimArgsEnv)
+		return base, flag.ErrHelp
+	}
+	if err != nil {
+		return base, err
+	}
+	if len(res.Ignored) > 0 {
+		fmt.Fprintf(stderr, "vllm-sim: ignoring %s options the simulator does not model: %s\n", engine, strings.Join(res.Ignored, " "))
 	}
 	return res.Config, nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -202,5 +203,108 @@ func TestRenderedEngineCommandRuns(t *testing.T) {
 	}
 	if batches == 0 {
 		t.Errorf("replay on rank %d answered with no batch", rank)
+	}
+}
+
+// The rendered SGLang and TensorRT-LLM engine commands, run as the image runs them: SGLang's
+// through a link named python3, TensorRT-LLM's through the rendered /bin/sh script that writes
+// the kubelet-expanded config to the --config file and execs trtllm-serve (a link on PATH). The
+// one change is the config file's path, moved from the pod's home to a temporary directory.
+func TestRenderedOtherEngineCommandsRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds vllm-sim")
+	}
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	dir := t.TempDir()
+	bin := testkit.Build(t, "./cmd/vllm-sim")
+	for _, l := range []string{"python3", "trtllm-serve"} {
+		if err := os.Symlink(bin, filepath.Join(dir, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := validation.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, shape := range []string{"sglang", "trtllm"} {
+		t.Run(shape, func(t *testing.T) {
+			b, err := os.ReadFile("../../config/samples/serving_v1alpha1_kvroutedmodel_" + shape + ".yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := v.Admit(context.Background(), b, "default")
+			if err != nil {
+				t.Fatal(err)
+			}
+			taken := map[int]bool{}
+			httpPort, events, replay := int32(testkit.FreeRun(t, 1, taken)), int32(testkit.FreeRun(t, 2, taken)), int32(testkit.FreeRun(t, 2, taken))
+			m.Spec.Engine.Port, m.Spec.Engine.KVEvents.BasePort, m.Spec.Engine.KVEvents.ReplayBasePort = httpPort, events, &replay
+			d, err := render.EngineDeployment(m, render.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := d.Spec.Template.Spec.Containers[0]
+			cfgPath := filepath.Join(t.TempDir(), "trtllm-config.yaml")
+			env := []string{"POD_IP=127.0.0.1", "PATH=" + dir + ":" + os.Getenv("PATH")}
+			for _, e := range c.Env {
+				if e.ValueFrom == nil {
+					// The kubelet expands $(POD_IP) in the config variable.
+					env = append(env, e.Name+"="+strings.ReplaceAll(e.Value, "$(POD_IP)", "127.0.0.1"))
+				}
+			}
+			var cmd *exec.Cmd
+			switch shape {
+			case "sglang":
+				cmd = exec.Command(filepath.Join(dir, "python3"), append(c.Command[1:], c.Args...)...)
+				cmd.Args[0] = c.Command[0]
+			case "trtllm":
+				argv := append(slices.Clone(c.Command), c.Args...)
+				for i := range argv {
+					argv[i] = strings.ReplaceAll(argv[i], render.TRTLLMConfigPath, cfgPath)
+				}
+				cmd = exec.Command(argv[0], argv[1:]...)
+			}
+			var out testkit.LockedBuffer
+			cmd.Env = append(os.Environ(), env...)
+			cmd.Stdout, cmd.Stderr = &out, &out
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+			testkit.Eventually(t, 30*time.Second, "vllm-sim /health", func() error {
+				if cmd.ProcessState != nil {
+					return fmt.Errorf("exited: %s", out.String())
+				}
+				resp, err := http.Get(base + "/health")
+				if err != nil {
+					return err
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("status %d", resp.StatusCode)
+				}
+				return nil
+			})
+			if !strings.Contains(out.String(), "vllm-sim: serving ") || !strings.Contains(out.String(), "events [tcp://") {
+				t.Errorf("no serving line with event endpoints in:\n%s", out.String())
+			}
+			model := m.Spec.Model.Name
+			if shape == "trtllm" {
+				model = strings.TrimPrefix(m.Spec.Model.URI, "hf://") // trtllm-serve serves MODEL under its path
+			}
+			body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2, "prompt": "hello there"})
+			resp, err := http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("completion: status %d", resp.StatusCode)
+			}
+		})
 	}
 }

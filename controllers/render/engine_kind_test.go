@@ -101,8 +101,9 @@ func TestEngineKindsRenderTheirOwnServer(t *testing.T) {
 	}
 }
 
-// SGLang's --kv-events-config carries only the keys its publisher takes, the topic the router
-// subscribes to, and rank 0's ports (SGLang adds the DP rank).
+// SGLang's --kv-events-config carries the switch newer SGLang needs (enable_kv_cache_events), the
+// keys its publisher takes, the topic the router subscribes to, and rank 0's ports (SGLang adds
+// the DP rank).
 func TestSGLangKVEventsConfig(t *testing.T) {
 	m := sample(t, "sglang")
 	ctr := engineContainer(t, m, testOpts)
@@ -114,7 +115,7 @@ func TestSGLangKVEventsConfig(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600",
+	want := map[string]any{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600",
 		"topic": "kv@$(POD_IP)@qwen3-8b", "hwm": 100000.0, "buffer_steps": 10000.0}
 	if len(cfg) != len(want) {
 		t.Errorf("keys %v, want %v", cfg, want)

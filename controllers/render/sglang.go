@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/internal/engineflags"
 )
 
 // SGLang's server as the operator renders it, read from sgl-project/sglang:
@@ -25,7 +26,11 @@ import (
 //     7b814519a9ea (pure data parallelism offsets by the DP rank, attention DP by the
 //     attention-DP rank: rank r publishes on base+r either way).
 //
-// Newer SGLang refuses keys its publisher does not take, so the config carries only those.
+//
+// The config turns publishing on with enable_kv_cache_events true: kv_events.py at 612d579090db
+// (newer than the commits above) creates the ZMQ publisher only when that key is true, and the
+// older KVEventsConfig (a plain pydantic BaseModel, extra keys ignored) drops it, so one config
+// publishes on both. Otherwise it carries only the keys the publisher takes.
 
 // TestedSGLangReleases are the lmsysorg/sglang tags kvroute is tested with, newest first; the
 // first is the default image of kind sglang. "Tested" means what TestedVLLMReleases means:
@@ -33,6 +38,11 @@ import (
 // decoders and simulator; no SGLang runs in CI. The source index held main-branch snapshots,
 // not the tree at the tag, so the flags above are the snapshot's.
 var TestedSGLangReleases = []string{"v0.5.19"}
+
+// sglangFlagTable checks spec.engine.args against SGLang's options (internal/engineflags).
+var sglangFlagTable = newFlagTable(flagTable{
+	of: "`python3 -m sglang.launch_server` of SGLang " + TestedSGLangReleases[0], long: engineflags.SGLang,
+})
 
 // SGLangImage is the image repository of SGLang's releases.
 const SGLangImage = "lmsysorg/sglang"
@@ -72,7 +82,7 @@ func (sglangServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
 		args = append(args, "--revision", model.Revision)
 	}
 	if *e.KVEvents.Enabled {
-		cfg, err := publisherConfigJSON(m, false)
+		cfg, err := publisherConfigJSON(m, true)
 		if err != nil {
 			return nil, err
 		}
@@ -99,8 +109,7 @@ func (sglangServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
 
 // publisherConfig is the KV-event publisher config SGLang (--kv-events-config) and
 // TensorRT-LLM (kv_cache_config.kv_events_config) take, in a fixed field order so the
-// rendered command is stable. Enable is TensorRT-LLM's switch; SGLang has none (the flag's
-// presence turns publishing on) and refuses unknown keys, so it is left out there.
+// rendered command is stable. Enable is the switch both engines' newer publishers read.
 type publisherConfig struct {
 	Enable         *bool  `json:"enable_kv_cache_events,omitempty"`
 	Publisher      string `json:"publisher"`

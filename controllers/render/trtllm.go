@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/internal/engineflags"
 )
 
 // TensorRT-LLM's server as the operator renders it, read from NVIDIA/TensorRT-LLM:
@@ -30,6 +31,11 @@ import (
 // 2026-07-29 (PR #17023), after 1.3.0rc21; the source index held no tree tagged with a
 // release, so this tag is the first pre-release cut after the merge, not read at its tag.
 var TestedTRTLLMReleases = []string{"1.3.0rc22"}
+
+// trtllmFlagTable checks spec.engine.args against trtllm-serve's options (internal/engineflags).
+var trtllmFlagTable = newFlagTable(flagTable{
+	of: "`trtllm-serve` of TensorRT-LLM " + TestedTRTLLMReleases[0], long: engineflags.TRTLLM,
+})
 
 // TRTLLMImage is the image repository of TensorRT-LLM's releases.
 const TRTLLMImage = "nvcr.io/nvidia/tensorrt-llm/release"

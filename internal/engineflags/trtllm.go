@@ -1,10 +1,10 @@
-package render
+package engineflags
 
-// trtllmFlags are the options of `trtllm-serve` (the serve command), as click registers them in
+// TRTLLM are the options of `trtllm-serve` (the serve command), as click registers them in
 // tensorrt_llm/commands/serve.py of NVIDIA/TensorRT-LLM at commit 00209af149e7: underscores as
 // declared, each alias its own entry, no --no- forms (its flags are is_flag switches). Re-read
-// the file at the tag when TestedTRTLLMReleases[0] moves.
-var trtllmFlags = map[string]bool{
+// the file at the tag when render.TestedTRTLLMReleases[0] moves.
+var TRTLLM = map[string]bool{
 	"tokenizer": false, "custom_tokenizer": false, "host": false, "port": false,
 	"backend": false, "custom_module_dirs": false, "log_level": false,
 	"max_beam_width": false, "max_batch_size": false, "max_num_tokens": false,
@@ -20,7 +20,3 @@ var trtllmFlags = map[string]bool{
 	"disagg_cluster_uri": false, "enable_chunked_prefill": false, "media_io_kwargs": false,
 	"chat_template": false,
 }
-
-var trtllmFlagTable = newFlagTable(flagTable{
-	of: "`trtllm-serve` of TensorRT-LLM " + TestedTRTLLMReleases[0], long: trtllmFlags,
-})

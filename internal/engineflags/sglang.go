@@ -1,6 +1,6 @@
-package render
+package engineflags
 
-// sglangFlags are the options of SGLang's launch server, one per ServerArgs field (its name
+// SGLang are the options of SGLang's launch server, one per ServerArgs field (its name
 // with dashes), with the aliases and renamed flags the fields declare, read from
 // python/sglang/srt/server_args.py of sgl-project/sglang at commit 001067fffe33: the fields
 // from "Model and tokenizer" through "Offloading", plus --config, which add_cli_args registers
@@ -8,8 +8,8 @@ package render
 // and deprecated options registered by hand) were not transcribed: a flag from them draws the
 // unknown-flag warning, never a refusal. SGLang's argparse takes dashes only; a true value
 // means it also takes --no-<name> (BooleanOptionalAction). Re-read the file at the tag when
-// TestedSGLangReleases[0] moves.
-var sglangFlags = map[string]bool{
+// render.TestedSGLangReleases[0] moves.
+var SGLang = map[string]bool{
 	// Model and tokenizer
 	"model-path": false, "model": false, "tokenizer-path": false, "tokenizer-mode": false,
 	"tokenizer-backend": false, "tokenizer-worker-num": false, "detokenizer-worker-num": false,
@@ -220,7 +220,3 @@ var sglangFlags = map[string]bool{
 	"offload-group-size": false, "offload-num-in-group": false, "offload-prefetch-step": false,
 	"offload-mode": false,
 }
-
-var sglangFlagTable = newFlagTable(flagTable{
-	of: "`python3 -m sglang.launch_server` of SGLang " + TestedSGLangReleases[0], long: sglangFlags,
-})
