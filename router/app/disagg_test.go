@@ -188,3 +188,29 @@ func TestDisaggSplitsAndSkipsTheSplit(t *testing.T) {
 		t.Errorf("/debug/engines disaggregation: %+v", d)
 	}
 }
+
+// A prefill leg that fails with no retry left sends the request whole to a decode replica:
+// the client gets its answer, the fallback is counted with its reason, and nothing stays in
+// the ledger.
+func TestDisaggPrefillFailureFallsBackToDecode(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{KVTransfer: &vllmsim.KVTransfer{Connector: "NixlConnector", Role: "kv_both"}})
+	es := f.engines()
+	es[0].Role, es[1].Role = config.RolePrefill, config.RoleDecode
+	rt := startRouter(t, discovery.NewStatic(es), func(o *Options) { o.DisaggMinUncached = -1 })
+	rt.waitStreams(t, "exact")
+	_ = f.sims[0].Close() // the prefill pool's only engine goes away: its dial is refused
+	for i := range 2 {
+		a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(3+i, 100, 0, 0, 3))
+		if a.status != 200 || a.header.Get("x-kvroute-engine") != "e1" {
+			t.Fatalf("request %d: %d from %q: %s", i, a.status, a.header.Get("x-kvroute-engine"), a.body)
+		}
+	}
+	m := scrape(t, rt)
+	// The first finds the refused dial; the second finds the engine out of routing.
+	for _, want := range []string{`path="fallback",reason="connect"} 1`, `path="fallback",reason="no_prefill_replica"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("missing %s:\n%s", want, grepLines(m, "disagg"))
+		}
+	}
+	testkit.WaitFor(t, waitBound, "every attempt ended in the ledger", func() bool { return ledgerEmpty(rt) })
+}
