@@ -196,8 +196,13 @@ func TestDisaggPrefillFailureFallsBackToDecode(t *testing.T) {
 	f := startFleet(t, 2, vllmsim.Config{KVTransfer: &vllmsim.KVTransfer{Connector: "NixlConnector", Role: "kv_both"}})
 	es := f.engines()
 	es[0].Role, es[1].Role = config.RolePrefill, config.RoleDecode
-	rt := startRouter(t, discovery.NewStatic(es), func(o *Options) { o.DisaggMinUncached = -1 })
+	rt := startRouter(t, discovery.NewStatic(es), func(o *Options) {
+		o.Config.Disaggregation = &config.Disaggregation{MinUncachedTokens: -1} // split every request
+	})
 	rt.waitStreams(t, "exact")
+	if d := rt.s.disaggInfo(pools(rt.s.reps())); d.MinUncached != -1 {
+		t.Fatalf("threshold %d, want the config file's -1", d.MinUncached)
+	}
 	_ = f.sims[0].Close() // the prefill pool's only engine goes away: its dial is refused
 	for i := range 2 {
 		a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(3+i, 100, 0, 0, 3))

@@ -70,7 +70,8 @@ type Options struct {
 	// DisaggMinUncached is conditional disaggregation's threshold: on a fleet with prefill and
 	// decode replicas, a request whose decode pick would leave fewer uncached prompt tokens
 	// than this goes whole to the decode replica instead of being split
-	// (DefaultDisaggMinUncached; < 0 splits every request).
+	// (0: Config.Disaggregation.MinUncachedTokens, else DefaultDisaggMinUncached; < 0 splits
+	// every request).
 	DisaggMinUncached int
 	// ResponseOwners and ResponseOwnerTTL bound the map of stored Responses answers to their
 	// engines (100000 entries, 24h).
@@ -167,6 +168,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 3
+	}
+	if d := o.Config.Disaggregation; o.DisaggMinUncached == 0 && d != nil {
+		o.DisaggMinUncached = d.MinUncachedTokens
 	}
 	if o.DisaggMinUncached == 0 {
 		o.DisaggMinUncached = DefaultDisaggMinUncached
