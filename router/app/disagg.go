@@ -112,8 +112,10 @@ func (s *Router) split(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	s.met.DisaggRequests.WithLabelValues(disaggSplit, "").Inc()
 	dp := *p
 	dp.body = decBody
-	// vLLM's decode engine reports the prompt it pulled (all but its last token, which it
-	// recomputes) as cached: that is the decode leg's prediction to compare with.
+	// vLLM's decode engine reports the prompt it pulled as cached, less its last token, which
+	// it recomputes to sample the first (the NIXL connector's get_num_new_matched_tokens loads
+	// the whole prompt; the v1 scheduler's _update_waiting_for_remote_kv takes one back when
+	// all of it arrived): that is the decode leg's prediction to compare with.
 	expect := max(len(p.toks)-1, 0)
 	a, out, tried = s.attempts(ctx, w, r, &dp, dec, decBody, rw, expect)
 	s.answer(w, rq, api, a, out, tried)

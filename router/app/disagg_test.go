@@ -175,13 +175,21 @@ func TestDisaggSplitsAndSkipsTheSplit(t *testing.T) {
 			a.status, a.header.Get("x-kvroute-engine"), a.cachedTokens(t), engine, a.body)
 	}
 	m = scrape(t, rt)
-	for _, want := range []string{`path="decode_only",reason="short_prompt"} 1`, `path="decode_only",reason="cached_prefix"} 1`, `path="split",reason=""} 1`} {
+	for _, want := range []string{`path="decode_only",reason="short_prompt"} 1`, `path="decode_only",reason="cached_prefix"} 1`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("missing %s:\n%s", want, grepLines(m, "disagg"))
 		}
 	}
 	if got := accuracyOf(rt, "e0").Responses + accuracyOf(rt, "e1").Responses; got != 1 {
 		t.Errorf("prefill pool answered %d legs, want 1 (decode-only requests do not touch it)", got)
+	}
+	// A non-streamed split: the decode engine's whole answer, with its usage.
+	a = postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(5, 300, 0, 0, 4))
+	if e := a.header.Get("x-kvroute-engine"); a.status != 200 || (e != "e2" && e != "e3") || a.cachedTokens(t) != 299 {
+		t.Fatalf("non-streamed split: %d from %q: %s", a.status, e, a.body)
+	}
+	if m = scrape(t, rt); !strings.Contains(m, `kvroute_router_disagg_requests_total{path="split",reason=""} 2`) {
+		t.Errorf("second split not counted:\n%s", grepLines(m, "disagg"))
 	}
 	testkit.WaitFor(t, waitBound, "every request ended in the ledger", func() bool { return ledgerEmpty(rt) })
 	if d := rt.s.disaggInfo(pools(rt.s.reps())); d.PrefillReplicas != 2 || d.DecodeReplicas != 2 || !d.Splitting {
