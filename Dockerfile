@@ -25,6 +25,7 @@ COPY internal/version/ internal/version/
 COPY internal/suggest/ internal/suggest/
 COPY internal/vllmrelease/ internal/vllmrelease/
 COPY router/config/ router/config/
+COPY router/engine/ router/engine/
 COPY router/blockkey/ router/blockkey/
 COPY router/score/ router/score/
 # BUILD: manager

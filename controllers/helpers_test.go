@@ -26,8 +26,8 @@ func TestMetricsGroups(t *testing.T) {
 		m    *v1alpha1.KVRoutedModel
 		want []string
 	}{
-		"no autoscaling": {&v1alpha1.KVRoutedModel{}, nil},
-		"keda":           {&v1alpha1.KVRoutedModel{Spec: v1alpha1.KVRoutedModelSpec{Autoscaling: &v1alpha1.AutoscalingSpec{Provider: "KEDA"}}}, nil},
+		"no autoscaling":  {&v1alpha1.KVRoutedModel{}, nil},
+		"keda":            {&v1alpha1.KVRoutedModel{Spec: v1alpha1.KVRoutedModelSpec{Autoscaling: &v1alpha1.AutoscalingSpec{Provider: "KEDA"}}}, nil},
 		"default metrics": {hpa(), []string{customMetricsGroup, externalMetricsGroup}},
 		"external and resource": {hpa(autoscalingv2.MetricSpec{Type: autoscalingv2.ExternalMetricSourceType}, autoscalingv2.MetricSpec{Type: autoscalingv2.ResourceMetricSourceType}),
 			[]string{externalMetricsGroup, resourceMetricsGroup}},

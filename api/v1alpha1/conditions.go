@@ -46,18 +46,18 @@ const (
 	// resources may serve the same model name, and each router must see only its own pods).
 	LabelModel = "serving.kvroute.io/model"
 
-	PartOfValue        = "kvroute"
-	ManagedByValue     = "kvroute-operator"
-	ComponentEngine    = "engine"
-	ComponentRouter    = "router"
+	PartOfValue     = "kvroute"
+	ManagedByValue  = "kvroute-operator"
+	ComponentEngine = "engine"
+	ComponentRouter = "router"
 	// ComponentPrefill labels the prefill pool's pods (spec.disaggregation); the decode pool
 	// keeps ComponentEngine, so the engine Deployment's selector and /scale stay as they are.
 	ComponentPrefill = "prefill"
 	// LabelRole is an engine pod's pool with spec.disaggregation: RolePrefill or RoleDecode.
 	// The router's discovery reads it.
-	LabelRole   = "serving.kvroute.io/role"
-	RolePrefill = "prefill"
-	RoleDecode  = "decode"
+	LabelRole          = "serving.kvroute.io/role"
+	RolePrefill        = "prefill"
+	RoleDecode         = "decode"
 	EngineAppName      = "vllm"
 	RouterAppName      = "kvrouter"
 	AnnotationPrefix   = "serving.kvroute.io/"

@@ -14,6 +14,9 @@ func TestGapRepairedByReplay(t *testing.T) {
 	p := newPub(t, kvtest.Options{})
 	c := newCache(t)
 	r.add("e", p, 0)
+	// The start-up replay answered (the stream is exact on the empty ring) before anything is
+	// published: a reply still in flight would bring the lost batches itself, and no gap be seen.
+	r.waitStats("e", 0, "exact on the empty ring", func(s Stats) bool { return s.State == Exact })
 	st := must[kvwire.Event](t)
 
 	a, b := toks(1, 4*testBS), toks(2, 3*testBS)

@@ -30,10 +30,10 @@ type rank struct {
 	paused  pauseState
 	wake    chan struct{}
 
-	held               map[string]*heldTransfer // prefill requests' blocks awaiting a decoder
-	xfer               *transferStats
-	sideHost           string // side channel as a decoder dials it
-	sidePort           int
+	held     map[string]*heldTransfer // prefill requests' blocks awaiting a decoder
+	xfer     *transferStats
+	sideHost string // side channel as a decoder dials it
+	sidePort int
 }
 
 // rankStats are the counters /metrics exports, in tokens like vLLM's.

@@ -70,7 +70,9 @@ func TestKVRouterBinaryRaisesAndClearsIndexHealthy(t *testing.T) {
 			// command rendered for it as is, vllm-sim standing in for vllm.
 			Engine: v1alpha1.EngineSpec{Image: "ghcr.io/kvroute/vllm-sim:" + render.Version,
 				Port: ports[0], KVEvents: v1alpha1.KVEventsSpec{BasePort: ports[1], ReplayBasePort: &replay}},
-			Router: v1alpha1.RouterSpec{Policy: "round-robin"}}} // both engines get traffic
+			// Round-robin: both engines get traffic. One router: the test runs one kvrouter
+			// process as the router pod.
+			Router: v1alpha1.RouterSpec{Policy: "round-robin", Replicas: new(int32(1))}}}
 	if err := k8s.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
