@@ -67,6 +67,9 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats(),
 		// Bound mode: messages whose topic named no engine, so no engine's counters hold them.
 		"events_unroutable": uint64(s.unroutableEvents())}
+	if pre, dec := pools(reps); len(pre)+len(dec) > 0 {
+		out["disaggregation"] = s.disaggInfo(pre, dec)
+	}
 	if s.peer != nil {
 		out["router_peers"] = s.peer.Info()
 	}
@@ -78,7 +81,7 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 
 // debugEnginesKeys are the keys DebugEngines itself writes (a test holds it to the answer).
 var debugEnginesKeys = []string{"backlog", "hold", "policy", "block_size", "block_size_source", "engines", "index_entries",
-	"tokenize_degraded", "tokenizer", "events_unroutable", "router_peers"}
+	"tokenize_degraded", "tokenizer", "events_unroutable", "router_peers", "disaggregation"}
 
 // AddDebugSection adds a router-wide section to GET /debug/engines under key, read on every
 // call (e.g. the trace capture's written and dropped counts, which live in cmd/kvrouter's

@@ -50,6 +50,25 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		proxy.WriteErrorFor(w, api, http.StatusBadRequest, err.Error())
 		return
 	}
+	if kind == tokens.Completion || kind == tokens.Chat {
+		if pre, dec := pools(reps); len(pre) > 0 && len(dec) > 0 && p.pinned == "" {
+			if s.split(ctx, w, r, &rq, p, pre, dec, upBody, rw) {
+				return
+			}
+			reps = dec // decode-only: the whole request on a decode replica
+		}
+	}
+	a, out, tried := s.attempts(ctx, w, r, p, reps, upBody, rw, 0)
+	s.answer(w, &rq, api, a, out, tried)
+}
+
+// attempts books and forwards attempts of p over reps, elsewhere after each retryable failure,
+// up to MaxAttempts. It returns the attempt whose outcome ended the request (nil when every
+// attempt failed or none could be booked), that outcome (the last failure's when a is nil) and
+// how many attempts were booked. expectCached, when > 0, is the cached tokens the engine is
+// expected to report instead of the decision's prediction (a decode leg: attempt.expectCached).
+func (s *Router) attempts(ctx context.Context, w http.ResponseWriter, r *http.Request, p *prepared, reps []*replica,
+	body []byte, rw proxy.Rewrite, expectCached int) (*attempt, proxy.Outcome, int) {
 	excluded := map[*replica]bool{}
 	var last proxy.Outcome
 	for n := 0; n < s.o.MaxAttempts; n++ {
@@ -57,41 +76,49 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		a, err := s.book(p, reps, excluded)
 		if err != nil {
 			endDecide()
-			if n == 0 {
-				rq.outcome = outcomeNoEngine
-				s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
-				proxy.WriteErrorFor(w, api, http.StatusServiceUnavailable, "no healthy engine")
-			} else {
-				rq.outcome = outcomeEngineError
-				s.allFailed(w, api, last)
-			}
-			return
+			return nil, last, n
 		}
+		a.expectCached = expectCached
 		s.endDecideSpan(endDecide, a)
-		out := s.forward(ctx, w, r, a, upBody, rw, n < s.o.MaxAttempts-1 && a.OthersHealthy())
+		out := s.forward(ctx, w, r, a, body, rw, n < s.o.MaxAttempts-1 && a.OthersHealthy())
 		a.End(out, excluded)
 		if out.Retryable() {
 			last = out
 			continue
 		}
-		rq.outcome = requestOutcome(out)
-		if out.Phase == proxy.Failed && !out.ClientGone() {
-			if out.Kind == proxy.KindRequestTimeout {
-				proxy.WriteErrorFor(w, api, http.StatusGatewayTimeout, out.Err.Error())
-			} else {
-				proxy.WriteErrorFor(w, api, http.StatusBadGateway, "engine "+a.rep.Name+": "+out.Err.Error())
-			}
+		return a, out, n + 1
+	}
+	return nil, last, s.o.MaxAttempts
+}
+
+// answer finishes a request from what attempts returned: the client already has the answer
+// of an attempt that reached it; otherwise it gets the router's error.
+func (s *Router) answer(w http.ResponseWriter, rq *requestRecord, api proxy.API, a *attempt, out proxy.Outcome, tried int) {
+	if a == nil {
+		if tried == 0 {
+			rq.outcome = outcomeNoEngine
+			s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
+			proxy.WriteErrorFor(w, api, http.StatusServiceUnavailable, "no healthy engine")
+			return
 		}
-		if out.Phase == proxy.Cut {
-			// The client already has the status and some tokens: the proxy wrote an SSE error
-			// event; aborting the connection keeps the chunked terminator (or the rest of a
-			// Content-Length) from reaching it, so no client can take the answer as complete.
-			panic(http.ErrAbortHandler)
-		}
+		rq.outcome = outcomeEngineError
+		s.allFailed(w, api, out)
 		return
 	}
-	rq.outcome = outcomeEngineError
-	s.allFailed(w, api, last)
+	rq.outcome = requestOutcome(out)
+	if out.Phase == proxy.Failed && !out.ClientGone() {
+		if out.Kind == proxy.KindRequestTimeout {
+			proxy.WriteErrorFor(w, api, http.StatusGatewayTimeout, out.Err.Error())
+		} else {
+			proxy.WriteErrorFor(w, api, http.StatusBadGateway, "engine "+a.rep.Name+": "+out.Err.Error())
+		}
+	}
+	if out.Phase == proxy.Cut {
+		// The client already has the status and some tokens: the proxy wrote an SSE error
+		// event; aborting the connection keeps the chunked terminator (or the rest of a
+		// Content-Length) from reaching it, so no client can take the answer as complete.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // upstreamBody is the body the engine gets: the client's, asking for the usage the router reads

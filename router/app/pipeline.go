@@ -243,6 +243,10 @@ type attempt struct {
 	rep *replica
 	// firstToken: the engine's first token came (FirstToken).
 	firstToken bool
+	// expectCached, when > 0, is the cached tokens the engine is expected to report in place of
+	// the decision's prediction: a decode leg's engine reports the prompt it pulled from the
+	// prefill engine as cached (disagg.go).
+	expectCached int
 }
 
 // book decides where the request goes (the policy over reps, excluded left out) and books the
@@ -292,8 +296,14 @@ func (a *attempt) EngineName() string {
 	return a.rep.Eng.Name
 }
 
-// PredictedCached is the prompt tokens the decision expects the engine to find cached.
-func (a *attempt) PredictedCached() int { return a.d.Cached[a.d.chosen] }
+// PredictedCached is the prompt tokens the decision expects the engine to find cached (for a
+// decode leg, those it pulls: expectCached).
+func (a *attempt) PredictedCached() int {
+	if a.expectCached > 0 {
+		return a.expectCached
+	}
+	return a.d.Cached[a.d.chosen]
+}
 
 // OthersHealthy reports whether a replica other than the chosen one could take a retry.
 func (a *attempt) OthersHealthy() bool {

@@ -68,6 +68,12 @@ type Options struct {
 	HealthInterval time.Duration
 	// MaxAttempts bounds the engines tried for one request (3).
 	MaxAttempts int
+	// DisaggMinUncached is conditional disaggregation's threshold: on a fleet with prefill and
+	// decode replicas, a request whose decode pick would leave fewer uncached prompt tokens
+	// than this goes whole to the decode replica instead of being split
+	// (0: Config.Disaggregation.MinUncachedTokens, else DefaultDisaggMinUncached; < 0 splits
+	// every request).
+	DisaggMinUncached int
 	// ResponseOwners and ResponseOwnerTTL bound the map of stored Responses answers to their
 	// engines (100000 entries, 24h).
 	ResponseOwners   int
@@ -163,6 +169,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 3
+	}
+	if d := o.Config.Disaggregation; o.DisaggMinUncached == 0 && d != nil {
+		o.DisaggMinUncached = d.MinUncachedTokens
+	}
+	if o.DisaggMinUncached == 0 {
+		o.DisaggMinUncached = DefaultDisaggMinUncached
 	}
 	if o.DiscoveryWait <= 0 {
 		o.DiscoveryWait = 10 * time.Second

@@ -55,6 +55,9 @@ type Config struct {
 	Limits    Limits     `json:"limits"`
 	// Hold bounds the requests held while the model has no ready replica (router/admission).
 	Hold Hold `json:"hold"`
+	// Disaggregation tunes the two-step request on a fleet with prefill and decode pools
+	// (docs/disaggregation.md).
+	Disaggregation *Disaggregation `json:"disaggregation,omitempty"`
 	// ServedModelName is the engines' --served-model-name (event topics, LoRA detection); ""
 	// reads each engine's /v1/models. --model overrides it.
 	ServedModelName string `json:"servedModelName,omitempty"`
@@ -471,6 +474,14 @@ func (c Config) Marshal() ([]byte, error) {
 // shadowPolicy must be production policies (Policies).
 func (c Config) Validate() error { return c.ValidatePolicies(Policies) }
 
+// Disaggregation tunes a fleet with prefill and decode replicas.
+type Disaggregation struct {
+	// MinUncachedTokens is conditional disaggregation's threshold: a request whose decode pick
+	// would leave fewer uncached prompt tokens than this goes whole to the decode replica. 0:
+	// the router's default (1000, borrowed from Dynamo, not measured); -1: split every request.
+	MinUncachedTokens int `json:"minUncachedTokens,omitempty"`
+}
+
 // ValidatePolicies is Validate for a binary that offers the given policies (kvbench's router
 // registers the benchmark ones beside the production ones).
 func (c Config) ValidatePolicies(policies []string) error {
@@ -486,6 +497,10 @@ func (c Config) ValidatePolicies(policies []string) error {
 		}
 	}
 	checkAddr("listen", c.Listen)
+	if d := c.Disaggregation; d != nil && d.MinUncachedTokens < -1 {
+		n := d.MinUncachedTokens
+		bad("disaggregation.minUncachedTokens", "%d is below -1 (-1 splits every request, 0 takes the default)", n)
+	}
 	if !slices.Contains(KVCacheReportModes, c.KVCacheReportMode) {
 		bad("kvCacheReportMode", "%q is not \"full\" or empty", c.KVCacheReportMode)
 	}

@@ -92,6 +92,7 @@ func TestParseRejects(t *testing.T) {
 		{"bad duration", "warmup: {duration: soon}\n", "router config"},
 		{"engine kind", "engineKind: tgi\n", `engineKind: engine kind "tgi" is not one of vllm, sglang, trtllm`},
 		{"mixed kinds", "engineKind: sglang\nengines: [{name: a, url: 'http://x:1', kind: trtllm}]\n", "engines[0].kind: trtllm differs from engineKind sglang: a fleet mixing engine kinds is refused"},
+		{"split threshold", "disaggregation: {minUncachedTokens: -2}\n", "disaggregation.minUncachedTokens: -2 is below -1"},
 		{"report mode on sglang", "engineKind: sglang\nkvCacheReportMode: full\n", `kvCacheReportMode: "full" needs vLLM engines; sglang engines have no report modes`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

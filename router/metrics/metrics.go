@@ -35,6 +35,7 @@ type Metrics struct {
 	UsageMissing         *prometheus.CounterVec // engine: responses without cached_tokens
 	ApproxDecisions      *prometheus.CounterVec // engine: decisions scored from the approximate index
 	UnkeyedRequests      *prometheus.CounterVec // reason: requests routed by load without keys
+	DisaggRequests       *prometheus.CounterVec // path, reason: requests on a disaggregated fleet
 	ReportModeOverrides  prometheus.Counter     // client kv_cache_report_mode set back to incremental
 	EnginesRefused       prometheus.Gauge       // discovered engines of another kind than the router's
 	ResponseAffinity     *prometheus.CounterVec // result: stored Responses answers and follow-ups pinned to their engine
@@ -99,6 +100,8 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Engines discovery lists but the router refuses: their kind is not the router's --engine-kind (a fleet runs one engine kind; /debug/engines names them)."}),
 		UnkeyedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unkeyed_requests_total",
 			Help: "Requests routed by load without router keys, by reason (block_size_unknown: nothing configured, annotated or learned yet; multimodal: media not keyed; pooling: embeddings, scores, rerank, tokenize; responses_previous, responses_items, messages_content: a prompt the router does not reproduce; engine_no_chat_render: the engine kind tokenizes text only)."}, []string{"reason"}),
+		DisaggRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "disagg_requests_total",
+			Help: "Completions and chat requests on a fleet with prefill and decode replicas, by path and reason: split (a prefill leg, then a decode leg with its kv_transfer_params), decode_only (short_prompt, cached_prefix: fewer uncached tokens than the split threshold), fallback (the prefill leg failed with no retry left, reason the failure kind: sent whole to a decode replica)."}, []string{"path", "reason"}),
 		ResponseAffinity: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "response_affinity_total",
 			Help: "Stored Responses answers and the requests that name them, by result: recorded (owner learnt), pinned (sent to the engine holding it), found_by_lookup (owner found by asking the engines), not_found and owner_unavailable (answered 404, never sent elsewhere)."}, []string{"result"}),
 		ResponseOwnerEvicted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "response_owner_evictions_total",
@@ -123,7 +126,7 @@ func New(state prometheus.Collector) *Metrics {
 			Help: "Cached tokens the engines reported, by engine and the scoring mode of the decision."}, []string{"engine", "mode"}),
 	}
 	r.MustRegister(m.Requests, m.Errors, m.Retries, m.DecisionSeconds, m.TokenizeSeconds, m.TokenizeFailures,
-		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.ReportModeOverrides, m.EnginesRefused,
+		m.TokenizeSource, m.EngineAuth, m.EngineScrapes, m.PromptTokens, m.PredictedCached, m.ActualCached, m.UsageMissing, m.ApproxDecisions, m.UnkeyedRequests, m.DisaggRequests, m.ReportModeOverrides, m.EnginesRefused,
 		m.ResponseAffinity, m.ResponseOwnerEvicted,
 		m.EngineHeadersSeconds, m.FirstTokenSeconds, m.EngineErrors, m.InflightRequests, m.RequestSeconds, m.ModePromptTokens, m.ModePredictedCached, m.ModeActualCached,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
