@@ -103,7 +103,7 @@ waitfor 30 "the CRD to be Established" "$KUBECTL" wait --for condition=establish
 
 step "4. start the operator (bin/manager)"
 bin/manager --metrics-bind-address 0 --health-probe-bind-address 0 \
-  --default-engine-image vllm/vllm-openai:v0.26.0 --default-router-image ghcr.io/kvroute/kvrouter:v0.1.0 \
+  --default-engine-image vllm/vllm-openai:v0.31.0 --default-router-image ghcr.io/kvroute/kvrouter:v0.1.0 \
   >"$WORK/manager.log" 2>&1 &
 PIDS+=($!)
 echo "   manager pid ${PIDS[-1]}, log $WORK/manager.log"
