@@ -24,6 +24,7 @@ COPY cmd/manager/ cmd/manager/
 COPY internal/version/ internal/version/
 COPY internal/suggest/ internal/suggest/
 COPY internal/vllmrelease/ internal/vllmrelease/
+COPY internal/engineflags/ internal/engineflags/
 COPY router/config/ router/config/
 COPY router/engine/ router/engine/
 COPY router/blockkey/ router/blockkey/
