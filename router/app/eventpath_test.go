@@ -132,8 +132,10 @@ func TestEngineServesButStopsPublishing(t *testing.T) {
 	}
 	// The router hands the evidence to the stream after the answer's last byte: wait for it.
 	testkit.WaitFor(t, waitBound, "the stream inexact after the quiet requests", func() bool { return streamState(rt, "e") == "inexact" })
-	if st, _ := rt.s.sub.Stats("e", 0); st.StaleMarks != 1 || st.QuietRequests != kvevents.QuietHits {
-		t.Fatalf("stale marks %d, quiet requests %d; want 1, %d", st.StaleMarks, st.QuietRequests, kvevents.QuietHits)
+	// At least QuietHits quiet answers: the first request's own evidence may reach the stream
+	// after the clock moved, and count too.
+	if st, _ := rt.s.sub.Stats("e", 0); st.StaleMarks != 1 || st.QuietRequests < kvevents.QuietHits {
+		t.Fatalf("stale marks %d, quiet requests %d; want 1, >= %d", st.StaleMarks, st.QuietRequests, kvevents.QuietHits)
 	}
 	t.Logf("stale after %d requests, %v", kvevents.QuietHits, time.Since(t0).Round(time.Millisecond))
 	sim.SetEventsStalled(false)
