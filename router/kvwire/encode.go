@@ -90,23 +90,7 @@ func (enc *Encoder) event(ev *Event, layout Layout) error {
 			_ = e.EncodeArrayLen(12 + trailing(s.Locality.OK, s.Ownership.OK, s.SessionID.OK))
 		}
 		_ = e.EncodeString(TagBlockStored)
-		enc.key2(layout, "block_hashes")
-		enc.hashes(s.BlockHashes)
-		enc.key2(layout, "parent_block_hash")
-		if s.ParentBlockHash.OK {
-			enc.hash(s.ParentBlockHash.V)
-		} else {
-			_ = e.EncodeNil()
-		}
-		enc.key2(layout, "token_ids")
-		_ = e.EncodeArrayLen(len(s.TokenIDs))
-		for _, t := range s.TokenIDs {
-			_ = e.EncodeUint(uint64(t))
-		}
-		enc.key2(layout, "block_size")
-		_ = e.EncodeInt(s.BlockSize)
-		enc.key2(layout, "lora_id")
-		enc.optInt(s.LoRAID)
+		enc.storedCore(layout, s)
 		enc.key2(layout, "medium")
 		enc.optStr(s.Medium)
 		enc.key2(layout, "lora_name")
@@ -288,4 +272,27 @@ func (enc *Encoder) trailingStrs(layout Layout, names []string, vals ...Opt[stri
 		enc.key2(layout, names[i])
 		enc.optStr(v)
 	}
+}
+
+// storedCore writes a BlockStored's fields every engine's encoding shares, in its order: the
+// hashes, the parent, the token ids, the block size and the LoRA id.
+func (enc *Encoder) storedCore(layout Layout, s *BlockStored) {
+	e := enc.e
+	enc.key2(layout, "block_hashes")
+	enc.hashes(s.BlockHashes)
+	enc.key2(layout, "parent_block_hash")
+	if s.ParentBlockHash.OK {
+		enc.hash(s.ParentBlockHash.V)
+	} else {
+		_ = e.EncodeNil()
+	}
+	enc.key2(layout, "token_ids")
+	_ = e.EncodeArrayLen(len(s.TokenIDs))
+	for _, t := range s.TokenIDs {
+		_ = e.EncodeUint(uint64(t))
+	}
+	enc.key2(layout, "block_size")
+	_ = e.EncodeInt(s.BlockSize)
+	enc.key2(layout, "lora_id")
+	enc.optInt(s.LoRAID)
 }

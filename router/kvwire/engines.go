@@ -64,23 +64,7 @@ func (enc *Encoder) sglangEvent(ev *Event, asMap bool) error {
 			_ = e.EncodeArrayLen(7 + count(meta))
 		}
 		_ = e.EncodeString(TagBlockStored)
-		enc.key2(layout, "block_hashes")
-		enc.hashes(s.BlockHashes)
-		enc.key2(layout, "parent_block_hash")
-		if s.ParentBlockHash.OK {
-			enc.hash(s.ParentBlockHash.V)
-		} else {
-			_ = e.EncodeNil()
-		}
-		enc.key2(layout, "token_ids")
-		_ = e.EncodeArrayLen(len(s.TokenIDs))
-		for _, t := range s.TokenIDs {
-			_ = e.EncodeUint(uint64(t))
-		}
-		enc.key2(layout, "block_size")
-		_ = e.EncodeInt(s.BlockSize)
-		enc.key2(layout, "lora_id")
-		enc.optInt(s.LoRAID)
+		enc.storedCore(layout, s)
 		if asMap {
 			enc.trailingStrs(layout, []string{"medium", "cache_salt", "session_id"}, s.Medium, s.CacheSalt, s.SessionID)
 			return nil
