@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -544,6 +546,87 @@ func TestAPIKeyAndEnginesConnect(t *testing.T) {
 	eventually(t, 10*time.Second, func() error {
 		if got := engine(t, m).Spec.Template.Annotations[v1alpha1.AnnotationKVEvents]; got != "5557" {
 			return fmt.Errorf("kv-events-ports %q", got)
+		}
+		return nil
+	})
+}
+
+// spec.engine.kvEvents.snapshots through the real API server and the reconciler: switched on,
+// the engine Deployment carries snapshot_endpoint in --kv-events-config, one container port per
+// DP rank and the kv-snapshot-ports annotation, the engine NetworkPolicy admits those ports
+// from the router pods, and the status lists them; switched off, all of it goes.
+func TestSnapshotsSwitch(t *testing.T) {
+	ns := namespace(t, "snapshots")
+	m := newModel(t, ns, "qwen", func(m *v1alpha1.KVRoutedModel) { m.Spec.Engine.Parallelism.DataLocal = 2 })
+	if a := engine(t, m).Spec.Template.Annotations[v1alpha1.AnnotationKVSnapshot]; a != "" {
+		t.Fatalf("snapshots off by default, but %s = %q", v1alpha1.AnnotationKVSnapshot, a)
+	}
+	policyPorts := func() (map[int32]bool, error) {
+		np := &networkingv1.NetworkPolicy{}
+		if err := k8s.Get(ctx, key(ns, render.EngineName(m)), np); err != nil {
+			return nil, err
+		}
+		routerOnly := map[int32]bool{}
+		for _, r := range np.Spec.Ingress {
+			if len(r.From) != 1 || r.From[0].PodSelector == nil || r.From[0].PodSelector.MatchLabels[v1alpha1.LabelComponent] != v1alpha1.ComponentRouter {
+				continue
+			}
+			for _, p := range r.Ports {
+				routerOnly[p.Port.IntVal] = true
+			}
+		}
+		return routerOnly, nil
+	}
+	updateModel(t, m, func(m *v1alpha1.KVRoutedModel) { m.Spec.Engine.KVEvents.Snapshots = new(true) })
+	eventually(t, 10*time.Second, func() error {
+		d := engine(t, m)
+		c := d.Spec.Template.Spec.Containers[0]
+		if a := d.Spec.Template.Annotations[v1alpha1.AnnotationKVSnapshot]; a != "5650,5651" {
+			return fmt.Errorf("%s = %q", v1alpha1.AnnotationKVSnapshot, a)
+		}
+		cfg := ""
+		for i, a := range c.Args {
+			if a == "--kv-events-config" && i+1 < len(c.Args) {
+				cfg = c.Args[i+1]
+			}
+		}
+		if !strings.Contains(cfg, `"snapshot_endpoint":"tcp://*:5650"`) {
+			return fmt.Errorf("--kv-events-config %s", cfg)
+		}
+		named := map[string]int32{}
+		for _, p := range c.Ports {
+			named[p.Name] = p.ContainerPort
+		}
+		if named["kv-snap-0"] != 5650 || named["kv-snap-1"] != 5651 {
+			return fmt.Errorf("container ports %v", named)
+		}
+		ports, err := policyPorts()
+		if err != nil {
+			return err
+		}
+		if !ports[5650] || !ports[5651] {
+			return fmt.Errorf("engine policy's router-only ports %v lack 5650, 5651", ports)
+		}
+		if st := getModel(t, m).Status.Engine; st == nil || !slices.Equal(st.SnapshotPorts, []int32{5650, 5651}) {
+			return fmt.Errorf("status.engine %+v", st)
+		}
+		return nil
+	})
+	updateModel(t, m, func(m *v1alpha1.KVRoutedModel) { m.Spec.Engine.KVEvents.Snapshots = new(false) })
+	eventually(t, 10*time.Second, func() error {
+		d := engine(t, m)
+		if a, has := d.Spec.Template.Annotations[v1alpha1.AnnotationKVSnapshot]; has {
+			return fmt.Errorf("%s = %q after switching off", v1alpha1.AnnotationKVSnapshot, a)
+		}
+		if strings.Contains(strings.Join(d.Spec.Template.Spec.Containers[0].Args, " "), "snapshot_endpoint") {
+			return fmt.Errorf("snapshot_endpoint still rendered")
+		}
+		ports, err := policyPorts()
+		if err != nil {
+			return err
+		}
+		if ports[5650] || ports[5651] {
+			return fmt.Errorf("engine policy still admits %v", ports)
 		}
 		return nil
 	})

@@ -63,7 +63,7 @@ const (
 	AnnotationPrefix   = "serving.kvroute.io/"
 	AnnotationKVEvents = "serving.kvroute.io/kv-events-ports"
 	AnnotationKVReplay = "serving.kvroute.io/kv-replay-ports"
-	// AnnotationKVSnapshot is read by the router; the operator does not write it yet.
+	// AnnotationKVSnapshot lists the snapshot ports per DP rank (spec.engine.kvEvents.snapshots).
 	AnnotationKVSnapshot = "serving.kvroute.io/kv-snapshot-ports"
 	AnnotationBlock      = "serving.kvroute.io/block-size"
 	// AnnotationEngineKind is spec.engine.kind on engine pods other than vLLM's.

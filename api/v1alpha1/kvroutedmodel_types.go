@@ -263,6 +263,11 @@ const (
 // +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.port < self.kvEvents.basePort || self.port >= self.kvEvents.basePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.port %d collides with the KV event ports spec.engine.kvEvents.basePort .. basePort+dataLocal-1 (%d..%d): it is the event port of DP rank %d; move spec.engine.port or spec.engine.kvEvents.basePort'.format([self.port, self.kvEvents.basePort, self.kvEvents.basePort + self.parallelism.dataLocal - 1, self.port - self.kvEvents.basePort])`,fieldPath=".port"
 // +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.port < self.kvEvents.replayBasePort || self.port >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.port %d collides with the KV replay ports spec.engine.kvEvents.replayBasePort .. replayBasePort+dataLocal-1 (%d..%d): it is the replay port of DP rank %d; move spec.engine.port or spec.engine.kvEvents.replayBasePort'.format([self.port, self.kvEvents.replayBasePort, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, self.port - self.kvEvents.replayBasePort])`,fieldPath=".port"
 // +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort)) || !self.kvEvents.enabled || self.kvEvents.replayBasePort == 0 || self.kvEvents.replayBasePort >= self.kvEvents.basePort + self.parallelism.dataLocal || self.kvEvents.basePort >= self.kvEvents.replayBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.kvEvents.replayBasePort range %d..%d overlaps the event port range spec.engine.kvEvents.basePort .. basePort+dataLocal-1 (%d..%d), one port per DP rank each: move spec.engine.kvEvents.replayBasePort to %d or above, or to at most %d'.format([self.kvEvents.replayBasePort, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort, self.kvEvents.basePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort + self.parallelism.dataLocal, self.kvEvents.basePort - self.parallelism.dataLocal])`,fieldPath=".kvEvents.replayBasePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort) && has(self.kvEvents.snapshots) && has(self.kvEvents.snapshotBasePort)) || !self.kvEvents.enabled || !self.kvEvents.snapshots || self.kvEvents.snapshotBasePort + self.parallelism.dataLocal - 1 <= 65535`,messageExpression=`'spec.engine.kvEvents.snapshotBasePort + spec.engine.parallelism.dataLocal - 1 must be <= 65535 (one snapshot port per DP rank): %d + %d - 1 = %d; lower spec.engine.kvEvents.snapshotBasePort to at most %d'.format([self.kvEvents.snapshotBasePort, self.parallelism.dataLocal, self.kvEvents.snapshotBasePort + self.parallelism.dataLocal - 1, 65536 - self.parallelism.dataLocal])`,fieldPath=".kvEvents.snapshotBasePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort) && has(self.kvEvents.snapshots) && has(self.kvEvents.snapshotBasePort)) || !self.kvEvents.enabled || !self.kvEvents.snapshots || self.port < self.kvEvents.snapshotBasePort || self.port >= self.kvEvents.snapshotBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.port %d collides with the KV snapshot ports spec.engine.kvEvents.snapshotBasePort .. snapshotBasePort+dataLocal-1 (%d..%d): it is the snapshot port of DP rank %d; move spec.engine.port or spec.engine.kvEvents.snapshotBasePort'.format([self.port, self.kvEvents.snapshotBasePort, self.kvEvents.snapshotBasePort + self.parallelism.dataLocal - 1, self.port - self.kvEvents.snapshotBasePort])`,fieldPath=".port"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort) && has(self.kvEvents.snapshots) && has(self.kvEvents.snapshotBasePort)) || !self.kvEvents.enabled || !self.kvEvents.snapshots || self.kvEvents.snapshotBasePort >= self.kvEvents.basePort + self.parallelism.dataLocal || self.kvEvents.basePort >= self.kvEvents.snapshotBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.kvEvents.snapshotBasePort range %d..%d overlaps the event port range spec.engine.kvEvents.basePort .. basePort+dataLocal-1 (%d..%d), one port per DP rank each: move spec.engine.kvEvents.snapshotBasePort to %d or above, or to at most %d'.format([self.kvEvents.snapshotBasePort, self.kvEvents.snapshotBasePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort, self.kvEvents.basePort + self.parallelism.dataLocal - 1, self.kvEvents.basePort + self.parallelism.dataLocal, self.kvEvents.basePort - self.parallelism.dataLocal])`,fieldPath=".kvEvents.snapshotBasePort"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.parallelism) && has(self.kvEvents) && has(self.port) && has(self.parallelism.dataLocal) && has(self.kvEvents.enabled) && has(self.kvEvents.basePort) && has(self.kvEvents.replayBasePort) && has(self.kvEvents.snapshots) && has(self.kvEvents.snapshotBasePort)) || !self.kvEvents.enabled || !self.kvEvents.snapshots || self.kvEvents.replayBasePort == 0 || self.kvEvents.snapshotBasePort >= self.kvEvents.replayBasePort + self.parallelism.dataLocal || self.kvEvents.replayBasePort >= self.kvEvents.snapshotBasePort + self.parallelism.dataLocal`,messageExpression=`'spec.engine.kvEvents.snapshotBasePort range %d..%d overlaps the replay port range spec.engine.kvEvents.replayBasePort .. replayBasePort+dataLocal-1 (%d..%d), one port per DP rank each: move spec.engine.kvEvents.snapshotBasePort to %d or above, or to at most %d'.format([self.kvEvents.snapshotBasePort, self.kvEvents.snapshotBasePort + self.parallelism.dataLocal - 1, self.kvEvents.replayBasePort, self.kvEvents.replayBasePort + self.parallelism.dataLocal - 1, self.kvEvents.replayBasePort + self.parallelism.dataLocal, self.kvEvents.replayBasePort - self.parallelism.dataLocal])`,fieldPath=".kvEvents.snapshotBasePort"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kvEvents) || !has(self.kvEvents.snapshots) || !self.kvEvents.snapshots || !has(self.kind) || self.kind == 'vllm'`,messageExpression=`'spec.engine.kvEvents.snapshots binds the vLLM snapshot endpoint but spec.engine.kind is %s: set snapshots to false for this engine'.format([self.kind])`,fieldPath=".kvEvents.snapshots"
 // The kind rules refuse, per engine, the flags the operator owns in that engine's spelling (vLLM's
 // are refused for every kind by EngineArg) and what the engine cannot do.
 // +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'sglang' || !has(self.args) || self.args.all(a, !a.matches('^--(model-path|host|tp-size|tp|dp-size|dp|page-size|enable-metrics|enable-cache-report)([=].*)?$'))`,messageExpression=`'spec.engine.args sets %s, which the operator owns for SGLang: set spec.engine.parallelism.tensor for --tp-size/--tp, spec.engine.parallelism.dataLocal for --dp-size/--dp, spec.engine.blockSize for --page-size, spec.model.uri for --model-path, and remove the entry (the operator always passes --host 0.0.0.0, --enable-metrics and --enable-cache-report)'.format([self.args.filter(a, a.matches('^--(model-path|host|tp-size|tp|dp-size|dp|page-size|enable-metrics|enable-cache-report)([=].*)?$'))[0]])`,fieldPath=".args"
@@ -405,6 +410,7 @@ type ParallelismSpec struct {
 }
 
 // KVEventsSpec configures the engines' KV-cache event publishers.
+// +kubebuilder:validation:XValidation:rule=`!has(self.snapshots) || !self.snapshots || !has(self.enabled) || self.enabled`,message="spec.engine.kvEvents.snapshots needs spec.engine.kvEvents.enabled: the snapshot endpoint is part of the event publisher; set enabled to true or snapshots to false",fieldPath=".snapshots"
 type KVEventsSpec struct {
 	// Enabled switches the events on; without them the router scores approximately.
 	// +kubebuilder:default=true
@@ -456,6 +462,26 @@ type KVEventsSpec struct {
 	// +kubebuilder:validation:Enum=RouterConnects;EnginesConnect
 	// +optional
 	Mode string `json:"mode,omitempty"`
+
+	// Snapshots binds vLLM's snapshot endpoint (snapshot_endpoint in --kv-events-config) on
+	// snapshotBasePort + r per DP rank, so a router that starts late, restarts alone or loses
+	// more than the replay ring holds rebuilds from the engine's whole cache state. Off by
+	// default: the operator follows the protocol of vLLM PR #57789 as vLLM's
+	// docs/features/kv_events.md describes it, and no tagged release's KVEventsConfig read has
+	// the field (what a release without it does with the key is unverified: it may refuse to
+	// start). With it the engine frames every batch with a 24-byte sequence, which kvrouter
+	// reads. vLLM engines only.
+	// +kubebuilder:default=false
+	// +optional
+	Snapshots *bool `json:"snapshots,omitempty"`
+
+	// SnapshotBasePort: DP rank r answers snapshot requests on snapshotBasePort + r when
+	// snapshots is on (the router pods alone may reach it).
+	// +kubebuilder:default=5650
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	SnapshotBasePort int32 `json:"snapshotBasePort,omitempty"`
 }
 
 // Event stream modes (spec.engine.kvEvents.mode).
@@ -1159,6 +1185,10 @@ type EngineStatus struct {
 	// +listType=atomic
 	// +optional
 	ReplayPorts []int32 `json:"replayPorts,omitempty"`
+	// SnapshotPorts per DP rank, rank order; empty unless spec.engine.kvEvents.snapshots.
+	// +listType=atomic
+	// +optional
+	SnapshotPorts []int32 `json:"snapshotPorts,omitempty"`
 	// ModelCache is the claim the weights are cached on; absent without spec.model.cache.
 	// +optional
 	ModelCache *ModelCacheStatus `json:"modelCache,omitempty"`

@@ -306,6 +306,11 @@ func (in *EngineStatus) DeepCopyInto(out *EngineStatus) {
 		*out = make([]int32, len(*in))
 		copy(*out, *in)
 	}
+	if in.SnapshotPorts != nil {
+		in, out := &in.SnapshotPorts, &out.SnapshotPorts
+		*out = make([]int32, len(*in))
+		copy(*out, *in)
+	}
 	if in.ModelCache != nil {
 		in, out := &in.ModelCache, &out.ModelCache
 		*out = new(ModelCacheStatus)
@@ -496,6 +501,11 @@ func (in *KVEventsSpec) DeepCopyInto(out *KVEventsSpec) {
 	if in.HWM != nil {
 		in, out := &in.HWM, &out.HWM
 		*out = new(int32)
+		**out = **in
+	}
+	if in.Snapshots != nil {
+		in, out := &in.Snapshots, &out.Snapshots
+		*out = new(bool)
 		**out = **in
 	}
 }

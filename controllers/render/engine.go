@@ -30,8 +30,9 @@ const (
 
 // Ports are an engine's per-rank ports.
 type Ports struct {
-	Events []int32 // empty when events are off
-	Replay []int32 // empty when events or replay are off
+	Events   []int32 // empty when events are off
+	Replay   []int32 // empty when events or replay are off
+	Snapshot []int32 // empty unless events and spec.engine.kvEvents.snapshots are on (vLLM only)
 }
 
 // EnginePorts returns the event and replay ports per DP rank, rank order (vLLM offsets both
@@ -51,8 +52,19 @@ func EnginePorts(m *v1alpha1.KVRoutedModel) Ports {
 		if ev.ReplayBasePort != nil && *ev.ReplayBasePort != 0 {
 			p.Replay = append(p.Replay, *ev.ReplayBasePort+r)
 		}
+		if Snapshots(m) {
+			p.Snapshot = append(p.Snapshot, ev.SnapshotBasePort+r)
+		}
 	}
 	return p
+}
+
+// Snapshots reports whether the vLLM engines bind a snapshot endpoint (vLLM PR #57789, as
+// docs/features/kv_events.md at vllm-project/vllm 0aa3ce853c7d describes it). The snapshot
+// socket binds on the engine in both event modes: vLLM binds it even when given a host.
+func Snapshots(m *v1alpha1.KVRoutedModel) bool {
+	ev := m.Spec.Engine.KVEvents
+	return ev.Enabled != nil && *ev.Enabled && ev.Snapshots != nil && *ev.Snapshots && EngineKind(m) == v1alpha1.EngineVLLM
 }
 
 // kvEventsConfig is vLLM's --kv-events-config JSON (vllm/config/kv_events.py), in a fixed
@@ -62,9 +74,14 @@ type kvEventsConfig struct {
 	Publisher      string `json:"publisher"`
 	Endpoint       string `json:"endpoint"`
 	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
-	Topic          string `json:"topic"`
-	HWM            int32  `json:"hwm"`
-	BufferSteps    int32  `json:"buffer_steps"`
+	// SnapshotEndpoint is rank 0's; vLLM offsets the TCP port by the DP rank as it does the
+	// others. Absent unless spec.engine.kvEvents.snapshots: no KVEventsConfig read has the
+	// field (vllm/config/kv_events.py at 00634b8acf93 ends at topic), so an engine may not
+	// accept it.
+	SnapshotEndpoint string `json:"snapshot_endpoint,omitempty"`
+	Topic            string `json:"topic"`
+	HWM              int32  `json:"hwm"`
+	BufferSteps      int32  `json:"buffer_steps"`
 }
 
 // EnginesConnect reports whether the engines dial the router with their events (kvrouter's
@@ -93,6 +110,9 @@ func KVEventsConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
 	}
 	if *ev.ReplayBasePort != 0 {
 		c.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", *ev.ReplayBasePort)
+	}
+	if Snapshots(m) {
+		c.SnapshotEndpoint = fmt.Sprintf("tcp://*:%d", ev.SnapshotBasePort)
 	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
@@ -377,6 +397,9 @@ func EnginePodAnnotations(m *v1alpha1.KVRoutedModel) map[string]string {
 	if len(p.Replay) > 0 {
 		a[v1alpha1.AnnotationKVReplay] = joinPorts(p.Replay)
 	}
+	if len(p.Snapshot) > 0 {
+		a[v1alpha1.AnnotationKVSnapshot] = joinPorts(p.Snapshot)
+	}
 	return a
 }
 
@@ -387,6 +410,9 @@ func engineContainerPorts(m *v1alpha1.KVRoutedModel, p Ports) []corev1.Container
 	}
 	for r, port := range p.Replay {
 		out = append(out, corev1.ContainerPort{Name: fmt.Sprintf("kv-replay-%d", r), ContainerPort: port, Protocol: corev1.ProtocolTCP})
+	}
+	for r, port := range p.Snapshot {
+		out = append(out, corev1.ContainerPort{Name: fmt.Sprintf("kv-snap-%d", r), ContainerPort: port, Protocol: corev1.ProtocolTCP})
 	}
 	return out
 }

@@ -42,7 +42,7 @@ func sample(t testing.TB, shape string) *v1alpha1.KVRoutedModel {
 	return m
 }
 
-var shapes = []string{"minimal", "dp2tp2", "keda", "hpa", "lora", "netpol", "apikey", "bound", "trial", "routers3", "production", "cache-rwo", "sim", "pd", "sglang", "trtllm"}
+var shapes = []string{"minimal", "dp2tp2", "keda", "hpa", "lora", "netpol", "apikey", "bound", "trial", "routers3", "production", "cache-rwo", "sim", "pd", "sglang", "trtllm", "snapshots"}
 
 // TestGolden renders every sample (each output holds every renderer's object for that shape)
 // and compares with testdata/render/<shape>.yaml; -update rewrites them.

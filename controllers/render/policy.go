@@ -1,6 +1,8 @@
 package render
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -46,8 +48,8 @@ func ingressPolicy(m *v1alpha1.KVRoutedModel, name, component string, selector m
 	}
 }
 
-// NetworkPolicy guards the engine pods: the event and replay ports (which hand out the KV
-// index and accept replay requests) from the router pods only; the HTTP/metrics port from the
+// NetworkPolicy guards the engine pods: the event, replay and snapshot ports (which hand out
+// the KV index and accept replay and snapshot requests) from the router pods only; the HTTP/metrics port from the
 // router and spec.networkPolicy.allowFrom. Nil when spec.networkPolicy.enabled is false.
 func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if !*m.Spec.NetworkPolicy.Enabled {
@@ -55,7 +57,7 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	}
 	routerPorts := []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}
 	p := EnginePorts(m)
-	for _, e := range append(append([]int32{}, p.Events...), p.Replay...) {
+	for _, e := range slices.Concat(p.Events, p.Replay, p.Snapshot) {
 		routerPorts = append(routerPorts, tcpPort(e))
 	}
 	rules := []networkingv1.NetworkPolicyIngressRule{{

@@ -78,7 +78,7 @@ func Compute(o Observed) v1alpha1.KVRoutedModelStatus {
 	if e := o.Engine; e != nil {
 		st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = e.Status.Replicas, e.Status.ReadyReplicas, e.Status.UpdatedReplicas
 		p := render.EnginePorts(m)
-		st.Engine = &v1alpha1.EngineStatus{DeploymentName: e.Name, KVEventPorts: p.Events, ReplayPorts: p.Replay, ModelCache: o.ModelCache}
+		st.Engine = &v1alpha1.EngineStatus{DeploymentName: e.Name, KVEventPorts: p.Events, ReplayPorts: p.Replay, SnapshotPorts: p.Snapshot, ModelCache: o.ModelCache}
 	}
 	if p := o.Prefill; p != nil && render.Disaggregated(m) {
 		dl := m.Spec.Engine.Parallelism.DataLocal

@@ -84,6 +84,12 @@ func TestRenderedEngineCommands(t *testing.T) {
 				k := c.KVTransfer
 				return k != nil && k.Connector == "NixlConnector" && k.Role == "kv_both" && k.SideChannelHost == "10.0.0.7" && k.SideChannelPort == 5700
 			}},
+		// vLLM's snapshot endpoint (spec.engine.kvEvents.snapshots): rank 0's port, the
+		// simulator offsets it per rank as vLLM does.
+		{shape: "snapshots", ignored: "--tensor-parallel-size",
+			check: func(c vllmsim.Config) bool {
+				return c.DataParallelSize == 2 && c.KVSnapshotPort == 5650 && c.KVReplayBind == "tcp://*:5600"
+			}},
 		// Engines dial the router's events Service: vLLM connects to an endpoint with a host.
 		{shape: "bound", ignored: "--tensor-parallel-size",
 			check: func(c vllmsim.Config) bool {
