@@ -64,7 +64,7 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 	reps := s.reps()
 	bs, bsFrom := s.blockSize(reps)
 	out := map[string]any{"backlog": s.backlog(reps), "hold": s.hold.Stats(), "policy": s.policy, "block_size": bs, "block_size_source": bsFrom, "engines": s.Engines(),
-		"index_entries": s.ix.Keys(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats(),
+		"index_entries": s.ix.Keys(), "sessions": s.ix.SessionStats(), "tokenize_degraded": s.tokenizeDegraded.Load(), "tokenizer": s.tok.Stats(),
 		// Bound mode: messages whose topic named no engine, so no engine's counters hold them.
 		"events_unroutable": uint64(s.unroutableEvents())}
 	if pre, dec := pools(reps); len(pre)+len(dec) > 0 {
@@ -80,7 +80,7 @@ func (s *Router) DebugEngines(w http.ResponseWriter, _ *http.Request) {
 }
 
 // debugEnginesKeys are the keys DebugEngines itself writes (a test holds it to the answer).
-var debugEnginesKeys = []string{"backlog", "hold", "policy", "block_size", "block_size_source", "engines", "index_entries",
+var debugEnginesKeys = []string{"backlog", "hold", "policy", "block_size", "block_size_source", "engines", "index_entries", "sessions",
 	"tokenize_degraded", "tokenizer", "events_unroutable", "router_peers", "disaggregation"}
 
 // AddDebugSection adds a router-wide section to GET /debug/engines under key, read on every

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute/router/admission"
@@ -279,6 +280,13 @@ func New(o Options) (*Router, error) {
 	s.met = metrics.New(state)
 	s.respOwners = newResponseOwners(o.ResponseOwners, o.ResponseOwnerTTL, s.met.ResponseOwnerEvicted.Inc)
 	s.met.Registry.MustRegister(s.ledger.Collectors()...)
+	s.met.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvroute_router", Name: "session_homes",
+			Help: "Sessions whose home replica the index learnt from the engines' BlockStored session_id."},
+			func() float64 { return float64(s.ix.SessionStats().Sessions) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "session_home_evictions_total",
+			Help: "Session -> replica entries dropped for the session map's bound (least recently stored first)."},
+			func() float64 { return float64(s.ix.SessionStats().Evicted) }))
 	s.met.Registry.MustRegister(newBacklogCollector(s))
 	s.hold = admission.New(admission.Options{MaxWaiting: o.Config.Hold.MaxWaiting, MaxWait: o.Config.Hold.MaxWait.Duration}, o.Model)
 	s.met.Registry.MustRegister(s.hold.Collectors()...)

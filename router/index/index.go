@@ -47,6 +47,11 @@ type Index struct {
 	reps   []*replica // by ReplicaID; nil when free
 	byName map[streamName]ReplicaID
 	free   []ReplicaID
+	// epochs numbers each replica's lifetime (registration, or a Clear): a session home
+	// recorded under another epoch is stale.
+	epochs uint64
+	// sessions: which replica last stored blocks for a session (session.go).
+	sessions sessionHomes
 }
 
 type streamName struct {
@@ -75,6 +80,8 @@ type replica struct {
 	updated time.Time
 	// limit: per tier, the most distinct blocks held (0: no limit); see SetLimit.
 	limit [NumTiers]int
+	// epoch: this lifetime of the slot (Index.epochs when registered or last cleared).
+	epoch uint64
 }
 
 // New returns an empty Index.
@@ -110,6 +117,8 @@ func (ix *Index) AddReplica(name string, dpRank int) (ReplicaID, error) {
 		return 0, ErrTooManyReplicas
 	}
 	ix.reps[id] = newReplica(name, dpRank)
+	ix.epochs++
+	ix.reps[id].epoch = ix.epochs
 	ix.byName[sn] = id
 	g := ix.groupFor(id)
 	g.live |= slotBit(id)
@@ -355,6 +364,10 @@ func (ix *Index) Clear(id ReplicaID) error {
 	}
 	ix.clear(id, r)
 	r.updated = now
+	// The engine's cache is gone (a restart, or a stream that can no longer be trusted), and
+	// with it what its sessions stored there.
+	ix.epochs++
+	r.epoch = ix.epochs
 	return nil
 }
 

@@ -182,6 +182,11 @@ func (g *Ingester) stored(s *kvwire.BlockStored) {
 		return
 	}
 	g.noteMeta(s.Ownership, s.SessionID)
+	if s.SessionID.OK {
+		// Where a session's cache lives, learnt from the engine (residency aside: a shared
+		// or remote copy still says which replica served the session).
+		g.ix.NoteSession(g.id, s.SessionID.V)
+	}
 	tier, res := index.ParseResidency(s.Medium.V, s.Locality.V)
 	switch res {
 	case index.Unknown:

@@ -98,6 +98,12 @@ type IndexView interface {
 	Slots() int
 }
 
+// SessionView is the exact index's memory of where each session's blocks were stored (from
+// the engines' BlockStored session_id); an IndexView without it routes no session affinity.
+type SessionView interface {
+	SessionReplica(session string) (index.ReplicaID, bool)
+}
+
 // LedgerView is the read side of the ledger's load counters, side indexes and balance windows
 // (load.Ledger).
 type LedgerView interface {
@@ -145,6 +151,9 @@ type Decision struct {
 	// read: Refresh has read the ledger, at generation gen.
 	read bool
 	gen  uint64
+	// home is one more than the candidate whose engine last stored blocks for the request's
+	// session, 0 for none (SessionView).
+	home int
 }
 
 // Overlap is one replica's raw overlap, in blocks.
@@ -218,6 +227,16 @@ func (d *Decision) Decide(in Input, reps []Replica, ix IndexView, led LedgerView
 		d.Guards[i] = guardSets[g]
 	}
 	d.slots = ix.Slots()
+	if sv, ok := ix.(SessionView); ok && in.Session != "" {
+		if id, ok := sv.SessionReplica(in.Session); ok {
+			for i := range reps {
+				if reps[i].ID == id {
+					d.home = i + 1
+					break
+				}
+			}
+		}
+	}
 	d.Refresh(reps, led)
 	return nil
 }
@@ -298,7 +317,7 @@ func (d *Decision) Refresh(reps []Replica, led LedgerView) {
 			PrefillTokens: int(ld.PrefillTokens), PrefillAttention: ld.PrefillAttention, PrefillSince: rl.PrefillSince,
 			DecodeTokens: int(ld.DecodeTokens), PrefillHeldTokens: int(ld.PrefillHeldTokens), Running: int(ld.Running),
 			Queue: r.Queue, KVUtil: r.KVUtil, WarmupCredit: r.WarmupCredit, Approximate: r.Approximate,
-			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name)}
+			Window: led.Window(r.Name, d.Req.NowNs), Calib: led.Calibration(r.Name), SessionHome: i+1 == d.home}
 		d.Raw[i] = Overlap{}
 		if int(r.ID) < len(d.exact) {
 			m := d.exact[r.ID]

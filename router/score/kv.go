@@ -197,6 +197,7 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 	for i := range cands {
 		anyStarved = anyStarved || starved(i)
 	}
+	credit := k.sessionCredit(req, cands)
 	cheapest := math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
@@ -213,6 +214,9 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 		// it counts is already in the prefill ahead, exactly and at routing, while the gauge
 		// is a sample up to a scrape interval old (router/fleet, DefaultInterval).
 		raw[i] = unc[i]/scale[i] + k.load(c, req.NowNs)
+		if c.SessionHome {
+			raw[i] -= credit
+		}
 		val[i] = raw[i]
 		switch {
 		case cnt[i]+scale[i] > e.reqLimit:
@@ -251,6 +255,36 @@ func (k *kvPolicy) evaluate(req *Request, cands []Candidate, e *kvEval) {
 			e.exclude(i, guardTokens)
 		}
 	}
+}
+
+// sessionCredit is what the session's home replica (Candidate.SessionHome) is credited, in
+// prefill tokens: one block when every healthy candidate would compute the same uncached
+// tokens, so the overlap tells none apart (a new turn whose prompt the router cannot key, an
+// idle fleet, a prefix every replica holds), and 0 when the overlap already decides. One block
+// is what the token bound treats as no work: the home wins when its load is within a block's
+// prefill of the least loaded, and load decides past that.
+func (k *kvPolicy) sessionCredit(req *Request, cands []Candidate) float64 {
+	if req.SessionKey == "" {
+		return 0
+	}
+	home, first, same := false, math.NaN(), true
+	for i := range cands {
+		c := &cands[i]
+		if !c.Healthy {
+			continue
+		}
+		home = home || c.SessionHome
+		u := k.uncached(req, c)
+		if math.IsNaN(first) {
+			first = u
+		} else if math.Abs(u-first) >= 0.5 {
+			same = false
+		}
+	}
+	if !home || !same {
+		return 0
+	}
+	return float64(req.BlockSize)
 }
 
 func (k *kvPolicy) Pick(req *Request, cands []Candidate) (int, error) {
@@ -299,6 +333,9 @@ func (k *kvPolicy) Explain(req *Request, cands []Candidate) []Explanation {
 			{"request_bound", e.reqLimit},
 			{"starved_below", e.starvedLimit},
 			{"window_scale", e.scale[i]},
+		}
+		if c.SessionHome {
+			out[i].Terms = append(out[i].Terms, Term{"session_home_credit", -k.sessionCredit(req, cands)})
 		}
 	}
 	return out

@@ -100,6 +100,10 @@ type Candidate struct {
 	// Calib is the fleet's measured prefill drain (the ledger's online fit); zero when not
 	// measured.
 	Calib Calibration
+	// SessionHome: the request carries a session key and this replica's engine last stored
+	// blocks for that session (its BlockStored events' session_id, router/index). kv credits it
+	// one block when the overlap tells no candidate apart (SessionCredit).
+	SessionHome bool
 }
 
 // ContextTokens is the context the replica's steps carry over the few steps a request sent
