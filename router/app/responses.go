@@ -19,10 +19,7 @@ import (
 // response.created) and keeps id -> engine in a bounded map with a TTL; an id it does not know
 // (another router replica routed it, or this one restarted) is looked up by asking the engines.
 
-// Defaults of the response-owner map.
 const (
-	defaultResponseOwners   = 100_000
-	defaultResponseOwnerTTL = 24 * time.Hour
 	// responseProbeTimeout bounds each engine's GET /v1/responses/{id} when looking up an id.
 	responseProbeTimeout = 2 * time.Second
 )
@@ -41,13 +38,8 @@ type responseOwners struct {
 	m *expirable.LRU[string, string]
 }
 
+// newResponseOwners bounds the map at size ids, each kept for ttl (config.Responses).
 func newResponseOwners(size int, ttl time.Duration, evicted func()) *responseOwners {
-	if size <= 0 {
-		size = defaultResponseOwners
-	}
-	if ttl <= 0 {
-		ttl = defaultResponseOwnerTTL
-	}
 	return &responseOwners{m: expirable.NewLRU(size, func(string, string) { evicted() }, ttl)}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/discovery"
+	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/tokens"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
@@ -215,5 +216,38 @@ func TestSessionKey(t *testing.T) {
 		if got := sessionKey(h, tr); got != c.want {
 			t.Errorf("%s %q: %q, want %q", c.body, c.header, got, c.want)
 		}
+	}
+}
+
+// responses.maxOwners bounds the response-owner map: with 2, the third stored answer drops the
+// first id (counted), and a follow-up naming it is found by asking the engines, the two kept
+// ones from the map.
+func TestResponseOwnerBoundFromConfig(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{})
+	rt := startRouter(t, newPushSource(f.engines()), func(o *Options) {
+		o.Config.Policy = "round-robin"
+		o.Config.Responses = &config.Responses{MaxOwners: 2}
+	})
+	ids := make([]string, 3)
+	for c := range ids {
+		a := postJSON(t, rt.api.URL+"/v1/responses", fmt.Sprintf(`{"model":"vllm-sim","input":"opens %d","max_output_tokens":1}`, c))
+		if a.status != 200 {
+			t.Fatalf("%d: %d %s", c, a.status, a.body)
+		}
+		ids[c] = responseIDOf(t, a)
+	}
+	if n := testutil.ToFloat64(rt.s.met.ResponseOwnerEvicted); n != 1 {
+		t.Fatalf("evictions %v, want 1 (3 ids into 2)", n)
+	}
+	// Newest first, not stored: what a lookup learns back must not push out an id still to come.
+	for c := len(ids) - 1; c >= 0; c-- {
+		if a := postJSON(t, rt.api.URL+"/v1/responses", fmt.Sprintf(`{"model":"vllm-sim","input":"next","previous_response_id":%q,"max_output_tokens":1,"store":false}`, ids[c])); a.status != 200 {
+			t.Fatalf("follow-up %d: %d %s", c, a.status, a.body)
+		}
+	}
+	m := rt.s.met.ResponseAffinity
+	// Every follow-up reaches its engine; the dropped id only by asking the engines.
+	if p, l := testutil.ToFloat64(m.WithLabelValues(affinityPinned)), testutil.ToFloat64(m.WithLabelValues(affinityProbed)); l != 1 || p != 3 {
+		t.Fatalf("pinned %v found by lookup %v, want 3 and 1", p, l)
 	}
 }

@@ -75,10 +75,6 @@ type Options struct {
 	// (0: Config.Disaggregation.MinUncachedTokens, else DefaultDisaggMinUncached; < 0 splits
 	// every request).
 	DisaggMinUncached int
-	// ResponseOwners and ResponseOwnerTTL bound the map of stored Responses answers to their
-	// engines (100000 entries, 24h).
-	ResponseOwners   int
-	ResponseOwnerTTL time.Duration
 	// DiscoveryWait is how long a request that arrives before the first engine snapshot waits
 	// for it before a 503 "no engine discovered yet" (10s).
 	DiscoveryWait time.Duration
@@ -278,7 +274,8 @@ func New(o Options) (*Router, error) {
 		return float64(st.PredictedEvicted), float64(st.ApproximateEvicted)
 	}
 	s.met = metrics.New(state)
-	s.respOwners = newResponseOwners(o.ResponseOwners, o.ResponseOwnerTTL, s.met.ResponseOwnerEvicted.Inc)
+	owners, ownerTTL := o.Config.ResponseOwnerBounds()
+	s.respOwners = newResponseOwners(owners, ownerTTL, s.met.ResponseOwnerEvicted.Inc)
 	s.met.Registry.MustRegister(s.ledger.Collectors()...)
 	s.met.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvroute_router", Name: "session_homes",

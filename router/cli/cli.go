@@ -95,6 +95,8 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	shadowPol := fs.String("shadow-policy", "", "re-decide every request with this policy without acting on it; kvroute_router_shadow_* metrics (docs/should-you-route.md)")
 	auditOn := fs.Bool("audit", false, "audit sampled prompts for a varying span at their start (/debug/audit; docs/should-you-route.md)")
 	holdWaiting := fs.Int("hold-max-waiting", -1, "requests held at once while the model has no ready replica (0: answer 503 at once; -1: the config's, default 128)")
+	respOwners := fs.Int("response-owners", 0, "stored Responses ids whose engine the router remembers, least recently used dropped first (0: the config's responses.maxOwners, default 100000)")
+	respOwnerTTL := fs.Duration("response-owner-ttl", 0, "how long a stored Responses id's engine is remembered (0: the config's responses.ownerTTL, default 24h)")
 	holdWait := fs.Duration("hold-max-wait", 0, "how long a held request waits for a ready replica before its 503 with Retry-After (0: the config's, default 30s)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -207,6 +209,17 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	}
 	if *holdWait > 0 {
 		cfg.Hold.MaxWait = metav1.Duration{Duration: *holdWait}
+	}
+	if *respOwners != 0 || *respOwnerTTL != 0 {
+		if cfg.Responses == nil {
+			cfg.Responses = &config.Responses{}
+		}
+		if *respOwners != 0 {
+			cfg.Responses.MaxOwners = *respOwners
+		}
+		if *respOwnerTTL != 0 {
+			cfg.Responses.OwnerTTL = metav1.Duration{Duration: *respOwnerTTL}
+		}
 	}
 	if *auditOn {
 		if cfg.Audit == nil {

@@ -29,6 +29,8 @@ func TestFlagErrors(t *testing.T) {
 		{"--engine", "a=http://127.0.0.1:1;replay=tcp://127.0.0.1:2"},   // replay alone needs --events-bind
 		{"--engine", "a=http://127.0.0.1:1;snapshot=tcp://127.0.0.1:2"}, // so does snapshot alone
 		{"--engine", "a=http://127.0.0.1:1", "--events-bind", "127.0.0.1:5557"},
+		{"--engine", "a=http://127.0.0.1:1", "--response-owners", "-3"},
+		{"--engine", "a=http://127.0.0.1:1", "--response-owner-ttl", "-1m"},
 	} {
 		var stderr bytes.Buffer
 		if code := Run(context.Background(), args, &stderr, Options{}); code != 2 || !strings.Contains(stderr.String(), "kvrouter:") {

@@ -74,6 +74,9 @@ type Config struct {
 	EngineAuth *EngineAuth `json:"engineAuth,omitempty"`
 	// Capture, when enabled, writes the traffic as a Mooncake-format trace (router/capture).
 	Capture *Capture `json:"capture,omitempty"`
+	// Responses bounds what the router remembers of stored Responses answers; absent: the
+	// defaults (DefaultResponseOwners, DefaultResponseOwnerTTL).
+	Responses *Responses `json:"responses,omitempty"`
 	// Audit, when enabled, samples prompts for spans that vary at the start of otherwise
 	// repeated prompts (router/audit).
 	Audit *Audit `json:"audit,omitempty"`
@@ -122,6 +125,41 @@ type PeerTLS struct {
 	CertFile string `json:"certFile"`
 	KeyFile  string `json:"keyFile"`
 	CAFile   string `json:"caFile"`
+}
+
+// Defaults and bounds of the response-owner map (responses.maxOwners, responses.ownerTTL).
+const (
+	DefaultResponseOwners   = 100_000
+	DefaultResponseOwnerTTL = 24 * time.Hour
+	// MaxResponseOwners bounds responses.maxOwners: an entry is an id and an engine name,
+	// about 200 bytes, so the bound stays near 2 GB.
+	MaxResponseOwners = 10_000_000
+)
+
+// Responses is the map from stored Responses answers (store: true) to the engine that holds
+// them, which pins a follow-up's previous_response_id there. An id past either bound is
+// dropped (counted in response_owner_evictions_total) and, when named again, looked up on the
+// engines.
+type Responses struct {
+	// MaxOwners is how many ids are remembered (100,000), least recently used dropped first.
+	MaxOwners int `json:"maxOwners,omitempty"`
+	// OwnerTTL is how long an id is remembered after it was learnt (24h); vLLM keeps a stored
+	// response in its process memory for as long as the process runs.
+	OwnerTTL metav1.Duration `json:"ownerTTL,omitempty"`
+}
+
+// ResponseOwnerBounds are the response-owner map's size and TTL, defaults filled in.
+func (c *Config) ResponseOwnerBounds() (int, time.Duration) {
+	n, ttl := DefaultResponseOwners, DefaultResponseOwnerTTL
+	if r := c.Responses; r != nil {
+		if r.MaxOwners > 0 {
+			n = r.MaxOwners
+		}
+		if r.OwnerTTL.Duration > 0 {
+			ttl = r.OwnerTTL.Duration
+		}
+	}
+	return n, ttl
 }
 
 // Capture bounds the trace capture: files of at most MaxBytes in Dir, Files of them kept.
@@ -503,6 +541,14 @@ func (c Config) ValidatePolicies(policies []string) error {
 	}
 	if !slices.Contains(KVCacheReportModes, c.KVCacheReportMode) {
 		bad("kvCacheReportMode", "%q is not \"full\" or empty", c.KVCacheReportMode)
+	}
+	if r := c.Responses; r != nil {
+		if r.MaxOwners < 0 || r.MaxOwners > MaxResponseOwners {
+			bad("responses.maxOwners", "%d must be between 1 and %d (0 or absent: %d)", r.MaxOwners, MaxResponseOwners, DefaultResponseOwners)
+		}
+		if r.OwnerTTL.Duration < 0 {
+			bad("responses.ownerTTL", "%v must be > 0 (0 or absent: %v)", r.OwnerTTL.Duration, DefaultResponseOwnerTTL)
+		}
 	}
 	if cp := c.Capture; cp != nil && cp.Enabled {
 		if cp.Dir == "" {

@@ -92,6 +92,9 @@ func TestParseRejects(t *testing.T) {
 		{"bad duration", "warmup: {duration: soon}\n", "router config"},
 		{"engine kind", "engineKind: tgi\n", `engineKind: engine kind "tgi" is not one of vllm, sglang, trtllm`},
 		{"mixed kinds", "engineKind: sglang\nengines: [{name: a, url: 'http://x:1', kind: trtllm}]\n", "engines[0].kind: trtllm differs from engineKind sglang: a fleet mixing engine kinds is refused"},
+		{"response owners", "responses: {maxOwners: -1}\n", "responses.maxOwners: -1 must be between 1 and 10000000 (0 or absent: 100000)"},
+		{"response owners past the bound", "responses: {maxOwners: 20000000}\n", "responses.maxOwners: 20000000 must be between 1 and 10000000"},
+		{"response owner ttl", "responses: {ownerTTL: -1s}\n", "responses.ownerTTL: -1s must be > 0"},
 		{"split threshold", "disaggregation: {minUncachedTokens: -2}\n", "disaggregation.minUncachedTokens: -2 is below -1"},
 		{"report mode on sglang", "engineKind: sglang\nkvCacheReportMode: full\n", `kvCacheReportMode: "full" needs vLLM engines; sglang engines have no report modes`},
 	} {
@@ -296,5 +299,21 @@ func TestAnnotationNamesAreTheOperators(t *testing.T) {
 		if got[i] != want[i] || !strings.HasPrefix(got[i], v1alpha1.AnnotationPrefix) {
 			t.Errorf("annotation %d: the router reads %q, the operator writes %q", i, got[i], want[i])
 		}
+	}
+}
+
+// responses.maxOwners and responses.ownerTTL set the response-owner map's bounds; absent, the
+// defaults (100,000 ids, 24 h).
+func TestResponseOwnerBounds(t *testing.T) {
+	c, err := Parse([]byte("responses: {maxOwners: 5000, ownerTTL: 2h}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ttl := c.ResponseOwnerBounds(); n != 5000 || ttl != 2*time.Hour {
+		t.Fatalf("bounds %d %v", n, ttl)
+	}
+	d := Default()
+	if n, ttl := d.ResponseOwnerBounds(); n != 100_000 || ttl != 24*time.Hour {
+		t.Fatalf("default bounds %d %v", n, ttl)
 	}
 }
