@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/internal/testkit"
-	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/discovery"
 	"github.com/kvroute/kvroute/router/tokens"
 	"github.com/kvroute/kvroute/sim/vllmsim"
 )
