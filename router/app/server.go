@@ -238,7 +238,7 @@ func New(o Options) (*Router, error) {
 	s.px = proxy.New(proxy.Options{ConnectTimeout: lim.ConnectTimeout.Duration, FirstTokenTimeout: lim.FirstTokenTimeout.Duration,
 		IdleTimeout: idle, EngineAPIKey: o.EngineAPIKey})
 	kind, _ := enginekind.Parse(o.Config.EngineKind) // validated with the config
-	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout, Kind: kind})
+	s.tok = tokens.New(tokens.Options{Client: s.px.Client(), Timeout: o.TokenizeTimeout, Kind: kind, RenderURL: o.Config.RenderURL})
 	if o.Config.Events.Enabled {
 		s.peers = kvevents.NewPeerTable()
 		// Without full report mode every BlockStored is a physical copy (vLLM's contract); with
@@ -283,7 +283,13 @@ func New(o Options) (*Router, error) {
 			func() float64 { return float64(s.ix.SessionStats().Sessions) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "session_home_evictions_total",
 			Help: "Session -> replica entries dropped for the session map's bound (least recently stored first)."},
-			func() float64 { return float64(s.ix.SessionStats().Evicted) }))
+			func() float64 { return float64(s.ix.SessionStats().Evicted) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "render_server_renders_total",
+			Help: "Prompts the render server (--render-url) rendered, sparing the serving engines the call."},
+			func() float64 { return float64(s.tok.Stats().RenderServer) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "render_server_fallbacks_total",
+			Help: "Renders the render server (--render-url) failed (down, 5xx, timeout, bad answer), rendered on the engine instead."},
+			func() float64 { return float64(s.tok.Stats().RenderFallbacks) }))
 	s.met.Registry.MustRegister(newBacklogCollector(s))
 	s.hold = admission.New(admission.Options{MaxWaiting: o.Config.Hold.MaxWaiting, MaxWait: o.Config.Hold.MaxWait.Duration}, o.Model)
 	s.met.Registry.MustRegister(s.hold.Collectors()...)

@@ -95,6 +95,7 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	shadowPol := fs.String("shadow-policy", "", "re-decide every request with this policy without acting on it; kvroute_router_shadow_* metrics (docs/should-you-route.md)")
 	auditOn := fs.Bool("audit", false, "audit sampled prompts for a varying span at their start (/debug/audit; docs/should-you-route.md)")
 	holdWaiting := fs.Int("hold-max-waiting", -1, "requests held at once while the model has no ready replica (0: answer 503 at once; -1: the config's, default 128)")
+	renderURL := fs.String("render-url", "", "a GPU-less render server of the model (vllm launch render), asked before the engines; a failure falls back to the engine, counted")
 	respOwners := fs.Int("response-owners", 0, "stored Responses ids whose engine the router remembers, least recently used dropped first (0: the config's responses.maxOwners, default 100000)")
 	respOwnerTTL := fs.Duration("response-owner-ttl", 0, "how long a stored Responses id's engine is remembered (0: the config's responses.ownerTTL, default 24h)")
 	holdWait := fs.Duration("hold-max-wait", 0, "how long a held request waits for a ready replica before its 503 with Retry-After (0: the config's, default 30s)")
@@ -209,6 +210,9 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	}
 	if *holdWait > 0 {
 		cfg.Hold.MaxWait = metav1.Duration{Duration: *holdWait}
+	}
+	if *renderURL != "" {
+		cfg.RenderURL = *renderURL
 	}
 	if *respOwners != 0 || *respOwnerTTL != 0 {
 		if cfg.Responses == nil {

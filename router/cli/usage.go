@@ -20,7 +20,7 @@ var flagGroups = []cliusage.Group{
 	{Title: "API", Flags: []string{"config", "listen", "admin-listen", "model", "version"}},
 	{Title: "Gateway API endpoint picker", Flags: []string{"ext-proc-listen", "ext-proc-conformance-hooks"}},
 	{Title: "Engines", Flags: []string{"engine", "engines-file", "namespace", "selector", "engine-port", "inference-pool",
-		"events-bind", "no-events", "block-size", "engine-kind", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full"}},
+		"events-bind", "no-events", "block-size", "engine-kind", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full", "render-url"}},
 	{Title: "Policy", Flags: []string{"policy", "shadow-policy", "hold-max-waiting", "hold-max-wait", "response-owners", "response-owner-ttl"}},
 	{Title: "Observability", Flags: []string{"log-format", "log-level", "access-log-sample", "audit",
 		"capture-dir", "capture-max-bytes", "capture-files"}},

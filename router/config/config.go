@@ -74,6 +74,10 @@ type Config struct {
 	EngineAuth *EngineAuth `json:"engineAuth,omitempty"`
 	// Capture, when enabled, writes the traffic as a Mooncake-format trace (router/capture).
 	Capture *Capture `json:"capture,omitempty"`
+	// RenderURL is a GPU-less render server of the model (`vllm launch render`) the router
+	// renders prompts on before the serving engines; a failed render falls back to the engine,
+	// counted. Empty: the engines render.
+	RenderURL string `json:"renderURL,omitempty"`
 	// Responses bounds what the router remembers of stored Responses answers; absent: the
 	// defaults (DefaultResponseOwners, DefaultResponseOwnerTTL).
 	Responses *Responses `json:"responses,omitempty"`
@@ -541,6 +545,16 @@ func (c Config) ValidatePolicies(policies []string) error {
 	}
 	if !slices.Contains(KVCacheReportModes, c.KVCacheReportMode) {
 		bad("kvCacheReportMode", "%q is not \"full\" or empty", c.KVCacheReportMode)
+	}
+	if c.RenderURL != "" {
+		if u, err := url.Parse(c.RenderURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("renderURL", "%q is not an http(s)://host:port URL", c.RenderURL)
+		}
+	}
+	if c.RenderURL != "" {
+		if u, err := url.Parse(c.RenderURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("renderURL", "%q is not an http(s)://host:port URL", c.RenderURL)
+		}
 	}
 	if r := c.Responses; r != nil {
 		if r.MaxOwners < 0 || r.MaxOwners > MaxResponseOwners {

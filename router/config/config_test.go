@@ -92,6 +92,7 @@ func TestParseRejects(t *testing.T) {
 		{"bad duration", "warmup: {duration: soon}\n", "router config"},
 		{"engine kind", "engineKind: tgi\n", `engineKind: engine kind "tgi" is not one of vllm, sglang, trtllm`},
 		{"mixed kinds", "engineKind: sglang\nengines: [{name: a, url: 'http://x:1', kind: trtllm}]\n", "engines[0].kind: trtllm differs from engineKind sglang: a fleet mixing engine kinds is refused"},
+		{"render url", "renderURL: render:8100\n", `renderURL: "render:8100" is not an http(s)://host:port URL`},
 		{"response owners", "responses: {maxOwners: -1}\n", "responses.maxOwners: -1 must be between 1 and 10000000 (0 or absent: 100000)"},
 		{"response owners past the bound", "responses: {maxOwners: 20000000}\n", "responses.maxOwners: 20000000 must be between 1 and 10000000"},
 		{"response owner ttl", "responses: {ownerTTL: -1s}\n", "responses.ownerTTL: -1s must be > 0"},

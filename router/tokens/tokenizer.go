@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,12 @@ type Options struct {
 	MaxCacheTokens int
 	// Kind is the engines' family: which routes give a prompt's token ids (vLLM when unset).
 	Kind engine.Kind
+	// RenderURL is a GPU-less render server of the same model (`vllm launch render`,
+	// vllm/entrypoints/cli/launch.py at vllm-project/vllm 02c1119c5782: the serving parser, the
+	// render routes, no engine), asked before the serving engines so their API servers spend
+	// nothing on the router's renders; "" renders on the engines. A render server that fails
+	// (down, 5xx, timeout, a bad answer) is counted and the engine renders instead.
+	RenderURL string
 }
 
 // Tokenizer tokenizes requests through the engines. Safe for concurrent use.
@@ -58,14 +65,21 @@ type Tokenizer struct {
 	cache     *lru.Cache[uint64, []uint32]
 	group     singleflight.Group
 	prof      engine.Profile
+	renderURL string
 
 	hits, misses, renders, failures atomic.Uint64
+	// renderServer: renders the render server answered; renderFallbacks: those it failed,
+	// rendered on the engine instead.
+	renderServer, renderFallbacks atomic.Uint64
 }
 
 // Stats are a Tokenizer's counters.
 type Stats struct {
 	CacheHits, CacheMisses, EngineCalls, Failures uint64
 	CacheLen                                      int
+	// RenderServer and RenderFallbacks: renders the render server (Options.RenderURL) answered,
+	// and those it failed that the engine rendered instead.
+	RenderServer, RenderFallbacks uint64 `json:",omitempty"`
 }
 
 // New returns a Tokenizer.
@@ -83,13 +97,14 @@ func New(o Options) *Tokenizer {
 		o.MaxCacheTokens = 262144
 	}
 	c, _ := lru.New[uint64, []uint32](o.CacheEntries) // only fails for a size <= 0
-	return &Tokenizer{client: o.Client, timeout: o.Timeout, maxTokens: o.MaxCacheTokens, cache: c, prof: o.Kind.Profile()}
+	return &Tokenizer{client: o.Client, timeout: o.Timeout, maxTokens: o.MaxCacheTokens, cache: c, prof: o.Kind.Profile(),
+		renderURL: strings.TrimRight(o.RenderURL, "/")}
 }
 
 // Stats returns the counters.
 func (t *Tokenizer) Stats() Stats {
 	return Stats{CacheHits: t.hits.Load(), CacheMisses: t.misses.Load(), EngineCalls: t.renders.Load(),
-		Failures: t.failures.Load(), CacheLen: t.cache.Len()}
+		Failures: t.failures.Load(), CacheLen: t.cache.Len(), RenderServer: t.renderServer.Load(), RenderFallbacks: t.renderFallbacks.Load()}
 }
 
 // Tokens returns the prompt token ids of r (parsed from body) as engineURL's model renders
@@ -206,18 +221,44 @@ func (t *Tokenizer) render(ctx context.Context, engineURL string, r *Request, bo
 		// Tokens already refused what it cannot tokenize.
 		return t.tokenizeText(ctx, engineURL, r)
 	}
-	if r.Kind.ChatRendered() {
-		if r.chatBody != nil {
-			body = r.chatBody
+	if r.Kind.ChatRendered() && r.chatBody != nil {
+		body = r.chatBody
+	}
+	if t.renderURL != "" {
+		// Half the budget, so a render server that hangs leaves the engine time to render.
+		rctx, cancel := context.WithTimeout(ctx, t.timeout/2)
+		ids, err := t.renderRoute(rctx, t.renderURL, r, body)
+		cancel()
+		if err == nil || IsClientError(err) {
+			// The render server's own refusal is the engine's: same parser, same template.
+			t.renderServer.Add(1)
+			return ids, err
 		}
-		ids, err := t.postIDs(ctx, engineURL+"/v1/chat/completions/render", body, "token_ids", false)
+		t.renderFallbacks.Add(1)
+	}
+	return t.engineRender(ctx, engineURL, r, body)
+}
+
+// renderRoute is one call to base's render route for r: chat or text.
+func (t *Tokenizer) renderRoute(ctx context.Context, base string, r *Request, body []byte) ([]uint32, error) {
+	if r.Kind.ChatRendered() {
+		return t.postIDs(ctx, base+"/v1/chat/completions/render", body, "token_ids", false)
+	}
+	return t.postIDs(ctx, base+"/v1/completions/render", body, "token_ids", true)
+}
+
+// engineRender renders on the serving engine, through /tokenize on one without the render
+// routes.
+func (t *Tokenizer) engineRender(ctx context.Context, engineURL string, r *Request, body []byte) ([]uint32, error) {
+	if r.Kind.ChatRendered() {
+		ids, err := t.renderRoute(ctx, engineURL, r, body)
 		if errors.Is(err, errNoRender) {
 			return t.tokenizeChat(ctx, engineURL, body)
 		}
 		return ids, err
 	}
 	// One GenerateRequest per prompt; the router routes by the first.
-	ids, err := t.postIDs(ctx, engineURL+"/v1/completions/render", body, "token_ids", true)
+	ids, err := t.renderRoute(ctx, engineURL, r, body)
 	if errors.Is(err, errNoRender) {
 		return t.tokenizeText(ctx, engineURL, r)
 	}
