@@ -66,6 +66,10 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if peers := allowFrom(m); len(peers) > 0 {
 		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: peers, Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}})
 	}
+	if EndpointPicker(m) {
+		// The gateway sends each request to the engine pod the picker named.
+		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: pickerPeers(m), Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}})
+	}
 	if Disaggregated(m) {
 		// The prefill pods reach the decode pods on every port: the KV transfer's transport
 		// (UCX under NIXL) picks its own ports.
@@ -74,7 +78,8 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	return ingressPolicy(m, EngineName(m), v1alpha1.ComponentEngine, EngineSelector(m), rules)
 }
 
-// RouterNetworkPolicy guards the router pods. The API port stays open to every source: the
+// RouterNetworkPolicy guards the router pods. In mode EndpointPicker the picker's gRPC port
+// admits spec.router.endpointPicker.allowFrom (the gateway) instead. The API port stays open to every source: the
 // gateway in front of the router may sit in any namespace, and the router is the model's public
 // endpoint. The admin port (metrics, /debug/engines, /debug/route, which shows the fleet and
 // makes engines tokenize) admits spec.networkPolicy.allowFrom (by default the monitoring
@@ -88,6 +93,11 @@ func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy 
 	rules := []networkingv1.NetworkPolicyIngressRule{
 		{Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterHTTPPort)}}, // no `from`: every source
 		{From: allowFrom(m, podsLabelled(nil)), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterAdminPort)}},
+	}
+	if EndpointPicker(m) {
+		// The picker's gRPC port (no authentication) admits the gateway only; the API port, which
+		// no Service exposes in this mode, admits no one.
+		rules[0] = networkingv1.NetworkPolicyIngressRule{From: pickerPeers(m), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterGRPCPort)}}
 	}
 	if r, ok := routerPeersRule(m); ok {
 		rules = append(rules, r)
