@@ -48,7 +48,8 @@ func ingressPolicy(m *v1alpha1.KVRoutedModel, name, component string, selector m
 
 // NetworkPolicy guards the engine pods: the event and replay ports (which hand out the KV
 // index and accept replay requests) from the router pods only; the HTTP/metrics port from the
-// router and spec.networkPolicy.allowFrom. Nil when spec.networkPolicy.enabled is false.
+// router and spec.networkPolicy.allowFrom, and in mode EndpointPicker from the gateway
+// (spec.router.endpointPicker.allowFrom). Nil when spec.networkPolicy.enabled is false.
 func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if !*m.Spec.NetworkPolicy.Enabled {
 		return nil
@@ -78,10 +79,10 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	return ingressPolicy(m, EngineName(m), v1alpha1.ComponentEngine, EngineSelector(m), rules)
 }
 
-// RouterNetworkPolicy guards the router pods. In mode EndpointPicker the picker's gRPC port
-// admits spec.router.endpointPicker.allowFrom (the gateway) instead. The API port stays open to every source: the
+// RouterNetworkPolicy guards the router pods. The API port stays open to every source: the
 // gateway in front of the router may sit in any namespace, and the router is the model's public
-// endpoint. The admin port (metrics, /debug/engines, /debug/route, which shows the fleet and
+// endpoint. In mode EndpointPicker the picker's gRPC port takes its place, admitting
+// spec.router.endpointPicker.allowFrom (the gateway) only. The admin port (metrics, /debug/engines, /debug/route, which shows the fleet and
 // makes engines tokenize) admits spec.networkPolicy.allowFrom (by default the monitoring
 // namespace) and pods of the model's own namespace, not the rest of the cluster. With
 // EnginesConnect, the bound events port admits the engine pods only (anyone else could fill the
