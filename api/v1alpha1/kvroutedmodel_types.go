@@ -1011,7 +1011,8 @@ type WarmupSpec struct {
 type NetworkPolicySpec struct {
 	// Enabled renders both: the engine pods' ports reachable from the router (events and replay
 	// from the router only), the router's admin port (metrics, /debug) from the model's own
-	// namespace and allowFrom; the router's API port stays open to every source.
+	// namespace and allowFrom; the router's API port stays open to every source (with
+	// spec.router.mode EndpointPicker, the picker's gRPC port admits the gateway only).
 	// +kubebuilder:default=true
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
