@@ -9,6 +9,7 @@ package gatewaytest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -36,9 +38,27 @@ type Gateway struct {
 	HTTP *http.Client
 }
 
-// Dial connects to a picker's ext_proc address (host:port, plaintext gRPC).
-func Dial(addr string) (*Gateway, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// DialOption changes how Dial connects.
+type DialOption func(*dialOptions)
+
+type dialOptions struct{ tls *tls.Config }
+
+// WithTLS dials the picker over TLS with cfg; gateways dial a picker with verification off
+// (InsecureSkipVerify), since the Inference Extension's picker serves a self-signed
+// certificate by default.
+func WithTLS(cfg *tls.Config) DialOption { return func(o *dialOptions) { o.tls = cfg } }
+
+// Dial connects to a picker's ext_proc address (host:port; plaintext gRPC unless WithTLS).
+func Dial(addr string, opts ...DialOption) (*Gateway, error) {
+	var o dialOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	creds := insecure.NewCredentials()
+	if o.tls != nil {
+		creds = credentials.NewTLS(o.tls)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
 	}
