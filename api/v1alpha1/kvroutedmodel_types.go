@@ -893,6 +893,34 @@ type EndpointPickerSpec struct {
 	// +listType=atomic
 	// +optional
 	AllowFrom []networkingv1.NetworkPolicyPeer `json:"allowFrom,omitempty"`
+	// TLS is how the picker serves its gRPC port. Gateways dial a picker over TLS without
+	// verifying it, as the Inference Extension's own picker serves a self-signed certificate;
+	// the default does the same.
+	// +kubebuilder:default={mode: SelfSigned}
+	// +optional
+	TLS *EndpointPickerTLS `json:"tls,omitempty"`
+}
+
+// The picker's TLS modes (spec.router.endpointPicker.tls.mode).
+const (
+	PickerTLSSelfSigned = "SelfSigned"
+	PickerTLSSecret     = "Secret"
+	PickerTLSDisabled   = "Disabled"
+)
+
+// EndpointPickerTLS is the picker's certificate.
+// +kubebuilder:validation:XValidation:rule="self.mode == 'Secret' ? has(self.secretName) : !has(self.secretName)",message="spec.router.endpointPicker.tls: set secretName with mode Secret (a kubernetes.io/tls Secret in the model's namespace), and only then"
+type EndpointPickerTLS struct {
+	// Mode: SelfSigned (a certificate the router makes at start), Secret (tls.crt and tls.key
+	// from secretName, e.g. cert-manager's, re-read when rotated) or Disabled (plaintext gRPC:
+	// only for a gateway configured for it, or a mesh that encrypts the hop).
+	// +kubebuilder:default=SelfSigned
+	// +kubebuilder:validation:Enum=SelfSigned;Secret;Disabled
+	Mode string `json:"mode"`
+	// SecretName is a kubernetes.io/tls Secret in the model's namespace, with mode Secret.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
 }
 
 // RouterCaptureSpec bounds the trace capture. Files are written to
