@@ -31,7 +31,8 @@ import (
 // the router (kvroute_router_held_requests 1), reported into the model's status, the operator
 // scales the model to one through its /scale (a ScaledFromZero Event, counted), the backer
 // starts the engine, and the request gets its 200; the gauge is back at 0, the hold counted it
-// released, and status.router.heldRequests is 0 again.
+// released, status.router.heldRequests is 0 again, and the backlog the answer measured reaches
+// status.router.backlogSeconds.
 func TestRequestAtZeroAnsweredAfterScaleUp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds binaries and starts a control plane")
@@ -187,6 +188,17 @@ func TestRequestAtZeroAnsweredAfterScaleUp(t *testing.T) {
 		}
 		return nil
 	})
+	// The answer measured the drain rate: the backlog the router exports comes with its next
+	// confirmation (report.DefaultHeartbeat).
+	testkit.Eventually(t, 45*time.Second, "status.router.backlogSeconds", func() error {
+		if r := getModel(t, ctx, k8s, m).Status.Router; r == nil || r.BacklogSeconds == nil {
+			return fmt.Errorf("status.router %+v", r)
+		}
+		return nil
+	})
+	if _, err := metricValue(admURL, `kvroute_router_backlog_seconds{model_name="vllm-sim"}`); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("request at zero replicas: held after %v, the model woken (ScaledFromZero) %v and answered 200 %v after it was sent",
 		heldSeen.Round(10*time.Millisecond), wokeAt.Sub(sent).Round(10*time.Millisecond), a.took.Round(10*time.Millisecond))
 }
