@@ -203,7 +203,7 @@ func measure(ctx context.Context, o *Options, r Router, policy, mode string, rou
 		if err != nil {
 			return f, err
 		}
-		defer gw.Close()
+		defer func() { _ = gw.Close() }()
 		gw.HTTP = c.http // the same connection pool as the direct requests
 		routed = func(ctx context.Context, size int) result { return c.viaGateway(ctx, gw, size) }
 	}

@@ -400,7 +400,7 @@ func (g *Gateway) relayResponse(st extprocv3.ExternalProcessor_ProcessClient, rx
 	go func() { collected <- collectBody(rx, rxErr, r, res) }()
 	fail := func(err error) error {
 		cancel()
-		<-collected
+		_ = <-collected // the reader ends on the cancel; the first error is the one to report
 		return err
 	}
 	sent := 0
@@ -422,7 +422,7 @@ func (g *Gateway) relayResponse(st extprocv3.ExternalProcessor_ProcessClient, rx
 			if err := st.CloseSend(); err != nil {
 				return fail(err)
 			}
-			<-collected
+			_ = <-collected // ends with the stream's end, an error by design here
 			return nil
 		}
 		if n > 0 || eos {
