@@ -136,7 +136,10 @@ func (g *Gateway) Do(ctx context.Context, r Request) (*Result, error) {
 	}()
 	res := &Result{SetHeaders: http.Header{}, ResponseHdrs: http.Header{}}
 	t0 := time.Now()
-	if err := g.sendRequest(st, r); err != nil {
+	// io.EOF from a send is the picker having ended the stream (gRPC reports the server's
+	// status on the receive side): an answer it gave before the body's end, say a 413 for a body
+	// over its limit, is read below like any other.
+	if err := g.sendRequest(st, r); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := readPick(rx, rxErr, r, res); err != nil || res.Immediate {
