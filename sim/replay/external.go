@@ -191,8 +191,7 @@ func externalSender(o Options, ext External, engines *Engines) (sender, func(), 
 		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}
 		base := strings.TrimRight(ext.URL, "/")
 		send := func(ctx context.Context, _ int, r *Request, prompt []uint32, maxTokens int) Outcome {
-			oc := complete(ctx, client, base, o.Model, r, prompt, maxTokens)
-			return oc
+			return complete(ctx, client, base, o.Model, r, prompt, maxTokens)
 		}
 		return send, client.CloseIdleConnections, nil
 	}
