@@ -525,21 +525,21 @@ type PodOverrides struct {
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 
 	// Volumes are added to the engine pod, beside the operator's own (home, dshm, model-cache,
-	// pvc-N), whose names they must not take. Only the sources the Pod Security "restricted"
-	// profile admits are offered.
+	// pvc-N, engine-config), whose names they must not take. Only the sources the Pod Security
+	// "restricted" profile admits are offered.
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=map
 	// +listMapKey=name
-	// +kubebuilder:validation:XValidation:rule=`self.all(v, !(v.name in ['home', 'dshm', 'model-cache']) && !v.name.matches('^pvc-[0-9]+$'))`,messageExpression=`'spec.engine.pod.volumes: %s is the name of a volume the operator adds (home, dshm, model-cache, pvc-N): rename it'.format([self.filter(v, v.name in ['home', 'dshm', 'model-cache'] || v.name.matches('^pvc-[0-9]+$')).map(v, v.name)])`
+	// +kubebuilder:validation:XValidation:rule=`self.all(v, !(v.name in ['home', 'dshm', 'model-cache', 'engine-config']) && !v.name.matches('^pvc-[0-9]+$'))`,messageExpression=`'spec.engine.pod.volumes: %s is the name of a volume the operator adds (home, dshm, model-cache, engine-config, pvc-N): rename it'.format([self.filter(v, v.name in ['home', 'dshm', 'model-cache', 'engine-config'] || v.name.matches('^pvc-[0-9]+$')).map(v, v.name)])`
 	// +optional
 	Volumes []EngineVolume `json:"volumes,omitempty"`
 
 	// VolumeMounts are added to the vllm container. Each names a volume of spec.engine.pod.volumes
 	// and a path the operator does not mount (/home/vllm, /dev/shm, /mnt/pvc/..., the model
-	// cache's /var/lib/kvroute/model-cache).
+	// cache's /var/lib/kvroute/model-cache, an engine's config file under /etc/kvroute).
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=atomic
-	// +kubebuilder:validation:XValidation:rule=`self.all(m, m.mountPath != '/home/vllm' && m.mountPath != '/dev/shm' && m.mountPath != '/var/lib/kvroute/model-cache' && !m.mountPath.matches('^/mnt/pvc(/.*)?$'))`,messageExpression=`'spec.engine.pod.volumeMounts: mountPath %s is where the operator mounts its own volumes (HOME /home/vllm, /dev/shm, pvc:// claims under /mnt/pvc, the model cache): choose another path'.format([self.filter(m, m.mountPath in ['/home/vllm', '/dev/shm', '/var/lib/kvroute/model-cache'] || m.mountPath.matches('^/mnt/pvc(/.*)?$')).map(m, m.mountPath)])`
+	// +kubebuilder:validation:XValidation:rule=`self.all(m, m.mountPath != '/home/vllm' && m.mountPath != '/dev/shm' && m.mountPath != '/var/lib/kvroute/model-cache' && !m.mountPath.matches('^/mnt/pvc(/.*)?$') && !m.mountPath.matches('^/etc/kvroute(/.*)?$'))`,messageExpression=`'spec.engine.pod.volumeMounts: mountPath %s is where the operator mounts its own volumes (HOME /home/vllm, /dev/shm, pvc:// claims under /mnt/pvc, the model cache, engine config under /etc/kvroute): choose another path'.format([self.filter(m, m.mountPath in ['/home/vllm', '/dev/shm', '/var/lib/kvroute/model-cache'] || m.mountPath.matches('^/mnt/pvc(/.*)?$') || m.mountPath.matches('^/etc/kvroute(/.*)?$')).map(m, m.mountPath)])`
 	// +optional
 	VolumeMounts []EngineVolumeMount `json:"volumeMounts,omitempty"`
 

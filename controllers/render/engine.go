@@ -256,6 +256,10 @@ func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*ap
 	if err != nil {
 		return nil, err
 	}
+	cfgFile, err := server.configFile(m)
+	if err != nil {
+		return nil, err
+	}
 	ports := EnginePorts(m)
 	health := server.healthPath()
 
@@ -283,6 +287,16 @@ func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*ap
 	}
 	pod := e.Pod
 	volumes := engineVolumes(m, &container)
+	annotations := EnginePodAnnotations(m)
+	if cfgFile != nil {
+		volumes = append(volumes, corev1.Volume{Name: engineConfigVolume, VolumeSource: corev1.VolumeSource{
+			DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{{
+				Path:     cfgFile.Name,
+				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.annotations['" + v1alpha1.AnnotationEngineConfig + "']"},
+			}}}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: engineConfigVolume, MountPath: cfgFile.Dir, ReadOnly: true})
+		annotations[v1alpha1.AnnotationEngineConfig] = cfgFile.Content
+	}
 	for i := range pod.EnvFrom {
 		container.EnvFrom = append(container.EnvFrom, *pod.EnvFrom[i].DeepCopy())
 	}
@@ -327,7 +341,7 @@ func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*ap
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels:      merge(pod.Labels, pl.podLabels),
-					Annotations: merge(pod.Annotations, EnginePodAnnotations(m)),
+					Annotations: merge(pod.Annotations, annotations),
 				},
 				Spec: podSpec,
 			},
@@ -376,6 +390,9 @@ func EnginePodAnnotations(m *v1alpha1.KVRoutedModel) map[string]string {
 	}
 	if len(p.Replay) > 0 {
 		a[v1alpha1.AnnotationKVReplay] = joinPorts(p.Replay)
+	}
+	if t := TRTLLMTopic(m); t != "" {
+		a[v1alpha1.AnnotationKVTopic] = t
 	}
 	return a
 }

@@ -54,6 +54,9 @@ func (sglangServer) command() []string {
 	return []string{"python3", "-m", "sglang.launch_server"}
 }
 func (sglangServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return nil, nil }
+func (sglangServer) configFile(*v1alpha1.KVRoutedModel) (*engineConfigFile, error) {
+	return nil, nil
+}
 func (sglangServer) healthPath() string                                   { return "/health" }
 func (sglangServer) metricsPath() string                                  { return "/metrics" }
 func (sglangServer) flags() *flagTable                                    { return sglangFlagTable }

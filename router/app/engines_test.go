@@ -153,3 +153,42 @@ func TestTRTLLMAnyModelNameIsTheBaseModel(t *testing.T) {
 	}
 	t.Logf("trtllm: four model names, %d cached tokens reported and predicted", reported)
 }
+
+// The operator's TensorRT-LLM pods share one config, so they publish one topic,
+// <prefix>@<engine Deployment>@<model>, and say so in the kv-events-topic annotation
+// (discovery.Engine.Topic). The router expects that topic from each of them, on the stream it
+// dials to each pod's own port; expecting <prefix>@<host>@<model> would drop every batch as a
+// topic mismatch, and the index would stay empty.
+func TestAnnouncedTopicIsExpected(t *testing.T) {
+	topic := "kv@llama-engine@vllm-sim"
+	f := startFleet(t, 2, vllmsim.Config{EngineKind: "trtllm", KVEventsTopic: &topic})
+	es := f.engines()
+	for i := range es {
+		es[i].Topic = topic
+	}
+	rt := startRouter(t, discovery.NewStatic(es), func(o *Options) {
+		o.Config.EngineKind = "trtllm"
+		o.ProbeInterval = 0
+	})
+	rt.waitStreams(t, "exact")
+	for i := range 2 {
+		a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 96, i, 20, 1))
+		got := a.cachedTokens(t)
+		if a.status != 200 || a.header.Get("x-kvroute-predicted-cached-tokens") != fmt.Sprint(got) {
+			t.Fatalf("request %d: %d predicted %s cached %d", i, a.status, a.header.Get("x-kvroute-predicted-cached-tokens"), got)
+		}
+		testkit.WaitFor(t, waitBound, "index caught up", func() bool {
+			n := 0
+			for _, e := range rt.s.Engines() {
+				for _, r := range e.Ranks {
+					n += r.Blocks["GPU"]
+				}
+			}
+			c := 0
+			for _, s := range f.sims {
+				c += len(s.CacheState().Ranks[0].Hashes)
+			}
+			return n == c && c > 0
+		})
+	}
+}
