@@ -84,6 +84,13 @@ func (sglangServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
 	if model.Revision != "" {
 		args = append(args, "--revision", model.Revision)
 	}
+	if e.APIKeySecretRef != nil {
+		// SGLang takes its key only as --api-key: server_args.py at 001067fffe33 has no
+		// variable for it (vLLM's VLLM_API_KEY has no SGLang counterpart). The kubelet expands
+		// $(VAR) from the Secret-backed variable engineEnv sets, so the pod spec shows only
+		// the reference; the process's arguments on the node hold the key.
+		args = append(args, "--api-key", "$("+EngineAPIKeyEnv+")")
+	}
 	if *e.KVEvents.Enabled {
 		cfg, err := publisherConfigJSON(m, true)
 		if err != nil {
