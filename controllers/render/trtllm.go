@@ -59,7 +59,7 @@ type trtllmServer struct{}
 
 // command is trtllm-serve itself: its config is a file the kubelet writes (configFile), so no
 // shell runs before it.
-func (trtllmServer) command() []string { return []string{"trtllm-serve"} }
+func (trtllmServer) command() []string  { return []string{"trtllm-serve"} }
 func (trtllmServer) healthPath() string { return "/health" }
 
 // metricsPath: trtllm-serve's /metrics answers JSON iteration statistics; Prometheus text is
@@ -96,11 +96,7 @@ func (trtllmServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
 	if model.Revision != "" {
 		args = append(args, "--revision", model.Revision)
 	}
-	args = append(args, "--config", TRTLLMConfigPath)
-	for _, a := range e.Args {
-		args = append(args, string(a))
-	}
-	return args, nil
+	return withUserArgs(append(args, "--config", TRTLLMConfigPath), m), nil
 }
 
 // trtllmConfig is the part of the LLM API arguments the operator owns.

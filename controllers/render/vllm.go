@@ -53,9 +53,9 @@ func (vllmServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return
 func (vllmServer) configFile(*v1alpha1.KVRoutedModel) (*engineConfigFile, error) {
 	return nil, nil
 }
-func (vllmServer) healthPath() string                                   { return "/health" }
-func (vllmServer) metricsPath() string                                  { return "/metrics" }
-func (vllmServer) flags() *flagTable                                    { return vllmFlagTable }
+func (vllmServer) healthPath() string  { return "/health" }
+func (vllmServer) metricsPath() string { return "/metrics" }
+func (vllmServer) flags() *flagTable   { return vllmFlagTable }
 func (vllmServer) releases() engineReleases {
 	return engineReleases{Engine: "vLLM", Repo: VLLMImage, Tags: TestedVLLMTags()}
 }
