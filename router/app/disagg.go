@@ -36,10 +36,11 @@ import (
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
-// DefaultDisaggMinUncached is the split threshold's default: 1000 uncached prompt tokens,
-// Dynamo's max_local_prefill_length default (the file above). It is borrowed, not measured
-// on this router: below it the prefill leg's round trip and the KV transfer are assumed to cost
-// more than computing the prompt on the decode replica.
+// DefaultDisaggMinUncached is the split threshold's default: 1000 uncached prompt tokens. It
+// started as Dynamo's max_local_prefill_length default (the file above); kvbench replay's sweep
+// (docs/disaggregation.md, "Measured") keeps it: the largest value tried that does not turn a
+// shared-prefix workload's 1.5k-token turns into decode-only requests (which cost it 70% TTFT
+// p90 and 5x ITL), and slightly ahead of splitting everything on the conversation trace.
 const DefaultDisaggMinUncached = 1000
 
 // The paths of kvroute_router_disagg_requests_total.
@@ -120,7 +121,7 @@ func splits(kind tokens.Kind) bool {
 	return kind == tokens.Completion || kind == tokens.Chat || kind == tokens.Messages
 }
 
-// disaggregate serves p on a fleet with both pools: the decode pick first, booked with the
+// disaggregate serves a generation request p on a fleet with both pools: the decode pick first, booked with the
 // conditional choice (legChoose); then either the whole request on it, or the prefill leg and
 // the decode leg on it. It returns false, with nothing written to the client, when the request
 // is to go whole to a decode replica booked anew (no decode replica to book now, a prefill leg

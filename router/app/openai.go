@@ -50,7 +50,7 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		proxy.WriteErrorFor(w, api, http.StatusBadRequest, err.Error())
 		return
 	}
-	if pre, dec := pools(reps); len(pre) > 0 && len(dec) > 0 && p.pinned == "" {
+	if pre, dec := pools(reps); len(pre) > 0 && len(dec) > 0 && p.pinned == "" && kind != tokens.Pooling {
 		if s.disaggregate(ctx, w, r, &rq, p, pre, dec, upBody, rw) {
 			return
 		}
