@@ -21,7 +21,7 @@ var flagGroups = []cliusage.Group{
 	{Title: "Gateway API endpoint picker", Flags: []string{"ext-proc-listen", "ext-proc-conformance-hooks"}},
 	{Title: "Engines", Flags: []string{"engine", "engines-file", "namespace", "selector", "engine-port", "inference-pool",
 		"events-bind", "no-events", "block-size", "engine-kind", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full"}},
-	{Title: "Policy", Flags: []string{"policy", "shadow-policy", "hold-max-waiting", "hold-max-wait"}},
+	{Title: "Policy", Flags: []string{"policy", "shadow-policy", "hold-max-waiting", "hold-max-wait", "disagg-min-uncached-tokens"}},
 	{Title: "Observability", Flags: []string{"log-format", "log-level", "access-log-sample", "audit",
 		"capture-dir", "capture-max-bytes", "capture-files"}},
 }
