@@ -180,10 +180,12 @@ func TestInstallAppliesAndRBACFits(t *testing.T) {
 	needs := map[schema.GroupResource][]string{
 		{Group: v1alpha1.GroupVersion.Group, Resource: "kvroutedmodels"}:        {"get", "list", "watch"},
 		{Group: v1alpha1.GroupVersion.Group, Resource: "kvroutedmodels/status"}: {"get", "update", "patch"},
-		{Group: "", Resource: "pods"}:                                           {"get", "list", "watch", "patch"},
-		{Group: "events.k8s.io", Resource: "events"}:                            {"create", "patch"},
-		{Group: "coordination.k8s.io", Resource: "leases"}:                      {"get", "create", "update"},
-		{Group: "apiregistration.k8s.io", Resource: "apiservices"}:              {"get", "list"},
+		// The wake from zero writes the model's own /scale (controllers/wake.go).
+		{Group: v1alpha1.GroupVersion.Group, Resource: "kvroutedmodels/scale"}: {"update"},
+		{Group: "", Resource: "pods"}:                                          {"get", "list", "watch", "patch"},
+		{Group: "events.k8s.io", Resource: "events"}:                           {"create", "patch"},
+		{Group: "coordination.k8s.io", Resource: "leases"}:                     {"get", "create", "update"},
+		{Group: "apiregistration.k8s.io", Resource: "apiservices"}:             {"get", "list"},
 	}
 	for gr := range children {
 		needs[gr] = applyVerbs
@@ -242,9 +244,9 @@ func applyRank(o *unstructured.Unstructured) int {
 }
 
 func groupResource(mapper *restmapper.DeferredDiscoveryRESTMapper, gvk schema.GroupVersionKind) (schema.GroupResource, error) {
-	if gvk.Group == "keda.sh" {
-		// KEDA's CRD is not installed here; its plural is fixed.
-		return schema.GroupResource{Group: "keda.sh", Resource: strings.ToLower(gvk.Kind) + "s"}, nil
+	if gvk.Group == "keda.sh" || gvk.Group == "inference.networking.k8s.io" {
+		// Neither KEDA's nor the Inference Extension's CRD is installed here; their plurals are fixed.
+		return schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind) + "s"}, nil
 	}
 	m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 	if err != nil {
