@@ -106,6 +106,7 @@ type KVRoutedModelSpec struct {
 
 // DisaggregationSpec is the prefill/decode split.
 // +kubebuilder:validation:XValidation:rule=`self.connector in ['NixlConnector', 'MooncakeConnector', 'MoRIIOConnector', 'LMCacheConnectorV1']`,messageExpression=`'spec.disaggregation.connector %s is not a prefill/decode connector the pinned vLLM ships: use NixlConnector (the default), MooncakeConnector, MoRIIOConnector or LMCacheConnectorV1'.format([self.connector])`,fieldPath=".connector"
+// +kubebuilder:validation:XValidation:rule=`!has(self.minUncachedTokens) || self.minUncachedTokens == -1 || (self.minUncachedTokens >= 1 && self.minUncachedTokens <= 1048576)`,messageExpression=`'spec.disaggregation.minUncachedTokens %d: use -1 to split every request, or 1 to 1048576 uncached prompt tokens below which a request goes whole to its decode replica (leave it unset for the router\'s default, 1000)'.format([self.minUncachedTokens])`,fieldPath=".minUncachedTokens"
 type DisaggregationSpec struct {
 	// Connector is vLLM's kv_connector of both pools (--kv-transfer-config).
 	// +kubebuilder:default=NixlConnector
@@ -119,6 +120,14 @@ type DisaggregationSpec struct {
 	// +kubebuilder:validation:Maximum=65000
 	// +optional
 	SideChannelPort int32 `json:"sideChannelPort,omitempty"`
+
+	// MinUncachedTokens is conditional disaggregation's threshold, the router's
+	// disaggregation.minUncachedTokens: a request whose decode pick leaves fewer uncached prompt
+	// tokens than this (a short prompt, or one whose prefix the decode replica holds) goes whole
+	// to that decode replica instead of through the prefill pool; -1 splits every request.
+	// Unset: the router's default (docs/disaggregation.md has the measurement behind it).
+	// +optional
+	MinUncachedTokens *int32 `json:"minUncachedTokens,omitempty"`
 
 	// Prefill is the prefill pool: spec.engine with these changes.
 	// +kubebuilder:default={}

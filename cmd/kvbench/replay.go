@@ -26,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/sim/fleet"
 	"github.com/kvroute/kvroute/sim/policies"
 	"github.com/kvroute/kvroute/sim/replay"
+	"github.com/kvroute/kvroute/sim/vllmsim"
 )
 
 // replayOutput is the JSON shape of `kvbench replay --json`.
@@ -58,6 +59,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	trace := fs.String("trace", "", "Mooncake JSONL trace or a kvrouter capture directory (this or --regime)")
 	regime := fs.String("regime", "", "generated workload instead of a trace: "+strings.Join(replay.RegimeNames(), ", "))
 	replicas := fs.Int("replicas", 4, "vllm-sim engines, each a process on this machine, hence fewer than kvbench cache's 8 (scale-up: the final size; it starts at half)")
+	prefillReps := fs.Int("prefill-replicas", 1, "policies labelled POLICY"+replay.PDSuffix+" (or POLICY"+replay.PDSuffix+"=N, N the routers' --disagg-min-uncached-tokens) run disaggregated: this many of the --replicas engines form the prefill pool, the rest the decode pool, all with vLLM's NIXL connector; a plain POLICY runs the same number of engines aggregated")
 	routers := fs.Int("routers", 1, "kvrouter replicas, clustered as peers sharing their in-flight load; request i goes to router i mod N")
 	speed := fs.Float64("speed", 20, "trace replay speed: arrival = (timestamp - first) / speed (20 where kvbench cache takes 1: a live run waits in wall time)")
 	policies := fs.String("policies", defaultReplayPolicies, "comma-separated policies, four by default where kvbench cache runs every peer's, since each is a live run ("+strings.Join(reg.Names(), ", ")+"); a policy ending in "+replay.NoEventsSuffix+" runs its routers with --no-events (every replica scored from the approximate index), so kv,kv"+replay.NoEventsSuffix+" compares the two interleaved")
@@ -154,7 +156,14 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--kvrouter runs a kvrouter binary, which offers the production policies only; %s is kvbench's (leave --kvrouter out to serve it with kvbench's router)", base)
 		}
 		if events && !*routerEvents {
-			names[i] = n + replay.NoEventsSuffix
+			rest, pd, min := replay.SplitPD(n)
+			names[i] = rest + replay.NoEventsSuffix
+			if pd {
+				names[i] += replay.PDSuffix
+				if min != "" {
+					names[i] += "=" + min
+				}
+			}
 		}
 	}
 	// The policy under test by its label: with --router-events=false kv runs as kv:no-events.
@@ -164,7 +173,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *ratioHW > 0 && (!slices.Contains(names, *underTest) || len(names) < 2) {
 		return usagef("--ratio-halfwidth needs the policy under test (--under-test %s) and another policy in --policies", *underTest)
 	}
-	o := replay.Options{Replicas: *replicas, Routers: *routers, BlockSize: *blockSize, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
+	o := replay.Options{Replicas: *replicas, Prefill: *prefillReps, Routers: *routers, BlockSize: *blockSize, Policies: names, Seeds: *seeds, FirstSeed: *firstSeed, Concurrency: *conc,
 		Tokens: replay.Tokenizer{PerBlock: *tpb}, OutputScale: *outScale, MaxOutputTokens: *maxOut,
 		Jitter: *jitter, Model: "vllm-sim", Progress: stderr}
 	if o.OutputScale == 0 {
@@ -182,7 +191,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	o.SimArgs = append(steps, "--headers-at-acceptance="+strconv.FormatBool(*atAcceptance), "--block-size", strconv.Itoa(*blockSize),
 		"--num-gpu-blocks", strconv.Itoa(*blocks), "--max-num-seqs", strconv.Itoa(*seqs),
-		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576", "--engine-kind", *engineKind)
+		"--data-parallel-size", strconv.Itoa(*dp), "--max-model-len", "1048576", "--engine-kind", *engineKind,
+		// A disaggregated run's KV transfer in trace-equivalent time, as the prefill rate: each
+		// token id stands for 512/tokens-per-trace-block trace tokens, so it carries that many
+		// tokens' KV bytes (vllm-sim's default per token, Llama-3.1-8B's bf16 KV).
+		"--kv-bytes-per-token", strconv.Itoa(vllmsim.DefaultKVBytesPerToken*fleet.TraceBlockTokens / *tpb))
 	o.RouterArgs = append(o.RouterArgs, "--engine-kind", *engineKind)
 	if o.SimBin, o.RouterBin, o.RouterPrefix, err = findBinaries(*binDir, *simBin, *routerBin); err != nil {
 		return err
@@ -469,14 +482,14 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 	for _, r := range out.Results {
 		scale = scale || r.NewShareOfFair != nil
 	}
-	head := "policy\tttft_p50_s\tttft_p90_s\tttft_p99_s\te2e_p90_s\treq_per_s\tcached\tmax_share\terrors"
+	head := "policy\tttft_p50_s\tttft_p90_s\tttft_p99_s\titl_p50_ms\te2e_p90_s\treq_per_s\ttok_per_s\tcached\tmax_share\terrors"
 	if scale {
 		head += "\tnew_share_of_fair\thit_drop"
 	}
 	fmt.Fprintln(tw, head+"\t")
 	for _, r := range out.Results {
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d", r.Policy, ci(r.TTFTP50, 3), ci(r.TTFTP90, 3), ci(r.TTFTP99, 3),
-			ci(r.E2EP90, 2), ci(r.Throughput, 1), ci(r.CachedRatio, 2), ci(r.MaxEngineShare, 2), r.Errors)
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d", r.Policy, ci(r.TTFTP50, 3), ci(r.TTFTP90, 3), ci(r.TTFTP99, 3),
+			ci(scaled(r.ITLP50, 1000), 1), ci(r.E2EP90, 2), ci(r.Throughput, 1), ci(r.OutputTPS, 0), ci(r.CachedRatio, 2), ci(r.MaxEngineShare, 2), r.Errors)
 		if scale && r.NewShareOfFair != nil {
 			line += "\t" + ci(*r.NewShareOfFair, 2) + "\t" + ci(*r.HitDrop, 2)
 		}
@@ -504,7 +517,44 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 	}
 	writeSyncLines(w, out)
 	writeEventsLines(w, out)
+	writePoolLines(w, out)
 	return nil
+}
+
+// scaled is iv with every figure times k (seconds shown as milliseconds).
+func scaled(iv replay.Interval, k float64) replay.Interval {
+	iv.Mean, iv.Lo, iv.Hi = iv.Mean*k, iv.Lo*k, iv.Hi*k
+	return iv
+}
+
+// writePoolLines prints, for a disaggregated run, each pool's cached share as its engines
+// reported it and the router's prediction beside it (summed over seeds), and how the routers
+// served the requests (split, decode-only or fallback, by reason). On a split request the
+// client's cached tokens are the decode leg's (the prompt pulled from the prefill engine), so
+// the prefill pool's share is the one that says how well the prefill picks reuse the cache.
+func writePoolLines(w io.Writer, out *replayOutput) {
+	for _, r := range out.Results {
+		if len(r.Disagg) == 0 {
+			continue
+		}
+		var parts []string
+		for _, pool := range []string{"prefill", "decode", "aggregated"} {
+			a, ok := r.Pools[pool]
+			if !ok || a.Prompt == 0 {
+				continue
+			}
+			parts = append(parts, fmt.Sprintf("%s pool cached %.3f of %.0f prompt tokens (predicted %.3f)", pool, a.Actual/a.Prompt, a.Prompt, a.Predicted/a.Prompt))
+		}
+		paths := make([]string, 0, len(r.Disagg))
+		for k := range r.Disagg {
+			paths = append(paths, k)
+		}
+		slices.Sort(paths)
+		for i, k := range paths {
+			paths[i] = fmt.Sprintf("%s %.0f", strings.TrimSuffix(k, "/"), r.Disagg[k])
+		}
+		fmt.Fprintf(w, "  %s: %s; requests %s\n", r.Policy, strings.Join(parts, ", "), strings.Join(paths, ", "))
+	}
 }
 
 // writeEventsLines says which policies ran without KV events, prints each policy's accuracy

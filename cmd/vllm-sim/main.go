@@ -178,9 +178,15 @@ func parseFlags(args []string, stderr io.Writer) (vllmsim.Config, error) {
 		"P/D: bandwidth a decode pulls a prefill engine's KV blocks at (default a 200 Gb/s RDMA NIC's line rate)")
 	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", vllmsim.DefaultKVBytesPerToken,
 		"P/D: KV bytes per token moved (default Llama-3.1-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes)")
+	kvTransfer := fs.String("kv-transfer-config", "", `P/D: vLLM's --kv-transfer-config JSON, e.g. {"kv_connector":"NixlConnector","kv_role":"kv_both"} (the side channel from VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, as under serve)`)
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	if *kvTransfer != "" {
+		if err := vllmcli.ApplyKVTransfer(&cfg, *kvTransfer, os.LookupEnv); err != nil {
+			return cfg, err
+		}
 	}
 	if *showVersion {
 		return cfg, errVersion

@@ -83,6 +83,9 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 			c.Audit.SampleEvery = int(*a.SampleEvery)
 		}
 	}
+	if d := m.Spec.Disaggregation; d != nil && d.MinUncachedTokens != nil {
+		c.Disaggregation = &config.Disaggregation{MinUncachedTokens: int(*d.MinUncachedTokens)}
+	}
 	c.Peers = routerPeersConfig(m)
 	if err := c.Validate(); err != nil {
 		return config.Config{}, err

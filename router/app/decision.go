@@ -22,6 +22,11 @@ type decision struct {
 	took   time.Duration
 	// id is the request's ledger entry (0: not routed, a dry run, or ended).
 	id load.ID
+	// pulled: booked as a split request's decode leg, its uncached prompt pulled from a
+	// prefill engine (load.Routing.Transfer); whole says why a legChoose booking was not
+	// (disagg.go), "" when it was or for any other booking.
+	pulled bool
+	whole  string
 	// rec is the ledger's Record of the request (load.Ledger.DecideInto).
 	rec load.Record
 	// views and tried are buffers the next decision reuses.
@@ -79,10 +84,18 @@ func (s *Router) views(reps []*replica, now time.Time, out []route.Replica) ([]r
 // takes the cheapest candidate, or, for a policy without explanations, asks for its pick
 // without recording it. unkeyed, when set, says why the request must not be keyed.
 func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool) (*decision, []score.Explanation, error) {
+	return s.decideLeg(toks, id, session, unkeyed, reps, tried, commit, legWhole)
+}
+
+// decideLeg is decide booking what lg says on the chosen replica (disagg.go): the whole
+// request, a decode leg that pulls its prompt, or, for legChoose, one of the two by the
+// conditional-disaggregation threshold, chosen under the ledger's lock from the booking's own
+// decision.
+func (s *Router) decideLeg(toks []uint32, id blockkey.Identity, session, unkeyed string, reps []*replica, tried map[*replica]bool, commit bool, lg leg) (*decision, []score.Explanation, error) {
 	t0 := time.Now()
 	now := s.now()
 	d := s.newDecision()
-	d.reps, d.chosen, d.took, d.id = reps, 0, 0, 0
+	d.reps, d.chosen, d.took, d.id, d.pulled, d.whole = reps, 0, 0, 0, false, ""
 	views, bs := s.views(reps, now, d.views)
 	d.views = views
 	in := route.Input{Tokens: toks, Identity: id, Session: session, Unkeyed: unkeyed, BlockSize: bs, NowNs: now.UnixNano()}
@@ -123,9 +136,20 @@ func (s *Router) decide(toks []uint32, id blockkey.Identity, session, unkeyed st
 		// after this one must already see it in the predicted side index.
 		d.took = time.Since(t0)
 		d.chosen = i
-		return load.Routing{Replica: reps[i].Load, Keys: d.Req.Keys, Approximate: d.Cands[i].Approximate,
+		rt := load.Routing{Replica: reps[i].Load, Keys: d.Req.Keys, Approximate: d.Cands[i].Approximate,
 			Uncached: d.Uncached(i), Held: d.Req.Tokens, Cached: d.Cached[i],
 			Tokens: toks, Identity: id, Multimodal: unkeyed == unkeyedMultimodal}
+		switch lg {
+		case legChoose:
+			if d.whole = s.wholeReason(d, i); d.whole == "" {
+				pull(&rt)
+				d.pulled = true
+			}
+		case legDecode:
+			pull(&rt)
+			d.pulled = true
+		}
+		return rt
 	})
 	if err != nil {
 		d.took = time.Since(t0)

@@ -1,23 +1,28 @@
 package app
 
 // Prefill/decode disaggregation: on a fleet with prefill-role and decode-role replicas (the
-// operator's serving.kvroute.io/role label, discovery.Engine.Role), a completions or chat
-// request is served in vLLM's two steps (the NIXL connector's protocol; vLLM's reference
-// proxy, tests/v1/kv_connector/nixl_integration/toy_proxy_server.py): a prefill leg
+// operator's serving.kvroute.io/role label, discovery.Engine.Role), a completions, chat or
+// Messages request is served in vLLM's two steps (the NIXL connector's protocol; vLLM's
+// reference proxy, tests/v1/kv_connector/nixl_integration/toy_proxy_server.py): a prefill leg
 // (proxy.PrefillLeg: kv_transfer_params.do_remote_decode, max_tokens 1, no stream) on a prefill
 // replica, then a decode leg (proxy.DecodeLeg: the prefill answer's kv_transfer_params) on a
 // decode replica, streamed or not as the client asked. Each leg is an attempt of the request
 // pipeline (pipeline.go): booked by the policy over its own pool (cache overlap against load
-// among prefill replicas, then among decode replicas), retried elsewhere in its pool as any
-// attempt is, and ended with its outcome. The client sees the decode leg's answer alone, whose
+// among decode replicas, then among prefill replicas), retried elsewhere in its pool as any
+// attempt is, and ended with its outcome. The decode pick comes first, as Dynamo's and llm-d's
+// routers pick the decode worker first: its booking is a decode leg (the prompt pulled, booked
+// as transfer: load.Routing.Transfer) from the moment it is made, so a sibling request decided
+// while the prefill leg runs sees it. The client sees the decode leg's answer alone, whose
 // usage is vLLM's decode answer's (the prompt pulled from the prefill engine reported as
 // cached).
 //
 // Conditional disaggregation (Dynamo's disaggregated router decides the same way: remote
 // prefill only when the prompt less its prefix hit exceeds max_local_prefill_length,
 // ai-dynamo/dynamo examples/python_rs/llm/vllm_nixl/router/disagg_router.py): a request whose
-// decode pick would leave fewer than Options.DisaggMinUncached uncached tokens goes whole to a
-// decode replica (both pools run kv_both, so a decode engine computes a prompt itself).
+// decode pick leaves fewer than Options.DisaggMinUncached uncached tokens goes whole to that
+// decode replica (both pools run kv_both, so a decode engine computes a prompt itself). The
+// choice is made in the decode booking itself (legChoose), under the ledger's lock, from the
+// very decision that books it.
 
 import (
 	"bytes"
@@ -26,13 +31,16 @@ import (
 	"net/http"
 
 	"github.com/kvroute/kvroute/router/config"
+	"github.com/kvroute/kvroute/router/load"
 	"github.com/kvroute/kvroute/router/proxy"
+	"github.com/kvroute/kvroute/router/tokens"
 )
 
-// DefaultDisaggMinUncached is the split threshold's default: 1000 uncached prompt tokens,
-// Dynamo's max_local_prefill_length default (the file above). It is borrowed, not measured
-// on this router: below it the prefill leg's round trip and the KV transfer are assumed to cost
-// more than computing the prompt on the decode replica.
+// DefaultDisaggMinUncached is the split threshold's default: 1000 uncached prompt tokens. It
+// started as Dynamo's max_local_prefill_length default (the file above); kvbench replay's sweep
+// (docs/disaggregation.md, "Measured") keeps it: the largest value tried that does not turn a
+// shared-prefix workload's 1.5k-token turns into decode-only requests (which cost it 70% TTFT
+// p90 and 5x ITL), and slightly ahead of splitting everything on the conversation trace.
 const DefaultDisaggMinUncached = 1000
 
 // The paths of kvroute_router_disagg_requests_total.
@@ -60,18 +68,87 @@ func pools(reps []*replica) (prefill, decode []*replica) {
 	return prefill, decode
 }
 
-// split serves p in two legs, or decides not to: it returns false when the request is to go
-// whole to a decode replica (decode-only, or a prefill leg that failed with no retry left),
-// with nothing written to the client; true when the request is answered.
-func (s *Router) split(ctx context.Context, w http.ResponseWriter, r *http.Request, rq *requestRecord, p *prepared,
+// leg is what a booking books on the replica it picks (decideLeg).
+type leg uint8
+
+const (
+	// legWhole: the whole request; its uncached prompt is prefill work on the replica.
+	legWhole leg = iota
+	// legDecode: a split request's decode leg; the replica pulls the uncached prompt from the
+	// prefill engine (load.Routing.Transfer) and computes its last token only.
+	legDecode
+	// legChoose: a decode leg, or the whole request when the pick would leave fewer uncached
+	// tokens than the threshold (wholeReason): conditional disaggregation, decided from the
+	// booking's own decision under the ledger's lock.
+	legChoose
+)
+
+// pull books rt as a decode leg: the uncached prompt but its last token is transfer, which the
+// replica then holds as computed (Cached: the context its one token attends over).
+func pull(rt *load.Routing) {
+	t := max(rt.Uncached-1, 0)
+	rt.Uncached -= t
+	rt.Cached += t
+	rt.Transfer = t
+}
+
+// wholeReason says why the request booked on candidate i of d goes whole to that decode
+// replica rather than being split ("" to split it): its prompt is shorter than the threshold,
+// or the replica's cached prefix leaves fewer uncached tokens than that. A request the router
+// could not key (no token ids) is split: its length is unknown.
+func (s *Router) wholeReason(d *decision, i int) string {
+	threshold := s.o.DisaggMinUncached
+	switch {
+	case threshold < 0 || d.Req.Tokens == 0:
+		return ""
+	case d.Req.Tokens < threshold:
+		return "short_prompt"
+	case d.Uncached(i) < threshold:
+		return "cached_prefix"
+	}
+	return ""
+}
+
+// splits says whether requests of kind go in two legs. vLLM's completions, chat and Messages
+// requests carry kv_transfer_params both ways (vllm/entrypoints/openai/chat_completion/protocol.py;
+// vllm/entrypoints/anthropic/protocol.py, AnthropicMessagesRequest and
+// AnthropicMessagesResponse, at commit 00589e563e771f2de7abeb48bd0814873e891411); its Responses
+// API does not (vllm/entrypoints/openai/responses/protocol.py at
+// 010a69cea9ac46d2953fa673c3b814f922d1b194: neither ResponsesRequest nor ResponsesResponse
+// has the field, and its vllm_xargs cannot hold the object), so a decode engine could not be
+// told where the prompt is.
+func splits(kind tokens.Kind) bool {
+	return kind == tokens.Completion || kind == tokens.Chat || kind == tokens.Messages
+}
+
+// disaggregate serves a generation request p on a fleet with both pools: the decode pick first, booked with the
+// conditional choice (legChoose); then either the whole request on it, or the prefill leg and
+// the decode leg on it. It returns false, with nothing written to the client, when the request
+// is to go whole to a decode replica booked anew (no decode replica to book now, a prefill leg
+// that failed with no retry left); true when the request is answered.
+func (s *Router) disaggregate(ctx context.Context, w http.ResponseWriter, r *http.Request, rq *requestRecord, p *prepared,
 	pre, dec []*replica, upBody []byte, rw proxy.Rewrite) bool {
-	if why := s.decodeOnly(p, dec); why != "" {
-		s.met.DisaggRequests.WithLabelValues(disaggDecodeOnly, why).Inc()
+	api := apiFor(p.kind)
+	if !splits(p.kind) {
+		s.met.DisaggRequests.WithLabelValues(disaggDecodeOnly, "api_unsupported").Inc()
 		return false
 	}
-	api := apiFor(p.kind)
+	endDecide := s.childSpan(ctx, "kvroute.decide")
+	da, err := s.bookLeg(p, dec, map[*replica]bool{}, legChoose)
+	if err != nil {
+		endDecide()
+		return false // no decode replica: the attempts over the decode pool answer why
+	}
+	s.endDecideSpan(endDecide, da)
+	if !da.d.pulled {
+		s.met.DisaggRequests.WithLabelValues(disaggDecodeOnly, da.d.whole).Inc()
+		a, out, tried := s.attempts(ctx, w, r, p, dec, upBody, rw, da)
+		s.answer(w, rq, api, a, out, tried)
+		return true
+	}
 	preBody, err := proxy.PrefillLeg(upBody)
 	if err != nil { // prepare parsed the body: not reached
+		da.withdraw()
 		return s.fallback("bad_body", err)
 	}
 	// The prefill leg is an attempt of its own request: no stream, its answer kept here.
@@ -80,70 +157,49 @@ func (s *Router) split(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	pp := *p
 	pp.tr, pp.body = &tr, preBody
 	var rec legRecorder
-	a, out, tried := s.attempts(ctx, &rec, r, &pp, pre, preBody, proxy.Rewrite{}, 0)
+	a, out, tried := s.attempts(ctx, &rec, r, &pp, pre, preBody, proxy.Rewrite{}, nil)
 	switch {
 	case a == nil && tried == 0:
+		da.withdraw()
 		return s.fallback("no_prefill_replica", nil)
 	case a == nil:
+		da.withdraw()
 		return s.fallback(out.Kind, out.Err)
 	case out.ClientGone() || out.Kind == proxy.KindRequestTimeout:
+		da.withdraw()
 		s.answer(w, rq, api, a, out, tried)
 		return true
 	case out.Phase != proxy.Answered || out.Err != nil:
+		da.withdraw()
 		return s.fallback(out.Kind, out.Err)
 	case rec.status >= 400 && rec.status < 500:
 		// The engine refused the request itself (every engine would): the client reads why.
+		da.withdraw()
 		rq.outcome = outcomeClientError
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(rec.status)
 		_, _ = w.Write(rec.buf.Bytes())
 		return true
 	case rec.status != http.StatusOK:
+		da.withdraw()
 		return s.fallback(proxy.KindStatus, errors.New("prefill engine answered "+http.StatusText(rec.status)))
 	}
 	params, err := proxy.TransferParams(rec.buf.Bytes())
 	if err != nil {
+		da.withdraw()
 		return s.fallback("no_transfer_params", err)
 	}
 	decBody, err := proxy.DecodeLeg(upBody, params)
 	if err != nil {
+		da.withdraw()
 		return s.fallback("bad_body", err)
 	}
 	s.met.DisaggRequests.WithLabelValues(disaggSplit, "").Inc()
 	dp := *p
 	dp.body = decBody
-	// vLLM's decode engine reports the prompt it pulled as cached, less its last token, which
-	// it recomputes to sample the first (the NIXL connector's get_num_new_matched_tokens loads
-	// the whole prompt; the v1 scheduler's _update_waiting_for_remote_kv takes one back when
-	// all of it arrived): that is the decode leg's prediction to compare with.
-	expect := max(len(p.toks)-1, 0)
-	a, out, tried = s.attempts(ctx, w, r, &dp, dec, decBody, rw, expect)
+	a, out, tried = s.attempts(ctx, w, r, &dp, dec, decBody, rw, da)
 	s.answer(w, rq, api, a, out, tried)
 	return true
-}
-
-// decodeOnly says why p is not split ("" to split it): its decode pick (the policy's dry run
-// over the decode pool) would leave fewer uncached tokens than the threshold. A request the
-// router could not key (no token ids) is split: its length is unknown.
-func (s *Router) decodeOnly(p *prepared, dec []*replica) string {
-	threshold := s.o.DisaggMinUncached
-	if threshold < 0 || len(p.toks) == 0 {
-		return ""
-	}
-	if len(p.toks) < threshold {
-		return "short_prompt"
-	}
-	d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, dec, nil, false)
-	if err != nil || d.chosen < 0 {
-		s.release(d)
-		return "" // no decode replica: the split's decode leg answers the client
-	}
-	uncached := d.Req.Tokens - d.Cached[d.chosen]
-	s.release(d)
-	if uncached < threshold {
-		return "cached_prefix"
-	}
-	return ""
 }
 
 // fallback counts and logs a prefill leg that failed with no retry left: the request goes

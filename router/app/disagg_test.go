@@ -3,6 +3,7 @@ package app
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -226,4 +227,91 @@ func TestDisaggPrefillFailureFallsBackToDecode(t *testing.T) {
 		}
 	}
 	testkit.WaitFor(t, waitBound, "every attempt ended in the ledger", func() bool { return ledgerEmpty(rt) })
+}
+
+// The decode pick is booked first, as a decode leg: while the prefill leg computes the prompt
+// on the prefill replica, the decode replica already carries the request, its pulled prompt
+// booked as transfer and only the recomputed last token as prefill (vLLM keeps a request
+// waiting for remote KV off its prefill steps). Booked as before (the decode replica picked
+// after the prefill answer, its whole uncached prompt as prefill until the first token), the
+// condition below never holds.
+func TestDisaggDecodeLegBookedAsTransfer(t *testing.T) {
+	cfg := vllmsim.Config{KVTransfer: &vllmsim.KVTransfer{Connector: "NixlConnector", Role: "kv_both"},
+		StepModel: "flat", PrefillTokensPerS: 400, DecodeMsPerToken: 100}
+	f := startFleet(t, 2, cfg)
+	es := f.engines()
+	es[0].Role, es[1].Role = config.RolePrefill, config.RoleDecode
+	rt := startRouter(t, discovery.NewStatic(es), func(o *Options) { o.DisaggMinUncached = -1 })
+	rt.waitStreams(t, "exact")
+	done := make(chan answer, 1)
+	go func() { done <- postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(7, 400, 0, 0, 6)) }()
+	inflight := func(name string) Inflight {
+		for _, e := range rt.s.Engines() {
+			if e.Name == name {
+				return e.Ranks[0].Inflight
+			}
+		}
+		return Inflight{}
+	}
+	var pre, dec Inflight
+	if !testkit.Until(waitBound, func() bool {
+		pre, dec = inflight("e0"), inflight("e1")
+		return pre.PrefillTokens == 400 && dec.TransferTokens == 399 && dec.PrefillTokens == 1 && dec.PrefillHeldTokens == 400
+	}) {
+		t.Fatalf("the decode leg not booked as transfer while the prefill leg runs: prefill replica %+v, decode replica %+v", pre, dec)
+	}
+	a := <-done
+	if a.status != 200 || a.header.Get("x-kvroute-engine") != "e1" || a.cachedTokens(t) != 399 {
+		t.Fatalf("split answer: %d from %q: %s", a.status, a.header.Get("x-kvroute-engine"), a.body)
+	}
+	testkit.WaitFor(t, waitBound, "both legs ended in the ledger", func() bool { return ledgerEmpty(rt) })
+	if acc := accuracyOf(rt, "e1"); acc.PredictedCached != 399 || acc.ActualCached != 399 {
+		t.Errorf("decode pool: %+v, want predicted = reported = 399", acc)
+	}
+}
+
+// A Messages request splits like chat (vLLM's Messages API carries kv_transfer_params both
+// ways): its answer comes from the decode pool with the pulled prompt as
+// cache_read_input_tokens, both pools' predictions equal what their engines reported. A
+// Responses request (vLLM's Responses API carries no kv_transfer_params) goes whole to the
+// decode pool, counted with its reason.
+func TestDisaggMessagesSplitResponsesWhole(t *testing.T) {
+	rt, _ := pdFleet(t, -1)
+	long := strings.Repeat("a long shared system prompt ", 60)
+	body := fmt.Sprintf(`{"model":"vllm-sim","max_tokens":3,"system":%q,"messages":[{"role":"user","content":"question"}]}`, long)
+	a := postJSON(t, rt.api.URL+"/v1/messages", body)
+	e := a.header.Get("x-kvroute-engine")
+	var msg struct {
+		Type  string
+		Usage struct {
+			Input  int `json:"input_tokens"`
+			Cached int `json:"cache_read_input_tokens"`
+		}
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if a.status != 200 || (e != "e2" && e != "e3") || json.Unmarshal(a.body, &msg) != nil || msg.Type != "message" ||
+		msg.Usage.Input < 100 || msg.Usage.Cached != msg.Usage.Input-1 {
+		t.Fatalf("Messages split: %d from %q: %s", a.status, e, a.body)
+	}
+	m := scrape(t, rt)
+	if !strings.Contains(m, `kvroute_router_disagg_requests_total{path="split",reason=""} 1`) {
+		t.Errorf("Messages split not counted:\n%s", grepLines(m, "disagg"))
+	}
+	testkit.WaitFor(t, waitBound, "both legs ended in the ledger", func() bool { return ledgerEmpty(rt) })
+	for _, name := range []string{"e0", "e1", e} {
+		if acc := accuracyOf(rt, name); acc.PredictedCached != acc.ActualCached {
+			t.Errorf("%s: %+v, want predicted = reported", name, acc)
+		}
+	}
+	if got := accuracyOf(rt, "e0").Responses + accuracyOf(rt, "e1").Responses; got != 1 {
+		t.Errorf("prefill pool answered %d legs, want 1", got)
+	}
+
+	r := postJSON(t, rt.api.URL+"/v1/responses", fmt.Sprintf(`{"model":"vllm-sim","max_output_tokens":2,"input":%q,"store":false}`, long))
+	if e := r.header.Get("x-kvroute-engine"); r.status != 200 || (e != "e2" && e != "e3") {
+		t.Fatalf("Responses: %d from %q: %s", r.status, e, r.body)
+	}
+	if m = scrape(t, rt); !strings.Contains(m, `kvroute_router_disagg_requests_total{path="decode_only",reason="api_unsupported"} 1`) {
+		t.Errorf("Responses not counted as decode-only:\n%s", grepLines(m, "disagg"))
+	}
 }

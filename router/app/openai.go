@@ -50,36 +50,42 @@ func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		proxy.WriteErrorFor(w, api, http.StatusBadRequest, err.Error())
 		return
 	}
-	if kind == tokens.Completion || kind == tokens.Chat {
-		if pre, dec := pools(reps); len(pre) > 0 && len(dec) > 0 && p.pinned == "" {
-			if s.split(ctx, w, r, &rq, p, pre, dec, upBody, rw) {
-				return
-			}
-			reps = dec // decode-only: the whole request on a decode replica
+	if pre, dec := pools(reps); len(pre) > 0 && len(dec) > 0 && p.pinned == "" && kind != tokens.Pooling {
+		if s.disaggregate(ctx, w, r, &rq, p, pre, dec, upBody, rw) {
+			return
 		}
+		reps = dec // decode-only: the whole request on a decode replica
 	}
-	a, out, tried := s.attempts(ctx, w, r, p, reps, upBody, rw, 0)
+	a, out, tried := s.attempts(ctx, w, r, p, reps, upBody, rw, nil)
 	s.answer(w, &rq, api, a, out, tried)
 }
 
 // attempts books and forwards attempts of p over reps, elsewhere after each retryable failure,
 // up to MaxAttempts. It returns the attempt whose outcome ended the request (nil when every
 // attempt failed or none could be booked), that outcome (the last failure's when a is nil) and
-// how many attempts were booked. expectCached, when > 0, is the cached tokens the engine is
-// expected to report instead of the decision's prediction (a decode leg: attempt.expectCached).
+// how many attempts were booked. first, when set, is the first attempt, booked already (a split
+// request's decode pick, disagg.go); the retries book what it booked: a decode leg that pulls
+// its prompt, or the whole request.
 func (s *Router) attempts(ctx context.Context, w http.ResponseWriter, r *http.Request, p *prepared, reps []*replica,
-	body []byte, rw proxy.Rewrite, expectCached int) (*attempt, proxy.Outcome, int) {
+	body []byte, rw proxy.Rewrite, first *attempt) (*attempt, proxy.Outcome, int) {
 	excluded := map[*replica]bool{}
+	lg := legWhole
+	if first != nil && first.d.pulled {
+		lg = legDecode
+	}
 	var last proxy.Outcome
 	for n := 0; n < s.o.MaxAttempts; n++ {
-		endDecide := s.childSpan(ctx, "kvroute.decide")
-		a, err := s.book(p, reps, excluded)
-		if err != nil {
-			endDecide()
-			return nil, last, n
+		a := first
+		if n > 0 || a == nil {
+			endDecide := s.childSpan(ctx, "kvroute.decide")
+			var err error
+			a, err = s.bookLeg(p, reps, excluded, lg)
+			if err != nil {
+				endDecide()
+				return nil, last, n
+			}
+			s.endDecideSpan(endDecide, a)
 		}
-		a.expectCached = expectCached
-		s.endDecideSpan(endDecide, a)
 		out := s.forward(ctx, w, r, a, body, rw, n < s.o.MaxAttempts-1 && a.OthersHealthy())
 		a.End(out, excluded)
 		if out.Retryable() {

@@ -248,15 +248,17 @@ type attempt struct {
 	rep *replica
 	// firstToken: the engine's first token came (FirstToken).
 	firstToken bool
-	// expectCached, when > 0, is the cached tokens the engine is expected to report in place of
-	// the decision's prediction: a decode leg's engine reports the prompt it pulled from the
-	// prefill engine as cached (disagg.go).
-	expectCached int
 }
 
 // book decides where the request goes (the policy over reps, excluded left out) and books the
 // pick in the ledger. An error means no replica can take it.
 func (s *Router) book(p *prepared, reps []*replica, excluded map[*replica]bool) (*attempt, error) {
+	return s.bookLeg(p, reps, excluded, legWhole)
+}
+
+// bookLeg is book for one leg of a split request, or for the conditional choice between a
+// decode leg and the whole request (disagg.go): what the ledger books follows lg.
+func (s *Router) bookLeg(p *prepared, reps []*replica, excluded map[*replica]bool, lg leg) (*attempt, error) {
 	if p.pinned != "" {
 		for _, r := range reps {
 			if r.Eng.Name != p.pinned {
@@ -264,7 +266,7 @@ func (s *Router) book(p *prepared, reps []*replica, excluded map[*replica]bool) 
 			}
 		}
 	}
-	d, _, err := s.decide(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true)
+	d, _, err := s.decideLeg(p.toks, p.id, p.session, p.unkeyed, reps, excluded, true, lg)
 	if err != nil {
 		s.release(d)
 		return nil, err
@@ -301,13 +303,27 @@ func (a *attempt) EngineName() string {
 	return a.rep.Eng.Name
 }
 
-// PredictedCached is the prompt tokens the decision expects the engine to find cached (for a
-// decode leg, those it pulls: expectCached).
+// PredictedCached is the prompt tokens the decision expects the engine to find cached. A
+// decode leg's engine reports the prompt it pulled from the prefill engine as cached, with its
+// local hits, less the last token, which it recomputes to sample the first (the NIXL
+// connector's get_num_new_matched_tokens loads all the rest; vLLM's scheduler,
+// _update_waiting_for_remote_kv, takes one back when all of it arrived).
 func (a *attempt) PredictedCached() int {
-	if a.expectCached > 0 {
-		return a.expectCached
+	if a.d.pulled {
+		return max(a.d.Req.Tokens-1, 0)
 	}
 	return a.d.Cached[a.d.chosen]
+}
+
+// withdraw takes back an attempt booked and never sent: a decode leg whose prefill leg did not
+// answer. The ledger forgets it as if the engine had never taken it.
+func (a *attempt) withdraw() {
+	s := a.s
+	s.rollback(a.d)
+	if !a.rep.Eng.Gone() {
+		s.met.InflightRequests.WithLabelValues(a.rep.Eng.Name, strconv.Itoa(a.rep.Rank)).Dec()
+	}
+	s.release(a.d)
 }
 
 // OthersHealthy reports whether a replica other than the chosen one could take a retry.

@@ -77,7 +77,7 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	conformance := fs.Bool("ext-proc-conformance-hooks", false, "endpoint picker: honour the Inference Extension conformance suite's test-epp-endpoint-selection header (conformance runs only)")
 	pool := fs.String("inference-pool", "", "InferencePool discovery: the pool (in --namespace) whose selector's pods on its target ports are the engines")
 	var engines engineFlags
-	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;snapshot=tcp://..,..;warmup-until=RFC3339;block-size=N;kind=vllm|sglang|trtllm (repeatable; all but NAME=URL optional)")
+	fs.Var(&engines, "engine", "static engine NAME=http://HOST:PORT;events=tcp://..,..;replay=tcp://..,..;snapshot=tcp://..,..;warmup-until=RFC3339;block-size=N;kind=vllm|sglang|trtllm;role=prefill|decode (repeatable; all but NAME=URL optional)")
 	enginesFile := fs.String("engines-file", "", "file of --engine entries, one a line, re-read when it changes")
 	engineKind := fs.String("engine-kind", "", "engines' family: vllm, sglang or trtllm (default vllm; the config's engineKind); an engine of another kind is refused")
 	eventsBind := fs.String("events-bind", "", "bound mode: bind tcp://HOST:PORT for engines that dial in, told apart by topic (overrides events.bind)")
@@ -101,6 +101,7 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	respOwners := fs.Int("response-owners", 0, "stored Responses ids whose engine the router remembers, least recently used dropped first (0: the config's responses.maxOwners, default 100000)")
 	respOwnerTTL := fs.Duration("response-owner-ttl", 0, "how long a stored Responses id's engine is remembered (0: the config's responses.ownerTTL, default 24h)")
 	holdWait := fs.Duration("hold-max-wait", 0, "how long a held request waits for a ready replica before its 503 with Retry-After (0: the config's, default 30s)")
+	disaggMin := fs.Int("disagg-min-uncached-tokens", 0, "prefill/decode fleets: a request whose decode pick leaves fewer uncached prompt tokens than this goes whole to that decode replica instead of being split; -1 splits every request (0: the config's disaggregation.minUncachedTokens, default 1000)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	accessSample := fs.Int("access-log-sample", 0, "log one routed request in N with its decision's breakdown (as /debug/route shows it); 0: off")
@@ -212,6 +213,9 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	}
 	if *shadowPol != "" {
 		cfg.ShadowPolicy = *shadowPol
+	}
+	if *disaggMin != 0 {
+		cfg.Disaggregation = &config.Disaggregation{MinUncachedTokens: *disaggMin}
 	}
 	if *holdWaiting >= 0 {
 		cfg.Hold.MaxWaiting = *holdWaiting

@@ -170,3 +170,30 @@ func waitReady(t *testing.T, addr string, timeout time.Duration) {
 		return resp.StatusCode == http.StatusOK
 	})
 }
+
+// --disagg-min-uncached-tokens sets the config's disaggregation.minUncachedTokens over the
+// file's; 0 leaves the file's; below -1 is refused with the key and the number.
+func TestDisaggMinUncachedFlag(t *testing.T) {
+	eng := []string{"--engine", "a=http://127.0.0.1:1"}
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("disaggregation: {minUncachedTokens: 700}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{append([]string{"--disagg-min-uncached-tokens", "-1"}, eng...), -1},
+		{append([]string{"--disagg-min-uncached-tokens", "2000", "--config", cfg}, eng...), 2000},
+		{append([]string{"--config", cfg}, eng...), 700},
+	} {
+		st, err := parse(c.args, io.Discard, nil)
+		if err != nil || st.cfg.Disaggregation == nil || st.cfg.Disaggregation.MinUncachedTokens != c.want {
+			t.Errorf("%v: %+v %v, want %d", c.args, st, err, c.want)
+		}
+	}
+	if _, err := parse(append([]string{"--disagg-min-uncached-tokens", "-5"}, eng...), io.Discard, nil); err == nil ||
+		!strings.Contains(err.Error(), "disaggregation.minUncachedTokens: -5") {
+		t.Errorf("-5 accepted or unexplained: %v", err)
+	}
+}

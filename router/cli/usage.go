@@ -21,7 +21,8 @@ var flagGroups = []cliusage.Group{
 	{Title: "Gateway API endpoint picker", Flags: []string{"ext-proc-listen", "ext-proc-tls", "ext-proc-cert-dir", "ext-proc-conformance-hooks"}},
 	{Title: "Engines", Flags: []string{"engine", "engines-file", "namespace", "selector", "engine-port", "inference-pool",
 		"events-bind", "no-events", "block-size", "engine-kind", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full", "render-url"}},
-	{Title: "Policy", Flags: []string{"policy", "shadow-policy", "hold-max-waiting", "hold-max-wait", "response-owners", "response-owner-ttl"}},
+	{Title: "Policy", Flags: []string{"policy", "shadow-policy", "hold-max-waiting", "hold-max-wait", "disagg-min-uncached-tokens",
+		"response-owners", "response-owner-ttl"}},
 	{Title: "Observability", Flags: []string{"log-format", "log-level", "access-log-sample", "audit",
 		"capture-dir", "capture-max-bytes", "capture-files"}},
 }

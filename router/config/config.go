@@ -533,7 +533,8 @@ func (c Config) Validate() error { return c.ValidatePolicies(Policies) }
 type Disaggregation struct {
 	// MinUncachedTokens is conditional disaggregation's threshold: a request whose decode pick
 	// would leave fewer uncached prompt tokens than this goes whole to the decode replica. 0:
-	// the router's default (1000, borrowed from Dynamo, not measured); -1: split every request.
+	// the router's default (1000; docs/disaggregation.md has the measurement); -1: split every
+	// request.
 	MinUncachedTokens int `json:"minUncachedTokens,omitempty"`
 }
 

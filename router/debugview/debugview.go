@@ -88,6 +88,9 @@ type Inflight struct {
 	// PrefillHeldTokens: what the requests in prefill will hold once they decode (their
 	// prompts); not carried by other routers' totals, so absent from peer_inflight.
 	PrefillHeldTokens int64 `json:"prefill_held_tokens,omitempty"`
+	// TransferTokens: prompt tokens its requests pull from a prefill engine before their first
+	// token (split requests' decode legs), counted apart from PrefillTokens.
+	TransferTokens int64 `json:"transfer_tokens,omitempty"`
 }
 
 // Accuracy compares predicted and engine-reported cached tokens.
@@ -188,7 +191,7 @@ func Rank(in RankView) RankInfo {
 	ri.Retries = r.C.Retries.Load()
 	ld := r.Load.Load()
 	ri.Inflight = Inflight{Running: ld.Running, PrefillTokens: ld.PrefillTokens, DecodeTokens: ld.DecodeTokens,
-		PrefillHeldTokens: ld.PrefillHeldTokens}
+		PrefillHeldTokens: ld.PrefillHeldTokens, TransferTokens: ld.TransferTokens}
 	if p := in.Peer; p != nil {
 		ri.PeerInflight = &Inflight{Running: p.Running, PrefillTokens: p.PrefillTokens, DecodeTokens: p.DecodeTokens}
 	}

@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/kvroute/kvroute/router/blockkey"
+	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/engine"
 )
 
@@ -22,14 +23,18 @@ const (
 	keyWarmupUntil = "warmup-until"
 	keyBlockSize   = "block-size"
 	keyKind        = "kind"
+	keyRole        = "role"
 )
 
-var flagKeys = []string{keyEvents, keyReplay, keySnapshot, keyWarmupUntil, keyBlockSize, keyKind}
+var flagKeys = []string{keyEvents, keyReplay, keySnapshot, keyWarmupUntil, keyBlockSize, keyKind, keyRole}
 
 // ParseEngineFlag parses one --engine value (also one line of --engines-file):
 //
-//	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;snapshot=tcp://HOST:S0,tcp://HOST:S1;warmup-until=RFC3339;block-size=N;kind=vllm|sglang|trtllm
+//	NAME=http://HOST:PORT;events=tcp://HOST:P0,tcp://HOST:P1;replay=tcp://HOST:R0,tcp://HOST:R1;snapshot=tcp://HOST:S0,tcp://HOST:S1;warmup-until=RFC3339;block-size=N;kind=vllm|sglang|trtllm;role=prefill|decode
 //
+// role is the engine's pool in a disaggregated fleet (what the operator's
+// serving.kvroute.io/role pod label says in a cluster); without it the engine computes whole
+// requests.
 // Everything after the URL is optional and may come in any order, each key once. events,
 // replay and snapshot list one endpoint per DP rank in rank order, the same count when more
 // than one is given;
@@ -48,7 +53,7 @@ func parseEngine(s string) (Engine, error) {
 	parts := strings.Split(strings.TrimSpace(s), ";")
 	name, rawURL, ok := strings.Cut(parts[0], "=")
 	if !ok {
-		return Engine{}, errors.New("want NAME=http://HOST:PORT[;events=...][;replay=...][;snapshot=...][;warmup-until=RFC3339][;block-size=N][;kind=vllm|sglang|trtllm]")
+		return Engine{}, errors.New("want NAME=http://HOST:PORT[;events=...][;replay=...][;snapshot=...][;warmup-until=RFC3339][;block-size=N][;kind=vllm|sglang|trtllm][;role=prefill|decode]")
 	}
 	name = strings.TrimSpace(name)
 	if err := checkName(name); err != nil {
@@ -107,6 +112,11 @@ func parseEngine(s string) (Engine, error) {
 				return Engine{}, fmt.Errorf("kind %q is not one of vllm, sglang, trtllm", val)
 			}
 			e.Kind = k
+		case keyRole:
+			if val != config.RolePrefill && val != config.RoleDecode {
+				return Engine{}, fmt.Errorf("role %q is not %s or %s", val, config.RolePrefill, config.RoleDecode)
+			}
+			e.Role = val
 		default:
 			return Engine{}, fmt.Errorf("unknown key %q (keys: %s)", key, strings.Join(flagKeys, ", "))
 		}
@@ -253,6 +263,9 @@ func (e Engine) String() string {
 	}
 	if e.Kind != "" {
 		b.WriteString(";" + keyKind + "=" + string(e.Kind))
+	}
+	if e.Role != "" {
+		b.WriteString(";" + keyRole + "=" + e.Role)
 	}
 	return b.String()
 }

@@ -40,6 +40,9 @@ func TestParseEngineFlagGood(t *testing.T) {
 			Engine{Name: "e7", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:5557"}, Snapshot: []string{"tcp://h:5700"}}},
 		{"e8=http://h:8000;kind=SGLang;events=tcp://h:5557",
 			Engine{Name: "e8", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:5557"}, Kind: engine.SGLang}},
+		{"p0=http://h:8000;role=prefill", Engine{Name: "p0", URL: "http://h:8000", Ready: true, Role: "prefill"}},
+		{"d0=http://h:8000;role=decode;events=tcp://h:5557",
+			Engine{Name: "d0", URL: "http://h:8000", Ready: true, Events: []string{"tcp://h:5557"}, Role: "decode"}},
 	}
 	for _, tc := range cases {
 		got, err := ParseEngineFlag(tc.in)
@@ -61,6 +64,7 @@ func TestParseEngineFlagBad(t *testing.T) {
 	cases := []struct{ in, wantErr string }{
 		{"e=http://h:8000;kind=tgi", `kind "tgi" is not one of vllm, sglang, trtllm`},
 		{"e=http://h:8000;kind=", `kind "" is not one of`},
+		{"e=http://h:8000;role=both", `role "both" is not prefill or decode`},
 		{"", "want NAME=http"},
 		{"http://h:8000", "want NAME=http"},
 		{"=http://h:8000", "name before '=' is empty"},

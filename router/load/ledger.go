@@ -88,6 +88,9 @@ type Replica struct {
 	// prefillAttn is the attention of the requests counted in prefill, in token pairs
 	// (Record.Attention): Load.PrefillAttention.
 	prefillAttn atomic.Int64
+	// transfer is the prompt tokens the requests before their first token pull from another
+	// engine (Routing.Transfer): Load.TransferTokens.
+	transfer atomic.Int64
 	// since is when the replica's routed prefill last made progress the ledger saw: the last
 	// first token (or end before one), or when its prefill went from none to some (unix ns on
 	// the ledger's clock). See score.Candidate.PrefillSince.
@@ -105,7 +108,7 @@ type Load = route.Load
 // Load reads the replica's counters.
 func (r *Replica) Load() Load {
 	return Load{PrefillTokens: r.prefill.Load(), DecodeTokens: r.decode.Load(),
-		PrefillHeldTokens: r.prefillHeld.Load(), PrefillAttention: r.prefillAttn.Load(), Running: r.running.Load()}
+		PrefillHeldTokens: r.prefillHeld.Load(), PrefillAttention: r.prefillAttn.Load(), TransferTokens: r.transfer.Load(), Running: r.running.Load()}
 }
 
 // Routing is what a decision hands the ledger for the request it routes.
@@ -120,6 +123,14 @@ type Routing struct {
 	// until the first token); Held the tokens the request holds while it decodes (the live
 	// router counts its prompt, the fleet model prompt and output).
 	Uncached, Held int
+	// Transfer is the prompt tokens the replica pulls from another engine's cache instead of
+	// computing them: a split request's decode leg (router/app disagg.go). vLLM's scheduler
+	// keeps such a request in WAITING_FOR_REMOTE_KVS, skipped by its prefill steps, until the
+	// connector has received them (vllm/v1/core/sched/scheduler.py, _update_waiting_for_remote_kv),
+	// then computes only what is left (the prompt's last token). So they are counted apart
+	// (Load.TransferTokens), not as prefill, and the first token they wait for is no measure of
+	// the replica's prefill drain.
+	Transfer int
 	// Cached is the prompt tokens the router expects the replica to have (for accounting, and
 	// as the context its uncached tokens attend over: Record.Attention).
 	Cached int
@@ -389,6 +400,7 @@ func (l *Ledger) routedLocked(r Routing, rc *Record) ID {
 	}
 	r.Replica.prefillHeld.Add(int64(r.Held))
 	r.Replica.prefillAttn.Add(rc.Attention)
+	r.Replica.transfer.Add(int64(r.Transfer))
 	r.Replica.running.Add(1)
 	l.gen.Add(1)
 	id := ID(l.next.Add(1))
@@ -412,11 +424,15 @@ func (l *Ledger) FirstToken(id ID) error {
 		rc.first = true
 		rc.FirstTokenAt = l.now()
 		rc.Replica.prefill.Add(-int64(rc.Uncached))
+		rc.Replica.transfer.Add(-int64(rc.Transfer))
 		// The replica's prefill was pending without a break since `since`: this first token
-		// is one measure of how fast it drains (Calibrations.ObserveDrain).
+		// is one measure of how fast it drains (Calibrations.ObserveDrain). A request that
+		// pulled its prompt waited on the transfer instead: no measure of the prefill.
 		now := rc.FirstTokenAt.UnixNano()
-		if since := rc.Replica.since.Swap(now); since > 0 && now >= since {
-			l.cal.ObserveDrain(rc.Uncached, rc.Attention, float64(now-since)/1e9)
+		if rc.Transfer == 0 {
+			if since := rc.Replica.since.Swap(now); since > 0 && now >= since {
+				l.cal.ObserveDrain(rc.Uncached, rc.Attention, float64(now-since)/1e9)
+			}
 		}
 		rc.Replica.prefillHeld.Add(-int64(rc.Held))
 		rc.Replica.prefillAttn.Add(-rc.Attention)
@@ -479,6 +495,7 @@ func (l *Ledger) end(id ID, rollback bool) (*Record, error) {
 		rep.prefill.Add(-int64(rc.Uncached))
 		rep.prefillHeld.Add(-int64(rc.Held))
 		rep.prefillAttn.Add(-rc.Attention)
+		rep.transfer.Add(-int64(rc.Transfer))
 		rep.since.Store(l.now().UnixNano())
 	}
 	rep.running.Add(-1)

@@ -628,3 +628,53 @@ func TestRecordTTLEndsALostRelease(t *testing.T) {
 		t.Fatalf("without a TTL Expire ended %d records", len(ended))
 	}
 }
+
+// A split request's decode leg pulls its prompt from the prefill engine: the replica books the
+// pulled tokens as transfer, not prefill (vLLM parks the request in WAITING_FOR_REMOTE_KVS, off
+// its prefill budget), and its first token, which waited on the transfer, is no progress of the
+// replica's prefill (PrefillSince stays). Both ends, served or taken back, clear the transfer.
+func TestTransferIsNotPrefill(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := New(Options{Now: c.now, Policy: &recorder{}})
+	r := l.NewReplica(0, "e0/0")
+	req := &score.Request{Keys: keys(4), Tokens: 64, BlockSize: 16}
+	cands := []score.Candidate{{ID: "e0/0", Healthy: true}}
+	leg := func() ID {
+		id, _, err := l.Decide(decision(req, cands), nil, func(int) Routing {
+			return Routing{Replica: r, Keys: req.Keys, Uncached: 1, Transfer: 47, Held: 64, Cached: 63}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	id := leg()
+	if got := r.Load(); got.PrefillTokens != 1 || got.TransferTokens != 47 || got.PrefillHeldTokens != 64 || got.Running != 1 {
+		t.Fatalf("decode leg booked: %+v, want 1 prefill token (the recomputed last one), 47 transfer", got)
+	}
+	routedAt := r.PrefillSince()
+	c.t = c.t.Add(300 * time.Millisecond)
+	if err := l.FirstToken(id); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Load(); got != (Load{DecodeTokens: 64, Running: 1}) {
+		t.Fatalf("after first token: %+v", got)
+	}
+	if r.PrefillSince() != routedAt {
+		t.Errorf("PrefillSince moved to the decode leg's first token (%d -> %d): a transfer wait read as prefill progress", routedAt, r.PrefillSince())
+	}
+	if cal := l.Calibration("e0/0"); cal.DrainTokensPerS != 0 {
+		t.Errorf("drain fitted from a transfer wait: %+v", cal)
+	}
+	if _, err := l.Done(id, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Taken back before its first token: the transfer leaves with it.
+	id = leg()
+	if _, err := l.Failed(id); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Load(); got != (Load{}) {
+		t.Fatalf("after failed: %+v", got)
+	}
+}

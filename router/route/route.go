@@ -40,6 +40,10 @@ type Load struct {
 	// PrefillAttention: the attention its requests before their first token compute, in
 	// token pairs (score.AttentionPairs). Other routers' totals do not carry it either.
 	PrefillAttention int64 `json:"prefill_attention,omitempty"`
+	// TransferTokens: prompt tokens its requests pull from another engine's cache before their
+	// first token (the decode legs of split requests: vLLM's scheduler parks them in
+	// WAITING_FOR_REMOTE_KVS, off the prefill budget), so counted apart from PrefillTokens.
+	TransferTokens int64 `json:"transfer_tokens,omitempty"`
 	// Running: requests routed there and not finished.
 	Running int64 `json:"running"`
 }

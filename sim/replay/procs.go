@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -118,15 +119,19 @@ func (p *proc) logTail() string {
 type sim struct {
 	*simproc.Sim
 	log *os.File
+	// role is its pool in a disaggregated run ("prefill", "decode"; "" aggregated): the
+	// engines file's role key.
+	role string
 }
 
-// startSim runs vllm-sim on ports the kernel picks (simproc.Start) with its output in logPath.
-func startSim(ctx context.Context, bin, name string, args []string, logPath string) (*sim, error) {
+// startSim runs vllm-sim on ports the kernel picks (simproc.Start) with its output in logPath;
+// env is added to its environment.
+func startSim(ctx context.Context, bin, name string, args []string, logPath string, env ...string) (*sim, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	s, err := simproc.Start(ctx, bin, args, simproc.Options{Name: name, Log: f, StartTimeout: 10 * time.Second})
+	s, err := simproc.Start(ctx, bin, args, simproc.Options{Name: name, Log: f, Env: env, StartTimeout: 10 * time.Second})
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%w\n(log: %s)", err, logPath)
@@ -152,6 +157,9 @@ func (s *sim) EngineLine(name string, warmupUntil time.Time) string {
 	}
 	if !warmupUntil.IsZero() {
 		b.WriteString(";warmup-until=" + warmupUntil.UTC().Format(time.RFC3339Nano))
+	}
+	if s.role != "" {
+		b.WriteString(";role=" + s.role)
 	}
 	return b.String()
 }
@@ -194,4 +202,15 @@ func writeFileAtomic(path string, data []byte) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// freePort is a loopback TCP port free now (the kernel's pick), for a process that must be
+// told its port (a simulated engine's NIXL side channel).
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -51,6 +51,10 @@ type Options struct {
 	// clustered on loopback, sharing their in-flight load), and request i goes to router i mod
 	// Routers.
 	Routers int
+	// Prefill is how many of the Replicas engines form the prefill pool in a disaggregated run
+	// (a policy label ending in PDSuffix); the others are the decode pool. Required by such a
+	// label, 1 .. Replicas-1.
+	Prefill int
 	// CaptureUnder names the policies whose routers capture their traffic as a Mooncake trace
 	// (kvrouter --capture-dir <run dir>/capture; RunResult.CaptureDir): the trial's input. Only
 	// with one router: each of several would capture its own share of the traffic, and no one
@@ -94,6 +98,12 @@ type RunResult struct {
 	// routers (ModeTokens); AccuracyErr says why they could not be read.
 	Accuracy    map[string]ModeTokens `json:"accuracy,omitempty"`
 	AccuracyErr string                `json:"accuracy_error,omitempty"`
+	// Pools is the routers' accuracy counters per pool ("prefill", "decode"; "aggregated" for
+	// engines without a role), summed over their engines and routers: each pool's prompt
+	// tokens, its predicted and its engines' reported cached tokens. Disagg counts the
+	// routers' kvroute_router_disagg_requests_total by "path/reason".
+	Pools  map[string]ModeTokens `json:"pools,omitempty"`
+	Disagg map[string]float64    `json:"disagg,omitempty"`
 }
 
 // ScaleUpResult measures a scale-up run inside the new replicas' warm-up window.
@@ -189,6 +199,20 @@ func (o *Options) check(w Workload) error {
 	case w.ScaleUp != nil && (w.ScaleUp.From < 1 || w.ScaleUp.To != o.Replicas || w.ScaleUp.From >= w.ScaleUp.To):
 		return fmt.Errorf("scale-up %d -> %d does not fit %d replicas", w.ScaleUp.From, w.ScaleUp.To, o.Replicas)
 	}
+	for _, p := range o.Policies {
+		_, pd, min := SplitPD(p)
+		if !pd {
+			continue
+		}
+		switch n, err := strconv.Atoi(min); {
+		case o.Prefill < 1 || o.Prefill >= o.Replicas:
+			return fmt.Errorf("%s runs disaggregated: give the prefill pool 1 to %d of the %d replicas (Options.Prefill, kvbench --prefill-replicas), not %d", p, o.Replicas-1, o.Replicas, o.Prefill)
+		case min != "" && (err != nil || n < -1 || n == 0):
+			return fmt.Errorf("%s: the split threshold after %s= is -1 (split every request) or a number of tokens >= 1", p, PDSuffix)
+		case w.ScaleUp != nil:
+			return fmt.Errorf("%s: a scale-up run is not disaggregated", p)
+		}
+	}
 	for _, bin := range []string{o.SimBin, o.RouterBin} {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("binary: %w", err)
@@ -239,6 +263,7 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		}
 	}()
 	// Engines.
+	_, pd, _ := SplitPD(policy)
 	sims := make([]*sim, o.Replicas)
 	names := make([]string, o.Replicas)
 	for i := range sims {
@@ -248,10 +273,27 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 			args = append(args, "--lora-modules", strings.Join(w.Adapters, ","))
 		}
 		args = append(args, o.SimArgs...)
-		s, err := startSim(ctx, o.SimBin, names[i], args, filepath.Join(dir, names[i]+".log"))
+		var env []string
+		role := ""
+		if pd {
+			// Both pools as the operator renders them: vLLM's NIXL connector, kv_both, each
+			// engine's side channel on a port of its own (one machine).
+			role, names[i] = "decode", fmt.Sprintf("decode-%d", i-o.Prefill)
+			if i < o.Prefill {
+				role, names[i] = "prefill", fmt.Sprintf("prefill-%d", i)
+			}
+			port, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`)
+			env = []string{"VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT=" + strconv.Itoa(port)}
+		}
+		s, err := startSim(ctx, o.SimBin, names[i], args, filepath.Join(dir, names[i]+".log"), env...)
 		if err != nil {
 			return nil, err
 		}
+		s.role = role
 		stops = append(stops, s.stop)
 		sims[i] = s
 	}
@@ -333,6 +375,15 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 			break
 		}
 		res.Accuracy = addModes(res.Accuracy, m)
+	}
+	for _, r := range routers {
+		pools, disagg, err := r.poolFigures()
+		if err != nil {
+			res.AccuracyErr = err.Error()
+			break
+		}
+		res.Pools = addModes(res.Pools, pools)
+		res.Disagg = addCounts(res.Disagg, disagg)
 	}
 	if len(routers) > 1 {
 		for _, r := range routers {
@@ -473,6 +524,9 @@ func routerArgs(o Options, enginesFile, policy string) []string {
 	args := append([]string{"--engines-file", enginesFile, "--policy", base}, o.RouterArgs...)
 	if !events {
 		args = append(args, "--no-events")
+	}
+	if _, _, min := SplitPD(policy); min != "" {
+		args = append(args, "--disagg-min-uncached-tokens", min)
 	}
 	if o.BlockSize >= 1 && !hasFlag(o.RouterArgs, "block-size") {
 		args = append(args, "--block-size", strconv.Itoa(o.BlockSize))

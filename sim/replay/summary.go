@@ -15,12 +15,16 @@ type Summary struct {
 	// Held is how many requests, over all seeds, waited for a slot under Options.Concurrency
 	// (Outcome.Held): non-zero means the replay ran closed-loop, arrivals paced by this
 	// policy's own completions, so its traffic was not the workload's.
-	Held        int      `json:"held"`
-	TTFTP50     Interval `json:"ttft_p50_s"`
-	TTFTP90     Interval `json:"ttft_p90_s"`
-	TTFTP99     Interval `json:"ttft_p99_s"`
-	E2EP50      Interval `json:"e2e_p50_s"`
-	E2EP90      Interval `json:"e2e_p90_s"`
+	Held    int      `json:"held"`
+	TTFTP50 Interval `json:"ttft_p50_s"`
+	TTFTP90 Interval `json:"ttft_p90_s"`
+	TTFTP99 Interval `json:"ttft_p99_s"`
+	E2EP50  Interval `json:"e2e_p50_s"`
+	E2EP90  Interval `json:"e2e_p90_s"`
+	// ITLP50 and ITLP90 are percentiles over requests of each one's mean inter-token latency:
+	// (end-to-end - TTFT) / (output tokens - 1), for requests of two tokens or more.
+	ITLP50      Interval `json:"itl_p50_s"`
+	ITLP90      Interval `json:"itl_p90_s"`
 	Throughput  Interval `json:"throughput_rps"`      // successful requests / wall time of the run
 	OutputTPS   Interval `json:"output_tokens_per_s"` // generated tokens / wall time
 	CachedRatio Interval `json:"cached_ratio"`        // sum cached_tokens / sum prompt_tokens
@@ -42,6 +46,10 @@ type Summary struct {
 	// Accuracy is the routers' per-mode accuracy counters summed over the seeds whose routers
 	// could be read (RunResult.Accuracy).
 	Accuracy map[string]ModeTokens `json:"accuracy,omitempty"`
+	// Pools and Disagg are RunResult's, summed over the seeds: each pool's accuracy counters
+	// and the routers' split counts (a disaggregated run).
+	Pools  map[string]ModeTokens `json:"pools,omitempty"`
+	Disagg map[string]float64    `json:"disagg,omitempty"`
 }
 
 // Summarize groups runs by policy (in first-seen order) and summarises each.
@@ -64,10 +72,10 @@ func Summarize(runs []*RunResult) []Summary {
 func summarize(runs []*RunResult) Summary {
 	_, events := SplitPolicy(runs[0].Policy)
 	s := Summary{Policy: runs[0].Policy, Seeds: len(runs), Requests: len(runs[0].Outcomes), RouterEvents: events}
-	var p50, p90, p99, e50, e90, thr, otps, cached, spread, workSpread, share, drop []float64
+	var p50, p90, p99, e50, e90, i50, i90, thr, otps, cached, spread, workSpread, share, drop []float64
 	seen := map[string]bool{}
 	for _, r := range runs {
-		var ttft, e2e []float64
+		var ttft, e2e, itl []float64
 		var c, p, gen, work int
 		perEngine, perWork := map[string]int{}, map[string]int{}
 		for _, o := range r.Outcomes {
@@ -84,6 +92,9 @@ func summarize(runs []*RunResult) Summary {
 			}
 			ttft = append(ttft, o.TTFT)
 			e2e = append(e2e, o.E2E)
+			if o.OutputTokens > 1 {
+				itl = append(itl, (o.E2E-o.TTFT)/float64(o.OutputTokens-1))
+			}
 			c += o.CachedTokens
 			p += o.PromptTokens
 			gen += o.OutputTokens
@@ -93,6 +104,8 @@ func summarize(runs []*RunResult) Summary {
 		}
 		sort.Float64s(ttft)
 		sort.Float64s(e2e)
+		sort.Float64s(itl)
+		i50, i90 = append(i50, pct(itl, 0.5)), append(i90, pct(itl, 0.9))
 		p50 = append(p50, pct(ttft, 0.5))
 		p90 = append(p90, pct(ttft, 0.9))
 		p99 = append(p99, pct(ttft, 0.99))
@@ -110,6 +123,12 @@ func summarize(runs []*RunResult) Summary {
 		if r.Accuracy != nil {
 			s.Accuracy = addModes(s.Accuracy, r.Accuracy)
 		}
+		if r.Pools != nil {
+			s.Pools = addModes(s.Pools, r.Pools)
+		}
+		if r.Disagg != nil {
+			s.Disagg = addCounts(s.Disagg, r.Disagg)
+		}
 		if r.ScaleUp != nil {
 			share = append(share, r.ScaleUp.NewShareOfFair)
 			drop = append(drop, r.ScaleUp.HitDrop)
@@ -117,6 +136,7 @@ func summarize(runs []*RunResult) Summary {
 	}
 	s.TTFTP50, s.TTFTP90, s.TTFTP99 = TInterval(p50), TInterval(p90), TInterval(p99)
 	s.E2EP50, s.E2EP90 = TInterval(e50), TInterval(e90)
+	s.ITLP50, s.ITLP90 = TInterval(i50), TInterval(i90)
 	s.Throughput, s.OutputTPS, s.CachedRatio = TInterval(thr), TInterval(otps), TInterval(cached)
 	s.MaxEngineShare, s.MaxEngineWorkShare = TInterval(spread), TInterval(workSpread)
 	if len(share) > 0 {

@@ -18,9 +18,32 @@ import (
 // interleaved per seed like any two policies, and the label says which ran.
 const NoEventsSuffix = ":no-events"
 
+// PDSuffix marks a policy run on a disaggregated fleet of the same size (Options.Prefill of
+// Options.Replicas engines in the prefill pool, the rest the decode pool, every engine with
+// vLLM's NIXL connector, kv_both): "kv:pd" with the router's default split threshold,
+// "kv:pd=-1" splitting every request, "kv:pd=500" with kvrouter --disagg-min-uncached-tokens
+// 500. It comes last: "kv:no-events:pd".
+const PDSuffix = ":pd"
+
+// SplitPD splits a replay policy label into the rest of the label, whether it runs
+// disaggregated, and the split threshold it gives the routers ("" for their default).
+func SplitPD(label string) (rest string, pd bool, minUncached string) {
+	if i := strings.LastIndex(label, PDSuffix); i >= 0 {
+		tail := label[i+len(PDSuffix):]
+		if tail == "" {
+			return label[:i], true, ""
+		}
+		if v, ok := strings.CutPrefix(tail, "="); ok && v != "" && !strings.ContainsAny(v, ":") {
+			return label[:i], true, v
+		}
+	}
+	return label, false, ""
+}
+
 // SplitPolicy splits a replay policy label into the router policy and whether the routers
-// subscribe to KV events.
+// subscribe to KV events (a PDSuffix left aside).
 func SplitPolicy(label string) (policy string, events bool) {
+	label, _, _ = SplitPD(label)
 	if p, ok := strings.CutSuffix(label, NoEventsSuffix); ok {
 		return p, false
 	}
@@ -187,6 +210,85 @@ func EventsRatios(runs []*RunResult) []EventsRatio {
 		out = append(out, e)
 	}
 	return out
+}
+
+// Per-engine accuracy series (kvroute_router_*_tokens_total{engine}) and the split counter.
+var poolSeries = map[string]func(*ModeTokens) *float64{
+	"kvroute_router_prompt_tokens_total{":           func(m *ModeTokens) *float64 { return &m.Prompt },
+	"kvroute_router_predicted_cached_tokens_total{": func(m *ModeTokens) *float64 { return &m.Predicted },
+	"kvroute_router_actual_cached_tokens_total{":    func(m *ModeTokens) *float64 { return &m.Actual },
+}
+
+const disaggSeries = "kvroute_router_disagg_requests_total{"
+
+// poolOf is the pool of an engine the replay named (run.go): "prefill-N", "decode-N", else
+// aggregated.
+func poolOf(engine string) string {
+	for _, p := range []string{"prefill", "decode"} {
+		if strings.HasPrefix(engine, p+"-") {
+			return p
+		}
+	}
+	return "aggregated"
+}
+
+// poolFigures reads the router's per-engine accuracy counters summed by pool, and its split
+// counter by "path/reason".
+func (r *routerProc) poolFigures() (map[string]ModeTokens, map[string]float64, error) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + r.admin + "/metrics")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil, fmt.Errorf("kvrouter %s /metrics: status %d", r.id, resp.StatusCode)
+	}
+	return parsePoolFigures(bufio.NewScanner(resp.Body))
+}
+
+func parsePoolFigures(sc *bufio.Scanner) (map[string]ModeTokens, map[string]float64, error) {
+	pools, disagg := map[string]ModeTokens{}, map[string]float64{}
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		if strings.HasPrefix(f[0], disaggSeries) {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				return nil, nil, fmt.Errorf("metric %s: %w", f[0], err)
+			}
+			disagg[labelValue(f[0], "path")+"/"+labelValue(f[0], "reason")] += v
+			continue
+		}
+		for prefix, field := range poolSeries {
+			if !strings.HasPrefix(f[0], prefix) {
+				continue
+			}
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				return nil, nil, fmt.Errorf("metric %s: %w", f[0], err)
+			}
+			pool := poolOf(labelValue(f[0], "engine"))
+			m := pools[pool]
+			*field(&m) += v
+			pools[pool] = m
+		}
+	}
+	return pools, disagg, sc.Err()
+}
+
+// addCounts adds b into a (a may be nil).
+func addCounts(a, b map[string]float64) map[string]float64 {
+	if a == nil {
+		a = map[string]float64{}
+	}
+	for k, v := range b {
+		a[k] += v
+	}
+	return a
 }
 
 // subModes is after less before, mode by mode: what a run added to counters that were not

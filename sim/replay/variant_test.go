@@ -95,3 +95,68 @@ func TestEventsRatios(t *testing.T) {
 		t.Errorf("interval %+v", e.CachedCI)
 	}
 }
+
+// A label ending in :pd or :pd=N runs disaggregated, the threshold given to the routers; the
+// rest of the label is the policy and its events mode. Without a prefill pool of 1 .. replicas-1
+// or with a threshold the router refuses, Replay says what to give.
+func TestSplitPD(t *testing.T) {
+	for _, tc := range []struct {
+		label, rest, min string
+		pd               bool
+	}{{"kv", "kv", "", false}, {"kv:pd", "kv", "", true}, {"kv:pd=-1", "kv", "-1", true}, {"kv:no-events:pd=500", "kv:no-events", "500", true},
+		{"kv:pd=", "kv:pd=", "", false}, {"kv:pdx", "kv:pdx", "", false}} {
+		rest, pd, min := SplitPD(tc.label)
+		if rest != tc.rest || pd != tc.pd || min != tc.min {
+			t.Errorf("SplitPD(%q) = %q, %v, %q; want %q, %v, %q", tc.label, rest, pd, min, tc.rest, tc.pd, tc.min)
+		}
+	}
+	if p, ev := SplitPolicy("kv:no-events:pd=500"); p != "kv" || ev {
+		t.Errorf("SplitPolicy of a P/D label: %q, %v", p, ev)
+	}
+	if args := routerArgs(Options{}, "e.txt", "kv:pd=500"); !strings.Contains(strings.Join(args, " "), "--policy kv --disagg-min-uncached-tokens 500") {
+		t.Errorf("router args %v", args)
+	}
+	w, err := Regime("no-reuse", RegimeOptions{Requests: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Options{SimBin: "/bin/sh", RouterBin: "/bin/sh", Replicas: 2, Policies: []string{"kv:pd"}, Seeds: 1, BlockSize: 16,
+		Concurrency: 1, Tokens: Tokenizer{PerBlock: 16}, OutputScale: 1, LogDir: t.TempDir()}
+	for _, c := range []struct {
+		prefill int
+		label   string
+		want    string
+	}{{0, "kv:pd", "give the prefill pool 1 to 1 of the 2 replicas"}, {2, "kv:pd", "not 2"}, {1, "kv:pd=0", "is -1 (split every request) or a number of tokens >= 1"}} {
+		o := base
+		o.Prefill, o.Policies = c.prefill, []string{c.label}
+		if _, err := Replay(context.Background(), o, w); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("prefill %d, %s: %v, want %q", c.prefill, c.label, err, c.want)
+		}
+	}
+}
+
+// The per-engine accuracy series sum by pool (the replay's engine names), the split counter by
+// path and reason.
+func TestParsePoolFigures(t *testing.T) {
+	metrics := `kvroute_router_prompt_tokens_total{engine="prefill-0"} 1000
+kvroute_router_prompt_tokens_total{engine="prefill-1"} 500
+kvroute_router_predicted_cached_tokens_total{engine="prefill-0"} 700
+kvroute_router_actual_cached_tokens_total{engine="prefill-0"} 700
+kvroute_router_prompt_tokens_total{engine="decode-0"} 1500
+kvroute_router_actual_cached_tokens_total{engine="decode-0"} 1498
+kvroute_router_prompt_tokens_total{engine="engine-3"} 10
+kvroute_router_disagg_requests_total{path="split",reason=""} 2
+kvroute_router_disagg_requests_total{path="decode_only",reason="cached_prefix"} 1
+`
+	pools, disagg, err := parsePoolFigures(bufio.NewScanner(strings.NewReader(metrics)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pools["prefill"] != (ModeTokens{Prompt: 1500, Predicted: 700, Actual: 700}) || pools["decode"] != (ModeTokens{Prompt: 1500, Actual: 1498}) ||
+		pools["aggregated"] != (ModeTokens{Prompt: 10}) {
+		t.Errorf("pools %+v", pools)
+	}
+	if disagg["split/"] != 2 || disagg["decode_only/cached_prefix"] != 1 || len(disagg) != 2 {
+		t.Errorf("disagg %v", disagg)
+	}
+}

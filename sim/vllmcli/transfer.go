@@ -37,6 +37,12 @@ const (
 	abortTimeoutEnv    = "VLLM_NIXL_ABORT_REQUEST_TIMEOUT"
 )
 
+// ApplyKVTransfer is applyKVTransfer for the simulator's own --kv-transfer-config flag (a
+// disaggregated kvbench replay starts its engines with the simulator's flags, not vLLM's).
+func ApplyKVTransfer(cfg *vllmsim.Config, raw string, env func(string) (string, bool)) error {
+	return applyKVTransfer(cfg, raw, env)
+}
+
 // applyKVTransfer sets the simulated connector from --kv-transfer-config and the NIXL
 // environment (side channel localhost:5600 and a 480 s abort timeout when unset, vLLM's
 // defaults).

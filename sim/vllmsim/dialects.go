@@ -179,6 +179,10 @@ type anthropicRequest struct {
 	} `json:"messages"`
 	Temperature *float64 `json:"temperature"`
 	TopP        *float64 `json:"top_p"`
+	// KVTransferParams: vLLM's Messages API carries the P/D connector's parameters both ways
+	// (vllm/entrypoints/anthropic/protocol.py, AnthropicMessagesRequest and
+	// AnthropicMessagesResponse, at 00589e563e771f2de7abeb48bd0814873e891411).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 type anthropicBlock struct {
@@ -281,7 +285,8 @@ func (s *Sim) handleMessages(w http.ResponseWriter, r *http.Request) {
 		writeAnthropicError(w, badRequest("%v", err))
 		return
 	}
-	p := commonParams{Model: req.Model, Stream: req.Stream, Temperature: req.Temperature, TopP: req.TopP}
+	p := commonParams{Model: req.Model, Stream: req.Stream, Temperature: req.Temperature, TopP: req.TopP,
+		KVTransferParams: req.KVTransferParams}
 	j, err := s.newJob(true, p, req.MaxTokens, [][]uint32{Tokenize(text)})
 	if err != nil {
 		writeAnthropicError(w, err)
@@ -376,9 +381,13 @@ func (o *output) text() string {
 func (o *output) dialectFinal() map[string]any {
 	text := o.text()
 	if o.j.dialect == dialectMessages {
+		var xfer any
+		if ids := o.reqs[0].xferBlockIDs; ids != nil {
+			xfer = o.rk.transferParams(o.sim.engineID, o.reqs[0])
+		}
 		return map[string]any{"id": o.j.id, "type": "message", "role": "assistant", "model": o.j.model,
 			"content": []any{map[string]any{"type": "text", "text": text}}, "stop_reason": "max_tokens", "stop_sequence": nil,
-			"usage": o.dialectUsage()}
+			"usage": o.dialectUsage(), "kv_transfer_params": xfer}
 	}
 	answer := o.responseObject("completed", text, o.dialectUsage())
 	if o.j.store {
