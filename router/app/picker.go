@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/router/extproc"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/score"
+	"github.com/kvroute/kvroute/router/server"
 	"github.com/kvroute/kvroute/router/tokens"
 )
 
@@ -60,43 +61,87 @@ type pickRequest struct {
 	body    []byte
 	dropUse bool
 	rq      requestRecord
+	// owner, when set, is the engine holding a stored Responses answer that a GET or cancel
+	// names: the request goes there, unbooked, as the proxy forwards it (StoredResponse).
+	owner *engine
 }
 
 func (r *pickRequest) Stream() bool         { return r.p.tr.Stream }
 func (r *pickRequest) Body() []byte         { return r.body }
 func (r *pickRequest) DropUsageChunk() bool { return r.dropUse }
+func (r *pickRequest) API() proxy.API       { return apiFor(r.p.kind) }
 
-// generateKind is the generation request a path names.
-func generateKind(path string) (tokens.Kind, bool) {
+// pickKind is the request kind a POST to path is, as the proxy's API routes them (router/server).
+func pickKind(path string) (tokens.Kind, bool) {
 	switch path {
 	case "/v1/chat/completions":
 		return tokens.Chat, true
 	case "/v1/completions":
 		return tokens.Completion, true
+	case "/v1/responses":
+		return tokens.Responses, true
+	case "/v1/messages":
+		return tokens.Messages, true
+	}
+	if slices.Contains(server.PoolingPaths, path) {
+		return tokens.Pooling, true
 	}
 	return 0, false
 }
 
+// storedResponse reads GET /v1/responses/{id} and POST /v1/responses/{id}/cancel: the id.
+func storedResponse(method, path string) (string, bool) {
+	rest, ok := strings.CutPrefix(path, "/v1/responses/")
+	if !ok || rest == "" {
+		return "", false
+	}
+	if id, ok := strings.CutSuffix(rest, "/cancel"); ok && method == http.MethodPost && id != "" && !strings.Contains(id, "/") {
+		return id, true
+	}
+	if (method == http.MethodGet || method == "") && !strings.Contains(rest, "/") {
+		return rest, true
+	}
+	return "", false
+}
+
+// refusalFor is the proxy's answer to the client, as it would write it, for the gateway.
+func refusalFor(f *refusal) *extproc.Refusal {
+	rec := httptest.NewRecorder()
+	f.write(rec)
+	return &extproc.Refusal{Status: rec.Code, Body: rec.Body.Bytes()}
+}
+
 // Prepare parses and keys a request (pipeline prepare) and rewrites its body as the proxy does
-// (usage asked for, the KV report mode held).
+// (usage asked for, the KV report mode held). The paths are the proxy's: completions, chat,
+// Responses and Messages keyed, the pooling paths by load, a stored response's GET and cancel
+// sent to the engine holding it.
 func (pk picker) Prepare(ctx context.Context, r *extproc.Request) (extproc.Prepared, *extproc.Refusal) {
 	s := pk.s
 	rq := requestRecord{s: s, start: time.Now(), outcome: outcomeClientError}
-	kind, ok := generateKind(r.Path)
+	if id, ok := storedResponse(r.Method, r.Path); ok {
+		owner, ref := s.responseOwner(ctx, r.Header, id)
+		if ref != nil {
+			rq.end()
+			return nil, refusalFor(ref)
+		}
+		q, _ := url.ParseQuery(r.Query)
+		rq.outcome = outcomeOK
+		return &pickRequest{p: &prepared{tr: &tokens.Request{Stream: q.Get("stream") == "true"}, kind: tokens.Responses},
+			reps: s.reps(), rq: rq, owner: owner}, nil
+	}
+	kind, ok := pickKind(r.Path)
 	if !ok || (r.Method != "" && r.Method != http.MethodPost) {
 		s.met.Errors.WithLabelValues("", s.policy, "not_found").Inc()
 		rq.end()
 		return nil, &extproc.Refusal{Status: http.StatusNotFound, Body: extproc.ErrorJSON(http.StatusNotFound, proxy.TypeInvalidRequest,
-			"the endpoint picker routes POST /v1/chat/completions and /v1/completions, not "+r.Method+" "+r.Path)}
+			"the endpoint picker routes POST to the completions, chat, Responses, Messages and pooling paths and GET of a stored response, not "+
+				r.Method+" "+r.Path)}
 	}
 	reps := s.reps()
 	p, refused := s.prepare(ctx, r.Header, kind, r.Body, reps)
 	if refused != nil {
 		rq.end()
-		// The proxy's answer to the client, as it would write it.
-		rec := httptest.NewRecorder()
-		refused.write(rec)
-		return nil, &extproc.Refusal{Status: rec.Code, Body: rec.Body.Bytes()}
+		return nil, refusalFor(refused)
 	}
 	rq.stream = p.tr.Stream
 	up, rw, err := s.upstreamBody(p)
@@ -131,6 +176,9 @@ func (pk picker) Pick(_ context.Context, pp extproc.Prepared, sub extproc.Subset
 			return nil, extproc.ErrNoEndpoint
 		}
 	}
+	if r.owner != nil {
+		return s.pickOwner(r, excluded)
+	}
 	a, err := s.book(r.p, r.reps, excluded)
 	if err != nil {
 		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
@@ -141,6 +189,21 @@ func (pk picker) Pick(_ context.Context, pp extproc.Prepared, sub extproc.Subset
 	b := &booking{s: s, r: r, a: a, eps: []string{endpointOf(a.rep)}, reps: []*replica{a.rep}}
 	s.fallbacks(b, excluded)
 	return b, nil
+}
+
+// pickOwner sends a stored response's GET or cancel to the engine holding it (rank 0, where its
+// HTTP server is), unbooked as the proxy forwards it; no fallback (another engine would answer
+// 404).
+func (s *Router) pickOwner(r *pickRequest, excluded map[*replica]bool) (extproc.Booking, error) {
+	for _, rep := range r.reps {
+		if rep.Eng == r.owner && rep.Rank == 0 && !excluded[rep] {
+			return &booking{s: s, r: r, eps: []string{endpointOf(rep)}, reps: []*replica{rep}}, nil
+		}
+	}
+	s.met.Errors.WithLabelValues("", s.policy, "no_engine_in_subset").Inc()
+	r.rq.outcome = outcomeNoEngine
+	r.rq.end()
+	return nil, extproc.ErrNoEndpoint
 }
 
 // fallbacks adds the next best candidates to b, by the policy's cost (its explanation; by the
@@ -245,6 +308,9 @@ func (b *booking) Endpoints() []string { return b.eps }
 
 // Headers pin the DP rank of an engine of several (the rank's of the pick; fallbacks share it).
 func (b *booking) Headers() map[string]string {
+	if b.a == nil {
+		return nil
+	}
 	if t := b.a.Target(); t.Rank >= 0 {
 		return map[string]string{strings.ToLower(proxy.RankHeader): strconv.Itoa(t.Rank)}
 	}
@@ -320,10 +386,8 @@ func (b *booking) End(res extproc.Result) {
 // outcomeOf is the proxy's outcome for what the gateway reported: the request ended where the
 // gateway sent it, so nothing is retried here (the gateway's fallbacks are its retries).
 func outcomeOf(res extproc.Result) proxy.Outcome {
-	out := proxy.Outcome{Status: res.Status, EngineError: res.EngineError, TTFT: res.TTFT, HeadersAfter: res.HeadersAfter}
-	if u := res.Usage; u != nil {
-		out.Usage = &proxy.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, CachedTokens: u.CachedTokens, HasCached: u.HasCached}
-	}
+	out := proxy.Outcome{Status: res.Status, EngineError: res.EngineError, TTFT: res.TTFT, HeadersAfter: res.HeadersAfter,
+		Usage: res.Usage, ResponseID: res.ResponseID}
 	started := proxy.Failed
 	if res.Status > 0 {
 		started = proxy.Cut
