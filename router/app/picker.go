@@ -24,6 +24,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute/router/extproc"
 	"github.com/kvroute/kvroute/router/proxy"
 	"github.com/kvroute/kvroute/router/score"
@@ -61,6 +65,8 @@ type pickRequest struct {
 	body    []byte
 	dropUse bool
 	rq      requestRecord
+	// ctx carries the request's span (tracing on) to the pick.
+	ctx context.Context
 	// owner, when set, is the engine holding a stored Responses answer that a GET or cancel
 	// names: the request goes there, unbooked, as the proxy forwards it (StoredResponse).
 	owner *engine
@@ -117,7 +123,8 @@ func refusalFor(f *refusal) *extproc.Refusal {
 // sent to the engine holding it.
 func (pk picker) Prepare(ctx context.Context, r *extproc.Request) (extproc.Prepared, *extproc.Refusal) {
 	s := pk.s
-	rq := requestRecord{s: s, start: time.Now(), outcome: outcomeClientError}
+	ctx, rq := s.startRequest(ctx, r.Header, time.Time{})
+	rq.outcome = outcomeClientError
 	if id, ok := storedResponse(r.Method, r.Path); ok {
 		owner, ref := s.responseOwner(ctx, r.Header, id)
 		if ref != nil {
@@ -127,7 +134,7 @@ func (pk picker) Prepare(ctx context.Context, r *extproc.Request) (extproc.Prepa
 		q, _ := url.ParseQuery(r.Query)
 		rq.outcome = outcomeOK
 		return &pickRequest{p: &prepared{tr: &tokens.Request{Stream: q.Get("stream") == "true"}, kind: tokens.Responses},
-			reps: s.reps(), rq: rq, owner: owner}, nil
+			reps: s.reps(), rq: rq, ctx: ctx, owner: owner}, nil
 	}
 	kind, ok := pickKind(r.Path)
 	if !ok || (r.Method != "" && r.Method != http.MethodPost) {
@@ -138,7 +145,9 @@ func (pk picker) Prepare(ctx context.Context, r *extproc.Request) (extproc.Prepa
 				r.Method+" "+r.Path)}
 	}
 	reps := s.reps()
+	endTokenize := s.childSpan(ctx, "kvroute.tokenize")
 	p, refused := s.prepare(ctx, r.Header, kind, r.Body, reps)
+	endTokenize()
 	if refused != nil {
 		rq.end()
 		return nil, refusalFor(refused)
@@ -150,7 +159,7 @@ func (pk picker) Prepare(ctx context.Context, r *extproc.Request) (extproc.Prepa
 		return nil, &extproc.Refusal{Status: http.StatusBadRequest, Body: extproc.ErrorJSON(http.StatusBadRequest, proxy.TypeInvalidRequest, err.Error())}
 	}
 	rq.outcome = outcomeOK
-	return &pickRequest{p: p, reps: reps, body: up, dropUse: rw.IncludeUsage, rq: rq}, nil
+	return &pickRequest{p: p, reps: reps, body: up, dropUse: rw.IncludeUsage, rq: rq, ctx: ctx}, nil
 }
 
 // Pick books the request (pipeline book) on the policy's pick within the gateway's subset,
@@ -179,15 +188,19 @@ func (pk picker) Pick(_ context.Context, pp extproc.Prepared, sub extproc.Subset
 	if r.owner != nil {
 		return s.pickOwner(r, excluded)
 	}
+	endDecide := s.childSpan(r.ctx, "kvroute.decide")
 	a, err := s.book(r.p, r.reps, excluded)
 	if err != nil {
+		endDecide()
 		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 		r.rq.outcome = outcomeNoEngine
 		r.rq.end()
 		return nil, extproc.ErrNoEndpoint
 	}
+	s.endDecideSpan(endDecide, a)
 	b := &booking{s: s, r: r, a: a, eps: []string{endpointOf(a.rep)}, reps: []*replica{a.rep}}
 	s.fallbacks(b, excluded)
+	b.startServe()
 	return b, nil
 }
 
@@ -197,7 +210,9 @@ func (pk picker) Pick(_ context.Context, pp extproc.Prepared, sub extproc.Subset
 func (s *Router) pickOwner(r *pickRequest, excluded map[*replica]bool) (extproc.Booking, error) {
 	for _, rep := range r.reps {
 		if rep.Eng == r.owner && rep.Rank == 0 && !excluded[rep] {
-			return &booking{s: s, r: r, eps: []string{endpointOf(rep)}, reps: []*replica{rep}}, nil
+			b := &booking{s: s, r: r, eps: []string{endpointOf(rep)}, reps: []*replica{rep}}
+			b.startServe()
+			return b, nil
 		}
 	}
 	s.met.Errors.WithLabelValues("", s.policy, "no_engine_in_subset").Inc()
@@ -302,19 +317,42 @@ type booking struct {
 	a    *attempt
 	eps  []string
 	reps []*replica // reps[k] is at eps[k]
+	// span is the serve span (tracing on): from the pick to the answer's end, as the proxy's
+	// forward span; traceparent puts the engine's spans under it.
+	span        trace.Span
+	traceparent string
+}
+
+// startServe starts the serve span with tracing on: the proxy's forward span, for an attempt
+// the gateway forwards.
+func (b *booking) startServe() {
+	tr := b.s.o.Tracer
+	if tr == nil {
+		return
+	}
+	ctx, span := tr.Start(b.r.ctx, "kvroute.serve", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("kvroute.endpoint", b.eps[0])))
+	b.span = span
+	hdr := http.Header{}
+	tracePropagator.Inject(ctx, propagation.HeaderCarrier(hdr))
+	b.traceparent = hdr.Get("Traceparent")
 }
 
 func (b *booking) Endpoints() []string { return b.eps }
 
-// Headers pin the DP rank of an engine of several (the rank's of the pick; fallbacks share it).
+// Headers pin the DP rank of an engine of several (the rank's of the pick; fallbacks share it)
+// and, with tracing on, give the engine the serve span's trace context.
 func (b *booking) Headers() map[string]string {
-	if b.a == nil {
-		return nil
+	h := map[string]string{}
+	if b.traceparent != "" {
+		h["traceparent"] = b.traceparent
 	}
-	if t := b.a.Target(); t.Rank >= 0 {
-		return map[string]string{strings.ToLower(proxy.RankHeader): strconv.Itoa(t.Rank)}
+	if b.a != nil {
+		if t := b.a.Target(); t.Rank >= 0 {
+			h[strings.ToLower(proxy.RankHeader)] = strconv.Itoa(t.Rank)
+		}
 	}
-	return nil
+	return h
 }
 
 // Served moves the booking to the fallback the gateway used instead of the pick: the pick's
@@ -367,6 +405,9 @@ func sameEndpoint(a, b string) bool {
 
 // FirstToken: the engine's first token passed the gateway (pipeline FirstToken).
 func (b *booking) FirstToken() {
+	if b.span != nil {
+		b.span.AddEvent("first_token")
+	}
 	if b.a != nil {
 		b.a.FirstToken()
 	}
@@ -375,6 +416,11 @@ func (b *booking) FirstToken() {
 // End settles the attempt from what the gateway streamed back (pipeline End).
 func (b *booking) End(res extproc.Result) {
 	out := outcomeOf(res)
+	if b.span != nil {
+		b.span.SetAttributes(attribute.String("kvroute.served", res.Served), attribute.Int("kvroute.status", res.Status),
+			attribute.String("kvroute.phase", res.Phase.String()))
+		b.span.End()
+	}
 	if b.a != nil {
 		b.a.End(out, map[*replica]bool{})
 		b.a = nil
