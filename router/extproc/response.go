@@ -19,12 +19,12 @@ type watcher struct {
 	api     proxy.API // the answer's dialect
 	dropUse bool      // drop the usage-only event (the picker asked for usage, not the client)
 
-	pending   []byte // a stream's bytes after the last complete event
-	whole     []byte // a non-streamed body, up to maxBody
-	maxBody   int
-	overflow  bool // an event or body past its bound: no more reading
-	first     bool
-	done      bool
+	pending    []byte // a stream's bytes after the last complete event
+	whole      []byte // a non-streamed body, up to maxBody
+	maxBody    int
+	overflow   bool // an event or body past its bound: no more reading
+	first      bool
+	done       bool
 	usage      *Usage
 	engineErr  string
 	responseID string // a Responses answer's id
