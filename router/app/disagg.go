@@ -146,6 +146,32 @@ func (s *Router) decodeOnly(p *prepared, dec []*replica) string {
 	return ""
 }
 
+// PrefillHeader is llm-d's prefill header: the prefill endpoint (host:port) a decode pod's
+// routing sidecar sends the prefill leg to before it decodes locally; absent, the sidecar
+// sends the request whole to its engine (llm-d/llm-d-inference-scheduler pkg/common/common.go
+// @545825e0bf76, read by pkg/sidecar/proxy/chat_completions.go @1956ad50d2c7).
+const PrefillHeader = "x-prefiller-host-port"
+
+// pickSplit is split's decision for the endpoint picker, where the decode pod's sidecar (not the
+// router) runs the two legs: decode-only by the same rule (decodeOnly), else the prefill leg
+// booked over the prefill pool by the policy (cache overlap against load there) as split books
+// it. It returns the prefill leg's attempt (nil: decode-only, or no prefill replica, counted as
+// split's fallback) and the cached tokens the decode engine is to report (the pulled prompt
+// less its last token, as split predicts), 0 for decode-only.
+func (s *Router) pickSplit(p *prepared, pre, dec []*replica) (*attempt, int) {
+	if why := s.decodeOnly(p, dec); why != "" {
+		s.met.DisaggRequests.WithLabelValues(disaggDecodeOnly, why).Inc()
+		return nil, 0
+	}
+	a, err := s.book(p, pre, map[*replica]bool{})
+	if err != nil {
+		s.fallback("no_prefill_replica", nil)
+		return nil, 0
+	}
+	s.met.DisaggRequests.WithLabelValues(disaggSplit, "").Inc()
+	return a, max(len(p.toks)-1, 0)
+}
+
 // fallback counts and logs a prefill leg that failed with no retry left: the request goes
 // whole to a decode replica.
 func (s *Router) fallback(reason string, err error) bool {

@@ -45,12 +45,17 @@ const (
 	kindGatewayFallback = "gateway_fallback"
 	// kindGatewayUnsent: the gateway never had the pick (the answer to it could not be sent).
 	kindGatewayUnsent = "gateway_unsent"
+	// kindPrefillUnseen: a prefill leg named for the decode pod's sidecar whose decode leg
+	// never gave a first token: whether the sidecar ran it is unknown; its booking is taken
+	// back.
+	kindPrefillUnseen = "prefill_unseen"
 )
 
 var (
 	errGatewayFallback = errors.New("the gateway could not use the pick and served the request from a fallback")
 	errGatewayUnsent   = errors.New("the pick never reached the gateway")
 	errAnswerCut       = errors.New("the answer broke off")
+	errPrefillUnseen   = errors.New("the decode leg gave no first token; the prefill leg named to the sidecar is not known to have run")
 )
 
 // Picker is the router as an endpoint picker, for router/extproc.
@@ -189,16 +194,29 @@ func (pk picker) Pick(_ context.Context, pp extproc.Prepared, sub extproc.Subset
 		return s.pickOwner(r, excluded)
 	}
 	endDecide := s.childSpan(r.ctx, "kvroute.decide")
-	a, err := s.book(r.p, r.reps, excluded)
+	// With both pools, a completions or chat request goes to a decode replica, with a prefill
+	// replica named for its sidecar unless it is decode-only (disagg.go, as the proxy splits).
+	dest, pre, expect := r.reps, (*attempt)(nil), 0
+	if k := r.p.kind; (k == tokens.Completion || k == tokens.Chat) && r.p.pinned == "" {
+		if ps, ds := pools(r.reps); len(ps) > 0 && len(ds) > 0 {
+			dest = ds
+			pre, expect = s.pickSplit(r.p, ps, ds)
+		}
+	}
+	a, err := s.book(r.p, dest, excluded)
 	if err != nil {
 		endDecide()
+		if pre != nil {
+			pre.End(proxy.Outcome{Phase: proxy.Failed, Kind: kindPrefillUnseen, Err: errPrefillUnseen}, map[*replica]bool{})
+		}
 		s.met.Errors.WithLabelValues("", s.policy, "no_engine").Inc()
 		r.rq.outcome = outcomeNoEngine
 		r.rq.end()
 		return nil, extproc.ErrNoEndpoint
 	}
+	a.expectCached = expect
 	s.endDecideSpan(endDecide, a)
-	b := &booking{s: s, r: r, a: a, eps: []string{endpointOf(a.rep)}, reps: []*replica{a.rep}}
+	b := &booking{s: s, r: r, a: a, pre: pre, eps: []string{endpointOf(a.rep)}, reps: []*replica{a.rep}}
 	s.fallbacks(b, excluded)
 	b.startServe()
 	return b, nil
@@ -314,7 +332,10 @@ type booking struct {
 	s *Router
 	r *pickRequest
 	// a is the attempt, nil once a fallback the router could not book served the request.
-	a    *attempt
+	a *attempt
+	// pre is the prefill leg named to the decode pod's sidecar (PrefillHeader), in flight
+	// until the decode leg's first token (the prefill answer came before it), nil for none.
+	pre  *attempt
 	eps  []string
 	reps []*replica // reps[k] is at eps[k]
 	// span is the serve span (tracing on): from the pick to the answer's end, as the proxy's
@@ -352,6 +373,9 @@ func (b *booking) Headers() map[string]string {
 			h[strings.ToLower(proxy.RankHeader)] = strconv.Itoa(t.Rank)
 		}
 	}
+	if b.pre != nil {
+		h[PrefillHeader] = endpointOf(b.pre.rep)
+	}
 	return h
 }
 
@@ -369,6 +393,7 @@ func (b *booking) Served(ep string) {
 			to = b.reps[k+1]
 		}
 	}
+	expect := b.a.expectCached
 	b.a.End(proxy.Outcome{Phase: proxy.Unsent, Kind: kindGatewayFallback, Err: errGatewayFallback}, map[*replica]bool{})
 	b.a = nil
 	if to == nil {
@@ -390,6 +415,7 @@ func (b *booking) Served(ep string) {
 			"served", ep, "err", err)
 		return
 	}
+	a.expectCached = expect
 	b.a = a
 }
 
@@ -408,6 +434,12 @@ func (b *booking) FirstToken() {
 	if b.span != nil {
 		b.span.AddEvent("first_token")
 	}
+	if b.pre != nil {
+		// The sidecar had the prefill answer before the decode leg began: the prefill leg is
+		// over. Its answer went to the sidecar, not through the gateway: no usage is seen.
+		b.pre.End(proxy.Outcome{Phase: proxy.Answered, Status: http.StatusOK}, map[*replica]bool{})
+		b.pre = nil
+	}
 	if b.a != nil {
 		b.a.FirstToken()
 	}
@@ -420,6 +452,12 @@ func (b *booking) End(res extproc.Result) {
 		b.span.SetAttributes(attribute.String("kvroute.served", res.Served), attribute.Int("kvroute.status", res.Status),
 			attribute.String("kvroute.phase", res.Phase.String()))
 		b.span.End()
+	}
+	if b.pre != nil {
+		b.s.logLimited("prefill-unseen", "a prefill leg named to the decode pod's sidecar is taken back: the decode leg gave no first token; counted in kvroute_router_errors_total{reason=\"prefill_unseen\"}",
+			"prefill", b.pre.rep.Name, "phase", res.Phase.String())
+		b.pre.End(proxy.Outcome{Phase: proxy.Failed, Kind: kindPrefillUnseen, Err: errPrefillUnseen}, map[*replica]bool{})
+		b.pre = nil
 	}
 	if b.a != nil {
 		b.a.End(out, map[*replica]bool{})
