@@ -379,15 +379,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
 	}
-	// With listen off the router is an endpoint picker only: no OpenAI API listener, the
-	// picker's gRPC and the admin listener (metrics, debug, peer snapshots) still served.
-	var apiLn net.Listener
-	if st.cfg.Listen != config.ListenOff {
-		if apiLn, err = net.Listen("tcp", st.cfg.Listen); err != nil {
-			srv.Close()
-			fmt.Fprintln(stderr, "kvrouter: --listen:", err)
-			return 1
-		}
+	apiLn, err := listenAPI(st.cfg.Listen)
+	if err != nil {
+		srv.Close()
+		fmt.Fprintln(stderr, "kvrouter: --listen:", err)
+		return 1
 	}
 	closeAPI := func() {
 		if apiLn != nil {
@@ -431,10 +427,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	if st.cfg.Report != nil {
 		startReporter(ctx, st, srv)
 	}
-	apiAddr := config.ListenOff
-	if apiLn != nil {
-		apiAddr = apiLn.Addr().String()
-	}
+	apiAddr := addrOf(apiLn)
 	st.logger.Info("kvrouter listening", listeningAttrs(st, srv, apiAddr, adminLn.Addr(), ep, tracer != nil)...)
 	if o.Ready != nil {
 		o.Ready(apiAddr, adminLn.Addr().String())
@@ -461,6 +454,23 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	_ = adm.Shutdown(sctx)
 	srv.Close()
 	return code
+}
+
+// listenAPI binds the API listener. With listen off the router is an endpoint picker only: no
+// OpenAI API listener (nil), the picker's gRPC and the admin listener still served.
+func listenAPI(addr string) (net.Listener, error) {
+	if addr == config.ListenOff {
+		return nil, nil
+	}
+	return net.Listen("tcp", addr)
+}
+
+// addrOf is a listener's address as the listening line and Options.Ready give it ("off": none).
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return config.ListenOff
+	}
+	return ln.Addr().String()
 }
 
 // snapshotURL is where peers fetch this router's snapshot: the admin address, with $POD_IP for a
