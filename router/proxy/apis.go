@@ -148,9 +148,10 @@ func ReadEvent(ev []byte, api API) Event {
 // ReadAnswer reads a non-streamed answer in an API's dialect: its usage (nil: none), a
 // Responses answer's id, and the message of an error body ("" for none).
 func ReadAnswer(body []byte, api API) (u *Usage, responseID, errMsg string) {
+	// id and error are read loosely: an answer whose id is not a string still has its usage.
 	var a struct {
 		Usage *usageJSON      `json:"usage"`
-		ID    string          `json:"id"`
+		ID    json.RawMessage `json:"id"`
 		Error json.RawMessage `json:"error"`
 	}
 	if json.Unmarshal(body, &a) != nil {
@@ -160,7 +161,7 @@ func ReadAnswer(body []byte, api API) (u *Usage, responseID, errMsg string) {
 		u = a.Usage.usage()
 	}
 	if api == APIResponses {
-		responseID = a.ID
+		_ = json.Unmarshal(a.ID, &responseID)
 	}
 	if len(a.Error) > 0 && string(a.Error) != "null" {
 		var e struct {
