@@ -155,9 +155,10 @@ const PrefillHeader = "x-prefiller-host-port"
 // pickSplit is split's decision for the endpoint picker, where the decode pod's sidecar (not the
 // router) runs the two legs: decode-only by the same rule (decodeOnly), else the prefill leg
 // booked over the prefill pool by the policy (cache overlap against load there) as split books
-// it. It returns the prefill leg's attempt (nil: decode-only, or no prefill replica, counted as
-// split's fallback) and the cached tokens the decode engine is to report (the pulled prompt
-// less its last token, as split predicts), 0 for decode-only.
+// it, its answer the sidecar's (attempt.answerElsewhere). It returns the prefill leg's attempt
+// (nil: decode-only, or no prefill replica, counted as split's fallback) and the cached tokens
+// the decode engine is to report (the pulled prompt less its last token, as split predicts),
+// 0 for decode-only.
 func (s *Router) pickSplit(p *prepared, pre, dec []*replica) (*attempt, int) {
 	if why := s.decodeOnly(p, dec); why != "" {
 		s.met.DisaggRequests.WithLabelValues(disaggDecodeOnly, why).Inc()
@@ -168,6 +169,7 @@ func (s *Router) pickSplit(p *prepared, pre, dec []*replica) (*attempt, int) {
 		s.fallback("no_prefill_replica", nil)
 		return nil, 0
 	}
+	a.answerElsewhere = true
 	s.met.DisaggRequests.WithLabelValues(disaggSplit, "").Inc()
 	return a, max(len(p.toks)-1, 0)
 }

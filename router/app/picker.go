@@ -436,7 +436,8 @@ func (b *booking) FirstToken() {
 	}
 	if b.pre != nil {
 		// The sidecar had the prefill answer before the decode leg began: the prefill leg is
-		// over. Its answer went to the sidecar, not through the gateway: no usage is seen.
+		// over. Its answer went to the sidecar, not through the gateway: no usage is seen
+		// (attempt.answerElsewhere).
 		b.pre.End(proxy.Outcome{Phase: proxy.Answered, Status: http.StatusOK}, map[*replica]bool{})
 		b.pre = nil
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -160,8 +162,13 @@ func TestPickerPrefillDecode(t *testing.T) {
 	if acc := accuracyOf(rt, name); acc.PredictedCached != 231 || acc.ActualCached != 231 {
 		t.Fatalf("decode engine %s: %+v, want predicted = reported = 231 (the pulled prompt less its last token)", name, acc)
 	}
-	if acc := accuracyOf(rt, "e1"); acc.Responses != 1 {
-		t.Fatalf("prefill engine e1: %+v, want its leg ended as answered", acc)
+	// The prefill leg ended as answered; its answer was the sidecar's, so the accuracy counters
+	// leave it out instead of reporting an engine without usage.
+	if n := testutil.ToFloat64(rt.s.met.Requests.WithLabelValues("e1", rt.s.policy, "200")); n != 1 {
+		t.Fatalf("prefill engine e1: %v answered legs, want 1", n)
+	}
+	if acc := accuracyOf(rt, "e1"); acc.Responses != 0 || acc.NoUsageSeen {
+		t.Fatalf("prefill engine e1: %+v, want its sidecar-read answer left out of the accuracy", acc)
 	}
 
 	// A short prompt goes whole to a decode pod: no prefill header, the sidecar computes it

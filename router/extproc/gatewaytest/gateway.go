@@ -131,7 +131,9 @@ func (g *Gateway) Do(ctx context.Context, r Request) (*Result, error) {
 	}()
 	res := &Result{SetHeaders: http.Header{}, ResponseHdrs: http.Header{}}
 	t0 := time.Now()
-	if err := g.sendRequest(st, r); err != nil {
+	// io.EOF: the picker ended the stream while the body was still going out (an immediate
+	// answer, e.g. 413 mid-body); gRPC reports it on Send and the answer is read below.
+	if err := g.sendRequest(st, r); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := readPick(rx, rxErr, r, res); err != nil || res.Immediate {
