@@ -56,6 +56,12 @@ func TestPickerResponsesPinnedToTheirEngine(t *testing.T) {
 		t.Fatalf("GET of a stored response: %v %+v", err, res)
 	}
 
+	// Its cancel too (the simulator, like vLLM, refuses to cancel a synchronous response).
+	res, err = gw.Do(ctx, gatewaytest.Request{Path: "/v1/responses/" + ids[1] + "/cancel", Body: []byte(`{}`)})
+	if err != nil || res.Status != 400 || len(res.Endpoints) != 1 || res.Endpoints[0] != owners[1] || !strings.Contains(string(res.ClientBody), "synchronous") {
+		t.Fatalf("cancel of a stored response: %v %+v %s", err, res, res.ClientBody)
+	}
+
 	res, err = gw.Do(ctx, gatewaytest.Request{Path: "/v1/responses", Body: []byte(`{"model":"vllm-sim","input":"x","previous_response_id":"resp_nowhere"}`)})
 	var e struct {
 		Error struct {
