@@ -48,6 +48,9 @@ func TestEndpointPickerPoolAndRouterConfig(t *testing.T) {
 	if c.ExtProc == nil || c.ExtProc.Listen != ":9002" || c.ExtProc.ConformanceHooks {
 		t.Errorf("extProc %+v, want :9002 without conformance hooks", c.ExtProc)
 	}
+	if c.Listen != config.ListenOff {
+		t.Errorf("listen %q, want off: the picker alone, no API listener", c.Listen)
+	}
 
 	// Proxy mode renders no pool and keeps its Kubernetes discovery.
 	p := sample(t, "minimal")

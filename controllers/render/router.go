@@ -38,6 +38,9 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 		// The picker follows the pool the gateway routes to, so both see the same endpoints.
 		c.Discovery = &config.Discovery{InferencePool: &config.InferencePoolDiscovery{Namespace: m.Namespace, Name: InferencePoolName(m)}}
 		c.ExtProc = &config.ExtProc{Listen: fmt.Sprintf(":%d", RouterGRPCPort)}
+		// The picker alone: the gateway sends requests to the engines, so no OpenAI API
+		// listener (no Service exposes it, no NetworkPolicy admits it).
+		c.Listen = config.ListenOff
 	}
 	c.Warmup = config.Warmup{Duration: *m.Spec.Router.Warmup.Duration, Credit: m.Spec.Router.Warmup.Credit.Float64()}
 	if to := m.Spec.Router.Timeouts; to != nil {
@@ -177,6 +180,9 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	ports := []corev1.ContainerPort{
 		{Name: "http", ContainerPort: RouterHTTPPort, Protocol: corev1.ProtocolTCP},
 		{Name: "metrics", ContainerPort: RouterAdminPort, Protocol: corev1.ProtocolTCP},
+	}
+	if EndpointPicker(m) {
+		ports = ports[1:] // listen off: no API port
 	}
 	if EnginesConnect(m) {
 		ports = append(ports, corev1.ContainerPort{Name: eventsPortName, ContainerPort: m.Spec.Engine.KVEvents.BasePort, Protocol: corev1.ProtocolTCP})
