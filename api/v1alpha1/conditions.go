@@ -14,13 +14,19 @@ const (
 
 // Condition reasons. CamelCase, as metav1.Condition requires.
 const (
-	ReasonReconciled            = "Reconciled"
-	ReasonSuspended             = "Suspended"
-	ReasonRollingOut            = "RollingOut"
-	ReasonScaling               = "Scaling"
-	ReasonWarmingUp             = "WarmingUp"
-	ReasonMinimumReplicasReady  = "MinimumReplicasReady"
-	ReasonNoReplicasReady       = "NoReplicasReady"
+	ReasonReconciled           = "Reconciled"
+	ReasonSuspended            = "Suspended"
+	ReasonRollingOut           = "RollingOut"
+	ReasonScaling              = "Scaling"
+	ReasonWarmingUp            = "WarmingUp"
+	ReasonMinimumReplicasReady = "MinimumReplicasReady"
+	ReasonNoReplicasReady      = "NoReplicasReady"
+	// ReasonRequestsHeld is Available's reason (False) while no engine replica is Ready and the
+	// routers hold requests until one is (status.router.heldRequests).
+	ReasonRequestsHeld = "RequestsHeld"
+	// ReasonScaledFromZero is the reason of the Normal event the operator records when it
+	// scales a model at zero replicas to one because its routers hold requests.
+	ReasonScaledFromZero        = "ScaledFromZero"
 	ReasonRouterNotReady        = "RouterNotReady"
 	ReasonApplyFailed           = "ApplyFailed"
 	ReasonInvalidSpec           = "InvalidSpec"

@@ -893,6 +893,34 @@ type EndpointPickerSpec struct {
 	// +listType=atomic
 	// +optional
 	AllowFrom []networkingv1.NetworkPolicyPeer `json:"allowFrom,omitempty"`
+	// TLS is how the picker serves its gRPC port. Gateways dial a picker over TLS without
+	// verifying it, as the Inference Extension's own picker serves a self-signed certificate;
+	// the default does the same.
+	// +kubebuilder:default={mode: SelfSigned}
+	// +optional
+	TLS *EndpointPickerTLS `json:"tls,omitempty"`
+}
+
+// The picker's TLS modes (spec.router.endpointPicker.tls.mode).
+const (
+	PickerTLSSelfSigned = "SelfSigned"
+	PickerTLSSecret     = "Secret"
+	PickerTLSDisabled   = "Disabled"
+)
+
+// EndpointPickerTLS is the picker's certificate.
+// +kubebuilder:validation:XValidation:rule="self.mode == 'Secret' ? has(self.secretName) : !has(self.secretName)",message="spec.router.endpointPicker.tls: set secretName with mode Secret (a kubernetes.io/tls Secret in the model's namespace), and only then"
+type EndpointPickerTLS struct {
+	// Mode: SelfSigned (a certificate the router makes at start), Secret (tls.crt and tls.key
+	// from secretName, e.g. cert-manager's, re-read when rotated) or Disabled (plaintext gRPC:
+	// only for a gateway configured for it, or a mesh that encrypts the hop).
+	// +kubebuilder:default=SelfSigned
+	// +kubebuilder:validation:Enum=SelfSigned;Secret;Disabled
+	Mode string `json:"mode"`
+	// SecretName is a kubernetes.io/tls Secret in the model's namespace, with mode Secret.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
 }
 
 // RouterCaptureSpec bounds the trace capture. Files are written to
@@ -1174,6 +1202,18 @@ type RouterReport struct {
 	// +kubebuilder:validation:items:MaxLength=253
 	// +optional
 	Peers []string `json:"peers,omitempty"`
+	// Held is how many requests this router holds for want of a ready engine replica
+	// (kvroute_router_held_requests): the demand that wakes a model at zero replicas. A router
+	// writes its report at once when it starts or stops holding, and the count at each
+	// confirmation.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Held int32 `json:"held,omitempty"`
+	// BacklogSeconds is the model's queued prefill in seconds of the replicas' measured drain
+	// (kvroute_router_backlog_seconds, the fleet's figure) when the router last confirmed its
+	// report; absent while the drain rate is not measured.
+	// +optional
+	BacklogSeconds *resource.Quantity `json:"backlogSeconds,omitempty"`
 }
 
 // DegradedReplica is one degraded reason in force on one engine replica (engine pod and DP rank).
@@ -1261,6 +1301,16 @@ type RouterStatus struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	PeersMessage string `json:"peersMessage,omitempty"`
+	// HeldRequests is how many requests the routers hold now for want of a ready engine
+	// replica, summed over the fresh status.routerReports. Above zero at zero replicas, the
+	// operator scales a model with spec.autoscaling.minReplicas 0 to one (docs/autoscaling.md).
+	// +optional
+	HeldRequests int32 `json:"heldRequests,omitempty"`
+	// BacklogSeconds is the routers' queued prefill in seconds of the measured drain (the
+	// largest fresh report's; each router reports the fleet's figure), as of the routers' last
+	// confirmation (at most 20 s old); absent while no router has measured the drain rate.
+	// +optional
+	BacklogSeconds *resource.Quantity `json:"backlogSeconds,omitempty"`
 }
 
 // AutoscalerStatus names the autoscaler object.

@@ -96,8 +96,8 @@ func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy 
 		{From: allowFrom(m, podsLabelled(nil)), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterAdminPort)}},
 	}
 	if EndpointPicker(m) {
-		// The picker's gRPC port (no authentication) admits the gateway only; the router has no
-		// API listener in this mode (listen: off), and no rule admits its port.
+		// The picker's gRPC port (no authentication) admits the gateway only; the API port, which
+		// no Service exposes in this mode, admits no one.
 		rules[0] = networkingv1.NetworkPolicyIngressRule{From: pickerPeers(m), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterGRPCPort)}}
 	}
 	if r, ok := routerPeersRule(m); ok {

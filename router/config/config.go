@@ -239,6 +239,16 @@ type ExtProc struct {
 	// test-epp-endpoint-selection header and echoes x-conformance-test-served-endpoint. For
 	// conformance runs only: a client could steer its own requests.
 	ConformanceHooks bool `json:"conformanceHooks,omitempty"`
+	// TLS serves the listener over TLS, as gateways dial the Inference Extension's own picker
+	// (unset: plaintext gRPC).
+	TLS *ExtProcTLS `json:"tls,omitempty"`
+}
+
+// ExtProcTLS is the endpoint picker's certificate.
+type ExtProcTLS struct {
+	// CertDir holds tls.crt and tls.key (a mounted kubernetes.io/tls Secret, e.g. cert-manager's),
+	// read again when they change. Empty: a self-signed certificate made at start.
+	CertDir string `json:"certDir,omitempty"`
 }
 
 // Discovery selects one engine source.
