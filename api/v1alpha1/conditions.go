@@ -80,6 +80,12 @@ const (
 	// AnnotationMetricsPath is the engine's Prometheus path where it is not /metrics.
 	AnnotationMetricsPath = "serving.kvroute.io/metrics-path"
 	AnnotationWarmup      = "serving.kvroute.io/warmup-until"
+	// AnnotationKVTopic is the KV-event topic of an engine whose topic is not
+	// <prefix>@<pod IP>@<model> (TensorRT-LLM's, written in a config shared by every pod).
+	AnnotationKVTopic = "serving.kvroute.io/kv-events-topic"
+	// AnnotationEngineConfig holds the config file an engine reads at start (TensorRT-LLM's
+	// --config YAML); the kubelet projects it into the container through a downward API volume.
+	AnnotationEngineConfig = "serving.kvroute.io/engine-config"
 	// AnnotationConfigChecksum on the router pod template rolls the router when its ConfigMap changes.
 	AnnotationConfigChecksum = "serving.kvroute.io/config-checksum"
 )

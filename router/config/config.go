@@ -373,6 +373,9 @@ const (
 	DefaultSnapshotPortsAnnotation = v1alpha1.AnnotationKVSnapshot
 	DefaultBlockSizeAnnotation     = v1alpha1.AnnotationBlock
 	DefaultWarmupUntilAnnotation   = v1alpha1.AnnotationWarmup
+	// TopicAnnotation, when present, is the engine's KV-event topic as published, in place of
+	// <prefix>@<pod IP>@<model> (a TensorRT-LLM pod's config is shared by every pod).
+	TopicAnnotation = v1alpha1.AnnotationKVTopic
 	// DefaultRoleLabel is the engine pod label naming its pool in a disaggregated model
 	// (RolePrefill or RoleDecode); absent on an aggregated engine.
 	DefaultRoleLabel = v1alpha1.LabelRole
