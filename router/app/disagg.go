@@ -202,6 +202,28 @@ func (s *Router) disaggregate(ctx context.Context, w http.ResponseWriter, r *htt
 	return true
 }
 
+// PrefillHeader is llm-d's prefill header: the prefill endpoint (host:port) a decode pod's
+// routing sidecar sends the prefill leg to before it decodes locally; absent, the sidecar
+// sends the request whole to its engine (llm-d/llm-d-inference-scheduler pkg/common/common.go
+// @545825e0bf76, read by pkg/sidecar/proxy/chat_completions.go @1956ad50d2c7).
+const PrefillHeader = "x-prefiller-host-port"
+
+// pickPrefill is the endpoint picker's prefill leg, for a decode booking that pulls its
+// prompt (decision.pulled): booked over the prefill pool by the policy (cache overlap against
+// load there) as disaggregate books it, its answer the decode pod's sidecar's
+// (attempt.answerElsewhere). Nil when no prefill replica can take it (counted as split's
+// fallback).
+func (s *Router) pickPrefill(p *prepared, pre []*replica) *attempt {
+	a, err := s.book(p, pre, map[*replica]bool{})
+	if err != nil {
+		s.fallback("no_prefill_replica", nil)
+		return nil
+	}
+	a.answerElsewhere = true
+	s.met.DisaggRequests.WithLabelValues(disaggSplit, "").Inc()
+	return a
+}
+
 // fallback counts and logs a prefill leg that failed with no retry left: the request goes
 // whole to a decode replica.
 func (s *Router) fallback(reason string, err error) bool {

@@ -23,7 +23,7 @@ import (
 // Generate serves one generation request (server.Router): prepare, then book an attempt,
 // forward it and end it, again elsewhere while no token has reached the client.
 func (s *Router) Generate(ctx context.Context, w http.ResponseWriter, r *http.Request, kind tokens.Kind, body []byte) {
-	ctx, rq := s.startRequest(ctx, r)
+	ctx, rq := s.startRequest(ctx, r.Header, server.Accepted(ctx))
 	// Deferred so that an answer cut after its first token (the handler aborts by panicking)
 	// is measured too; by then every byte the client gets has been written.
 	defer rq.end()
@@ -156,15 +156,16 @@ type requestRecord struct {
 	stream  bool
 }
 
-// startRequest starts a generation request's record and, with tracing on, its span, parented
-// on the client's trace context.
-func (s *Router) startRequest(ctx context.Context, r *http.Request) (context.Context, requestRecord) {
-	rq := requestRecord{s: s, start: server.Accepted(ctx), outcome: outcomeOK}
+// startRequest starts a generation request's record (from start; the zero time: now) and, with
+// tracing on, its span, parented on the trace context in the client's headers (for the picker,
+// the gateway's request headers).
+func (s *Router) startRequest(ctx context.Context, hdr http.Header, start time.Time) (context.Context, requestRecord) {
+	rq := requestRecord{s: s, start: start, outcome: outcomeOK}
 	if rq.start.IsZero() {
 		rq.start = time.Now()
 	}
 	if tr := s.o.Tracer; tr != nil {
-		ctx, rq.span = tr.Start(tracePropagator.Extract(ctx, propagation.HeaderCarrier(r.Header)), "kvroute.request",
+		ctx, rq.span = tr.Start(tracePropagator.Extract(ctx, propagation.HeaderCarrier(hdr)), "kvroute.request",
 			trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(rq.start))
 	}
 	return ctx, rq

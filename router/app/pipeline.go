@@ -248,6 +248,10 @@ type attempt struct {
 	rep *replica
 	// firstToken: the engine's first token came (FirstToken).
 	firstToken bool
+	// answerElsewhere: the engine's answer went to another party (a prefill leg the decode
+	// pod's sidecar ran in picker mode): no usage to compare with the prediction, so the
+	// accuracy counters leave the answer out rather than count it as an engine without usage.
+	answerElsewhere bool
 }
 
 // book decides where the request goes (the policy over reps, excluded left out) and books the
@@ -461,6 +465,10 @@ func (a *attempt) observeAnswer(out proxy.Outcome) {
 		}
 	}
 	if out.Status == http.StatusOK && out.Phase == proxy.Answered && out.Err == nil && a.p.kind != tokens.Pooling {
+		if a.answerElsewhere {
+			s.fleet.Served(rep, d.Req.Tokens, a.PredictedCached(), d.Req.BlockSize) // it served: its events are due
+			return
+		}
 		s.account(rep, d.Req.Tokens, d.Req.BlockSize, a.PredictedCached(), out.Usage, d.Mode(d.chosen))
 	}
 }

@@ -35,7 +35,8 @@ type Options struct {
 	// Policies are the policies --policy and --shadow-policy may name (score.Production() when
 	// nil).
 	Policies *score.Registry
-	// Ready, when set, receives the bound API and admin addresses (tests listen on port 0).
+	// Ready, when set, receives the bound API and admin addresses (tests listen on port 0); the
+	// API's is "off" when the router is an endpoint picker only.
 	Ready func(api, admin string)
 	// ExtProcReady, when set, receives the endpoint picker's bound address.
 	ExtProcReady func(addr string)
@@ -69,7 +70,7 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	fs := flag.NewFlagSet("kvrouter", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "YAML configuration file (router/config schema); flags override it")
-	listen := fs.String("listen", "", "API address host:port (default :8000)")
+	listen := fs.String("listen", "", "API address host:port (default :8000); off: no API, the endpoint picker only (needs --ext-proc-listen)")
 	admin := fs.String("admin-listen", "", "metrics and debug address (default 127.0.0.1:9090)")
 	extProc := fs.String("ext-proc-listen", "", "also serve the Gateway API Inference Extension's endpoint picker protocol (Envoy ext_proc over gRPC, with the liveness/readiness health services) at host:port, e.g. :9002")
 	extProcTLS := fs.Bool("ext-proc-tls", false, "endpoint picker: serve TLS (a self-signed certificate made at start unless --ext-proc-cert-dir), as gateways dial the Inference Extension's own picker")
@@ -345,8 +346,8 @@ func setSnapshotURL(st *settings, srv *app.Router, admin net.Addr) {
 }
 
 // listeningAttrs are the "kvrouter listening" line's fields.
-func listeningAttrs(st *settings, srv *app.Router, api, admin net.Addr, ep *extProcServer, traces bool) []any {
-	attrs := []any{"api", api.String(), "admin", admin.String(), "policy", st.cfg.Policy,
+func listeningAttrs(st *settings, srv *app.Router, api string, admin net.Addr, ep *extProcServer, traces bool) []any {
+	attrs := []any{"api", api, "admin", admin.String(), "policy", st.cfg.Policy,
 		"engine_api_key", st.engineKey != "", "otlp_traces", traces}
 	if ep != nil {
 		attrs = append(attrs, "ext_proc", ep.addr())
@@ -407,15 +408,20 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
 	}
-	apiLn, err := net.Listen("tcp", st.cfg.Listen)
+	apiLn, err := listenAPI(st.cfg.Listen)
 	if err != nil {
 		srv.Close()
 		fmt.Fprintln(stderr, "kvrouter: --listen:", err)
 		return 1
 	}
+	closeAPI := func() {
+		if apiLn != nil {
+			apiLn.Close()
+		}
+	}
 	adminLn, err := net.Listen("tcp", st.cfg.AdminListen)
 	if err != nil {
-		apiLn.Close()
+		closeAPI()
 		srv.Close()
 		fmt.Fprintln(stderr, "kvrouter: --admin-listen:", err)
 		return 1
@@ -424,7 +430,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	var ep *extProcServer
 	if x := st.cfg.ExtProc; x != nil {
 		if ep, err = startExtProc(x, srv, st.logger, st.cfg.Limits); err != nil {
-			apiLn.Close()
+			closeAPI()
 			adminLn.Close()
 			srv.Close()
 			fmt.Fprintln(stderr, "kvrouter: --ext-proc-listen:", err)
@@ -443,14 +449,17 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	if ep != nil {
 		go func() { errc <- ep.serve(ctx, srv) }()
 	}
-	go func() { errc <- api.Serve(apiLn) }()
+	if apiLn != nil {
+		go func() { errc <- api.Serve(apiLn) }()
+	}
 	go func() { errc <- adm.Serve(adminLn) }()
 	if st.cfg.Report != nil {
 		startReporter(ctx, st, srv)
 	}
-	st.logger.Info("kvrouter listening", listeningAttrs(st, srv, apiLn.Addr(), adminLn.Addr(), ep, tracer != nil)...)
+	apiAddr := addrOf(apiLn)
+	st.logger.Info("kvrouter listening", listeningAttrs(st, srv, apiAddr, adminLn.Addr(), ep, tracer != nil)...)
 	if o.Ready != nil {
-		o.Ready(apiLn.Addr().String(), adminLn.Addr().String())
+		o.Ready(apiAddr, adminLn.Addr().String())
 	}
 	if ep != nil && o.ExtProcReady != nil {
 		o.ExtProcReady(ep.addr())
@@ -474,6 +483,23 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	_ = adm.Shutdown(sctx)
 	srv.Close()
 	return code
+}
+
+// listenAPI binds the API listener. With listen off the router is an endpoint picker only: no
+// OpenAI API listener (nil), the picker's gRPC and the admin listener still served.
+func listenAPI(addr string) (net.Listener, error) {
+	if addr == config.ListenOff {
+		return nil, nil
+	}
+	return net.Listen("tcp", addr)
+}
+
+// addrOf is a listener's address as the listening line and Options.Ready give it ("off": none).
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return config.ListenOff
+	}
+	return ln.Addr().String()
 }
 
 // snapshotURL is where peers fetch this router's snapshot: the admin address, with $POD_IP for a

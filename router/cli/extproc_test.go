@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -127,5 +129,69 @@ func TestRunServesThePickerOverTLS(t *testing.T) {
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("exit %d: %s", code, logs.String())
+	}
+}
+
+// kvrouter --listen off is an endpoint picker only: no API listener, the picker serves and the
+// admin listener still has /metrics; off without the picker is refused at start.
+func TestRunPickerOnly(t *testing.T) {
+	sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	if err := sim.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	var bad syncBuf
+	if code := Run(context.Background(), []string{"--listen", "off", "--engine", "e0=" + sim.URL(), "--no-events"}, &bad, Options{}); code != 2 ||
+		!strings.Contains(bad.String(), "needs extProc.listen") {
+		t.Fatalf("--listen off without --ext-proc-listen: exit %d: %s", code, bad.String())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan [3]string, 1)
+	var api, admin string
+	var logs syncBuf
+	done := make(chan int)
+	go func() {
+		done <- Run(ctx, []string{"--listen", "off", "--admin-listen", "127.0.0.1:0", "--engine", "e0=" + sim.URL(),
+			"--no-events", "--ext-proc-listen", "127.0.0.1:0", "--log-format", "json"}, &logs,
+			Options{Ready: func(a, m string) { api, admin = a, m }, ExtProcReady: func(a string) { addrs <- [3]string{api, admin, a} }})
+	}()
+	var got [3]string
+	select {
+	case got = <-addrs:
+	case code := <-done:
+		t.Fatalf("exited %d: %s", code, logs.String())
+	}
+	if got[0] != "off" {
+		t.Fatalf("API address %q, want off", got[0])
+	}
+	gw, err := gatewaytest.Dial(got[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	testkit.WaitFor(t, 10*time.Second, "a pick through the picker-only router", func() bool {
+		res, err := gw.Do(ctx, gatewaytest.Request{Path: "/v1/completions", Body: []byte(`{"model":"vllm-sim","prompt":"hi there","max_tokens":2}`)})
+		return err == nil && res.Status == 200 && len(res.Endpoints) == 1
+	})
+	resp, err := http.Get("http://" + got[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "kvroute_router_requests_total") {
+		t.Fatalf("admin /metrics: %d\n%.400s", resp.StatusCode, b)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, logs.String())
+	}
+	if !strings.Contains(logs.String(), `"api":"off"`) {
+		t.Fatalf("the listening line does not say the API is off: %s", logs.String())
 	}
 }

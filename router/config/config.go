@@ -28,7 +28,8 @@ import (
 
 // Config is the whole file.
 type Config struct {
-	// Listen is the API address (host:port).
+	// Listen is the API address (host:port); "off" serves no OpenAI API, only the endpoint
+	// picker (extProc, which it then needs) and the admin listener.
 	Listen string `json:"listen"`
 	// AdminListen serves /metrics and /debug; loopback unless the operator opens it for scraping.
 	AdminListen string `json:"adminListen"`
@@ -268,6 +269,9 @@ type Engine struct {
 	// Kind is the engine's family; empty is the router's engineKind, anything else must equal it.
 	Kind string `json:"kind,omitempty"`
 }
+
+// ListenOff as Listen runs the router as an endpoint picker only: no OpenAI API listener.
+const ListenOff = "off"
 
 // ExtProc is the endpoint picker's gRPC listener (Envoy ext_proc and the gRPC health services).
 type ExtProc struct {
@@ -552,7 +556,13 @@ func (c Config) ValidatePolicies(policies []string) error {
 			bad(key, "%q has no valid port", addr)
 		}
 	}
-	checkAddr("listen", c.Listen)
+	if c.Listen == ListenOff {
+		if c.ExtProc == nil {
+			bad("listen", "\"off\" serves no API: it needs extProc.listen (--ext-proc-listen), or the router serves nothing")
+		}
+	} else {
+		checkAddr("listen", c.Listen)
+	}
 	if d := c.Disaggregation; d != nil && d.MinUncachedTokens < -1 {
 		n := d.MinUncachedTokens
 		bad("disaggregation.minUncachedTokens", "%d is below -1 (-1 splits every request, 0 takes the default)", n)

@@ -80,6 +80,7 @@ func TestParseRejects(t *testing.T) {
 		{"pool and pods", "discovery: {inferencePool: {namespace: llm, name: p}, kubernetes: {namespace: llm, selector: a=b}}\n", "either kubernetes or inferencePool"},
 		{"no source", "discovery: {}\n", "names no source (kubernetes or inferencePool)"},
 		{"ext proc listen", "extProc: {conformanceHooks: true}\n", "extProc.listen: required"},
+		{"listen off without the picker", "listen: \"off\"\n", "listen: \"off\" serves no API: it needs extProc.listen"},
 		{"credit", "warmup: {credit: 1.5}\n", "warmup.credit"},
 		{"imbalance", "scoring: {imbalanceBound: 0.5}\n", "scoring.imbalanceBound"},
 		{"tier", "scoring: {tierWeights: {cpu: 2}}\n", "scoring.tierWeights.cpu"},
@@ -316,5 +317,13 @@ func TestResponseOwnerBounds(t *testing.T) {
 	d := Default()
 	if n, ttl := d.ResponseOwnerBounds(); n != 100_000 || ttl != 24*time.Hour {
 		t.Fatalf("default bounds %d %v", n, ttl)
+	}
+}
+
+// listen: off with the picker's listener is a picker-only router.
+func TestListenOffWithThePicker(t *testing.T) {
+	c, err := Parse([]byte("listen: \"off\"\nextProc: {listen: ':9002'}\n"))
+	if err != nil || c.Listen != ListenOff {
+		t.Fatalf("Parse = %+v, %v", c, err)
 	}
 }

@@ -18,13 +18,17 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/kvroute/kvroute/router/proxy"
 )
 
 // Request is what the picker knows of one inference request when it has read it whole.
 type Request struct {
 	Method string
-	// Path is the request's :path (e.g. /v1/chat/completions).
+	// Path is the request's :path without its query (e.g. /v1/chat/completions); Query is the
+	// part after "?".
 	Path   string
+	Query  string
 	Header http.Header
 	Body   []byte
 }
@@ -54,6 +58,9 @@ type Prepared interface {
 	// DropUsageChunk: the picker asked the engine for usage the client did not; the stream's
 	// usage-only final chunk is the picker's, not the client's.
 	DropUsageChunk() bool
+	// API is the answer's dialect (OpenAI's chunks, the Responses or Messages API's typed
+	// events), which the response phases are read in.
+	API() proxy.API
 }
 
 // Picker decides where requests go and learns how they went.
@@ -121,13 +128,8 @@ func (p Phase) String() string {
 	return "unknown"
 }
 
-// Usage is the engine's reported usage, read from the response.
-type Usage struct {
-	PromptTokens     int
-	CompletionTokens int
-	CachedTokens     int
-	HasCached        bool
-}
+// Usage is the engine's reported usage, read from the response as the proxy reads it.
+type Usage = proxy.Usage
 
 // Result is how one booked request ended.
 type Result struct {
@@ -144,4 +146,6 @@ type Result struct {
 	EngineError string
 	// Reason says why a request did not complete (a timeout, the stream's error).
 	Reason string
+	// ResponseID is a Responses answer's id (its body's, or the stream's response.created).
+	ResponseID string
 }

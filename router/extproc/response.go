@@ -2,7 +2,8 @@ package extproc
 
 import (
 	"bytes"
-	"encoding/json"
+
+	"github.com/kvroute/kvroute/router/proxy"
 )
 
 // maxEvent bounds one SSE event held while its end has not arrived: an OpenAI chunk is a few
@@ -10,20 +11,23 @@ import (
 const maxEvent = 1 << 20
 
 // watcher follows a response body as the gateway streams it: the first token (the first
-// `data:` event carrying a choice for a stream, the whole body otherwise), the usage, an
-// in-stream error, [DONE].
+// event carrying a token for a stream, the whole body otherwise), the usage, an in-stream
+// error, the end, a Responses answer's id; in the request's API dialect, read as the proxy
+// reads it.
 type watcher struct {
 	stream  bool
-	dropUse bool // drop the usage-only event (the picker asked for usage, not the client)
+	api     proxy.API // the answer's dialect
+	dropUse bool      // drop the usage-only event (the picker asked for usage, not the client)
 
-	pending   []byte // a stream's bytes after the last complete event
-	whole     []byte // a non-streamed body, up to maxBody
-	maxBody   int
-	overflow  bool // an event or body past its bound: no more reading
-	first     bool
-	done      bool
-	usage     *Usage
-	engineErr string
+	pending    []byte // a stream's bytes after the last complete event
+	whole      []byte // a non-streamed body, up to maxBody
+	maxBody    int
+	overflow   bool // an event or body past its bound: no more reading
+	first      bool
+	done       bool
+	usage      *Usage
+	engineErr  string
+	responseID string // a Responses answer's id
 }
 
 // feed reads one body chunk. For a stream it returns what to pass on: the chunk itself, or,
@@ -117,83 +121,33 @@ func eventEnd(b []byte) int {
 	return j + 4
 }
 
-type usageJSON struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens *int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-func (u *usageJSON) usage() *Usage {
-	out := &Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}
-	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-		out.CachedTokens, out.HasCached = *d.CachedTokens, true
-	}
-	return out
-}
-
-// answer is the part of an OpenAI answer (or stream chunk) the watcher reads.
-type answer struct {
-	Choices []json.RawMessage `json:"choices"`
-	Usage   *usageJSON        `json:"usage"`
-	Error   json.RawMessage   `json:"error"`
-}
-
-// event reads one SSE event: whether to pass it on (false only for a dropped usage-only
-// chunk) and whether it carries a token.
+// event reads one SSE event (proxy.ReadEvent, the proxy's own reader): whether to pass it on
+// (false only for a dropped usage-only chunk) and whether it carries a token.
 func (w *watcher) event(ev []byte) (keep, token bool) {
-	var data []byte
-	for line := range bytes.Lines(ev) {
-		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = append(data, bytes.TrimSpace(d)...)
-		}
+	e := proxy.ReadEvent(ev, w.api)
+	if e.ResponseID != "" && w.responseID == "" {
+		w.responseID = e.ResponseID
 	}
-	if data == nil {
-		return true, false
+	if e.Usage != nil {
+		w.usage = proxy.MergeUsage(w.usage, e.Usage)
 	}
-	if bytes.Equal(data, []byte("[DONE]")) {
+	switch {
+	case e.Error != "":
+		w.engineErr = e.Error
+	case e.Done:
 		w.done = true
-		return true, false
+	case w.dropUse && e.UsageOnly:
+		return false, false
 	}
-	var a answer
-	if json.Unmarshal(data, &a) != nil {
-		return true, false
-	}
-	if len(a.Error) > 0 && string(a.Error) != "null" {
-		w.engineErr = errorMessage(a.Error)
-		return true, false
-	}
-	if a.Usage != nil {
-		w.usage = a.Usage.usage()
-		if len(a.Choices) == 0 && w.dropUse {
-			return false, false
-		}
-	}
-	return true, len(a.Choices) > 0
+	return true, e.Token
 }
 
-// readWhole reads a non-streamed answer's usage.
+// readWhole reads a non-streamed answer (proxy.ReadAnswer).
 func (w *watcher) readWhole(b []byte) {
-	var a answer
-	if json.Unmarshal(b, &a) != nil {
-		return
+	u, id, msg := proxy.ReadAnswer(b, w.api)
+	if u != nil {
+		w.usage = u
 	}
-	if a.Usage != nil {
-		w.usage = a.Usage.usage()
-	}
-	if len(a.Error) > 0 && string(a.Error) != "null" {
-		w.engineErr = errorMessage(a.Error)
-	}
+	w.responseID, w.engineErr = id, msg
 	w.done = true
-}
-
-func errorMessage(raw json.RawMessage) string {
-	var e struct {
-		Message string `json:"message"`
-	}
-	if json.Unmarshal(raw, &e) == nil && e.Message != "" {
-		return e.Message
-	}
-	return string(raw)
 }

@@ -267,8 +267,8 @@ func (st *stream) requestHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.Ht
 			st.req.Header.Add(hv.GetKey(), val)
 		}
 	}
-	if p, _, ok := strings.Cut(st.req.Path, "?"); ok {
-		st.req.Path = p
+	if p, q, ok := strings.Cut(st.req.Path, "?"); ok {
+		st.req.Path, st.req.Query = p, q
 	}
 	st.subset = subsetHint(m.GetMetadataContext())
 	if st.s.o.ConformanceHooks {
@@ -334,7 +334,7 @@ func (st *stream) pick(hasBody bool) (bool, error) {
 		return true, st.immediate(http.StatusServiceUnavailable, "service_unavailable", msg, reason)
 	}
 	st.booking, st.picked = b, time.Now()
-	st.watch = watcher{stream: p.Stream(), dropUse: p.DropUsageChunk(), maxBody: st.s.o.MaxBodyBytes}
+	st.watch = watcher{stream: p.Stream(), api: p.API(), dropUse: p.DropUsageChunk(), maxBody: st.s.o.MaxBodyBytes}
 	eps := strings.Join(b.Endpoints(), ",")
 	common := &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: st.pickHeaders(eps, b.Headers())}
 	meta := pickMetadata(eps)
@@ -529,7 +529,7 @@ func (st *stream) end(ph Phase, reason string) {
 	}
 	st.ended = true
 	res := Result{Phase: ph, Status: st.respStatus, Served: st.served, Usage: st.watch.usage,
-		EngineError: st.watch.engineErr, Reason: reason}
+		EngineError: st.watch.engineErr, Reason: reason, ResponseID: st.watch.responseID}
 	if !st.firstAt.IsZero() {
 		res.TTFT = st.firstAt.Sub(st.picked)
 	}

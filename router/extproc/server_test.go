@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/router/extproc"
 	"github.com/kvroute/kvroute/router/extproc/gatewaytest"
+	"github.com/kvroute/kvroute/router/proxy"
 )
 
 // fakePicker picks the first endpoint within the subset and records what it was told.
@@ -40,6 +41,7 @@ type fakePrepared struct {
 func (p *fakePrepared) Stream() bool         { return p.stream }
 func (p *fakePrepared) Body() []byte         { return p.body }
 func (p *fakePrepared) DropUsageChunk() bool { return p.dropUse }
+func (p *fakePrepared) API() proxy.API       { return proxy.APIOpenAI }
 
 func (f *fakePicker) Prepare(_ context.Context, r *extproc.Request) (extproc.Prepared, *extproc.Refusal) {
 	var req struct {

@@ -49,7 +49,7 @@ func CertDir(dir string, onReloadError func(error)) (*tls.Config, error) {
 }
 
 func certDir(dir string, onReloadError func(error)) (*tls.Config, *certReloader, error) {
-	r := &certReloader{cert: filepath.Join(dir, CertFile), key: filepath.Join(dir, KeyFile), onError: onReloadError}
+	r := &certReloader{cert: filepath.Join(dir, CertFile), key: filepath.Join(dir, KeyFile), onError: onReloadError, now: time.Now}
 	if err := r.load(); err != nil {
 		return nil, nil, err
 	}
@@ -59,6 +59,7 @@ func certDir(dir string, onReloadError func(error)) (*tls.Config, *certReloader,
 type certReloader struct {
 	cert, key string
 	onError   func(error)
+	now       func() time.Time
 
 	mu         sync.Mutex
 	current    *tls.Certificate
@@ -88,7 +89,7 @@ func (r *certReloader) load() error {
 func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := time.Now()
+	now := r.now()
 	if now.Sub(r.lastCheck) < time.Second {
 		return r.current, nil
 	}

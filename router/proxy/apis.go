@@ -97,15 +97,6 @@ func typedErrorMessage(api API, e *typedEvent, data []byte) string {
 	return string(data)
 }
 
-// responseID is the id of a non-streamed Responses answer.
-func responseID(body []byte) string {
-	var r struct {
-		ID string `json:"id"`
-	}
-	_ = json.Unmarshal(body, &r)
-	return r.ID
-}
-
 // mergeUsage keeps what an earlier event reported that a later one leaves out (a Messages
 // stream reports the input in message_start, the output in message_delta).
 func mergeUsage(old, u *Usage) *Usage {
@@ -124,3 +115,65 @@ func mergeUsage(old, u *Usage) *Usage {
 	}
 	return &out
 }
+
+// Event is what the router reads from one SSE event of an engine's answer, whichever front end
+// sees it pass (the proxy copying it, the endpoint picker watching the gateway's response
+// phases): one reader for both.
+type Event struct {
+	// Token: the event carries a token (a choice, a Responses delta, a Messages
+	// content_block_delta).
+	Token bool
+	// Done: the answer's end (OpenAI's [DONE], response.completed, message_stop).
+	Done bool
+	// Error is the message of an in-stream error event, "" for none.
+	Error string
+	// Usage is the usage the event reports (nil: none); UsageOnly: an OpenAI chunk with usage
+	// and no choice (the one a router that asked for usage drops).
+	Usage     *Usage
+	UsageOnly bool
+	// ResponseID is a Responses event's response.id.
+	ResponseID string
+}
+
+// ReadEvent reads one SSE event (its lines through the blank line) in an API's dialect.
+func ReadEvent(ev []byte, api API) Event {
+	c := classify(ev, api)
+	e := Event{Token: c.kind == evChoice, Done: c.kind == evDone, Usage: c.usage, UsageOnly: c.usageOnly, ResponseID: c.responseID}
+	if c.kind == evError {
+		e.Error = c.message
+	}
+	return e
+}
+
+// ReadAnswer reads a non-streamed answer in an API's dialect: its usage (nil: none), a
+// Responses answer's id, and the message of an error body ("" for none).
+func ReadAnswer(body []byte, api API) (u *Usage, responseID, errMsg string) {
+	// id and error are read loosely: an answer whose id is not a string still has its usage.
+	var a struct {
+		Usage *usageJSON      `json:"usage"`
+		ID    json.RawMessage `json:"id"`
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(body, &a) != nil {
+		return nil, "", ""
+	}
+	if a.Usage != nil {
+		u = a.Usage.usage()
+	}
+	if api == APIResponses {
+		_ = json.Unmarshal(a.ID, &responseID)
+	}
+	if len(a.Error) > 0 && string(a.Error) != "null" {
+		var e struct {
+			Message string `json:"message"`
+		}
+		errMsg = string(a.Error)
+		if json.Unmarshal(a.Error, &e) == nil && e.Message != "" {
+			errMsg = e.Message
+		}
+	}
+	return u, responseID, errMsg
+}
+
+// MergeUsage keeps what an earlier event reported that a later one leaves out (mergeUsage).
+func MergeUsage(old, u *Usage) *Usage { return mergeUsage(old, u) }

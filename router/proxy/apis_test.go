@@ -102,3 +102,31 @@ func TestErrorShapes(t *testing.T) {
 		t.Fatalf("translated %s", got)
 	}
 }
+
+// ReadAnswer reads a whole answer's usage in each dialect, a Responses answer's id, an error
+// body's message, and the usage of an answer whose id is not a string.
+func TestReadAnswer(t *testing.T) {
+	for _, c := range []struct {
+		api           API
+		body          string
+		prompt, cache int
+		id, err       string
+	}{
+		{APIOpenAI, `{"id":"cmpl-1","usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":8}}}`, 9, 8, "", ""},
+		{APIResponses, `{"id":"resp_1","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":8}}}`, 9, 8, "resp_1", ""},
+		{APIMessages, `{"id":"msg_1","usage":{"input_tokens":9,"cache_read_input_tokens":8}}`, 9, 8, "", ""},
+		{APIResponses, `{"id":7,"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":8}}}`, 9, 8, "", ""},
+		{APIOpenAI, `{"error":{"message":"bad max_tokens","code":400}}`, -1, -1, "", "bad max_tokens"},
+	} {
+		u, id, msg := ReadAnswer([]byte(c.body), c.api)
+		if c.prompt < 0 {
+			if u != nil || msg != c.err {
+				t.Errorf("%s: usage %+v message %q", c.body, u, msg)
+			}
+			continue
+		}
+		if u == nil || u.PromptTokens != c.prompt || u.CachedTokens != c.cache || !u.HasCached || id != c.id || msg != c.err {
+			t.Errorf("%s: usage %+v id %q message %q", c.body, u, id, msg)
+		}
+	}
+}

@@ -409,14 +409,10 @@ func (p *Proxy) whole(parent, ctx context.Context, w http.ResponseWriter, r *Req
 		}
 		return out
 	}
-	var body struct {
-		Usage *usageJSON `json:"usage"`
-	}
-	if json.Unmarshal(buf, &body) == nil && body.Usage != nil {
-		out.Usage = body.Usage.usage()
-	}
-	if r.API == APIResponses && resp.StatusCode == http.StatusOK {
-		out.ResponseID = responseID(buf)
+	var id string
+	out.Usage, id, _ = ReadAnswer(buf, r.API)
+	if resp.StatusCode == http.StatusOK {
+		out.ResponseID = id
 	}
 	return out
 }

@@ -85,7 +85,8 @@ const (
 
 // Request is one request the gateway sends.
 type Request struct {
-	Path   string // default /v1/chat/completions
+	Method string // default POST
+	Path   string // default /v1/chat/completions; may carry a query
 	Header http.Header
 	Body   []byte
 	// Chunk splits the request body into messages of this many bytes (0: 16 KiB).
@@ -187,6 +188,13 @@ func (g *Gateway) Do(ctx context.Context, r Request) (*Result, error) {
 	return res, nil
 }
 
+func (r Request) method() string {
+	if r.Method == "" {
+		return http.MethodPost
+	}
+	return r.Method
+}
+
 // sendRequest sends the headers and the body in chunks, as the gateway reads them.
 func (g *Gateway) sendRequest(st extprocv3.ExternalProcessor_ProcessClient, r Request) error {
 	path := r.Path
@@ -197,7 +205,7 @@ func (g *Gateway) sendRequest(st extprocv3.ExternalProcessor_ProcessClient, r Re
 	add := func(k, v string) {
 		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
 	}
-	add(":method", http.MethodPost)
+	add(":method", r.method())
 	add(":path", path)
 	add(":authority", "gateway.test")
 	add("content-type", "application/json")
@@ -350,7 +358,11 @@ func (g *Gateway) forward(ctx context.Context, r Request, res *Result) (*http.Re
 	var lastErr error
 	for _, ep := range res.Endpoints {
 		ep = strings.TrimSpace(ep)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+path, bytes.NewReader(res.UpstreamBody))
+		var body io.Reader
+		if len(res.UpstreamBody) > 0 || r.method() == http.MethodPost {
+			body = bytes.NewReader(res.UpstreamBody)
+		}
+		req, err := http.NewRequestWithContext(ctx, r.method(), "http://"+ep+path, body)
 		if err != nil {
 			return nil, "", err
 		}
