@@ -407,7 +407,10 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	api := &http.Server{Handler: srv.APIHandler()}
 	srv.ConfigureHTTP(api)
 	adm := &http.Server{Handler: obs.admin(srv.AdminHandler()), ReadHeaderTimeout: 10 * time.Second}
-	ctx, cancel := context.WithCancel(ctx)
+	// The router's own loops (events, probes, peers, the reporter) run on their own context:
+	// they go on while the requests in flight drain after SIGTERM, and stop after them.
+	stop := ctx
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 4)
 	go func() { errc <- srv.Run(ctx) }()
@@ -428,23 +431,63 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	}
 	code := 0
 	select {
-	case <-ctx.Done():
+	case <-stop.Done():
+		code = drain(st, srv, api, ep, errc)
 	case err := <-errc:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			st.logger.Error("kvrouter stopped", "err", err)
 			code = 1
 		}
+		sctx, scancel := context.WithTimeout(context.Background(), st.cfg.Shutdown.Timeout.Duration)
+		if ep != nil {
+			ep.stop(sctx)
+		}
+		_ = api.Shutdown(sctx)
+		scancel()
 	}
 	cancel()
-	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer scancel()
+	actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer acancel()
+	_ = adm.Shutdown(actx)
+	srv.Close()
+	return code
+}
+
+// drain is the graceful stop (config shutdown): not ready at once, the API served for
+// drainDelay with keep-alive off (clients' pooled connections close after their next answer
+// and reconnect through the Service, to a router that stays), then no new connections and the
+// requests in flight waited for up to timeout. The event, probe and peer loops run meanwhile,
+// so the requests still routed in the delay see a live index. Returns the exit code.
+func drain(st *settings, srv *app.Router, api *http.Server, ep *extProcServer, errc <-chan error) int {
+	sd := st.cfg.Shutdown
+	srv.Drain()
+	api.SetKeepAlivesEnabled(false)
+	t0 := time.Now()
+	if sd.DrainDelay.Duration > 0 {
+		t := time.NewTimer(sd.DrainDelay.Duration)
+		select {
+		case <-t.C:
+		case err := <-errc:
+			t.Stop()
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				st.logger.Error("kvrouter stopped while draining", "err", err)
+				return 1
+			}
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), sd.Timeout.Duration)
+	defer cancel()
 	if ep != nil {
 		ep.stop(sctx)
 	}
-	_ = api.Shutdown(sctx)
-	_ = adm.Shutdown(sctx)
-	srv.Close()
-	return code
+	err := api.Shutdown(sctx)
+	if err != nil {
+		// Past the timeout: the streams still open are cut (each after its first token, or the
+		// client sees the connection close).
+		st.logger.Warn("shutdown timeout passed with requests in flight; they are cut", "timeout", sd.Timeout.Duration, "err", err)
+	}
+	st.logger.Info("kvrouter stopped", "drained_in", time.Since(t0).Round(time.Millisecond))
+	return 0
 }
 
 // snapshotURL is where peers fetch this router's snapshot: the admin address, with $POD_IP for a
