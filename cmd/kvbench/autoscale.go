@@ -94,11 +94,11 @@ func runAutoscale(args []string, stdout, stderr io.Writer) error {
 	if *down {
 		downs = "the HPA's default scale-down"
 	}
-	fmt.Fprintf(stdout, "fleet model, kv policy, %s workload (%d-token prompts): load from %d to %d replicas' worth (%g req/s each) %s at %gs, %d requests over %gs; HPA sync %gs, provisioning %gs, %s, max %d replicas; TTFT of the requests from the rise to %ds after it\n\n",
+	fmt.Fprintf(stdout, "fleet model, kv policy, %s workload (%d-token prompts): load from %d to %d replicas' worth (%g req/s each) %s at %gs, %d requests over %gs; HPA sync %gs, provisioning %gs, %s, max %d replicas; TTFT of the requests from the rise to %ds after it; times from the rise\n\n",
 		*workload, ramp.PromptBlocks*fleet.TraceBlockTokens, ramp.From, ramp.To, ramp.PerReplicaRate, shape, ramp.BeforeS, len(tr.Requests), ramp.BeforeS+ramp.AfterS, out.Sync, out.Provision, downs, maxReplicas, fleet.ScalingWindowS)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 1, ' ', tabwriter.Debug)
-	fmt.Fprintln(tw, "| signal\t first scale-up (s)\t ready >= "+strconv.Itoa(ramp.To)+" (s)\t peak replicas\t TTFT p50 (s)\t TTFT p90 (s)\t TTFT p90 after (s)\t replicas at end\t replica-seconds\t")
-	fmt.Fprintln(tw, "|---\t---\t---\t---\t---\t---\t---\t---\t---\t")
+	fmt.Fprintln(tw, "| signal\t first scale-up (s)\t ready >= "+strconv.Itoa(ramp.To)+" (s)\t peak replicas\t TTFT p50 (s)\t TTFT p90 (s)\t replica-seconds\t")
+	fmt.Fprintln(tw, "|---\t---\t---\t---\t---\t---\t---\t")
 	sec := func(v float64) string {
 		if v < 0 {
 			return "never"
@@ -106,7 +106,7 @@ func runAutoscale(args []string, stdout, stderr io.Writer) error {
 		return strconv.FormatFloat(v, 'f', 0, 64)
 	}
 	for _, r := range out.Rows {
-		fmt.Fprintf(tw, "| %s\t %s\t %s\t %d\t %.2f\t %.2f\t %.2f\t %d\t %.0f\t\n", r.Signal, sec(r.FirstUpS), sec(r.ReadyS), r.Peak, r.TTFTP50, r.TTFTP90, r.AfterP90, r.End, r.ReplicaSeconds)
+		fmt.Fprintf(tw, "| %s\t %s\t %s\t %d\t %.2f\t %.2f\t %.0f\t\n", r.Signal, sec(r.FirstUpS), sec(r.ReadyS), r.Peak, r.TTFTP50, r.TTFTP90, r.ReplicaSeconds)
 	}
 	return tw.Flush()
 }

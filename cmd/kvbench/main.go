@@ -16,10 +16,10 @@ import (
 // subcommands maps a name to its entry point; each parses its own flags.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) error{
 	"autoscale": runAutoscale,
-	"cache":  runCache,
-	"cost":   runCost,
-	"replay": runReplay,
-	"router": runRouter, // hidden: the routers kvbench replay starts (router.go)
+	"cache":     runCache,
+	"cost":      runCost,
+	"replay":    runReplay,
+	"router":    runRouter, // hidden: the routers kvbench replay starts (router.go)
 }
 
 func main() {

@@ -204,7 +204,7 @@ type Ramp struct {
 	// PromptBlocks is the prompt's length in 512-token blocks (4: 2,048 tokens), half of it
 	// the group's shared prefix.
 	PromptBlocks int
-	Seed            int64
+	Seed         int64
 }
 
 // RampWorkloads are Ramp's request shapes, each with the rate one replica of DefaultConfig
