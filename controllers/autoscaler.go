@@ -8,8 +8,6 @@ import (
 	"strings"
 
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -70,7 +68,7 @@ func (r *KVRoutedModelReconciler) reconcileAutoscaler(ctx context.Context, m *v1
 	switch {
 	// NoMatch: the kind is unknown. NotFound: it was known, but the CRD is gone since (an
 	// apply otherwise creates), which is KEDA uninstalled under a warm RESTMapper.
-	case err != nil && provider == "KEDA" && (meta.IsNoMatchError(err) || apierrors.IsNotFound(err)):
+	case err != nil && provider == "KEDA" && apiMissing(err):
 		res.retry = true
 		res.problems = append(res.problems, status.Problem{Reason: v1alpha1.ReasonKEDANotInstalled,
 			Message: "spec.autoscaling.provider is KEDA but the ScaledObject API (keda.sh/v1alpha1) is not installed; install KEDA or switch to HPA (everything else is reconciled)"})

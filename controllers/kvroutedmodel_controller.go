@@ -16,6 +16,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -60,6 +61,7 @@ type KVRoutedModelReconciler struct {
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=inference.networking.k8s.io,resources=inferencepools,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apiregistration.k8s.io,resources=apiservices,verbs=get;list
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
@@ -222,6 +224,7 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 
 	var errs []error
 	var autoscaler client.Object
+	poolMissing := false
 	rendered := map[optionalChild]bool{}
 	for _, o := range objs {
 		switch o.GetObjectKind().GroupVersionKind().Kind {
@@ -233,6 +236,14 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 		}
 		rendered[optionalChild{o.GetObjectKind().GroupVersionKind(), o.GetName()}] = true
 		u, err := r.applyObject(ctx, o)
+		if err != nil && o.GetObjectKind().GroupVersionKind() == render.InferencePoolGVK && apiMissing(err) {
+			// As a missing KEDA: everything else is reconciled, and the pool is looked for
+			// again every retry interval (no watch can wait for an API that does not exist).
+			poolMissing = true
+			obs.Problems = append(obs.Problems, status.Problem{Reason: v1alpha1.ReasonInferencePoolCRDMissing,
+				Message: "spec.router.mode is EndpointPicker but the InferencePool API (inference.networking.k8s.io/v1) is not installed; install the Gateway API Inference Extension's CRDs (v1.0.0 or later) or set spec.router.mode to Proxy (everything else is reconciled)"})
+			continue
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -270,7 +281,14 @@ func (r *KVRoutedModelReconciler) applyChildren(ctx context.Context, m *v1alpha1
 		obs.Problems = append(obs.Problems, status.Problem{Reason: v1alpha1.ReasonApplyFailed, Message: e.Error()})
 	}
 	obs.Problems = append(obs.Problems, as.problems...)
-	return as.retry, errors.Join(errs...)
+	return as.retry || poolMissing, errors.Join(errs...)
+}
+
+// apiMissing is an apply's error for a kind the server does not serve. NoMatch: the kind is
+// unknown. NotFound: it was known, but its CRD is gone since (an apply otherwise creates), an
+// uninstall under a warm RESTMapper.
+func apiMissing(err error) bool {
+	return meta.IsNoMatchError(err) || apierrors.IsNotFound(err)
 }
 
 // observeOnly fills the status from the children as they are, for a suspended model.
@@ -378,7 +396,8 @@ type optionalChild struct {
 // spec.networkPolicy.enabled turns false, the events Service and the router's policy when
 // spec.engine.kvEvents.mode goes back to RouterConnects, the router peers' headless Service and
 // disruption budget when spec.router.replicas goes back to 1, the model cache's claim when
-// spec.model.cache no longer asks the operator for one.
+// spec.model.cache no longer asks the operator for one, the InferencePool when spec.router.mode
+// goes back to Proxy.
 func optionalChildren(m *v1alpha1.KVRoutedModel) []optionalChild {
 	np := networkingv1.SchemeGroupVersion.WithKind("NetworkPolicy")
 	return []optionalChild{
@@ -393,6 +412,8 @@ func optionalChildren(m *v1alpha1.KVRoutedModel) []optionalChild {
 		// The prefill pool and its policy, budget and HPA, when spec.disaggregation goes (or
 		// its autoscaling does).
 		{appsv1.SchemeGroupVersion.WithKind("Deployment"), render.PrefillName(m)},
+		// The InferencePool, when spec.router.mode goes back to Proxy.
+		{render.InferencePoolGVK, render.InferencePoolName(m)},
 		{np, render.PrefillName(m)},
 		{policyv1.SchemeGroupVersion.WithKind("PodDisruptionBudget"), render.PrefillName(m)},
 		{autoscalingv2.SchemeGroupVersion.WithKind("HorizontalPodAutoscaler"), render.PrefillName(m)},

@@ -27,7 +27,10 @@ const (
 	ReasonProgressDeadline      = "ProgressDeadlineExceeded"
 	ReasonKEDANotInstalled      = "KEDANotInstalled"
 	ReasonMetricsAPIUnavailable = "MetricsAPIUnavailable"
-	ReasonAsExpected            = "AsExpected"
+	// ReasonInferencePoolCRDMissing: spec.router.mode is EndpointPicker but the API server
+	// serves no InferencePool (inference.networking.k8s.io/v1); Degraded until it appears.
+	ReasonInferencePoolCRDMissing = "InferencePoolCRDMissing"
+	ReasonAsExpected              = "AsExpected"
 	// IndexHealthy reasons. IndexUnhealthy is also Degraded's reason when a replica's keys may
 	// be wrong (undecodable, unchained, hash-mismatch, keys-wrong).
 	ReasonIndexHealthy   = "IndexHealthy"

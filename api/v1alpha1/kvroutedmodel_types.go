@@ -55,6 +55,8 @@ type KVRoutedModelList struct {
 // +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode == 'ReadWriteMany' || !has(self.replicas) || self.replicas <= 1`,messageExpression=`'spec.replicas is %d but spec.model.cache.accessMode %s attaches the cache to one node, so only one engine pod can use it: set spec.replicas to 1 or 0, or use a ReadWriteMany claim (spec.model.cache.accessMode: ReadWriteMany)'.format([self.replicas, self.model.cache.accessMode])`,fieldPath=".replicas"
 // +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode == 'ReadWriteMany' || !has(self.autoscaling) || self.autoscaling.maxReplicas <= 1`,messageExpression=`'spec.autoscaling.maxReplicas is %d but spec.model.cache.accessMode %s attaches the cache to one node, so only one engine pod can use it: set spec.autoscaling.maxReplicas to 1, or use a ReadWriteMany claim (spec.model.cache.accessMode: ReadWriteMany)'.format([self.autoscaling.maxReplicas, self.model.cache.accessMode])`,fieldPath=".autoscaling.maxReplicas"
 // +kubebuilder:validation:XValidation:rule=`!has(self.model.cache) || !has(self.engine) || !has(self.engine.env) || self.engine.env.all(e, e.name != 'HF_HOME')`,message="spec.engine.env must not set HF_HOME with spec.model.cache: the cache sets it to the claim's mount",fieldPath=".engine.env"
+// +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.router) || !has(self.router.mode) || self.router.mode != 'EndpointPicker'`,message="spec.router.mode EndpointPicker does not work with spec.disaggregation yet: the picker names one engine per request, and the prefill leg before the decode engine is the proxy's; use spec.router.mode Proxy",fieldPath=".router.mode"
+// +kubebuilder:validation:XValidation:rule=`!(has(self.router) && has(self.router.mode) && self.router.mode == 'EndpointPicker') || !(has(self.engine) && has(self.engine.kvEvents) && has(self.engine.kvEvents.mode) && self.engine.kvEvents.mode == 'EnginesConnect') || !has(self.engine.kvEvents.basePort) || self.engine.kvEvents.basePort != 9002`,message="spec.engine.kvEvents.basePort must not be 9002 with spec.engine.kvEvents.mode EnginesConnect and spec.router.mode EndpointPicker: the router serves the picker's gRPC on 9002",fieldPath=".engine.kvEvents.basePort"
 // +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.replicas) || !has(self.disaggregation.prefill.replicas) || (self.replicas == 0) == (self.disaggregation.prefill.replicas == 0)`,messageExpression=`'spec.disaggregation.prefill.replicas is %d and spec.replicas (the decode pool) is %d: a pool of zero beside a non-zero one serves no request (a prefill needs a decoder to hand over to, and the decode pool alone is not disaggregation): scale both to zero, or neither'.format([self.disaggregation.prefill.replicas, self.replicas])`,fieldPath=".disaggregation.prefill.replicas"
 // +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.disaggregation.prefill.parallelism) || self.disaggregation.connector != 'NixlConnector' || self.engine.parallelism.tensor % self.disaggregation.prefill.parallelism.tensor == 0`,messageExpression=`'spec.engine.parallelism.tensor %d (the decode pool) must be a multiple of spec.disaggregation.prefill.parallelism.tensor %d: the NIXL connector of vLLM refuses "Decode TP cannot be smaller than prefill TP"'.format([self.engine.parallelism.tensor, self.disaggregation.prefill.parallelism.tensor])`,fieldPath=".disaggregation.prefill.parallelism.tensor"
 // +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.engine.args) || !self.engine.args.exists(a, a.matches('^--kv[-_]transfer[-_]config([=.].*)?$'))`,message="spec.engine.args must not set --kv-transfer-config with spec.disaggregation: the operator writes it for each pool from spec.disaggregation.connector",fieldPath=".engine.args"
@@ -772,7 +774,24 @@ type CSIVolume struct {
 }
 
 // RouterSpec configures the KV-aware router.
+// +kubebuilder:validation:XValidation:rule=`!has(self.mode) || self.mode != 'EndpointPicker' || !has(self.service) || !has(self.service.type) || self.service.type == 'ClusterIP'`,messageExpression=`'spec.router.service.type is %s but must be ClusterIP with spec.router.mode EndpointPicker: the picker\'s gRPC port carries no authentication, and only the gateway in the cluster calls it'.format([self.service.type])`,fieldPath=".service.type"
+// +kubebuilder:validation:XValidation:rule=`(has(self.mode) && self.mode == 'EndpointPicker') || !has(self.endpointPicker)`,message="spec.router.endpointPicker may only be set when spec.router.mode is EndpointPicker",fieldPath=".endpointPicker"
 type RouterSpec struct {
+	// Mode is how requests reach the engines. Proxy: clients (or a gateway) send them to the
+	// router Service, which forwards each to the engine replica it picks. EndpointPicker: a
+	// Gateway API gateway with the Inference Extension sends them to the engine pods itself and
+	// asks the router which one (Envoy ext_proc over gRPC); the operator renders the
+	// InferencePool (inference.networking.k8s.io/v1, named as this resource) that the gateway's
+	// HTTPRoute names (docs/gateways.md).
+	// +kubebuilder:default=Proxy
+	// +kubebuilder:validation:Enum=Proxy;EndpointPicker
+	// +optional
+	Mode string `json:"mode,omitempty"`
+
+	// EndpointPicker configures mode EndpointPicker.
+	// +optional
+	EndpointPicker *EndpointPickerSpec `json:"endpointPicker,omitempty"`
+
 	// Replicas of the router Deployment. Unset: 2 (1 with spec.engine.kvEvents.mode
 	// EnginesConnect, where each engine sends its events to one router). Two routers share their
 	// in-flight load and start from each other's index, so a rolling update or a lost node keeps
@@ -848,6 +867,32 @@ type RouterSpec struct {
 	// the router's headless Service.
 	// +optional
 	Sync *RouterSync `json:"sync,omitempty"`
+}
+
+// Router modes (spec.router.mode).
+const (
+	RouterModeProxy          = "Proxy"
+	RouterModeEndpointPicker = "EndpointPicker"
+)
+
+// EndpointPickerSpec configures the router as the InferencePool's endpoint picker.
+type EndpointPickerSpec struct {
+	// FailureMode is the InferencePool's spec.endpointPickerRef.failureMode: what the gateway
+	// does when the picker does not answer. FailClose answers the request with an error;
+	// FailOpen sends it to a pod of the pool the gateway picks itself (no KV-cache awareness).
+	// +kubebuilder:default=FailClose
+	// +kubebuilder:validation:Enum=FailClose;FailOpen
+	// +optional
+	FailureMode string `json:"failureMode,omitempty"`
+	// AllowFrom are the gateway's proxies: the peers admitted to the picker's gRPC port and to
+	// the engines' HTTP port, which the gateway sends requests to directly. Unset: the pods of
+	// the model's own namespace (where Istio and kgateway run a Gateway's proxy). Envoy Gateway
+	// runs its proxies in envoy-gateway-system; GKE's come from the region's proxy-only subnet
+	// (an ipBlock).
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	AllowFrom []networkingv1.NetworkPolicyPeer `json:"allowFrom,omitempty"`
 }
 
 // RouterCaptureSpec bounds the trace capture. Files are written to
@@ -966,7 +1011,8 @@ type WarmupSpec struct {
 type NetworkPolicySpec struct {
 	// Enabled renders both: the engine pods' ports reachable from the router (events and replay
 	// from the router only), the router's admin port (metrics, /debug) from the model's own
-	// namespace and allowFrom; the router's API port stays open to every source.
+	// namespace and allowFrom; the router's API port stays open to every source (with
+	// spec.router.mode EndpointPicker, the picker's gRPC port admits the gateway only).
 	// +kubebuilder:default=true
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
@@ -1197,9 +1243,13 @@ type RouterStatus struct {
 	DeploymentName string `json:"deploymentName,omitempty"`
 	// +optional
 	ServiceName string `json:"serviceName,omitempty"`
-	// Endpoint is the in-cluster URL a gateway points at.
+	// Endpoint is the in-cluster URL a gateway points at; with spec.router.mode EndpointPicker,
+	// the picker's gRPC address the InferencePool names.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+	// InferencePool is the pool a gateway's HTTPRoute names (spec.router.mode EndpointPicker).
+	// +optional
+	InferencePool string `json:"inferencePool,omitempty"`
 	// Replicas and ReadyReplicas of the router Deployment.
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
@@ -24,13 +25,19 @@ import (
 // children from the object the server returns (server defaults, real UID), and applies them
 // with server-side apply, as the reconciler will. The server's own validation of Deployments,
 // NetworkPolicies, PDBs, HPAs... is the check; KEDA is not installed, so its ScaledObject must
-// fail with a no-match error (what the reconciler turns into Degraded/KEDANotInstalled).
+// fail with a no-match error (what the reconciler turns into Degraded/KEDANotInstalled). The
+// InferencePool's is the test fixture of its documented API (testdata/crds), so the rendered pool
+// meets its bounds and CEL rule.
 func TestChildrenApplyToKubeAPIServer(t *testing.T) {
 	env, cfg, err := envtestenv.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
+	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{ErrorIfPathMissing: true,
+		Paths: []string{filepath.Join("..", "..", "testdata", "crds", "inference.networking.k8s.io_inferencepools.yaml")}}); err != nil {
+		t.Fatal(err)
+	}
 	s := runtime.NewScheme()
 	if err := scheme.AddToScheme(s); err != nil {
 		t.Fatal(err)

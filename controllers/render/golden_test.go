@@ -42,7 +42,7 @@ func sample(t testing.TB, shape string) *v1alpha1.KVRoutedModel {
 	return m
 }
 
-var shapes = []string{"minimal", "dp2tp2", "keda", "hpa", "lora", "netpol", "apikey", "bound", "trial", "routers3", "production", "cache-rwo", "sim", "pd", "sglang", "trtllm"}
+var shapes = []string{"minimal", "dp2tp2", "keda", "hpa", "lora", "netpol", "apikey", "bound", "trial", "routers3", "production", "cache-rwo", "sim", "pd", "sglang", "trtllm", "endpointpicker"}
 
 // TestGolden renders every sample (each output holds every renderer's object for that shape)
 // and compares with testdata/render/<shape>.yaml; -update rewrites them.
@@ -87,7 +87,7 @@ func TestGoldenCoversEveryKind(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
-		"NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ScaledObject", "PersistentVolumeClaim"} {
+		"NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler", "ScaledObject", "PersistentVolumeClaim", "InferencePool"} {
 		if !seen[k] {
 			t.Errorf("no sample renders a %s", k)
 		}

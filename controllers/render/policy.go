@@ -48,7 +48,8 @@ func ingressPolicy(m *v1alpha1.KVRoutedModel, name, component string, selector m
 
 // NetworkPolicy guards the engine pods: the event and replay ports (which hand out the KV
 // index and accept replay requests) from the router pods only; the HTTP/metrics port from the
-// router and spec.networkPolicy.allowFrom. Nil when spec.networkPolicy.enabled is false.
+// router and spec.networkPolicy.allowFrom, and in mode EndpointPicker from the gateway
+// (spec.router.endpointPicker.allowFrom). Nil when spec.networkPolicy.enabled is false.
 func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if !*m.Spec.NetworkPolicy.Enabled {
 		return nil
@@ -66,6 +67,10 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 	if peers := allowFrom(m); len(peers) > 0 {
 		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: peers, Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}})
 	}
+	if EndpointPicker(m) {
+		// The gateway sends each request to the engine pod the picker named.
+		rules = append(rules, networkingv1.NetworkPolicyIngressRule{From: pickerPeers(m), Ports: []networkingv1.NetworkPolicyPort{tcpPort(m.Spec.Engine.Port)}})
+	}
 	if Disaggregated(m) {
 		// The prefill pods reach the decode pods on every port: the KV transfer's transport
 		// (UCX under NIXL) picks its own ports.
@@ -76,7 +81,8 @@ func NetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy {
 
 // RouterNetworkPolicy guards the router pods. The API port stays open to every source: the
 // gateway in front of the router may sit in any namespace, and the router is the model's public
-// endpoint. The admin port (metrics, /debug/engines, /debug/route, which shows the fleet and
+// endpoint. In mode EndpointPicker the picker's gRPC port takes its place, admitting
+// spec.router.endpointPicker.allowFrom (the gateway) only. The admin port (metrics, /debug/engines, /debug/route, which shows the fleet and
 // makes engines tokenize) admits spec.networkPolicy.allowFrom (by default the monitoring
 // namespace) and pods of the model's own namespace, not the rest of the cluster. With
 // EnginesConnect, the bound events port admits the engine pods only (anyone else could fill the
@@ -88,6 +94,11 @@ func RouterNetworkPolicy(m *v1alpha1.KVRoutedModel) *networkingv1.NetworkPolicy 
 	rules := []networkingv1.NetworkPolicyIngressRule{
 		{Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterHTTPPort)}}, // no `from`: every source
 		{From: allowFrom(m, podsLabelled(nil)), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterAdminPort)}},
+	}
+	if EndpointPicker(m) {
+		// The picker's gRPC port (no authentication) admits the gateway only; the API port, which
+		// no Service exposes in this mode, admits no one.
+		rules[0] = networkingv1.NetworkPolicyIngressRule{From: pickerPeers(m), Ports: []networkingv1.NetworkPolicyPort{tcpPort(RouterGRPCPort)}}
 	}
 	if r, ok := routerPeersRule(m); ok {
 		rules = append(rules, r)

@@ -109,7 +109,8 @@ func objectMeta(m *v1alpha1.KVRoutedModel, name, component string) metav1.Object
 
 // All renders every child in a stable order: router config and RBAC, engine Service, the
 // model cache's claim when the operator creates it, engine Deployment and disruption budget, network policy, router Deployment and Service, with
-// EnginesConnect the events Service and the router's network policy, and the autoscaler.
+// EnginesConnect the events Service and the router's network policy, with mode EndpointPicker
+// the InferencePool, and the autoscaler.
 // Children switched off by the spec (network policies, events Service, autoscaler) are absent.
 func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 	if err := CheckDefaulted(m); err != nil {
@@ -160,6 +161,13 @@ func All(m *v1alpha1.KVRoutedModel, opts Options) ([]client.Object, error) {
 	}
 	if np := RouterNetworkPolicy(m); np != nil {
 		objs = append(objs, np)
+	}
+	pool, err := InferencePool(m)
+	if err != nil {
+		return nil, err
+	}
+	if pool != nil {
+		objs = append(objs, pool)
 	}
 	if a := m.Spec.Autoscaling; a != nil {
 		switch a.Provider {

@@ -43,6 +43,11 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 	c.BlockSize = int(e.BlockSize)
 	c.Hash = config.Hash{Algo: e.HashAlgo, Seed: e.HashSeed}
 	c.Discovery = &config.Discovery{Kubernetes: config.DefaultKubernetesDiscovery(m.Namespace, DiscoverySelectorString(m), int(e.Port))}
+	if EndpointPicker(m) {
+		// The picker follows the pool the gateway routes to, so both see the same endpoints.
+		c.Discovery = &config.Discovery{InferencePool: &config.InferencePoolDiscovery{Namespace: m.Namespace, Name: InferencePoolName(m)}}
+		c.ExtProc = &config.ExtProc{Listen: fmt.Sprintf(":%d", RouterGRPCPort)}
+	}
 	c.Warmup = config.Warmup{Duration: *m.Spec.Router.Warmup.Duration, Credit: m.Spec.Router.Warmup.Credit.Float64()}
 	if to := m.Spec.Router.Timeouts; to != nil {
 		for _, f := range []struct {
@@ -190,6 +195,12 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	if EnginesConnect(m) {
 		ports = append(ports, corev1.ContainerPort{Name: eventsPortName, ContainerPort: m.Spec.Engine.KVEvents.BasePort, Protocol: corev1.ProtocolTCP})
 	}
+	readiness, liveness := probe("/readyz", 5, 3), probe("/healthz", 10, 3)
+	if EndpointPicker(m) {
+		ports = append(ports, corev1.ContainerPort{Name: grpcPortName, ContainerPort: RouterGRPCPort, Protocol: corev1.ProtocolTCP})
+		// What the gateway sees: the gRPC health services (readiness follows /readyz).
+		readiness, liveness = grpcProbe("readiness", 5, 3), grpcProbe("liveness", 10, 3)
+	}
 	// POD_NAME keys this router's entry in status.routerReports: the pod's own name from the
 	// downward API, which the operator compares with the live router pods (a hostname can be
 	// set to anything in the pod spec).
@@ -209,8 +220,8 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		Env:             env,
 		Resources:       res,
 		VolumeMounts:    []corev1.VolumeMount{{Name: "config", MountPath: RouterConfigDir, ReadOnly: true}},
-		ReadinessProbe:  probe("/readyz", 5, 3),
-		LivenessProbe:   probe("/healthz", 10, 3),
+		ReadinessProbe:  readiness,
+		LivenessProbe:   liveness,
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr(false),
 			ReadOnlyRootFilesystem:   ptr(true),
@@ -266,19 +277,25 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	}, nil
 }
 
-// RouterService fronts the router pods; gateways point at it.
+// RouterService fronts the router pods; gateways point at it. In mode EndpointPicker it carries
+// the picker's gRPC port (the pool's endpointPickerRef) instead of the API port, which the
+// gateway does not use (it sends requests to the engine pods).
 func RouterService(m *v1alpha1.KVRoutedModel) *corev1.Service {
 	s := m.Spec.Router.Service
+	ports := []corev1.ServicePort{
+		{Name: "http", Port: s.Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
+		{Name: "metrics", Port: RouterAdminPort, TargetPort: intstr.FromString("metrics"), Protocol: corev1.ProtocolTCP},
+	}
+	if EndpointPicker(m) {
+		ports[0] = pickerServicePort()
+	}
 	return &corev1.Service{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
 		Spec: corev1.ServiceSpec{
 			Type:     s.Type,
 			Selector: RouterSelector(m),
-			Ports: []corev1.ServicePort{
-				{Name: "http", Port: s.Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
-				{Name: "metrics", Port: RouterAdminPort, TargetPort: intstr.FromString("metrics"), Protocol: corev1.ProtocolTCP},
-			},
+			Ports:    ports,
 		},
 	}
 }
@@ -306,8 +323,12 @@ func EventsService(m *v1alpha1.KVRoutedModel) *corev1.Service {
 	}
 }
 
-// RouterEndpoint is the in-cluster URL of the router Service (status.router.endpoint).
+// RouterEndpoint is the in-cluster URL of the router Service (status.router.endpoint); in mode
+// EndpointPicker, the picker's gRPC address.
 func RouterEndpoint(m *v1alpha1.KVRoutedModel) string {
+	if EndpointPicker(m) {
+		return PickerEndpoint(m)
+	}
 	return fmt.Sprintf("http://%s.%s.svc:%d", RouterName(m), m.Namespace, m.Spec.Router.Service.Port)
 }
 
@@ -320,9 +341,12 @@ func ServiceAccount(m *v1alpha1.KVRoutedModel) *corev1.ServiceAccount {
 }
 
 // Role lets the router discover engine pods in its own namespace and write its index report
-// into its own model's status (status.routerReports), and nothing else.
+// into its own model's status (status.routerReports), and nothing else. In mode
+// EndpointPicker it also reads its one InferencePool: the router lists and watches it with a
+// metadata.name field selector, which the API server authorizes against resourceNames
+// (controllers TestEndpointPicker checks this on a real API server).
 func Role(m *v1alpha1.KVRoutedModel) *rbacv1.Role {
-	return &rbacv1.Role{
+	r := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),
 		Rules: []rbacv1.PolicyRule{{
@@ -336,6 +360,15 @@ func Role(m *v1alpha1.KVRoutedModel) *rbacv1.Role {
 			Verbs:         []string{"get", "patch"},
 		}},
 	}
+	if EndpointPicker(m) {
+		r.Rules = append(r.Rules, rbacv1.PolicyRule{
+			APIGroups:     []string{InferencePoolGVK.Group},
+			Resources:     []string{"inferencepools"},
+			ResourceNames: []string{InferencePoolName(m)},
+			Verbs:         []string{"get", "list", "watch"},
+		})
+	}
+	return r
 }
 
 // RoleBinding grants Role to the router's ServiceAccount.

@@ -91,6 +91,9 @@ func Compute(o Observed) v1alpha1.KVRoutedModelStatus {
 	if o.Router != nil {
 		st.Router = &v1alpha1.RouterStatus{DeploymentName: o.Router.Name, ServiceName: render.RouterName(m), Endpoint: render.RouterEndpoint(m),
 			Replicas: o.Router.Status.Replicas, ReadyReplicas: o.Router.Status.ReadyReplicas}
+		if render.EndpointPicker(m) {
+			st.Router.InferencePool = render.InferencePoolName(m)
+		}
 		if render.RouterReplicas(m) > 1 {
 			connected, msg := peersConnected(o)
 			st.Router.PeersConnected, st.Router.PeersMessage = &connected, msg

@@ -224,3 +224,23 @@ func TestFirstAvailableWhenNot(t *testing.T) {
 		t.Errorf("not Available, yet FirstAvailable %v", FirstAvailable(st.Conditions))
 	}
 }
+
+// In mode EndpointPicker the router's status names the pool and the picker's gRPC address; the
+// missing InferencePool API is a Degraded reason that takes Ready down with it, as KEDA's does.
+func TestEndpointPickerStatus(t *testing.T) {
+	m := model(t)
+	m.Spec.Router.Mode = v1alpha1.RouterModeEndpointPicker
+	st := Compute(Observed{Model: m, Engine: dep("m-engine", 1, 1, 1), Router: dep("m-router", 1, 1, 1), Now: t0})
+	if st.Router == nil || st.Router.InferencePool != "m" || st.Router.Endpoint != "m-router.ns.svc:9002" {
+		t.Errorf("router status %+v, want pool m and the picker at m-router.ns.svc:9002", st.Router)
+	}
+	st = Compute(Observed{Model: m, Engine: dep("m-engine", 1, 1, 1), Router: dep("m-router", 1, 1, 1), Now: t0,
+		Problems: []Problem{{v1alpha1.ReasonInferencePoolCRDMissing, "the InferencePool API is not installed"}}})
+	expect(t, st, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInferencePoolCRDMissing)
+	expect(t, st, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonInferencePoolCRDMissing)
+
+	m.Spec.Router.Mode = v1alpha1.RouterModeProxy
+	if st := Compute(Observed{Model: m, Router: dep("m-router", 1, 1, 1), Now: t0}); st.Router.InferencePool != "" {
+		t.Errorf("Proxy mode names a pool: %+v", st.Router)
+	}
+}

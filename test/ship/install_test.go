@@ -242,9 +242,9 @@ func applyRank(o *unstructured.Unstructured) int {
 }
 
 func groupResource(mapper *restmapper.DeferredDiscoveryRESTMapper, gvk schema.GroupVersionKind) (schema.GroupResource, error) {
-	if gvk.Group == "keda.sh" {
-		// KEDA's CRD is not installed here; its plural is fixed.
-		return schema.GroupResource{Group: "keda.sh", Resource: strings.ToLower(gvk.Kind) + "s"}, nil
+	if gvk.Group == "keda.sh" || gvk.Group == "inference.networking.k8s.io" {
+		// Neither KEDA's nor the Inference Extension's CRD is installed here; their plurals are fixed.
+		return schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind) + "s"}, nil
 	}
 	m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 	if err != nil {

@@ -1,0 +1,123 @@
+package render
+
+// spec.router.mode EndpointPicker: the router as the Gateway API Inference Extension's endpoint
+// picker. The gateway sends each request to an engine pod itself and asks the router which one
+// over Envoy ext_proc (kvrouter --ext-proc-listen, config extProc.listen); the pool it routes to
+// is an InferencePool (inference.networking.k8s.io/v1) the operator renders, and the router
+// discovers the engines from that same pool (config discovery.inferencePool), so the picker
+// and the gateway see one set of endpoints.
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kvroute/kvroute/api/v1alpha1"
+)
+
+// RouterGRPCPort is the picker's gRPC port in the router pod and on its Service: Envoy
+// ext_proc and the gRPC health services liveness and readiness. 9002 is the port the Inference
+// Extension's own picker and its examples use.
+const RouterGRPCPort = 9002
+
+// grpcPortName names the picker's port on the router container and Service.
+const grpcPortName = "grpc"
+
+// InferencePoolGVK is the Inference Extension's pool (GA, v1). The operator renders it as
+// unstructured: the Extension's Go module is not on this project's module list, and the
+// operator writes only the four spec fields below.
+var InferencePoolGVK = schema.GroupVersionKind{Group: "inference.networking.k8s.io", Version: "v1", Kind: "InferencePool"}
+
+// EndpointPicker reports whether the router runs as the InferencePool's endpoint picker.
+func EndpointPicker(m *v1alpha1.KVRoutedModel) bool {
+	return m.Spec.Router.Mode == v1alpha1.RouterModeEndpointPicker
+}
+
+// InferencePoolName is the pool's name: the model's, so an HTTPRoute's backendRef reads as the
+// model it serves.
+func InferencePoolName(m *v1alpha1.KVRoutedModel) string { return m.Name }
+
+// PickerEndpoint is the picker's gRPC address (host:port), the pool's endpointPickerRef.
+func PickerEndpoint(m *v1alpha1.KVRoutedModel) string {
+	return fmt.Sprintf("%s.%s.svc:%d", RouterName(m), m.Namespace, RouterGRPCPort)
+}
+
+// pickerFailureMode is spec.router.endpointPicker.failureMode, FailClose when unset.
+func pickerFailureMode(m *v1alpha1.KVRoutedModel) string {
+	if ep := m.Spec.Router.EndpointPicker; ep != nil && ep.FailureMode != "" {
+		return ep.FailureMode
+	}
+	return "FailClose"
+}
+
+// InferencePool renders the pool for mode EndpointPicker (nil otherwise): the engine pods by
+// their selector, on the engine's HTTP port, with the router Service's gRPC port as its picker.
+//
+// One target port whatever spec.engine.parallelism.dataLocal: the operator's engines serve
+// every DP rank of a pod on one HTTP port (vLLM --data-parallel-size, SGLang --dp-size), and the
+// picker pins the rank with a header (x-data-parallel-rank) as the proxy does. A pool with
+// several target ports tells the picker that each port is one rank's own HTTP server
+// (router/discovery PoolEngines), which these engines are not.
+func InferencePool(m *v1alpha1.KVRoutedModel) (*unstructured.Unstructured, error) {
+	if !EndpointPicker(m) {
+		return nil, nil
+	}
+	om, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr(objectMeta(m, InferencePoolName(m), v1alpha1.ComponentEngine)))
+	if err != nil {
+		return nil, err
+	}
+	delete(om, "creationTimestamp")
+	sel := map[string]interface{}{}
+	for k, v := range EngineSelector(m) {
+		sel[k] = v
+	}
+	u := &unstructured.Unstructured{Object: map[string]interface{}{
+		"metadata": om,
+		"spec": map[string]interface{}{
+			"selector":    map[string]interface{}{"matchLabels": sel},
+			"targetPorts": []interface{}{map[string]interface{}{"number": int64(m.Spec.Engine.Port)}},
+			"endpointPickerRef": map[string]interface{}{
+				"name":        RouterName(m),
+				"port":        map[string]interface{}{"number": int64(RouterGRPCPort)},
+				"failureMode": pickerFailureMode(m),
+			},
+		},
+	}}
+	u.SetGroupVersionKind(InferencePoolGVK)
+	return u, nil
+}
+
+// pickerPeers are the peers spec.router.endpointPicker.allowFrom admits (the gateway's
+// proxies); unset, the pods of the model's own namespace.
+func pickerPeers(m *v1alpha1.KVRoutedModel) []networkingv1.NetworkPolicyPeer {
+	ep := m.Spec.Router.EndpointPicker
+	if ep == nil || len(ep.AllowFrom) == 0 {
+		return []networkingv1.NetworkPolicyPeer{podsLabelled(nil)}
+	}
+	out := make([]networkingv1.NetworkPolicyPeer, len(ep.AllowFrom))
+	for i := range ep.AllowFrom {
+		ep.AllowFrom[i].DeepCopyInto(&out[i])
+	}
+	return out
+}
+
+// grpcProbe is a kubelet gRPC probe of the picker's health service (liveness or readiness,
+// served by router/extproc beside ext_proc).
+func grpcProbe(service string, period, failures int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: RouterGRPCPort, Service: ptr(service)}},
+		PeriodSeconds: period, TimeoutSeconds: 2, SuccessThreshold: 1, FailureThreshold: failures,
+	}
+}
+
+// pickerServicePort is the router Service's gRPC port. appProtocol http2 tells the gateway to
+// speak HTTP/2 to it, as the Inference Extension's own picker Service does.
+func pickerServicePort() corev1.ServicePort {
+	return corev1.ServicePort{Name: grpcPortName, Port: RouterGRPCPort, TargetPort: intstr.FromString(grpcPortName),
+		Protocol: corev1.ProtocolTCP, AppProtocol: ptr("http2")}
+}
