@@ -16,6 +16,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -404,7 +405,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	}
 	// No WriteTimeout: it would cut long streams. limits.headerReadTimeout and
 	// limits.bodyReadTimeout guard against slow clients holding connections.
-	api := &http.Server{Handler: srv.APIHandler()}
+	draining := new(atomic.Bool)
+	api := &http.Server{Handler: closeWhenDraining(srv.APIHandler(), draining)}
 	srv.ConfigureHTTP(api)
 	adm := &http.Server{Handler: obs.admin(srv.AdminHandler()), ReadHeaderTimeout: 10 * time.Second}
 	// The router's own loops (events, probes, peers, the reporter) run on their own context:
@@ -432,6 +434,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	code := 0
 	select {
 	case <-stop.Done():
+		draining.Store(true)
 		code = drain(st, srv, api, ep, errc)
 	case err := <-errc:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -453,15 +456,27 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	return code
 }
 
+// closeWhenDraining answers with Connection: close once draining is set, so each client's
+// pooled connection closes after its next answer and the client reconnects through the
+// Service, to a router that stays. Idle connections are not closed at once (the server's
+// SetKeepAlivesEnabled(false) would): a client may be sending on one that very moment, and a
+// POST lost that way is not retried by the client.
+func closeWhenDraining(h http.Handler, draining *atomic.Bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // drain is the graceful stop (config shutdown): not ready at once, the API served for
-// drainDelay with keep-alive off (clients' pooled connections close after their next answer
-// and reconnect through the Service, to a router that stays), then no new connections and the
+// drainDelay with each connection closed after its next answer, then no new connections and the
 // requests in flight waited for up to timeout. The event, probe and peer loops run meanwhile,
 // so the requests still routed in the delay see a live index. Returns the exit code.
 func drain(st *settings, srv *app.Router, api *http.Server, ep *extProcServer, errc <-chan error) int {
 	sd := st.cfg.Shutdown
 	srv.Drain()
-	api.SetKeepAlivesEnabled(false)
 	t0 := time.Now()
 	if sd.DrainDelay.Duration > 0 {
 		t := time.NewTimer(sd.DrainDelay.Duration)

@@ -353,9 +353,10 @@ type Shutdown struct {
 	// DrainDelay is how long the router keeps accepting requests after SIGTERM with /readyz
 	// answering 503 (0s). In Kubernetes the pod leaves the Service's endpoints only after the
 	// endpoint change reaches every node's proxy, a second or more after SIGTERM; a router
-	// that closed its listener at once would refuse the connections sent meanwhile. Keep-alive
-	// is off during the delay, so clients' pooled connections close after their next answer
-	// and reconnect through the Service to another router. The operator renders 5s.
+	// that closed its listener at once would refuse the connections sent meanwhile. During the
+	// delay every answer carries Connection: close, so clients' pooled connections close after
+	// their next answer and reconnect through the Service to another router. The operator
+	// renders 5s.
 	DrainDelay metav1.Duration `json:"drainDelay"`
 	// Timeout bounds the wait for the requests in flight once the listener is closed (20s);
 	// a stream still running then is cut. DrainDelay + Timeout should stay under the pod's
