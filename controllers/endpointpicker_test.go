@@ -63,11 +63,12 @@ func TestEndpointPicker(t *testing.T) {
 	router := &appsv1.Deployment{}
 	eventually(t, 10*time.Second, func() error { return k8s.Get(ctx, key(ns, render.RouterName(m)), router) })
 	rc := router.Spec.Template.Spec.Containers[0]
-	if p := rc.ReadinessProbe; p == nil || p.GRPC == nil || p.GRPC.Port != render.RouterGRPCPort || p.GRPC.Service == nil || *p.GRPC.Service != "readiness" {
-		t.Errorf("router readiness probe %+v, want gRPC readiness on %d", p, render.RouterGRPCPort)
+	// HTTP probes: a kubelet gRPC probe cannot speak the TLS the picker serves by default.
+	if p := rc.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
+		t.Errorf("router readiness probe %+v, want HTTP /readyz", p)
 	}
-	if p := rc.LivenessProbe; p == nil || p.GRPC == nil || p.GRPC.Service == nil || *p.GRPC.Service != "liveness" {
-		t.Errorf("router liveness probe %+v, want gRPC liveness", p)
+	if p := rc.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+		t.Errorf("router liveness probe %+v, want HTTP /healthz", p)
 	}
 	svc := &corev1.Service{}
 	if err := k8s.Get(ctx, key(ns, render.RouterName(m)), svc); err != nil {

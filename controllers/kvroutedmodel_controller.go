@@ -52,6 +52,7 @@ type KVRoutedModelReconciler struct {
 
 // +kubebuilder:rbac:groups=serving.kvroute.io,resources=kvroutedmodels,verbs=get;list;watch
 // +kubebuilder:rbac:groups=serving.kvroute.io,resources=kvroutedmodels/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=serving.kvroute.io,resources=kvroutedmodels/scale,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services;configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
@@ -97,6 +98,18 @@ func (r *KVRoutedModelReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		return ctrl.Result{}, r.observeOnly(ctx, m, &obs)
 	}
 
+	// A model at zero whose routers hold requests is scaled to one before the children are
+	// applied, so this pass renders the engine at one.
+	woke, err := r.wakeFromZero(ctx, m, &obs)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if woke {
+		if objs, err = render.All(m, r.Render); err != nil {
+			obs.Problems = append(obs.Problems, status.Problem{Reason: v1alpha1.ReasonInvalidSpec, Message: err.Error()})
+			return ctrl.Result{}, nil
+		}
+	}
 	retry, err := r.applyChildren(ctx, m, objs, &obs)
 	r.observeModelCache(ctx, m, &obs)
 	if err != nil {

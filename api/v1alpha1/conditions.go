@@ -14,13 +14,19 @@ const (
 
 // Condition reasons. CamelCase, as metav1.Condition requires.
 const (
-	ReasonReconciled            = "Reconciled"
-	ReasonSuspended             = "Suspended"
-	ReasonRollingOut            = "RollingOut"
-	ReasonScaling               = "Scaling"
-	ReasonWarmingUp             = "WarmingUp"
-	ReasonMinimumReplicasReady  = "MinimumReplicasReady"
-	ReasonNoReplicasReady       = "NoReplicasReady"
+	ReasonReconciled           = "Reconciled"
+	ReasonSuspended            = "Suspended"
+	ReasonRollingOut           = "RollingOut"
+	ReasonScaling              = "Scaling"
+	ReasonWarmingUp            = "WarmingUp"
+	ReasonMinimumReplicasReady = "MinimumReplicasReady"
+	ReasonNoReplicasReady      = "NoReplicasReady"
+	// ReasonRequestsHeld is Available's reason (False) while no engine replica is Ready and the
+	// routers hold requests until one is (status.router.heldRequests).
+	ReasonRequestsHeld = "RequestsHeld"
+	// ReasonScaledFromZero is the reason of the Normal event the operator records when it
+	// scales a model at zero replicas to one because its routers hold requests.
+	ReasonScaledFromZero        = "ScaledFromZero"
 	ReasonRouterNotReady        = "RouterNotReady"
 	ReasonApplyFailed           = "ApplyFailed"
 	ReasonInvalidSpec           = "InvalidSpec"
@@ -74,6 +80,12 @@ const (
 	// AnnotationMetricsPath is the engine's Prometheus path where it is not /metrics.
 	AnnotationMetricsPath = "serving.kvroute.io/metrics-path"
 	AnnotationWarmup      = "serving.kvroute.io/warmup-until"
+	// AnnotationKVTopic is the KV-event topic of an engine whose topic is not
+	// <prefix>@<pod IP>@<model> (TensorRT-LLM's, written in a config shared by every pod).
+	AnnotationKVTopic = "serving.kvroute.io/kv-events-topic"
+	// AnnotationEngineConfig holds the config file an engine reads at start (TensorRT-LLM's
+	// --config YAML); the kubelet projects it into the container through a downward API volume.
+	AnnotationEngineConfig = "serving.kvroute.io/engine-config"
 	// AnnotationConfigChecksum on the router pod template rolls the router when its ConfigMap changes.
 	AnnotationConfigChecksum = "serving.kvroute.io/config-checksum"
 )

@@ -60,6 +60,7 @@ type KVRoutedModelList struct {
 // +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.replicas) || !has(self.disaggregation.prefill.replicas) || (self.replicas == 0) == (self.disaggregation.prefill.replicas == 0)`,messageExpression=`'spec.disaggregation.prefill.replicas is %d and spec.replicas (the decode pool) is %d: a pool of zero beside a non-zero one serves no request (a prefill needs a decoder to hand over to, and the decode pool alone is not disaggregation): scale both to zero, or neither'.format([self.disaggregation.prefill.replicas, self.replicas])`,fieldPath=".disaggregation.prefill.replicas"
 // +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.disaggregation.prefill.parallelism) || self.disaggregation.connector != 'NixlConnector' || self.engine.parallelism.tensor % self.disaggregation.prefill.parallelism.tensor == 0`,messageExpression=`'spec.engine.parallelism.tensor %d (the decode pool) must be a multiple of spec.disaggregation.prefill.parallelism.tensor %d: the NIXL connector of vLLM refuses "Decode TP cannot be smaller than prefill TP"'.format([self.engine.parallelism.tensor, self.disaggregation.prefill.parallelism.tensor])`,fieldPath=".disaggregation.prefill.parallelism.tensor"
 // +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.engine.args) || !self.engine.args.exists(a, a.matches('^--kv[-_]transfer[-_]config([=.].*)?$'))`,message="spec.engine.args must not set --kv-transfer-config with spec.disaggregation: the operator writes it for each pool from spec.disaggregation.connector",fieldPath=".engine.args"
+// +kubebuilder:validation:XValidation:rule=`!has(self.disaggregation) || !has(self.engine) || !has(self.engine.kind) || self.engine.kind == 'vllm'`,messageExpression=`'spec.disaggregation needs spec.engine.kind vllm, not %s: only the prefill/decode path of vLLM (its NIXL connector, kv_transfer_params) is supported; remove spec.disaggregation or run kind vllm'.format([self.engine.kind])`,fieldPath=".disaggregation"
 type KVRoutedModelSpec struct {
 	// Model identity and weights.
 	// +required
@@ -270,7 +271,8 @@ const (
 // +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'sglang' || !has(self.args) || self.args.all(a, !a.matches('^--(model-path|host|tp-size|tp|dp-size|dp|page-size|enable-metrics|enable-cache-report)([=].*)?$'))`,messageExpression=`'spec.engine.args sets %s, which the operator owns for SGLang: set spec.engine.parallelism.tensor for --tp-size/--tp, spec.engine.parallelism.dataLocal for --dp-size/--dp, spec.engine.blockSize for --page-size, spec.model.uri for --model-path, and remove the entry (the operator always passes --host 0.0.0.0, --enable-metrics and --enable-cache-report)'.format([self.args.filter(a, a.matches('^--(model-path|host|tp-size|tp|dp-size|dp|page-size|enable-metrics|enable-cache-report)([=].*)?$'))[0]])`,fieldPath=".args"
 // +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'sglang' || !has(self.args) || self.args.all(a, !a.matches('^--disable-radix-cache([=].*)?$'))`,message="spec.engine.args must not set --disable-radix-cache: the router routes on SGLang's radix (prefix) cache, which the operator keeps on; remove the entry",fieldPath=".args"
 // +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.args) || self.args.all(a, !a.matches('^--(host|tp_size|extra_llm_api_options|backend)([=].*)?$'))`,messageExpression=`'spec.engine.args sets %s, which the operator owns for TensorRT-LLM: set spec.engine.parallelism.tensor (or dataLocal, its attention-DP ranks) for --tp_size, and remove the entry (the operator writes the --config/--extra_llm_api_options file with the KV cache and event settings from spec.engine, and passes --host 0.0.0.0 and --backend pytorch)'.format([self.args.filter(a, a.matches('^--(host|tp_size|extra_llm_api_options|backend)([=].*)?$'))[0]])`,fieldPath=".args"
-// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind == 'vllm' || !has(self.apiKeySecretRef)`,message="spec.engine.apiKeySecretRef needs spec.engine.kind vllm: SGLang takes its key only as --api-key (visible in the pod spec), TensorRT-LLM has none",fieldPath=".apiKeySecretRef"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.apiKeySecretRef)`,message="spec.engine.apiKeySecretRef needs spec.engine.kind vllm or sglang: trtllm-serve has no API key option (tensorrt_llm/commands/serve.py) and would serve without one; remove it and keep the engines reachable from the model's routers only (spec.networkPolicy.enabled, the default)",fieldPath=".apiKeySecretRef"
+// +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'sglang' || !has(self.loraAdapters) || size(self.loraAdapters) == 0 || !has(self.args) || self.args.all(a, !a.matches('^--(enable-lora|lora-paths)([=].*)?$'))`,messageExpression=`'spec.engine.args sets %s, which the operator writes for SGLang from spec.engine.loraAdapters (--enable-lora --lora-paths NAME=PATH...; a second --lora-paths would replace its list): list the adapters in spec.engine.loraAdapters and remove the entry'.format([self.args.filter(a, a.matches('^--(enable-lora|lora-paths)([=].*)?$'))[0]])`,fieldPath=".args"
 // +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.loraAdapters)`,message="spec.engine.loraAdapters needs spec.engine.kind vllm or sglang: trtllm-serve takes no adapter flag",fieldPath=".loraAdapters"
 // +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.kvEvents) || !has(self.kvEvents.mode) || self.kvEvents.mode != 'EnginesConnect'`,message="spec.engine.kvEvents.mode must be RouterConnects with spec.engine.kind trtllm: its publisher always binds",fieldPath=".kvEvents.mode"
 // +kubebuilder:validation:XValidation:rule=`!has(self.kind) || self.kind != 'trtllm' || !has(self.parallelism) || !has(self.parallelism.dataLocal) || self.parallelism.dataLocal == 1 || !has(self.parallelism.tensor) || self.parallelism.tensor == 1`,messageExpression=`'spec.engine.parallelism.tensor is %d but must be 1 when dataLocal is %d with spec.engine.kind trtllm: its DP ranks are attention-DP ranks, one GPU each'.format([self.parallelism.tensor, self.parallelism.dataLocal])`,fieldPath=".parallelism.tensor"
@@ -311,7 +313,10 @@ type EngineSpec struct {
 	// pod spec nor the process's arguments) and the router as an environment variable it
 	// sends on every engine call. Both read the Secret through the kubelet: the operator
 	// never reads Secrets. vLLM guards the paths under /v1 with it (generation, the render
-	// endpoints, /v1/models); /health, /metrics and /tokenize stay open.
+	// endpoints, /v1/models); /health, /metrics and /tokenize stay open. SGLang has no variable
+	// for its key: it gets --api-key $(VLLM_API_KEY), which the kubelet expands (the pod spec
+	// shows the reference, the process's arguments on the node hold the key), and guards every
+	// path but /health and /metrics. TensorRT-LLM has no API key: the CRD refuses this field.
 	// +kubebuilder:validation:XValidation:rule=`!has(self.optional) || !self.optional`,message="spec.engine.apiKeySecretRef.optional must not be true: a missing key would start the engines without authentication"
 	// +optional
 	APIKeySecretRef *corev1.SecretKeySelector `json:"apiKeySecretRef,omitempty"`
@@ -527,21 +532,21 @@ type PodOverrides struct {
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 
 	// Volumes are added to the engine pod, beside the operator's own (home, dshm, model-cache,
-	// pvc-N), whose names they must not take. Only the sources the Pod Security "restricted"
-	// profile admits are offered.
+	// pvc-N, engine-config), whose names they must not take. Only the sources the Pod Security
+	// "restricted" profile admits are offered.
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=map
 	// +listMapKey=name
-	// +kubebuilder:validation:XValidation:rule=`self.all(v, !(v.name in ['home', 'dshm', 'model-cache']) && !v.name.matches('^pvc-[0-9]+$'))`,messageExpression=`'spec.engine.pod.volumes: %s is the name of a volume the operator adds (home, dshm, model-cache, pvc-N): rename it'.format([self.filter(v, v.name in ['home', 'dshm', 'model-cache'] || v.name.matches('^pvc-[0-9]+$')).map(v, v.name)])`
+	// +kubebuilder:validation:XValidation:rule=`self.all(v, !(v.name in ['home', 'dshm', 'model-cache', 'engine-config']) && !v.name.matches('^pvc-[0-9]+$'))`,messageExpression=`'spec.engine.pod.volumes: %s is the name of a volume the operator adds (home, dshm, model-cache, engine-config, pvc-N): rename it'.format([self.filter(v, v.name in ['home', 'dshm', 'model-cache', 'engine-config'] || v.name.matches('^pvc-[0-9]+$')).map(v, v.name)])`
 	// +optional
 	Volumes []EngineVolume `json:"volumes,omitempty"`
 
 	// VolumeMounts are added to the vllm container. Each names a volume of spec.engine.pod.volumes
 	// and a path the operator does not mount (/home/vllm, /dev/shm, /mnt/pvc/..., the model
-	// cache's /var/lib/kvroute/model-cache).
+	// cache's /var/lib/kvroute/model-cache, an engine's config file under /etc/kvroute).
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=atomic
-	// +kubebuilder:validation:XValidation:rule=`self.all(m, m.mountPath != '/home/vllm' && m.mountPath != '/dev/shm' && m.mountPath != '/var/lib/kvroute/model-cache' && !m.mountPath.matches('^/mnt/pvc(/.*)?$'))`,messageExpression=`'spec.engine.pod.volumeMounts: mountPath %s is where the operator mounts its own volumes (HOME /home/vllm, /dev/shm, pvc:// claims under /mnt/pvc, the model cache): choose another path'.format([self.filter(m, m.mountPath in ['/home/vllm', '/dev/shm', '/var/lib/kvroute/model-cache'] || m.mountPath.matches('^/mnt/pvc(/.*)?$')).map(m, m.mountPath)])`
+	// +kubebuilder:validation:XValidation:rule=`self.all(m, m.mountPath != '/home/vllm' && m.mountPath != '/dev/shm' && m.mountPath != '/var/lib/kvroute/model-cache' && !m.mountPath.matches('^/mnt/pvc(/.*)?$') && !m.mountPath.matches('^/etc/kvroute(/.*)?$'))`,messageExpression=`'spec.engine.pod.volumeMounts: mountPath %s is where the operator mounts its own volumes (HOME /home/vllm, /dev/shm, pvc:// claims under /mnt/pvc, the model cache, engine config under /etc/kvroute): choose another path'.format([self.filter(m, m.mountPath in ['/home/vllm', '/dev/shm', '/var/lib/kvroute/model-cache'] || m.mountPath.matches('^/mnt/pvc(/.*)?$') || m.mountPath.matches('^/etc/kvroute(/.*)?$')).map(m, m.mountPath)])`
 	// +optional
 	VolumeMounts []EngineVolumeMount `json:"volumeMounts,omitempty"`
 
@@ -893,6 +898,34 @@ type EndpointPickerSpec struct {
 	// +listType=atomic
 	// +optional
 	AllowFrom []networkingv1.NetworkPolicyPeer `json:"allowFrom,omitempty"`
+	// TLS is how the picker serves its gRPC port. Gateways dial a picker over TLS without
+	// verifying it, as the Inference Extension's own picker serves a self-signed certificate;
+	// the default does the same.
+	// +kubebuilder:default={mode: SelfSigned}
+	// +optional
+	TLS *EndpointPickerTLS `json:"tls,omitempty"`
+}
+
+// The picker's TLS modes (spec.router.endpointPicker.tls.mode).
+const (
+	PickerTLSSelfSigned = "SelfSigned"
+	PickerTLSSecret     = "Secret"
+	PickerTLSDisabled   = "Disabled"
+)
+
+// EndpointPickerTLS is the picker's certificate.
+// +kubebuilder:validation:XValidation:rule="self.mode == 'Secret' ? has(self.secretName) : !has(self.secretName)",message="spec.router.endpointPicker.tls: set secretName with mode Secret (a kubernetes.io/tls Secret in the model's namespace), and only then"
+type EndpointPickerTLS struct {
+	// Mode: SelfSigned (a certificate the router makes at start), Secret (tls.crt and tls.key
+	// from secretName, e.g. cert-manager's, re-read when rotated) or Disabled (plaintext gRPC:
+	// only for a gateway configured for it, or a mesh that encrypts the hop).
+	// +kubebuilder:default=SelfSigned
+	// +kubebuilder:validation:Enum=SelfSigned;Secret;Disabled
+	Mode string `json:"mode"`
+	// SecretName is a kubernetes.io/tls Secret in the model's namespace, with mode Secret.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
 }
 
 // RouterCaptureSpec bounds the trace capture. Files are written to
@@ -1176,6 +1209,18 @@ type RouterReport struct {
 	// +kubebuilder:validation:items:MaxLength=253
 	// +optional
 	Peers []string `json:"peers,omitempty"`
+	// Held is how many requests this router holds for want of a ready engine replica
+	// (kvroute_router_held_requests): the demand that wakes a model at zero replicas. A router
+	// writes its report at once when it starts or stops holding, and the count at each
+	// confirmation.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Held int32 `json:"held,omitempty"`
+	// BacklogSeconds is the model's queued prefill in seconds of the replicas' measured drain
+	// (kvroute_router_backlog_seconds, the fleet's figure) when the router last confirmed its
+	// report; absent while the drain rate is not measured.
+	// +optional
+	BacklogSeconds *resource.Quantity `json:"backlogSeconds,omitempty"`
 }
 
 // DegradedReplica is one degraded reason in force on one engine replica (engine pod and DP rank).
@@ -1263,6 +1308,16 @@ type RouterStatus struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	PeersMessage string `json:"peersMessage,omitempty"`
+	// HeldRequests is how many requests the routers hold now for want of a ready engine
+	// replica, summed over the fresh status.routerReports. Above zero at zero replicas, the
+	// operator scales a model with spec.autoscaling.minReplicas 0 to one (docs/autoscaling.md).
+	// +optional
+	HeldRequests int32 `json:"heldRequests,omitempty"`
+	// BacklogSeconds is the routers' queued prefill in seconds of the measured drain (the
+	// largest fresh report's; each router reports the fleet's figure), as of the routers' last
+	// confirmation (at most 20 s old); absent while no router has measured the drain rate.
+	// +optional
+	BacklogSeconds *resource.Quantity `json:"backlogSeconds,omitempty"`
 }
 
 // AutoscalerStatus names the autoscaler object.

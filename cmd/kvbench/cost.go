@@ -30,6 +30,7 @@ func runCost(args []string, stdout, stderr io.Writer) error {
 		return nil
 	})
 	policies := fs.String("policies", "kv,round-robin", "kvrouter --policy values, comma-separated, each measured")
+	modes := fs.String("modes", "proxy,picker", "how the router fronts the engine, comma-separated, each measured: proxy (its OpenAI listener) and picker (an endpoint picker, --ext-proc-listen, kvbench playing the gateway as kvroutectl epp-check does)")
 	rounds := fs.Int("rounds", 1, "measure every router and policy this many times, interleaved; figures are the median and range")
 	cpuSizes := fs.String("cpu-sizes", "2048,4096,32768,102400", "prompt tokens of the CPU-per-request measurement (empty: skip)")
 	cpuRequests := fs.Int("cpu-requests", 40, "sequential requests per CPU size")
@@ -63,6 +64,20 @@ func runCost(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(o.Policies) == 0 {
 		return usagef("--policies: name at least one policy")
+	}
+	for _, m := range strings.Split(*modes, ",") {
+		switch m = strings.TrimSpace(m); m {
+		case "":
+		case routercost.ModeProxy, routercost.ModePicker:
+			if !slices.Contains(o.Modes, m) {
+				o.Modes = append(o.Modes, m)
+			}
+		default:
+			return usagef("--modes: %q is neither proxy nor picker", m)
+		}
+	}
+	if len(o.Modes) == 0 {
+		return usagef("--modes: name proxy, picker or both")
 	}
 	if *rounds < 1 || *cpuRequests < 0 || *ttftPairs < 0 || *streams < 0 || *streamRequests < 0 || *maxTokens < 1 || *streamTokens < 1 {
 		return usagef("--rounds and --max-tokens must be at least 1; counts must not be negative")
@@ -162,18 +177,18 @@ func costBinaries(dir, simBin string, routers []string) (string, []routercost.Ro
 	return sim, out, nil
 }
 
-// costRow is one router and policy's figures over every round.
+// costRow is one router, policy and mode's figures over every round.
 type costRow struct {
-	router, policy string
-	figs           []routercost.Figures
+	router, policy, mode string
+	figs                 []routercost.Figures
 }
 
 func costRows(figs []routercost.Figures) []*costRow {
 	var rows []*costRow
 	for _, f := range figs {
-		i := slices.IndexFunc(rows, func(r *costRow) bool { return r.router == f.Router && r.policy == f.Policy })
+		i := slices.IndexFunc(rows, func(r *costRow) bool { return r.router == f.Router && r.policy == f.Policy && r.mode == f.Mode })
 		if i < 0 {
-			rows = append(rows, &costRow{router: f.Router, policy: f.Policy})
+			rows = append(rows, &costRow{router: f.Router, policy: f.Policy, mode: f.Mode})
 			i = len(rows) - 1
 		}
 		rows[i].figs = append(rows[i].figs, f)
@@ -206,14 +221,14 @@ func writeCostTable(w io.Writer, figs []routercost.Figures) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	first := rows[0].figs[0]
 	if len(first.CPU) > 0 {
-		fmt.Fprintln(tw, "router CPU per streamed request, ms (render included; median [min, max] over rounds)")
-		hdr := "router\tpolicy"
+		fmt.Fprintln(tw, "router CPU per streamed request, ms (render included; picker mode: the picker's process, the gateway's forwarding not included; median [min, max] over rounds)")
+		hdr := "router\tpolicy\tmode"
 		for _, c := range first.CPU {
 			hdr += fmt.Sprintf("\t%d tok", c.PromptTokens)
 		}
 		fmt.Fprintln(tw, hdr+"\tidle share\tengine at largest")
 		for _, r := range rows {
-			line := r.router + "\t" + r.policy
+			line := r.router + "\t" + r.policy + "\t" + r.mode
 			var idle, engine []float64
 			for i := range first.CPU {
 				var xs []float64
@@ -233,14 +248,14 @@ func writeCostTable(w io.Writer, figs []routercost.Figures) error {
 		fmt.Fprintln(tw)
 	}
 	if len(first.TTFT) > 0 {
-		fmt.Fprintln(tw, "router-added TTFT, ms (routed minus direct, alternating pairs: p50 / p90)")
-		hdr := "router\tpolicy"
+		fmt.Fprintln(tw, "router-added TTFT, ms (routed minus direct, alternating pairs: p50 / p90; picker mode: as the gateway's client sees it)")
+		hdr := "router\tpolicy\tmode"
 		for _, t := range first.TTFT {
 			hdr += fmt.Sprintf("\t%d tok p50\tp90\tdirect p50", t.PromptTokens)
 		}
 		fmt.Fprintln(tw, hdr)
 		for _, r := range rows {
-			line := r.router + "\t" + r.policy
+			line := r.router + "\t" + r.policy + "\t" + r.mode
 			for i := range first.TTFT {
 				var p50, p90, direct []float64
 				for _, f := range r.figs {
@@ -254,10 +269,11 @@ func writeCostTable(w io.Writer, figs []routercost.Figures) error {
 		}
 		fmt.Fprintln(tw)
 	}
+	writePickTable(tw, rows, first)
 	if first.Streams != nil {
 		s := first.Streams
 		fmt.Fprintf(tw, "%d concurrent streams of %d tokens, %d requests a side\n", s.Streams, s.PromptTokens, s.Requests)
-		fmt.Fprintln(tw, "router\tpolicy\trouted/direct req/s\tdirect req/s\tadded TTFT p50 ms\tdirect TTFT p50 ms\tfailed")
+		fmt.Fprintln(tw, "router\tpolicy\tmode\trouted/direct req/s\tdirect req/s\tadded TTFT p50 ms\tdirect TTFT p50 ms\tfailed")
 		for _, r := range rows {
 			var ratio, drps, added, dp50, failed []float64
 			for _, f := range r.figs {
@@ -267,9 +283,40 @@ func writeCostTable(w io.Writer, figs []routercost.Figures) error {
 					failed = append(failed, float64(f.Streams.Failed))
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.router, r.policy, spread(ratio, 3), spread(drps, 0),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.router, r.policy, r.mode, spread(ratio, 3), spread(drps, 0),
 				spread(added, 1), spread(dp50, 1), spread(failed, 0))
 		}
 	}
 	return tw.Flush()
+}
+
+// writePickTable is the picker's ext_proc round trip (request headers sent to pick received)
+// per prompt size, for the rows measured in picker mode.
+func writePickTable(tw *tabwriter.Writer, rows []*costRow, first routercost.Figures) {
+	if !slices.ContainsFunc(rows, func(r *costRow) bool { return r.mode == routercost.ModePicker }) || len(first.TTFT) == 0 {
+		return
+	}
+	fmt.Fprintln(tw, "picker round trip, ms (ext_proc: request headers sent to pick received, the body's pieces between; p50 / p90)")
+	hdr := "router\tpolicy"
+	for _, t := range first.TTFT {
+		hdr += fmt.Sprintf("\t%d tok p50\tp90", t.PromptTokens)
+	}
+	fmt.Fprintln(tw, hdr)
+	for _, r := range rows {
+		if r.mode != routercost.ModePicker {
+			continue
+		}
+		line := r.router + "\t" + r.policy
+		for i := range first.TTFT {
+			var p50, p90 []float64
+			for _, f := range r.figs {
+				if i < len(f.TTFT) {
+					p50, p90 = append(p50, f.TTFT[i].PickP50Ms), append(p90, f.TTFT[i].PickP90Ms)
+				}
+			}
+			line += "\t" + spread(p50, 2) + "\t" + spread(p90, 2)
+		}
+		fmt.Fprintln(tw, line)
+	}
+	fmt.Fprintln(tw)
 }

@@ -9,6 +9,8 @@ import (
 	"html"
 	"io"
 	"math"
+	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -95,6 +97,20 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	underTest := fs.String("under-test", "kv", "the policy under test: the table ends with its per-seed ratio to the best other policy of each seed (TTFT p90, p99: lowest; cached ratio: highest), mean and 95% t-interval; --capacity reports its capacity ratio")
 	ratioHW := fs.Float64("ratio-halfwidth", 0, "adaptive seeds (0 = off): run seeds one at a time from --first-seed, up to --seeds (at most 10), and stop once the --under-test policy's TTFT p90 and p99 ratios to the best other both have a relative half-width under this (0.03: 3%), which takes at least 3 seeds")
 	logDir := fs.String("log-dir", "", "keep process logs here (default: a temporary directory, removed unless a run fails)")
+	var externals []replay.External
+	fs.Func("router-url", "an external OpenAI-compatible router, NAME=URL[;admin=URL] (repeatable): replayed beside the policies, on engines kvbench keeps for it (their list is printed and written to --engines-out), as column NAME; admin= names a kvrouter's admin listener, whose accuracy counters are read", func(v string) error {
+		x, err := parseExternal(v, false)
+		externals = append(externals, x)
+		return err
+	})
+	fs.Func("ext-proc", "an external endpoint picker's ext_proc address, NAME=HOST:PORT[;admin=URL] (repeatable): kvbench plays the gateway (kvroutectl epp-check's client), forwarding each request to the endpoint picked, as column NAME", func(v string) error {
+		x, err := parseExternal(v, true)
+		externals = append(externals, x)
+		return err
+	})
+	enginePorts := fs.Int("engine-ports", 0, "with --router-url or --ext-proc: the kept engines' base port, so a router can be configured before kvbench starts (engine i: HTTP BASE+i, KV events BASE+1000+i x DP ranks, replay BASE+2000+i x DP ranks); 0: the kernel picks, and the router is configured from --engines-out")
+	enginesOut := fs.String("engines-out", "", "with --router-url or --ext-proc: write the kept engines here as kvrouter's engines file (--engines-file), their endpoints and KV-event addresses in comments")
+	externalReady := fs.Duration("external-ready-timeout", 2*time.Minute, "with --router-url or --ext-proc: how long each external router has to serve 2 probe requests per engine in a row before its run")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: kvbench replay (--trace FILE|DIR | --regime NAME) [flags]\n\n"+
 			"Replays a workload live through vllm-sim engines and kvrouter processes on this machine, once\n"+
@@ -119,6 +135,12 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if *warmReq < 0 || *warmReq > 0 && (*trace == "" || *offset < *warmReq) {
 		return usagef("--warm-requests N needs --trace and --offset >= N (the warm-up is the N requests before the offset)")
+	}
+	if len(externals) > 0 && *capacity {
+		return usagef("--router-url and --ext-proc are not for --capacity (replay them at a fixed rate beside the policies)")
+	}
+	if *enginePorts < 0 || *enginePorts > 0 && len(externals) == 0 || *enginesOut != "" && len(externals) == 0 {
+		return usagef("--engine-ports (>= 0) and --engines-out are the engines of --router-url and --ext-proc; give one of those")
 	}
 	if *ratioHW < 0 || *ratioHW > 0 && (*seeds < 3 || *capacity) {
 		return usagef("--ratio-halfwidth must be >= 0; it needs --seeds >= 3 (the most seeds it may run) and is not for --capacity (which stops at 3%%)")
@@ -232,12 +254,21 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	o.LogDir = *logDir
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if len(externals) > 0 {
+		o.External, o.ExternalReady = externals, *externalReady
+		eng, err := startExternalEngines(ctx, o, *enginePorts, *dp, w.Adapters, *enginesOut, stderr)
+		if err != nil {
+			return err
+		}
+		defer eng.Stop()
+		o.Engines = eng
+	}
 	warmed := ""
 	if len(w.Warm) > 0 {
 		warmed = fmt.Sprintf(" after %d warm-up requests", len(w.Warm))
 	}
-	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs%s, %d replicas, %d routers, %d policies x %d seeds; logs in %s\n",
-		w.Name, len(w.Requests), w.Span().Seconds(), warmed, *replicas, *routers, len(names), *seeds, o.LogDir)
+	fmt.Fprintf(stderr, "replay: %s, %d requests over %.1fs%s, %d replicas, %d routers, %d policies%s x %d seeds; logs in %s\n",
+		w.Name, len(w.Requests), w.Span().Seconds(), warmed, *replicas, *routers, len(names), externalCount(externals), *seeds, o.LogDir)
 	runs, err := replayRuns(ctx, o, w, *underTest, *ratioHW, replay.Replay, stderr)
 	if err != nil {
 		return fmt.Errorf("%w (logs kept in %s)", err, o.LogDir)
@@ -467,6 +498,7 @@ func writeReplayTable(w io.Writer, out *replayOutput) error {
 				r.Policy, r.Held, r.Requests*r.Seeds)
 		}
 	}
+	writeExternalLines(w, out)
 	for _, b := range out.BestOther {
 		fmt.Fprintf(w, "%s\n", ratioLine(b))
 	}
@@ -804,4 +836,100 @@ func writeOutcomes(path string, runs []*replay.RunResult) error {
 		return err
 	}
 	return f.Close()
+}
+
+// parseExternal reads --router-url NAME=URL[;admin=URL] or --ext-proc NAME=HOST:PORT[;admin=URL].
+func parseExternal(v string, extProc bool) (replay.External, error) {
+	flagName := "--router-url"
+	if extProc {
+		flagName = "--ext-proc"
+	}
+	spec, opts, _ := strings.Cut(v, ";")
+	name, addr, ok := strings.Cut(spec, "=")
+	name, addr = strings.TrimSpace(name), strings.TrimSpace(addr)
+	if !ok || name == "" || addr == "" || strings.ContainsAny(name, " :/,") {
+		return replay.External{}, fmt.Errorf("%s %q: want NAME=ADDRESS (a name without spaces, ':', '/' or ',')", flagName, v)
+	}
+	x := replay.External{Name: name}
+	if extProc {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return x, fmt.Errorf("%s %s: the picker's address is HOST:PORT (%v)", flagName, name, err)
+		}
+		x.ExtProc = addr
+	} else {
+		u, err := url.Parse(addr)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return x, fmt.Errorf("%s %s: %q is not an http(s)://host:port URL", flagName, name, addr)
+		}
+		x.URL = addr
+	}
+	for _, o := range strings.Split(opts, ";") {
+		if o = strings.TrimSpace(o); o == "" {
+			continue
+		}
+		k, val, _ := strings.Cut(o, "=")
+		if k != "admin" || !strings.HasPrefix(val, "http") {
+			return x, fmt.Errorf("%s %s: unknown option %q (only admin=http://HOST:PORT, a kvrouter's admin listener)", flagName, name, o)
+		}
+		x.Admin = val
+	}
+	return x, nil
+}
+
+func externalCount(xs []replay.External) string {
+	if len(xs) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" and %d external routers", len(xs))
+}
+
+// startExternalEngines starts the engines the external routers front, for the whole replay,
+// and tells the user where they are: the lines a router is configured with, on stderr and in
+// the engines file (out, and the log directory's external-engines.txt).
+func startExternalEngines(ctx context.Context, o replay.Options, basePort, ranks int, adapters []string, out string, stderr io.Writer) (*replay.Engines, error) {
+	if err := os.MkdirAll(o.LogDir, 0o755); err != nil {
+		return nil, err
+	}
+	eng, err := replay.StartEngines(ctx, o, basePort, ranks, adapters)
+	if err != nil {
+		return nil, err
+	}
+	file := eng.File()
+	paths := []string{filepath.Join(o.LogDir, "external-engines.txt")}
+	if out != "" {
+		paths = append(paths, out)
+	}
+	for _, p := range paths {
+		if err := writeAtomic(p, []byte(file)); err != nil {
+			eng.Stop()
+			return nil, err
+		}
+	}
+	fmt.Fprintf(stderr, "replay: the external routers front these %d engines (engines file %s; kvrouter: --engines-file it):\n%s",
+		len(eng.Names), paths[len(paths)-1], file)
+	return eng, nil
+}
+
+func writeAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// writeExternalLines says what ran behind each external router's name.
+func writeExternalLines(w io.Writer, out *replayOutput) {
+	for _, pol := range out.Results {
+		i := slices.IndexFunc(out.Runs, func(r *replay.RunResult) bool { return r.Policy == pol.Policy && r.External != "" })
+		if i < 0 {
+			continue
+		}
+		unknown := ""
+		if math.IsNaN(pol.MaxEngineShare.Mean) {
+			unknown = "; max_share -: it does not say which engine served (kvrouter's x-kvroute-engine)"
+		}
+		fmt.Fprintf(w, "  %s: external %s, on the engines kvbench kept for the external routers (reset between runs)%s\n",
+			pol.Policy, out.Runs[i].External, unknown)
+	}
 }

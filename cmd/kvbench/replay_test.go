@@ -37,6 +37,13 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "0.03", "--seeds", "5", "--capacity"}, "--ratio-halfwidth"},
 		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "0.03", "--seeds", "5", "--policies", "load,round-robin"}, "--under-test kv"},
 		{[]string{"--regime", "no-reuse", "--ratio-halfwidth", "0.03", "--seeds", "5", "--policies", "kv"}, "another policy"},
+		{[]string{"--regime", "no-reuse", "--router-url", "llmd"}, "NAME=ADDRESS"},
+		{[]string{"--regime", "no-reuse", "--router-url", "llmd=localhost:80"}, "http(s)://host:port"},
+		{[]string{"--regime", "no-reuse", "--ext-proc", "epp=http://x:9002"}, "HOST:PORT"},
+		{[]string{"--regime", "no-reuse", "--ext-proc", "epp=127.0.0.1:9002;metrics=x"}, "unknown option"},
+		{[]string{"--regime", "no-reuse", "--ext-proc", "epp=127.0.0.1:9002", "--capacity"}, "not for --capacity"},
+		{[]string{"--regime", "no-reuse", "--engine-ports", "18000"}, "give one of those"},
+		{[]string{"--regime", "no-reuse", "--engines-out", "f.txt"}, "give one of those"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(append([]string{"replay"}, tc.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), tc.want) {
@@ -371,6 +378,37 @@ func TestCapacityRequestsSustainTheProbedRate(t *testing.T) {
 	} {
 		if got := capacityRequests(c.rate, c.duration, c.maxReq); got != c.want {
 			t.Errorf("capacityRequests(%g, %v, %d) = %d; want %d", c.rate, c.duration, c.maxReq, got, c.want)
+		}
+	}
+}
+
+func TestParseExternal(t *testing.T) {
+	x, err := parseExternal("kvr=http://127.0.0.1:8080;admin=http://127.0.0.1:8081", false)
+	if err != nil || x.Name != "kvr" || x.URL != "http://127.0.0.1:8080" || x.Admin != "http://127.0.0.1:8081" || x.ExtProc != "" {
+		t.Fatalf("router-url: %+v, %v", x, err)
+	}
+	x, err = parseExternal("llm-d=10.0.0.7:9002", true)
+	if err != nil || x.Name != "llm-d" || x.ExtProc != "10.0.0.7:9002" || x.URL != "" {
+		t.Fatalf("ext-proc: %+v, %v", x, err)
+	}
+}
+
+// An external router's rows read like a policy's, and the table says what ran behind the name
+// and why its spread may be unknown.
+func TestReplayTableExternal(t *testing.T) {
+	runs := []*replay.RunResult{
+		{Policy: "kv", Seed: 1, Wall: 2, Engines: []string{"engine-0", "engine-1"}, Outcomes: []replay.Outcome{
+			{TTFT: 0.05, E2E: 0.3, PromptTokens: 100, CachedTokens: 90, Engine: "engine-0"}}},
+		{Policy: "llmd", Seed: 1, Wall: 2, Engines: []string{"engine-0", "engine-1"}, External: "router-url http://gw:80", Outcomes: []replay.Outcome{
+			{TTFT: 0.06, E2E: 0.3, PromptTokens: 100, CachedTokens: 80}}},
+	}
+	var b bytes.Buffer
+	if err := writeReplayTable(&b, &replayOutput{Workload: "w", Replicas: 2, Seeds: 1, Requests: 1, Results: replay.Summarize(runs), Runs: runs}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"llmd ", "0.80", "llmd: external router-url http://gw:80", "which engine served"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -20,10 +21,11 @@ func runEPPCheck(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	model := fs.String("model", "", "the model name the engines behind the picker serve (required)")
 	conformance := fs.Bool("conformance", false, "also check the conformance suite's hooks (test-epp-endpoint-selection, x-conformance-test-served-endpoint)")
+	useTLS := fs.Bool("tls", false, "dial the picker over TLS without verifying its certificate, as gateways dial the Inference Extension's picker (its self-signed one included)")
 	timeout := fs.Duration("timeout", time.Minute, "time limit of each check")
 	output := fs.String("output", "table", "table or json")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvroutectl epp-check ADDR --model NAME [--conformance] [--timeout 1m] [--output table|json]")
+		fmt.Fprintln(stderr, "usage: kvroutectl epp-check ADDR --model NAME [--conformance] [--tls] [--timeout 1m] [--output table|json]")
 		fs.PrintDefaults()
 	}
 	// The address comes first; flags may follow it.
@@ -47,7 +49,11 @@ func runEPPCheck(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	res, err := gatewaytest.Check(context.Background(), addr, gatewaytest.CheckOptions{Model: *model, Conformance: *conformance, Timeout: *timeout})
+	co := gatewaytest.CheckOptions{Model: *model, Conformance: *conformance, Timeout: *timeout}
+	if *useTLS {
+		co.TLS = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // what a gateway does with a picker's self-signed certificate
+	}
+	res, err := gatewaytest.Check(context.Background(), addr, co)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroutectl epp-check: %v\n", err)
 		return 1

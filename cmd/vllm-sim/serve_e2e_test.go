@@ -18,6 +18,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvroute/kvroute/api/v1alpha1/validation"
+	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers/render"
 	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/kvwire"
@@ -207,15 +208,17 @@ func TestRenderedEngineCommandRuns(t *testing.T) {
 }
 
 // The rendered SGLang and TensorRT-LLM engine commands, run as the image runs them: SGLang's
-// through a link named python3, TensorRT-LLM's through the rendered /bin/sh script that writes
-// the kubelet-expanded config to the --config file and execs trtllm-serve (a link on PATH). The
-// one change is the config file's path, moved from the pod's home to a temporary directory.
+// through a link named python3, TensorRT-LLM's through a link named trtllm-serve reading the
+// --config file the kubelet projects from the pod annotation (written here where the volume
+// would be). Neither needs a shell, so both run on the hermetic image (hack/images.sh), which
+// has none: each command's program is one of Dockerfile.vllm-sim's links.
 func TestRenderedOtherEngineCommandsRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds vllm-sim")
 	}
-	if _, err := os.Stat("/bin/sh"); err != nil {
-		t.Skip("no /bin/sh")
+	df, err := os.ReadFile("../../Dockerfile.vllm-sim")
+	if err != nil {
+		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	bin := testkit.Build(t, "./cmd/vllm-sim")
@@ -246,7 +249,15 @@ func TestRenderedOtherEngineCommandsRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			c := d.Spec.Template.Spec.Containers[0]
-			cfgPath := filepath.Join(t.TempDir(), "trtllm-config.yaml")
+			if !strings.Contains(string(df), "RUN ln -s vllm-sim /usr/local/bin/"+c.Command[0]+"\n") {
+				t.Fatalf("command %q: its program is not a link of Dockerfile.vllm-sim (the hermetic image has no shell)", c.Command)
+			}
+			cfgPath := filepath.Join(t.TempDir(), "config.yaml")
+			if cfg := d.Spec.Template.Annotations[v1alpha1.AnnotationEngineConfig]; cfg != "" {
+				if err := os.WriteFile(cfgPath, []byte(cfg), 0o444); err != nil {
+					t.Fatal(err)
+				}
+			}
 			env := []string{"POD_IP=127.0.0.1", "PATH=" + dir + ":" + os.Getenv("PATH")}
 			for _, e := range c.Env {
 				if e.ValueFrom == nil {
@@ -260,11 +271,12 @@ func TestRenderedOtherEngineCommandsRun(t *testing.T) {
 				cmd = exec.Command(filepath.Join(dir, "python3"), append(c.Command[1:], c.Args...)...)
 				cmd.Args[0] = c.Command[0]
 			case "trtllm":
-				argv := append(slices.Clone(c.Command), c.Args...)
-				for i := range argv {
-					argv[i] = strings.ReplaceAll(argv[i], render.TRTLLMConfigPath, cfgPath)
+				args := slices.Clone(c.Args)
+				for i := range args {
+					args[i] = strings.ReplaceAll(args[i], render.TRTLLMConfigPath, cfgPath)
 				}
-				cmd = exec.Command(argv[0], argv[1:]...)
+				cmd = exec.Command(filepath.Join(dir, c.Command[0]), args...)
+				cmd.Args[0] = c.Command[0]
 			}
 			var out testkit.LockedBuffer
 			cmd.Env = append(os.Environ(), env...)
@@ -292,18 +304,42 @@ func TestRenderedOtherEngineCommandsRun(t *testing.T) {
 			if !strings.Contains(out.String(), "vllm-sim: serving ") || !strings.Contains(out.String(), "events [tcp://") {
 				t.Errorf("no serving line with event endpoints in:\n%s", out.String())
 			}
-			model := m.Spec.Model.Name
-			if shape == "trtllm" {
-				model = strings.TrimPrefix(m.Spec.Model.URI, "hf://") // trtllm-serve serves MODEL under its path
+			if topic := d.Spec.Template.Annotations[v1alpha1.AnnotationKVTopic]; shape == "trtllm" &&
+				(topic == "" || !strings.Contains(out.String(), fmt.Sprintf("topic %q", topic))) {
+				t.Errorf("the engine does not publish the topic its pods announce (%q):\n%s", topic, out.String())
 			}
-			body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 2, "prompt": "hello there"})
-			resp, err := http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
+			// Clients (and the router) name the spec's model. trtllm-serve has no served-name
+			// option: its /v1/models lists MODEL, and it answers under whatever name is asked.
+			served := m.Spec.Model.Name
+			if shape == "trtllm" {
+				served = strings.TrimPrefix(m.Spec.Model.URI, "hf://")
+			}
+			resp, err := http.Get(base + "/v1/models")
 			if err != nil {
 				t.Fatal(err)
 			}
+			var ml struct {
+				Data []struct {
+					ID string `json:"id"`
+				} `json:"data"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&ml)
 			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Errorf("completion: status %d", resp.StatusCode)
+			if len(ml.Data) == 0 || ml.Data[0].ID != served {
+				t.Errorf("/v1/models %+v, want %q", ml.Data, served)
+			}
+			body, _ := json.Marshal(map[string]any{"model": m.Spec.Model.Name, "max_tokens": 2, "prompt": "hello there"})
+			resp, err = http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var answer struct {
+				Model string `json:"model"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&answer)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || answer.Model != m.Spec.Model.Name {
+				t.Errorf("completion naming %q: status %d, model %q", m.Spec.Model.Name, resp.StatusCode, answer.Model)
 			}
 		})
 	}

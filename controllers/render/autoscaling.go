@@ -66,8 +66,10 @@ func scaleTarget(m *v1alpha1.KVRoutedModel) autoscalingv2.CrossVersionObjectRefe
 // HorizontalPodAutoscaler targets the KVRoutedModel's /scale, never the Deployment, so the
 // operator sees every scale event. Default metrics: BacklogMetric per replica (external metrics
 // API) and QueueMetric per pod (custom metrics API). The HPA never goes below one replica (its
-// scale to zero is an alpha feature gate): a model at spec.replicas 0 is left there by the HPA,
-// and the operator brings it back to one on demand (spec.autoscaling.minReplicas 0).
+// scale to zero is an alpha feature gate), so minReplicas 0 is KEDA's only (the CRD refuses it
+// with HPA); a model set to spec.replicas 0 by hand is left there by the HPA, which does not
+// act on a target at zero, and by the operator's wake (controllers/wake.go), which needs
+// minReplicas 0.
 func HorizontalPodAutoscaler(m *v1alpha1.KVRoutedModel) *autoscalingv2.HorizontalPodAutoscaler {
 	a := m.Spec.Autoscaling
 	var metrics []autoscalingv2.MetricSpec

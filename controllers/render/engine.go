@@ -55,10 +55,28 @@ func EnginePorts(m *v1alpha1.KVRoutedModel) Ports {
 	return p
 }
 
-// kvEventsConfig is vLLM's --kv-events-config JSON (vllm/config/kv_events.py), in a fixed
-// field order so the rendered args are stable.
-type kvEventsConfig struct {
-	Enable         bool   `json:"enable_kv_cache_events"`
+// EnginesConnect reports whether the engines dial the router with their events (kvrouter's
+// bound mode) instead of binding their own event ports.
+func EnginesConnect(m *v1alpha1.KVRoutedModel) bool {
+	ev := m.Spec.Engine.KVEvents
+	return ev.Enabled != nil && *ev.Enabled && ev.Mode == v1alpha1.EventsEnginesConnect
+}
+
+// KVEventsConfigJSON is vLLM's --kv-events-config value (vllm/config/kv_events.py): the
+// publisher config every kind shares (publisherConfig), with enable_kv_cache_events true.
+func KVEventsConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
+	return publisherConfigJSON(m, true)
+}
+
+// publisherConfig is the KV-event publisher config vLLM and SGLang (--kv-events-config) and
+// TensorRT-LLM (kv_cache_config.kv_events_config) take, in a fixed field order so the
+// rendered command is stable. Enable is the switch vLLM and both engines' newer publishers
+// read. The topic holds $(POD_IP), which the kubelet expands from the container's POD_IP
+// variable (TensorRT-LLM's config, which no kubelet expands, replaces it). The endpoint is
+// where the PUB socket goes: vLLM and SGLang bind an address with "*" and connect to one with
+// a host (vllm/distributed/kv_events.py), so EnginesConnect names the router's events Service.
+type publisherConfig struct {
+	Enable         *bool  `json:"enable_kv_cache_events,omitempty"`
 	Publisher      string `json:"publisher"`
 	Endpoint       string `json:"endpoint"`
 	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
@@ -67,26 +85,20 @@ type kvEventsConfig struct {
 	BufferSteps    int32  `json:"buffer_steps"`
 }
 
-// EnginesConnect reports whether the engines dial the router with their events (kvrouter's
-// bound mode) instead of binding their own event ports.
-func EnginesConnect(m *v1alpha1.KVRoutedModel) bool {
+// newPublisherConfig fills the publisher config from spec.engine.kvEvents: rank 0's ports
+// (each engine adds the DP rank), the topic with $(POD_IP) for the kubelet to expand, and with
+// EnginesConnect the router's events Service to dial.
+func newPublisherConfig(m *v1alpha1.KVRoutedModel, enable bool) publisherConfig {
 	ev := m.Spec.Engine.KVEvents
-	return ev.Enabled != nil && *ev.Enabled && ev.Mode == v1alpha1.EventsEnginesConnect
-}
-
-// KVEventsConfigJSON is the --kv-events-config value. The topic holds $(POD_IP), which the
-// kubelet expands from the container's POD_IP variable. The endpoint is where the PUB socket
-// goes: vLLM binds an address with "*" and connects to one with a host
-// (vllm/distributed/kv_events.py), so EnginesConnect names the router's events Service.
-func KVEventsConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
-	ev := m.Spec.Engine.KVEvents
-	c := kvEventsConfig{
-		Enable:      true,
+	c := publisherConfig{
 		Publisher:   "zmq",
 		Endpoint:    fmt.Sprintf("tcp://*:%d", ev.BasePort),
 		Topic:       ev.TopicPrefix + "@$(POD_IP)@" + m.Spec.Model.Name,
 		HWM:         *ev.HWM,
 		BufferSteps: ev.BufferSteps,
+	}
+	if enable {
+		c.Enable = ptr(true)
 	}
 	if EnginesConnect(m) {
 		c.Endpoint = fmt.Sprintf("tcp://%s.%s.svc:%d", EventsServiceName(m), m.Namespace, ev.BasePort)
@@ -94,10 +106,19 @@ func KVEventsConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
 	if *ev.ReplayBasePort != 0 {
 		c.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", *ev.ReplayBasePort)
 	}
+	return c
+}
+
+func publisherConfigJSON(m *v1alpha1.KVRoutedModel, enable bool) (string, error) {
+	return compactJSON(newPublisherConfig(m, enable))
+}
+
+// compactJSON encodes v on one line, leaving <, > and & as they are.
+func compactJSON(v any) (string, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(c); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return "", err
 	}
 	return strings.TrimSpace(b.String()), nil
@@ -187,23 +208,42 @@ func vllmArgs(m *v1alpha1.KVRoutedModel) ([]string, error) {
 	if Disaggregated(m) {
 		args = append(args, "--kv-transfer-config", KVTransferConfigJSON(m))
 	}
-	if len(e.LoRAAdapters) > 0 {
-		args = append(args, "--enable-lora", "--lora-modules")
-		for _, a := range e.LoRAAdapters {
-			ref, err := TranslateURI(a.URI)
-			if err != nil {
-				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: %w", a.Name, err)
-			}
-			if ref.Revision != "" {
-				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: vLLM takes no revision for adapters (%s)", a.Name, a.URI)
-			}
-			args = append(args, a.Name+"="+ref.Path)
-		}
+	lora, err := loraArgs(m, "vLLM", "--lora-modules")
+	if err != nil {
+		return nil, err
 	}
-	for _, a := range e.Args {
-		args = append(args, string(a))
+	return withUserArgs(append(args, lora...), m), nil
+}
+
+// loraArgs are the flags serving spec.engine.loraAdapters, NAME=PATH each after listFlag
+// (vLLM's --lora-modules, SGLang's --lora-paths), both after --enable-lora; engine names the
+// engine in the error for an adapter with a revision, which neither takes.
+func loraArgs(m *v1alpha1.KVRoutedModel, engine, listFlag string) ([]string, error) {
+	ads := m.Spec.Engine.LoRAAdapters
+	if len(ads) == 0 {
+		return nil, nil
+	}
+	args := []string{"--enable-lora", listFlag}
+	for _, a := range ads {
+		ref, err := TranslateURI(a.URI)
+		if err != nil {
+			return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: %w", a.Name, err)
+		}
+		if ref.Revision != "" {
+			return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: %s takes no revision for adapters (%s)", a.Name, engine, a.URI)
+		}
+		args = append(args, a.Name+"="+ref.Path)
 	}
 	return args, nil
+}
+
+// withUserArgs appends spec.engine.args, last, so they can add anything the operator does not
+// own (the CRD refuses owned flags in them).
+func withUserArgs(args []string, m *v1alpha1.KVRoutedModel) []string {
+	for _, a := range m.Spec.Engine.Args {
+		args = append(args, string(a))
+	}
+	return args
 }
 
 // claims lists the distinct PVCs the model and adapters read, in first-use order.
@@ -256,6 +296,10 @@ func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*ap
 	if err != nil {
 		return nil, err
 	}
+	cfgFile, err := server.configFile(m)
+	if err != nil {
+		return nil, err
+	}
 	ports := EnginePorts(m)
 	health := server.healthPath()
 
@@ -283,6 +327,16 @@ func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*ap
 	}
 	pod := e.Pod
 	volumes := engineVolumes(m, &container)
+	annotations := EnginePodAnnotations(m)
+	if cfgFile != nil {
+		volumes = append(volumes, corev1.Volume{Name: engineConfigVolume, VolumeSource: corev1.VolumeSource{
+			DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{{
+				Path:     cfgFile.Name,
+				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.annotations['" + v1alpha1.AnnotationEngineConfig + "']"},
+			}}}}})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: engineConfigVolume, MountPath: cfgFile.Dir, ReadOnly: true})
+		annotations[v1alpha1.AnnotationEngineConfig] = cfgFile.Content
+	}
 	for i := range pod.EnvFrom {
 		container.EnvFrom = append(container.EnvFrom, *pod.EnvFrom[i].DeepCopy())
 	}
@@ -327,7 +381,7 @@ func poolDeployment(m *v1alpha1.KVRoutedModel, opts Options, pl enginePool) (*ap
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels:      merge(pod.Labels, pl.podLabels),
-					Annotations: merge(pod.Annotations, EnginePodAnnotations(m)),
+					Annotations: merge(pod.Annotations, annotations),
 				},
 				Spec: podSpec,
 			},
@@ -376,6 +430,9 @@ func EnginePodAnnotations(m *v1alpha1.KVRoutedModel) map[string]string {
 	}
 	if len(p.Replay) > 0 {
 		a[v1alpha1.AnnotationKVReplay] = joinPorts(p.Replay)
+	}
+	if t := TRTLLMTopic(m); t != "" {
+		a[v1alpha1.AnnotationKVTopic] = t
 	}
 	return a
 }

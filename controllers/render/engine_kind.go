@@ -20,6 +20,8 @@ type engineServer interface {
 	args(m *v1alpha1.KVRoutedModel) ([]string, error)
 	// env is what this engine needs beyond engineEnv's variables, in order after them.
 	env(m *v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error)
+	// configFile is a file the server reads at start, nil for none.
+	configFile(m *v1alpha1.KVRoutedModel) (*engineConfigFile, error)
 	// healthPath answers 200 once the server takes requests; metricsPath serves Prometheus text.
 	healthPath() string
 	metricsPath() string
@@ -28,6 +30,17 @@ type engineServer interface {
 	// flags are the options of the pinned release's server, for CheckEngineArgs.
 	flags() *flagTable
 }
+
+// engineConfigFile is a config file an engine reads at start. Its content goes in the pod
+// annotation AnnotationEngineConfig, and a downward API volume mounted read-only at Dir makes
+// it the file Name: the kubelet writes it, so the container needs no shell to, and a change
+// to it changes the pod template (a rollout, as a change to the args).
+type engineConfigFile struct {
+	Dir, Name, Content string
+}
+
+// engineConfigVolume is the downward API volume that holds an engineConfigFile.
+const engineConfigVolume = "engine-config"
 
 // engineReleases are one kind's pinned images.
 type engineReleases struct {

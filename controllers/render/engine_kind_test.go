@@ -45,7 +45,7 @@ func TestEngineKindsRenderTheirOwnServer(t *testing.T) {
 			command: []string{"python3", "-m", "sglang.launch_server"},
 			flags:   map[string]string{"--model-path": "Qwen/Qwen3-8B", "--served-model-name": "qwen3-8b", "--host": "0.0.0.0", "--port": "8000", "--tp-size": "1", "--dp-size": "2", "--page-size": "16"}},
 		{shape: "trtllm", kind: "trtllm", container: "trtllm", image: render.TRTLLMImage + ":" + render.TestedTRTLLMReleases[0], metrics: "/prometheus/metrics",
-			command: []string{"/bin/sh", "-c"},
+			command: []string{"trtllm-serve"},
 			flags:   map[string]string{"--host": "0.0.0.0", "--port": "8000", "--tp_size": "2", "--backend": "pytorch", "--config": render.TRTLLMConfigPath}},
 	} {
 		t.Run(c.kind, func(t *testing.T) {
@@ -155,27 +155,55 @@ func TestSGLangKVEventsConfig(t *testing.T) {
 	}
 }
 
-// TensorRT-LLM's config reaches the server through the kubelet-expanded variable the shell
-// writes to the file --config names; it turns on block reuse, the block size, the V2 manager
-// and its publisher, and attention DP for several DP ranks.
+// TensorRT-LLM's config reaches the server as a file the kubelet projects from a pod
+// annotation (a downward API volume mounted read-only), so the container runs trtllm-serve
+// itself, no shell; the config turns on block reuse, the block size, the V2 manager and its
+// publisher, and attention DP for several DP ranks. Its topic is the model's, shared by every
+// pod, and the pods say so to the router's discovery.
 func TestTRTLLMConfig(t *testing.T) {
 	m := sample(t, "trtllm")
-	ctr := engineContainer(t, m, testOpts)
-	if len(ctr.Command) != 4 || !strings.Contains(ctr.Command[2], `"$`+render.TRTLLMConfigEnv+`" > `+render.TRTLLMConfigPath) ||
-		!strings.Contains(ctr.Command[2], `exec trtllm-serve "$@"`) || ctr.Command[3] != "trtllm-serve" {
-		t.Fatalf("command %q", ctr.Command)
+	d, err := render.EngineDeployment(m, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := d.Spec.Template
+	ctr := tmpl.Spec.Containers[0]
+	if !slices.Equal(ctr.Command, []string{"trtllm-serve"}) {
+		t.Fatalf("command %q: want trtllm-serve itself (no shell)", ctr.Command)
 	}
 	if ctr.Args[0] != "meta-llama/Llama-3.1-8B-Instruct" {
 		t.Errorf("model %q first", ctr.Args[0])
 	}
-	var raw string
-	for i, e := range ctr.Env {
-		if e.Name == render.TRTLLMConfigEnv {
-			raw = e.Value
-			if ctr.Env[0].Name != "POD_IP" || i == 0 {
-				t.Errorf("POD_IP must come before %s for the kubelet to expand it: %v", render.TRTLLMConfigEnv, ctr.Env)
-			}
+	if v, _ := argAfter(ctr.Args, "--config"); v != render.TRTLLMConfigPath {
+		t.Errorf("--config %q, want %s", v, render.TRTLLMConfigPath)
+	}
+	for _, e := range ctr.Env {
+		if strings.Contains(e.Value, "kv_cache_config") {
+			t.Errorf("config still passed in variable %s", e.Name)
 		}
+	}
+	raw := tmpl.Annotations[v1alpha1.AnnotationEngineConfig]
+	var vol *corev1.Volume
+	for i := range tmpl.Spec.Volumes {
+		if tmpl.Spec.Volumes[i].DownwardAPI != nil {
+			vol = &tmpl.Spec.Volumes[i]
+		}
+	}
+	if vol == nil || len(vol.DownwardAPI.Items) != 1 ||
+		vol.DownwardAPI.Items[0].FieldRef.FieldPath != "metadata.annotations['"+v1alpha1.AnnotationEngineConfig+"']" {
+		t.Fatalf("no downward API volume projecting the config annotation: %+v", tmpl.Spec.Volumes)
+	}
+	mounted := false
+	for _, vm := range ctr.VolumeMounts {
+		if vm.Name == vol.Name && vm.ReadOnly && vm.MountPath+"/"+vol.DownwardAPI.Items[0].Path == render.TRTLLMConfigPath {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Errorf("config volume not mounted read-only at %s: %+v", render.TRTLLMConfigPath, ctr.VolumeMounts)
+	}
+	if got := tmpl.Annotations[v1alpha1.AnnotationKVTopic]; got != "kv@"+render.EngineName(m)+"@llama-3-8b" {
+		t.Errorf("topic annotation %q", got)
 	}
 	var cfg struct {
 		EnableAttentionDP bool `json:"enable_attention_dp"`
@@ -198,25 +226,15 @@ func TestTRTLLMConfig(t *testing.T) {
 	}
 	ev := cfg.KV.Events
 	if !cfg.EnableAttentionDP || !cfg.KV.Reuse || cfg.KV.Tokens != 32 || !cfg.KV.V2 || cfg.KV.EventBuf <= 0 || ev == nil ||
-		!ev.Enable || ev.Publisher != "zmq" || ev.Endpoint != "tcp://*:5557" || ev.Replay != "tcp://*:5600" || ev.Topic != "kv@$(POD_IP)@llama-3-8b" {
+		!ev.Enable || ev.Publisher != "zmq" || ev.Endpoint != "tcp://*:5557" || ev.Replay != "tcp://*:5600" || ev.Topic != tmpl.Annotations[v1alpha1.AnnotationKVTopic] {
 		t.Errorf("config %s", raw)
 	}
 
-	// A user variable of the same name is replaced, not duplicated (the pod spec's env is a
-	// map keyed by name).
-	m.Spec.Engine.Env = append(m.Spec.Engine.Env, corev1.EnvVar{Name: render.TRTLLMConfigEnv, Value: "{}"})
-	ctr = engineContainer(t, m, testOpts)
-	n := 0
-	for _, e := range ctr.Env {
-		if e.Name == render.TRTLLMConfigEnv {
-			n++
-			if e.Value == "{}" {
-				t.Error("the user's value replaced the operator's")
-			}
-		}
-	}
-	if n != 1 {
-		t.Errorf("%d %s variables", n, render.TRTLLMConfigEnv)
+	// A user annotation of the same name does not replace the operator's config.
+	m.Spec.Engine.Pod.Annotations = map[string]string{v1alpha1.AnnotationEngineConfig: "{}"}
+	d, _ = render.EngineDeployment(m, testOpts)
+	if d.Spec.Template.Annotations[v1alpha1.AnnotationEngineConfig] != raw {
+		t.Error("the user's annotation replaced the operator's config")
 	}
 
 	// One DP rank: tensor parallelism as asked, no attention DP; events off: no publisher.

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/router/config"
 )
 
 // RouterGRPCPort is the picker's gRPC port in the router pod and on its Service: Envoy
@@ -106,13 +107,40 @@ func pickerPeers(m *v1alpha1.KVRoutedModel) []networkingv1.NetworkPolicyPeer {
 	return out
 }
 
-// grpcProbe is a kubelet gRPC probe of the picker's health service (liveness or readiness,
-// served by router/extproc beside ext_proc).
-func grpcProbe(service string, period, failures int32) *corev1.Probe {
-	return &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: RouterGRPCPort, Service: ptr(service)}},
-		PeriodSeconds: period, TimeoutSeconds: 2, SuccessThreshold: 1, FailureThreshold: failures,
+// RouterPickerTLSDir is where a picker's certificate Secret (mode Secret) is mounted.
+const RouterPickerTLSDir = "/etc/kvroute/picker-tls"
+
+// pickerTLS is the picker's TLS spec with its default (SelfSigned) applied.
+func pickerTLS(m *v1alpha1.KVRoutedModel) v1alpha1.EndpointPickerTLS {
+	if ep := m.Spec.Router.EndpointPicker; ep != nil && ep.TLS != nil && ep.TLS.Mode != "" {
+		return *ep.TLS
 	}
+	return v1alpha1.EndpointPickerTLS{Mode: v1alpha1.PickerTLSSelfSigned}
+}
+
+// pickerTLSConfig is the router config's extProc.tls: a self-signed certificate, the mounted
+// Secret's, or none (plaintext).
+func pickerTLSConfig(m *v1alpha1.KVRoutedModel) *config.ExtProcTLS {
+	switch pickerTLS(m).Mode {
+	case v1alpha1.PickerTLSDisabled:
+		return nil
+	case v1alpha1.PickerTLSSecret:
+		return &config.ExtProcTLS{CertDir: RouterPickerTLSDir}
+	}
+	return &config.ExtProcTLS{}
+}
+
+// pickerTLSPod mounts the certificate Secret of mode Secret. The kubelet updates a mounted
+// Secret in place, and the router re-reads the files on the next handshake, so a rotation
+// (cert-manager's) rolls no pod.
+func pickerTLSPod(m *v1alpha1.KVRoutedModel, c *corev1.Container, volumes *[]corev1.Volume) {
+	t := pickerTLS(m)
+	if !EndpointPicker(m) || t.Mode != v1alpha1.PickerTLSSecret {
+		return
+	}
+	*volumes = append(*volumes, corev1.Volume{Name: "picker-tls", VolumeSource: corev1.VolumeSource{
+		Secret: &corev1.SecretVolumeSource{SecretName: t.SecretName, DefaultMode: ptr(int32(0o440))}}})
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "picker-tls", MountPath: RouterPickerTLSDir, ReadOnly: true})
 }
 
 // pickerServicePort is the router Service's gRPC port. appProtocol http2 tells the gateway to

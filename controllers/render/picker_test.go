@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/kvroute/kvroute/api/v1alpha1"
 	"github.com/kvroute/kvroute/controllers/render"
 	"github.com/kvroute/kvroute/router/config"
 	"github.com/kvroute/kvroute/router/discovery"
@@ -106,5 +107,56 @@ func TestEndpointPickerNetworkPoliciesDefault(t *testing.T) {
 	}
 	if n, pn := len(render.NetworkPolicy(p).Spec.Ingress), len(ep.Spec.Ingress); n != pn-1 {
 		t.Errorf("engine policy rules: Proxy %d, picker %d; want exactly one more (the gateway)", n, pn)
+	}
+}
+
+// The picker serves TLS by default (self-signed), from a mounted Secret re-read in place, or
+// plaintext when disabled; the config and the pod agree.
+func TestEndpointPickerTLSModes(t *testing.T) {
+	for _, c := range []struct {
+		tls     *v1alpha1.EndpointPickerTLS
+		want    *config.ExtProcTLS
+		mounted bool
+	}{
+		{nil, &config.ExtProcTLS{}, false},
+		{&v1alpha1.EndpointPickerTLS{Mode: v1alpha1.PickerTLSSecret, SecretName: "picker-cert"}, &config.ExtProcTLS{CertDir: render.RouterPickerTLSDir}, true},
+		{&v1alpha1.EndpointPickerTLS{Mode: v1alpha1.PickerTLSDisabled}, nil, false},
+	} {
+		m := sample(t, "endpointpicker")
+		if m.Spec.Router.EndpointPicker == nil {
+			m.Spec.Router.EndpointPicker = &v1alpha1.EndpointPickerSpec{}
+		}
+		m.Spec.Router.EndpointPicker.TLS = c.tls
+		cm, err := render.RouterConfigMap(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Parse([]byte(cm.Data[render.RouterConfigKey]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(cfg.ExtProc.TLS, c.want) {
+			t.Errorf("%+v: extProc.tls %+v, want %+v", c.tls, cfg.ExtProc.TLS, c.want)
+		}
+		d, err := render.RouterDeployment(m, testOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod := d.Spec.Template.Spec
+		var secret string
+		for _, v := range pod.Volumes {
+			if v.Secret != nil {
+				secret = v.Secret.SecretName
+			}
+		}
+		var mountedAt string
+		for _, vm := range pod.Containers[0].VolumeMounts {
+			if vm.Name == "picker-tls" {
+				mountedAt = vm.MountPath
+			}
+		}
+		if c.mounted != (secret == "picker-cert" && mountedAt == render.RouterPickerTLSDir) {
+			t.Errorf("%+v: secret volume %q mounted at %q", c.tls, secret, mountedAt)
+		}
 	}
 }

@@ -46,7 +46,7 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 	if EndpointPicker(m) {
 		// The picker follows the pool the gateway routes to, so both see the same endpoints.
 		c.Discovery = &config.Discovery{InferencePool: &config.InferencePoolDiscovery{Namespace: m.Namespace, Name: InferencePoolName(m)}}
-		c.ExtProc = &config.ExtProc{Listen: fmt.Sprintf(":%d", RouterGRPCPort)}
+		c.ExtProc = &config.ExtProc{Listen: fmt.Sprintf(":%d", RouterGRPCPort), TLS: pickerTLSConfig(m)}
 	}
 	c.Warmup = config.Warmup{Duration: *m.Spec.Router.Warmup.Duration, Credit: m.Spec.Router.Warmup.Credit.Float64()}
 	if to := m.Spec.Router.Timeouts; to != nil {
@@ -195,11 +195,11 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 	if EnginesConnect(m) {
 		ports = append(ports, corev1.ContainerPort{Name: eventsPortName, ContainerPort: m.Spec.Engine.KVEvents.BasePort, Protocol: corev1.ProtocolTCP})
 	}
+	// In picker mode too: the picker's gRPC health follows /readyz, and a kubelet gRPC probe
+	// cannot speak the TLS the picker serves by default.
 	readiness, liveness := probe("/readyz", 5, 3), probe("/healthz", 10, 3)
 	if EndpointPicker(m) {
 		ports = append(ports, corev1.ContainerPort{Name: grpcPortName, ContainerPort: RouterGRPCPort, Protocol: corev1.ProtocolTCP})
-		// What the gateway sees: the gRPC health services (readiness follows /readyz).
-		readiness, liveness = grpcProbe("readiness", 5, 3), grpcProbe("liveness", 10, 3)
 	}
 	// POD_NAME keys this router's entry in status.routerReports: the pod's own name from the
 	// downward API, which the operator compares with the live router pods (a hostname can be
@@ -245,6 +245,7 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 		}
 	}
 	routerPeersPod(m, &container, &volumes)
+	pickerTLSPod(m, &container, &volumes)
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: objectMeta(m, RouterName(m), v1alpha1.ComponentRouter),

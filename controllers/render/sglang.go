@@ -1,11 +1,6 @@
 package render
 
 import (
-	"bytes"
-	"encoding/json"
-	"fmt"
-	"strings"
-
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvroute/kvroute/api/v1alpha1"
@@ -54,9 +49,12 @@ func (sglangServer) command() []string {
 	return []string{"python3", "-m", "sglang.launch_server"}
 }
 func (sglangServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return nil, nil }
-func (sglangServer) healthPath() string                                   { return "/health" }
-func (sglangServer) metricsPath() string                                  { return "/metrics" }
-func (sglangServer) flags() *flagTable                                    { return sglangFlagTable }
+func (sglangServer) configFile(*v1alpha1.KVRoutedModel) (*engineConfigFile, error) {
+	return nil, nil
+}
+func (sglangServer) healthPath() string  { return "/health" }
+func (sglangServer) metricsPath() string { return "/metrics" }
+func (sglangServer) flags() *flagTable   { return sglangFlagTable }
 func (sglangServer) releases() engineReleases {
 	return engineReleases{Engine: "SGLang", Repo: SGLangImage, Tags: TestedSGLangReleases}
 }
@@ -81,6 +79,13 @@ func (sglangServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
 	if model.Revision != "" {
 		args = append(args, "--revision", model.Revision)
 	}
+	if e.APIKeySecretRef != nil {
+		// SGLang takes its key only as --api-key: server_args.py at 001067fffe33 has no
+		// variable for it (vLLM's VLLM_API_KEY has no SGLang counterpart). The kubelet expands
+		// $(VAR) from the Secret-backed variable engineEnv sets, so the pod spec shows only
+		// the reference; the process's arguments on the node hold the key.
+		args = append(args, "--api-key", "$("+EngineAPIKeyEnv+")")
+	}
 	if *e.KVEvents.Enabled {
 		cfg, err := publisherConfigJSON(m, true)
 		if err != nil {
@@ -88,73 +93,9 @@ func (sglangServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
 		}
 		args = append(args, "--kv-events-config", cfg)
 	}
-	if len(e.LoRAAdapters) > 0 {
-		args = append(args, "--enable-lora", "--lora-paths")
-		for _, a := range e.LoRAAdapters {
-			ref, err := TranslateURI(a.URI)
-			if err != nil {
-				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: %w", a.Name, err)
-			}
-			if ref.Revision != "" {
-				return nil, fmt.Errorf("spec.engine.loraAdapters[%s]: SGLang takes no revision for adapters (%s)", a.Name, a.URI)
-			}
-			args = append(args, a.Name+"="+ref.Path)
-		}
+	lora, err := loraArgs(m, "SGLang", "--lora-paths")
+	if err != nil {
+		return nil, err
 	}
-	for _, a := range e.Args {
-		args = append(args, string(a))
-	}
-	return args, nil
-}
-
-// publisherConfig is the KV-event publisher config SGLang (--kv-events-config) and
-// TensorRT-LLM (kv_cache_config.kv_events_config) take, in a fixed field order so the
-// rendered command is stable. Enable is the switch both engines' newer publishers read.
-type publisherConfig struct {
-	Enable         *bool  `json:"enable_kv_cache_events,omitempty"`
-	Publisher      string `json:"publisher"`
-	Endpoint       string `json:"endpoint"`
-	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
-	Topic          string `json:"topic"`
-	HWM            int32  `json:"hwm"`
-	BufferSteps    int32  `json:"buffer_steps"`
-}
-
-// newPublisherConfig fills the publisher config from spec.engine.kvEvents: rank 0's ports
-// (each engine adds the DP rank), the topic with $(POD_IP) for the kubelet to expand, and with
-// EnginesConnect the router's events Service to dial.
-func newPublisherConfig(m *v1alpha1.KVRoutedModel, enable bool) publisherConfig {
-	ev := m.Spec.Engine.KVEvents
-	c := publisherConfig{
-		Publisher:   "zmq",
-		Endpoint:    fmt.Sprintf("tcp://*:%d", ev.BasePort),
-		Topic:       ev.TopicPrefix + "@$(POD_IP)@" + m.Spec.Model.Name,
-		HWM:         *ev.HWM,
-		BufferSteps: ev.BufferSteps,
-	}
-	if enable {
-		c.Enable = ptr(true)
-	}
-	if EnginesConnect(m) {
-		c.Endpoint = fmt.Sprintf("tcp://%s.%s.svc:%d", EventsServiceName(m), m.Namespace, ev.BasePort)
-	}
-	if *ev.ReplayBasePort != 0 {
-		c.ReplayEndpoint = fmt.Sprintf("tcp://*:%d", *ev.ReplayBasePort)
-	}
-	return c
-}
-
-func publisherConfigJSON(m *v1alpha1.KVRoutedModel, enable bool) (string, error) {
-	return compactJSON(newPublisherConfig(m, enable))
-}
-
-// compactJSON encodes v on one line, leaving <, > and & as they are.
-func compactJSON(v any) (string, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(b.String()), nil
+	return withUserArgs(append(args, lora...), m), nil
 }

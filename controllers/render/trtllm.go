@@ -21,9 +21,15 @@ import (
 //     buffer_steps, hwm, max_queue_size, topic; the PUB socket always binds, so engines cannot
 //     dial the router, and the CRD refuses EnginesConnect for this kind).
 //
-// The config goes in a YAML file, and the topic names the pod's IP, which only the kubelet
-// knows: it expands $(POD_IP) in an environment variable holding the config (as JSON, which
-// YAML reads), and a shell writes the variable to the file before starting trtllm-serve.
+// The config goes in a YAML file. The operator puts it in the pod annotation
+// AnnotationEngineConfig and the kubelet projects that annotation read-only into the container
+// through a downward API volume, so no shell writes it and the image needs none (vllm-sim's
+// hermetic image has no /bin/sh); a change to it changes the pod template and rolls the pods,
+// as a change to the args does. A downward API file cannot carry the pod's IP (status.podIP
+// is an environment-only field), so the config, shared by every pod, publishes the topic
+// <prefix>@<engine Deployment>@<model>, and the pods carry it in AnnotationKVTopic for the
+// router's discovery. The router dials each pod's own event port (the publisher always binds),
+// so the topic need not tell pods apart.
 
 // TestedTRTLLMReleases are the nvcr.io/nvidia/tensorrt-llm/release tags kvroute is tested
 // with, newest first; the first is the default image of kind trtllm. "Tested" as for
@@ -40,22 +46,20 @@ var trtllmFlagTable = newFlagTable(flagTable{
 // TRTLLMImage is the image repository of TensorRT-LLM's releases.
 const TRTLLMImage = "nvcr.io/nvidia/tensorrt-llm/release"
 
-// TRTLLMConfigEnv holds the YAML (JSON) config trtllm-serve reads from TRTLLMConfigPath.
+// TRTLLMConfigPath is where trtllm-serve reads its --config YAML: the file the kubelet
+// projects from the pod annotation AnnotationEngineConfig.
 const (
-	TRTLLMConfigEnv  = "KVROUTE_TRTLLM_CONFIG"
-	TRTLLMConfigPath = engineHome + "/trtllm-config.yaml"
+	trtllmConfigDir  = "/etc/kvroute/trtllm"
+	trtllmConfigFile = "config.yaml"
+	TRTLLMConfigPath = trtllmConfigDir + "/" + trtllmConfigFile
 )
 
 // trtllmServer renders `trtllm-serve`.
 type trtllmServer struct{}
 
-// command writes the config the kubelet expanded into the file and replaces the shell with
-// trtllm-serve, so signals reach the server.
-func (trtllmServer) command() []string {
-	return []string{"/bin/sh", "-c",
-		`printf '%s\n' "$` + TRTLLMConfigEnv + `" > ` + TRTLLMConfigPath + ` && exec trtllm-serve "$@"`,
-		"trtllm-serve"}
-}
+// command is trtllm-serve itself: its config is a file the kubelet writes (configFile), so no
+// shell runs before it.
+func (trtllmServer) command() []string  { return []string{"trtllm-serve"} }
 func (trtllmServer) healthPath() string { return "/health" }
 
 // metricsPath: trtllm-serve's /metrics answers JSON iteration statistics; Prometheus text is
@@ -92,11 +96,7 @@ func (trtllmServer) args(m *v1alpha1.KVRoutedModel) ([]string, error) {
 	if model.Revision != "" {
 		args = append(args, "--revision", model.Revision)
 	}
-	args = append(args, "--config", TRTLLMConfigPath)
-	for _, a := range e.Args {
-		args = append(args, string(a))
-	}
-	return args, nil
+	return withUserArgs(append(args, "--config", TRTLLMConfigPath), m), nil
 }
 
 // trtllmConfig is the part of the LLM API arguments the operator owns.
@@ -123,6 +123,7 @@ func TRTLLMConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
 	}
 	if *e.KVEvents.Enabled {
 		pc := newPublisherConfig(m, true)
+		pc.Topic = TRTLLMTopic(m)
 		c.KVCache.UseManagerV2 = true
 		c.KVCache.EventBufferMaxSize = e.KVEvents.BufferSteps
 		c.KVCache.KVEvents = &pc
@@ -130,11 +131,22 @@ func TRTLLMConfigJSON(m *v1alpha1.KVRoutedModel) (string, error) {
 	return compactJSON(c)
 }
 
-func (trtllmServer) env(m *v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) {
+// TRTLLMTopic is the KV-event topic every pod of the model publishes (see above), "" with
+// events off.
+func TRTLLMTopic(m *v1alpha1.KVRoutedModel) string {
+	ev := m.Spec.Engine.KVEvents
+	if EngineKind(m) != v1alpha1.EngineTRTLLM || ev.Enabled == nil || !*ev.Enabled {
+		return ""
+	}
+	return ev.TopicPrefix + "@" + EngineName(m) + "@" + m.Spec.Model.Name
+}
+
+func (trtllmServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return nil, nil }
+
+func (trtllmServer) configFile(m *v1alpha1.KVRoutedModel) (*engineConfigFile, error) {
 	cfg, err := TRTLLMConfigJSON(m)
 	if err != nil {
 		return nil, err
 	}
-	// After POD_IP (engineEnv's first variable), so the kubelet expands $(POD_IP) in it.
-	return []corev1.EnvVar{{Name: TRTLLMConfigEnv, Value: cfg}}, nil
+	return &engineConfigFile{Dir: trtllmConfigDir, Name: trtllmConfigFile, Content: cfg}, nil
 }

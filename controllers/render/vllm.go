@@ -50,9 +50,12 @@ type vllmServer struct{}
 func (vllmServer) command() []string                                    { return []string{"vllm", "serve"} }
 func (vllmServer) args(m *v1alpha1.KVRoutedModel) ([]string, error)     { return vllmArgs(m) }
 func (vllmServer) env(*v1alpha1.KVRoutedModel) ([]corev1.EnvVar, error) { return nil, nil }
-func (vllmServer) healthPath() string                                   { return "/health" }
-func (vllmServer) metricsPath() string                                  { return "/metrics" }
-func (vllmServer) flags() *flagTable                                    { return vllmFlagTable }
+func (vllmServer) configFile(*v1alpha1.KVRoutedModel) (*engineConfigFile, error) {
+	return nil, nil
+}
+func (vllmServer) healthPath() string  { return "/health" }
+func (vllmServer) metricsPath() string { return "/metrics" }
+func (vllmServer) flags() *flagTable   { return vllmFlagTable }
 func (vllmServer) releases() engineReleases {
 	return engineReleases{Engine: "vLLM", Repo: VLLMImage, Tags: TestedVLLMTags()}
 }

@@ -98,6 +98,8 @@ func Compute(o Observed) v1alpha1.KVRoutedModelStatus {
 			connected, msg := peersConnected(o)
 			st.Router.PeersConnected, st.Router.PeersMessage = &connected, msg
 		}
+		d := RouterDemand(o)
+		st.Router.HeldRequests, st.Router.BacklogSeconds = d.Held, d.BacklogSeconds
 	}
 
 	st.RouterReports = keptReports(o)
@@ -159,6 +161,12 @@ func availableCondition(o Observed) metav1.Condition {
 			msg = "the engine Deployment does not exist yet"
 		} else if e.Spec.Replicas != nil && *e.Spec.Replicas == 0 {
 			msg = "the engine is scaled to zero"
+		}
+		// Requests wait in the routers' hold for a replica: said apart, so the event says a
+		// model at zero has demand (the operator wakes it: Wakes).
+		if d := RouterDemand(o); d.Held > 0 {
+			return cond(v1alpha1.ConditionAvailable, false, v1alpha1.ReasonRequestsHeld,
+				fmt.Sprintf("%s; %d request(s) held by %d router(s) until one is Ready", msg, d.Held, d.Routers))
 		}
 		return cond(v1alpha1.ConditionAvailable, false, v1alpha1.ReasonNoReplicasReady, msg)
 	case r == nil || r.Status.ReadyReplicas < 1:

@@ -170,3 +170,56 @@ func TestWrongEngineKeyIsNotTheClientsFault(t *testing.T) {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// An SGLang fleet started with --api-key (the operator renders it from
+// spec.engine.apiKeySecretRef): SGLang guards every path but /health and /metrics, its
+// /tokenize and /v1/models included, so the router's key must reach each call for the routing
+// to stay exact; the client's own Authorization is replaced.
+func TestEngineAPIKeySGLang(t *testing.T) {
+	f := startFleet(t, 2, vllmsim.Config{EngineKind: "sglang", APIKeys: []string{"engine-key"}})
+	// The engine itself refuses a call without the key, /tokenize included.
+	if a := postAuth(t, f.sims[0].URL()+"/tokenize", `{"prompt":"x"}`, ""); a.status != http.StatusUnauthorized {
+		t.Fatalf("SGLang-shaped engine answered /tokenize without the key: %d", a.status)
+	}
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
+		o.Config.EngineKind = "sglang"
+		o.EngineAPIKey = "engine-key"
+	})
+	rt.waitStreams(t, "exact")
+	for _, e := range rt.s.Engines() {
+		if e.Model != "vllm-sim" {
+			t.Fatalf("engine %s model %q: /v1/models not read with the key", e.Name, e.Model)
+		}
+	}
+	prompt := `{"model":"vllm-sim","max_tokens":1,"prompt":"` + strings.Repeat("shared prefix text ", 40) + `%s"}`
+	for i, client := range []string{"", "Bearer some-gateway-key", ""} {
+		a := postAuth(t, rt.api.URL+"/v1/completions", strings.Replace(prompt, "%s", itoa(i), 1), client)
+		if a.status != 200 {
+			t.Fatalf("client auth %q: %d %s", client, a.status, a.body)
+		}
+		got := a.cachedTokens(t)
+		if pred := a.header.Get("x-kvroute-predicted-cached-tokens"); pred != itoa(got) || (i > 0 && got == 0) {
+			t.Fatalf("request %d: predicted %s, engine cached %d", i, pred, got)
+		}
+		testkit.WaitFor(t, waitBound, "the prompt indexed", func() bool {
+			n, c := 0, 0
+			for _, e := range rt.s.Engines() {
+				for _, r := range e.Ranks {
+					n += r.Blocks["GPU"]
+				}
+			}
+			for _, s := range f.sims {
+				for _, r := range s.CacheState().Ranks {
+					c += len(r.Hashes)
+				}
+			}
+			return n == c && c > 0
+		})
+	}
+	if n := testutil.ToFloat64(rt.s.met.TokenizeFailures); n != 0 {
+		t.Fatalf("%v tokenizer failures", n)
+	}
+	if n := testutil.ToFloat64(rt.s.met.TokenizeSource.WithLabelValues("engine")); n == 0 {
+		t.Fatal("no prompt tokenized through SGLang's guarded /tokenize")
+	}
+}

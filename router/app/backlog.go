@@ -74,3 +74,14 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 // BacklogDescs describes the backlog's metrics without a router, for the checks that every
 // metric kvrouter can expose is documented (test/ship).
 func BacklogDescs(ch chan<- *prometheus.Desc) { newBacklogCollector(nil).Describe(ch) }
+
+// Held is how many requests the hold keeps now for want of a ready replica (the
+// kvroute_router_held_requests gauge): the demand the router reports to its KVRoutedModel.
+func (s *Router) Held() int { return s.hold.Waiting() }
+
+// BacklogSeconds is the fleet's backlog as /metrics exports it (kvroute_router_backlog_seconds),
+// and whether the drain rate is measured (else there is no figure).
+func (s *Router) BacklogSeconds() (float64, bool) {
+	f := s.backlog(s.reps())
+	return f.Seconds, f.Measured
+}

@@ -112,3 +112,83 @@ func TestMixedFleetRefused(t *testing.T) {
 		}
 	}
 }
+
+// trtllm-serve has no served-name option: its /v1/models lists the model path, and it answers
+// a request naming any model (tensorrt_llm/serve/openai_server.py at 00057725d959). The
+// operator gives the router the spec's name, so a TensorRT-LLM fleet sees requests under the
+// spec's name, the path and whatever a client sends; all are the one base model. Keyed as
+// LoRA adapters (what a vLLM fleet does with a name it does not serve), the requests under a
+// name other than the router's would predict 0 cached tokens where the engine reports a hit.
+func TestTRTLLMAnyModelNameIsTheBaseModel(t *testing.T) {
+	f := startFleet(t, 1, vllmsim.Config{EngineKind: "trtllm", Model: "org/llama-path"})
+	rt := startRouter(t, discovery.NewStatic(f.engines()), func(o *Options) {
+		o.Config.EngineKind = "trtllm"
+		o.ProbeInterval = 0
+	})
+	rt.waitStreams(t, "exact")
+	reported := 0
+	for i, model := range []string{"org/llama-path", "llama", "any-name", "llama"} {
+		body := strings.Replace(idsPrompt(0, 96, i, 20, 1), `"vllm-sim"`, `"`+model+`"`, 1)
+		a := postJSON(t, rt.api.URL+"/v1/completions", body)
+		if a.status != 200 || !strings.Contains(string(a.body), `"model":"`+model+`"`) {
+			t.Fatalf("request %d naming %q: %d %s; want 200 answered under the name asked", i, model, a.status, a.body)
+		}
+		got := a.cachedTokens(t)
+		if pred := a.header.Get("x-kvroute-predicted-cached-tokens"); pred != fmt.Sprint(got) {
+			t.Fatalf("request %d naming %q: predicted %s, engine cached %d", i, model, pred, got)
+		}
+		if i > 0 && got == 0 {
+			t.Fatalf("request %d naming %q: the shared prefix was not cached", i, model)
+		}
+		reported += got
+		testkit.WaitFor(t, waitBound, "index caught up", func() bool {
+			n := 0
+			for _, e := range rt.s.Engines() {
+				for _, r := range e.Ranks {
+					n += r.Blocks["GPU"]
+				}
+			}
+			return n == len(f.sims[0].CacheState().Ranks[0].Hashes)
+		})
+	}
+	t.Logf("trtllm: four model names, %d cached tokens reported and predicted", reported)
+}
+
+// The operator's TensorRT-LLM pods share one config, so they publish one topic,
+// <prefix>@<engine Deployment>@<model>, and say so in the kv-events-topic annotation
+// (discovery.Engine.Topic). The router expects that topic from each of them, on the stream it
+// dials to each pod's own port; expecting <prefix>@<host>@<model> would drop every batch as a
+// topic mismatch, and the index would stay empty.
+func TestAnnouncedTopicIsExpected(t *testing.T) {
+	topic := "kv@llama-engine@vllm-sim"
+	f := startFleet(t, 2, vllmsim.Config{EngineKind: "trtllm", KVEventsTopic: &topic})
+	es := f.engines()
+	for i := range es {
+		es[i].Topic = topic
+	}
+	rt := startRouter(t, discovery.NewStatic(es), func(o *Options) {
+		o.Config.EngineKind = "trtllm"
+		o.ProbeInterval = 0
+	})
+	rt.waitStreams(t, "exact")
+	for i := range 2 {
+		a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 96, i, 20, 1))
+		got := a.cachedTokens(t)
+		if a.status != 200 || a.header.Get("x-kvroute-predicted-cached-tokens") != fmt.Sprint(got) {
+			t.Fatalf("request %d: %d predicted %s cached %d", i, a.status, a.header.Get("x-kvroute-predicted-cached-tokens"), got)
+		}
+		testkit.WaitFor(t, waitBound, "index caught up", func() bool {
+			n := 0
+			for _, e := range rt.s.Engines() {
+				for _, r := range e.Ranks {
+					n += r.Blocks["GPU"]
+				}
+			}
+			c := 0
+			for _, s := range f.sims {
+				c += len(s.CacheState().Ranks[0].Hashes)
+			}
+			return n == c && c > 0
+		})
+	}
+}

@@ -214,6 +214,11 @@ func (s *Router) prepare(ctx context.Context, hdr http.Header, kind tokens.Kind,
 // identity is what changes KV content besides tokens: a LoRA adapter and the cache salt.
 func (s *Router) identity(tr *tokens.Request, e *engine) blockkey.Identity {
 	id := blockkey.Identity{CacheSalt: tr.CacheSalt}
+	if s.fleet.Kind().Profile().AnyModelName {
+		// TensorRT-LLM: the spec's name, the path its /v1/models lists and any other name are
+		// the one model it serves.
+		return id
+	}
 	if e != nil && tr.Model != e.Model && (e.Adapters[tr.Model] || e.Model != "") {
 		id.LoRAName = tr.Model
 	}

@@ -73,6 +73,8 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 	listen := fs.String("listen", "", "API address host:port (default :8000)")
 	admin := fs.String("admin-listen", "", "metrics and debug address (default 127.0.0.1:9090)")
 	extProc := fs.String("ext-proc-listen", "", "also serve the Gateway API Inference Extension's endpoint picker protocol (Envoy ext_proc over gRPC, with the liveness/readiness health services) at host:port, e.g. :9002")
+	extProcTLS := fs.Bool("ext-proc-tls", false, "endpoint picker: serve TLS (a self-signed certificate made at start unless --ext-proc-cert-dir), as gateways dial the Inference Extension's own picker")
+	extProcCertDir := fs.String("ext-proc-cert-dir", "", "endpoint picker: serve TLS with tls.crt and tls.key from this directory (a mounted Secret), read again when they change")
 	conformance := fs.Bool("ext-proc-conformance-hooks", false, "endpoint picker: honour the Inference Extension conformance suite's test-epp-endpoint-selection header (conformance runs only)")
 	pool := fs.String("inference-pool", "", "InferencePool discovery: the pool (in --namespace) whose selector's pods on its target ports are the engines")
 	var engines engineFlags
@@ -148,6 +150,12 @@ func parse(args []string, stderr io.Writer, policies *score.Registry) (*settings
 			cfg.ExtProc = &config.ExtProc{}
 		}
 		cfg.ExtProc.Listen = *extProc
+	}
+	if *extProcTLS || *extProcCertDir != "" {
+		if cfg.ExtProc == nil {
+			return nil, errors.New("--ext-proc-tls and --ext-proc-cert-dir need --ext-proc-listen")
+		}
+		cfg.ExtProc.TLS = &config.ExtProcTLS{CertDir: *extProcCertDir}
 	}
 	if *conformance {
 		if cfg.ExtProc == nil {

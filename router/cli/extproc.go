@@ -2,11 +2,14 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/kvroute/kvroute/router/app"
@@ -24,6 +27,10 @@ type extProcServer struct {
 // startExtProc binds the endpoint picker's listener and builds its server over the router's
 // request pipeline (app.Router.Picker); serve starts it.
 func startExtProc(x *config.ExtProc, srv *app.Router, log *slog.Logger, lim config.Limits) (*extProcServer, error) {
+	creds, err := extProcCredentials(x, log)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", x.Listen)
 	if err != nil {
 		return nil, err
@@ -34,13 +41,40 @@ func startExtProc(x *config.ExtProc, srv *app.Router, log *slog.Logger, lim conf
 		StreamTimeout: lim.RequestTimeout.Duration, ConformanceHooks: x.ConformanceHooks, Logger: log, Registerer: srv.Metrics().Registry})
 	// A gateway keeps one connection and opens a stream per request; keepalive pings find a
 	// gateway that vanished, so its streams end (and their bookings are released).
-	g := grpc.NewServer(grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	g := grpc.NewServer(creds, grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	eps.Register(g)
 	if x.ConformanceHooks {
 		log.Warn("endpoint picker conformance hooks are on: a client's test-epp-endpoint-selection header steers its request; for conformance runs only")
 	}
 	return &extProcServer{ln: ln, g: g, eps: eps}, nil
+}
+
+// extProcCredentials is the listener's transport: TLS from the certificate directory or a
+// self-signed certificate, or plaintext.
+func extProcCredentials(x *config.ExtProc, log *slog.Logger) (grpc.ServerOption, error) {
+	if x.TLS == nil {
+		return grpc.Creds(insecure.NewCredentials()), nil
+	}
+	var (
+		cfg *tls.Config
+		err error
+	)
+	if x.TLS.CertDir != "" {
+		cfg, err = extproc.CertDir(x.TLS.CertDir, func(err error) {
+			log.Error("endpoint picker certificate not reloaded; serving the previous one", "err", err)
+		})
+	} else {
+		host, _, _ := net.SplitHostPort(x.Listen)
+		if host == "" {
+			host = "kvrouter"
+		}
+		cfg, err = extproc.SelfSigned(host)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return grpc.Creds(credentials.NewTLS(cfg)), nil
 }
 
 func (e *extProcServer) addr() string { return e.ln.Addr().String() }

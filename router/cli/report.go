@@ -11,9 +11,9 @@ import (
 	"github.com/kvroute/kvroute/router/report"
 )
 
-// startReporter writes this router's degraded replicas into its KVRoutedModel's status (the
-// config's report block, which the operator renders). The pod name is POD_NAME, else the
-// hostname (a pod's hostname is its name). A router outside a cluster logs why and goes on.
+// startReporter writes this router's degraded replicas, held requests and backlog into its
+// KVRoutedModel's status (the config's report block, which the operator renders). The pod
+// name is POD_NAME, else the hostname (a pod's hostname is its name). A router outside a cluster logs why and goes on.
 func startReporter(ctx context.Context, st *settings, srv *app.Router) {
 	pod := os.Getenv("POD_NAME")
 	if pod == "" {
@@ -25,7 +25,8 @@ func startReporter(ctx context.Context, st *settings, srv *app.Router) {
 		return
 	}
 	r, err := report.New(rc, report.Options{Namespace: st.cfg.Report.Namespace, Model: st.cfg.Report.KVRoutedModel, Pod: pod,
-		Source: func() []report.Degraded { return degradedReport(srv) }, Peers: peerNames(srv), Logger: st.logger})
+		Source: func() []report.Degraded { return degradedReport(srv) }, Peers: peerNames(srv),
+		Held: srv.Held, Backlog: srv.BacklogSeconds, Logger: st.logger})
 	if err != nil {
 		st.logger.Warn("index health is not reported to the KVRoutedModel", "err", err)
 		return

@@ -18,7 +18,7 @@ var versionOut io.Writer = os.Stdout
 // flagGroups orders kvrouter's usage text by task; a test fails for a flag no group names.
 var flagGroups = []cliusage.Group{
 	{Title: "API", Flags: []string{"config", "listen", "admin-listen", "model", "version"}},
-	{Title: "Gateway API endpoint picker", Flags: []string{"ext-proc-listen", "ext-proc-conformance-hooks"}},
+	{Title: "Gateway API endpoint picker", Flags: []string{"ext-proc-listen", "ext-proc-tls", "ext-proc-cert-dir", "ext-proc-conformance-hooks"}},
 	{Title: "Engines", Flags: []string{"engine", "engines-file", "namespace", "selector", "engine-port", "inference-pool",
 		"events-bind", "no-events", "block-size", "engine-kind", "engine-api-key-env", "engine-api-key-file", "kv-cache-report-full"}},
 	{Title: "Policy", Flags: []string{"policy", "shadow-policy", "hold-max-waiting", "hold-max-wait"}},

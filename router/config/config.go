@@ -239,6 +239,16 @@ type ExtProc struct {
 	// test-epp-endpoint-selection header and echoes x-conformance-test-served-endpoint. For
 	// conformance runs only: a client could steer its own requests.
 	ConformanceHooks bool `json:"conformanceHooks,omitempty"`
+	// TLS serves the listener over TLS, as gateways dial the Inference Extension's own picker
+	// (unset: plaintext gRPC).
+	TLS *ExtProcTLS `json:"tls,omitempty"`
+}
+
+// ExtProcTLS is the endpoint picker's certificate.
+type ExtProcTLS struct {
+	// CertDir holds tls.crt and tls.key (a mounted kubernetes.io/tls Secret, e.g. cert-manager's),
+	// read again when they change. Empty: a self-signed certificate made at start.
+	CertDir string `json:"certDir,omitempty"`
 }
 
 // Discovery selects one engine source.
@@ -379,6 +389,9 @@ const (
 	DefaultSnapshotPortsAnnotation = v1alpha1.AnnotationKVSnapshot
 	DefaultBlockSizeAnnotation     = v1alpha1.AnnotationBlock
 	DefaultWarmupUntilAnnotation   = v1alpha1.AnnotationWarmup
+	// TopicAnnotation, when present, is the engine's KV-event topic as published, in place of
+	// <prefix>@<pod IP>@<model> (a TensorRT-LLM pod's config is shared by every pod).
+	TopicAnnotation = v1alpha1.AnnotationKVTopic
 	// DefaultRoleLabel is the engine pod label naming its pool in a disaggregated model
 	// (RolePrefill or RoleDecode); absent on an aggregated engine.
 	DefaultRoleLabel = v1alpha1.LabelRole

@@ -46,6 +46,9 @@ type Engine struct {
 	// router treats a change for the same Name as a restart of every stream of it. Static
 	// and file engines have none ("").
 	Incarnation string
+	// Topic is the KV-event topic the engine publishes, when the operator says so (the pod
+	// annotation config.TopicAnnotation); "" is <prefix>@<host>@<model>.
+	Topic string
 	// Role is the engine's pool in a disaggregated model: config.RolePrefill or
 	// config.RoleDecode; "" for an engine that computes whole requests (aggregated).
 	Role string

@@ -348,6 +348,7 @@ func EngineFromPod(p *corev1.Pod, o KubernetesOptions) (e Engine, ok bool, probl
 		}
 		e.Kind = k
 	}
+	e.Topic = strings.TrimSpace(ann[config.TopicAnnotation])
 	if v, has := ann[o.WarmupUntilAnnotation]; has && strings.TrimSpace(v) != "" {
 		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(v))
 		if err != nil {

@@ -73,6 +73,18 @@ func TestEngineFromPodKind(t *testing.T) {
 	}
 }
 
+// A pod that publishes a topic other than <prefix>@<pod IP>@<model> (the operator's
+// TensorRT-LLM pods, whose config every pod shares) names it; other pods leave it empty.
+func TestEngineFromPodTopic(t *testing.T) {
+	e, ok, problems := EngineFromPod(enginePod("10.0.0.1", map[string]string{config.TopicAnnotation: "kv@m-engine@m"}), KubernetesOptions{})
+	if !ok || len(problems) > 0 || e.Topic != "kv@m-engine@m" {
+		t.Fatalf("topic %q ok=%v problems=%v", e.Topic, ok, problems)
+	}
+	if e, _, _ = EngineFromPod(enginePod("10.0.0.1", nil), KubernetesOptions{}); e.Topic != "" {
+		t.Fatalf("topic %q without the annotation", e.Topic)
+	}
+}
+
 func TestEngineFromPodProblems(t *testing.T) {
 	ann := map[string]string{
 		config.DefaultEventsPortsAnnotation: "5557",

@@ -82,6 +82,9 @@ type Profile struct {
 	ReportMode bool
 	// Snapshots: the engine may serve a snapshot endpoint (vLLM's snapshot_endpoint).
 	Snapshots bool
+	// AnyModelName: the engine serves one model under whatever name a request gives and
+	// serves no adapters by name, so every request is the base model (never a LoRA key).
+	AnyModelName bool
 	// NotApplicable are the router's checks that do not apply to this engine, each with why:
 	// shown in /debug/engines so nothing is silently skipped.
 	NotApplicable []string
@@ -110,7 +113,13 @@ func (k Kind) Profile() Profile {
 			// POST /_internal/tokenize {model, prompt} -> {count, tokens}: plain text only
 			// (tensorrt_llm/serve/openai_protocol.py TokenizeRequest, NVIDIA/TensorRT-LLM at 0076e9390e1e).
 			TokenizePath: "/_internal/tokenize",
+			// trtllm-serve has no served-name option (tensorrt_llm/commands/serve.py at
+			// 00209af149e7); /v1/models lists MODEL, or its directory's name, and the completion
+			// and chat handlers never check request.model, answering with it as given
+			// (tensorrt_llm/serve/openai_server.py at 00057725d959, postprocess_handlers.py).
+			AnyModelName: true,
 			NotApplicable: []string{
+				"served model name: trtllm-serve has no --served-model-name; its /v1/models lists the model path and it answers any request model name, so the router keys every request as the base model",
 				"hash parity: TensorRT-LLM truncates its radix SHA-256 key to a signed int64, not vLLM's hash; router keys come from the events' token ids",
 				"kv_cache_report_mode: trtllm-serve refuses unknown request fields, so the router sends no vllm_xargs",
 				"snapshots: TensorRT-LLM serves no snapshot endpoint",

@@ -364,7 +364,7 @@ func countStreams(e *Engine) int {
 }
 
 func sameWiring(a, b discovery.Engine) bool {
-	return a.URL == b.URL && fmt.Sprint(a.Events) == fmt.Sprint(b.Events) && fmt.Sprint(a.Replay) == fmt.Sprint(b.Replay) &&
+	return a.URL == b.URL && a.Topic == b.Topic && fmt.Sprint(a.Events) == fmt.Sprint(b.Events) && fmt.Sprint(a.Replay) == fmt.Sprint(b.Replay) &&
 		fmt.Sprint(a.Snapshot) == fmt.Sprint(b.Snapshot) && a.Ranks() == b.Ranks()
 }
 
@@ -515,8 +515,12 @@ func (f *Fleet) remove(e *Engine) {
 
 // topic is the engine's KV-event topic: <prefix>@<host>@<model>. Pods publish with their IP
 // only (the operator's $(POD_IP), Options.TopicHostOnly); static engines, often several on one
-// host, with host:port of their HTTP address (vllm-sim's default, llm-d's convention).
+// host, with host:port of their HTTP address (vllm-sim's default, llm-d's convention). A pod
+// whose discovery names its topic (TensorRT-LLM's, one config for every pod) publishes that.
 func (f *Fleet) topic(d discovery.Engine, model string) string {
+	if d.Topic != "" {
+		return d.Topic
+	}
 	u, err := url.Parse(d.URL)
 	host := d.URL
 	if err == nil {

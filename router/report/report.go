@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"time"
 	"unicode/utf8"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -40,6 +42,13 @@ type Options struct {
 	// Peers, when set, returns the other router pods this one receives load from, sorted
 	// (several router replicas); a peer joining or leaving is written at once.
 	Peers func() []string
+	// Held, when set, returns how many requests this router holds for want of a ready replica
+	// (router/admission). Starting or stopping to hold is written at once: it is the demand
+	// that wakes a model at zero replicas. The count in between rides on the heartbeat.
+	Held func() int
+	// Backlog, when set, returns the model's backlog in seconds and whether it is measured;
+	// read only when the report is written (heartbeat or change), so it costs nothing between.
+	Backlog func() (float64, bool)
 	// Interval between looks at Source (1s): a look reads memory only and writes nothing unless
 	// a reason began or ended, so it is short to keep a new reason's way to the API server short.
 	Interval time.Duration
@@ -62,6 +71,7 @@ type Reporter struct {
 	client    dynamic.ResourceInterface
 	last      []Degraded
 	lastPeers []string
+	lastHeld  int
 	lastAt    time.Time
 	written   bool
 	failing   bool
@@ -121,10 +131,15 @@ func (r *Reporter) Sync(ctx context.Context) error {
 			peers = peers[:maxPeers]
 		}
 	}
-	if r.written && sameReasons(cur, r.last) && slices.Equal(peers, r.lastPeers) && now.Sub(r.lastAt) < r.o.Heartbeat {
+	held := 0
+	if r.o.Held != nil {
+		held = r.o.Held()
+	}
+	if r.written && sameReasons(cur, r.last) && slices.Equal(peers, r.lastPeers) && (held > 0) == (r.lastHeld > 0) &&
+		now.Sub(r.lastAt) < r.o.Heartbeat {
 		return nil
 	}
-	if err := r.write(ctx, now, cur, peers); err != nil {
+	if err := r.write(ctx, now, cur, peers, held); err != nil {
 		if !r.failing {
 			r.o.Logger.Warn("router report not written to the KVRoutedModel status", "model", r.o.Model, "err", err)
 		}
@@ -134,7 +149,7 @@ func (r *Reporter) Sync(ctx context.Context) error {
 	if r.failing {
 		r.o.Logger.Info("router report written again", "model", r.o.Model)
 	}
-	r.failing, r.written, r.last, r.lastPeers, r.lastAt = false, true, cur, peers, now
+	r.failing, r.written, r.last, r.lastPeers, r.lastHeld, r.lastAt = false, true, cur, peers, held, now
 	return nil
 }
 
@@ -180,7 +195,7 @@ func shorten(detail string) string {
 	return detail[:cut] + "..."
 }
 
-func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded, peers []string) error {
+func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded, peers []string, held int) error {
 	ds := make([]degradedJSON, 0, len(cur))
 	for i, d := range cur {
 		if i == maxEntries {
@@ -191,6 +206,15 @@ func (r *Reporter) write(ctx context.Context, now time.Time, cur []Degraded, pee
 	entry := map[string]any{"pod": r.o.Pod, "observedAt": metav1.NewTime(now), "degraded": ds}
 	if r.o.Peers != nil {
 		entry["peers"] = append([]string{}, peers...)
+	}
+	if r.o.Held != nil {
+		entry["held"] = min(held, math.MaxInt32)
+	}
+	if r.o.Backlog != nil {
+		if sec, ok := r.o.Backlog(); ok && sec >= 0 && !math.IsInf(sec, 0) {
+			// Milliseconds are plenty for a scaling signal, and keep the quantity short.
+			entry["backlogSeconds"] = resource.NewMilliQuantity(int64(math.Round(min(sec, 1e9)*1000)), resource.DecimalSI).String()
+		}
 	}
 	patch := map[string]any{
 		"apiVersion": GVR.GroupVersion().String(),

@@ -165,3 +165,64 @@ func TestHeartbeatWriteRate(t *testing.T) {
 		}
 	}
 }
+
+// Starting and stopping to hold requests is written at once (the demand that wakes a model at
+// zero must not wait for the heartbeat); a count that moves while holding waits for it, so a
+// busy hold does not write at every request. The backlog rides on each write, read then only.
+func TestSyncWritesHeldAtOnce(t *testing.T) {
+	var mu sync.Mutex
+	var entries []map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var v map[string]any
+		_ = json.Unmarshal(b, &v)
+		mu.Lock()
+		entries = append(entries, v["status"].(map[string]any)["routerReports"].([]any)[0].(map[string]any))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	}))
+	defer srv.Close()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	held, backlogReads := 0, 0
+	backlog, measured := 0.0, false
+	r, err := New(&rest.Config{Host: srv.URL, QPS: 1000, Burst: 1000}, Options{Namespace: "llm", Model: "qwen", Pod: "r1",
+		Source: func() []Degraded { return nil }, Held: func() int { return held },
+		Backlog: func() (float64, bool) { backlogReads++; return backlog, measured }, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(d time.Duration, wantWrites int) map[string]any {
+		t.Helper()
+		now = now.Add(d)
+		if err := r.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(entries) != wantWrites {
+			t.Fatalf("%d writes, want %d", len(entries), wantWrites)
+		}
+		if backlogReads != wantWrites {
+			t.Fatalf("backlog read %d times for %d writes", backlogReads, wantWrites)
+		}
+		return entries[len(entries)-1]
+	}
+	if e := step(0, 1); e["held"] != 0.0 || e["backlogSeconds"] != nil {
+		t.Fatalf("first entry %v: want held 0 and no backlog (not measured)", e)
+	}
+	held = 1
+	if e := step(time.Second, 2); e["held"] != 1.0 {
+		t.Fatalf("held entry %v", e)
+	}
+	held = 7 // still holding: waits for the heartbeat
+	step(time.Second, 2)
+	backlog, measured = 1.2345, true
+	if e := step(DefaultHeartbeat, 3); e["held"] != 7.0 || e["backlogSeconds"] != "1235m" {
+		t.Fatalf("heartbeat entry %v: want held 7, backlogSeconds 1235m", e)
+	}
+	held = 0
+	if e := step(time.Second, 4); e["held"] != 0.0 {
+		t.Fatalf("released entry %v", e)
+	}
+}

@@ -55,14 +55,20 @@ type streamChunk struct {
 	} `json:"error"`
 }
 
-// complete sends one streaming completion with a token-id prompt and measures it. An HTTP or
-// stream error is recorded in Outcome.Err, never returned: a failed request is a result.
-func complete(ctx context.Context, c *http.Client, url, model string, r *Request, prompt []uint32, maxTokens int) Outcome {
+// completionJSON is the request body every replayed request sends, through any front end.
+func completionJSON(model string, r *Request, prompt []uint32, maxTokens int) []byte {
 	if r.Model != "" {
 		model = r.Model
 	}
 	body, _ := json.Marshal(completionBody{Model: model, Prompt: prompt, MaxTokens: maxTokens, Stream: true,
 		StreamOptions: map[string]any{"include_usage": true}, CacheSalt: r.CacheSalt})
+	return body
+}
+
+// complete sends one streaming completion with a token-id prompt and measures it. An HTTP or
+// stream error is recorded in Outcome.Err, never returned: a failed request is a result.
+func complete(ctx context.Context, c *http.Client, url, model string, r *Request, prompt []uint32, maxTokens int) Outcome {
+	body := completionJSON(model, r, prompt, maxTokens)
 	start := time.Now()
 	var o Outcome
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
@@ -83,7 +89,14 @@ func complete(ctx context.Context, c *http.Client, url, model string, r *Request
 		o.Err = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 		return o
 	}
-	sc := bufio.NewScanner(resp.Body)
+	readStream(resp.Body, start, &o)
+	return o
+}
+
+// readStream reads a completion's server-sent events as the client receives them and fills
+// the outcome's times, token counts or error, from start (when the request left the client).
+func readStream(body io.Reader, start time.Time, o *Outcome) {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	done := false
 	for sc.Scan() {
@@ -98,11 +111,11 @@ func complete(ctx context.Context, c *http.Client, url, model string, r *Request
 		var ch streamChunk
 		if err := json.Unmarshal([]byte(line), &ch); err != nil {
 			o.Err = "bad stream chunk: " + err.Error()
-			return o
+			return
 		}
 		if ch.Error != nil {
 			o.Err = "stream error: " + ch.Error.Message
-			return o
+			return
 		}
 		if o.TTFT == 0 && len(ch.Choices) > 0 && ch.Choices[0].Text != "" {
 			o.TTFT = time.Since(start).Seconds()
@@ -116,15 +129,14 @@ func complete(ctx context.Context, c *http.Client, url, model string, r *Request
 	}
 	if err := sc.Err(); err != nil {
 		o.Err = "stream: " + err.Error()
-		return o
+		return
 	}
 	if !done {
 		o.Err = "stream ended without [DONE]"
-		return o
+		return
 	}
 	if o.TTFT == 0 {
 		o.TTFT = time.Since(start).Seconds() // no text streamed (max_tokens 0 is not sent); keep a value
 	}
 	o.E2E = time.Since(start).Seconds()
-	return o
 }

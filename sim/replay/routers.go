@@ -24,6 +24,7 @@ type routerProc struct {
 	*proc
 	id                  string
 	api, admin, cluster string // host:port; cluster only with peers
+	extProc             string // host:port of the endpoint picker (--ext-proc-listen), if any
 }
 
 // listening is what kvrouter's "kvrouter listening" line reports (cmd/kvrouter).
@@ -31,6 +32,7 @@ type listening struct {
 	API         string `json:"api"`
 	Admin       string `json:"admin"`
 	PeerCluster string `json:"peer_cluster"`
+	ExtProc     string `json:"ext_proc"`
 }
 
 // textListening and textAttr read the line in kvrouter's default text format (log/slog's
@@ -42,7 +44,7 @@ var (
 )
 
 func init() {
-	for _, k := range []string{"api", "admin", "peer_cluster"} {
+	for _, k := range []string{"api", "admin", "peer_cluster", "ext_proc"} {
 		textAttr[k] = regexp.MustCompile(`(?:^|\s)` + k + `=(\S+)`)
 	}
 }
@@ -69,7 +71,7 @@ func parseListening(line string) (listening, bool) {
 		}
 		return ""
 	}
-	l := listening{API: get("api"), Admin: get("admin"), PeerCluster: get("peer_cluster")}
+	l := listening{API: get("api"), Admin: get("admin"), PeerCluster: get("peer_cluster"), ExtProc: get("ext_proc")}
 	return l, l.API != "" && l.Admin != ""
 }
 
@@ -115,7 +117,7 @@ func startRouter(ctx context.Context, bin string, prefix []string, id string, ar
 	defer timer.Stop()
 	select {
 	case l := <-found:
-		return &routerProc{proc: p, id: id, api: l.API, admin: l.Admin, cluster: l.PeerCluster}, nil
+		return &routerProc{proc: p, id: id, api: l.API, admin: l.Admin, cluster: l.PeerCluster, extProc: l.ExtProc}, nil
 	case <-p.done:
 		return nil, fmt.Errorf("kvrouter %s exited before listening (%v); its log (%s):\n%s", id, p.err, logPath, p.logTail())
 	case <-timer.C:

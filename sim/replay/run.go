@@ -56,9 +56,16 @@ type Options struct {
 	// with one router: each of several would capture its own share of the traffic, and no one
 	// file would be the workload.
 	CaptureUnder []string
-	LogDir       string        // process logs and engines files (required)
-	Drain        time.Duration // how long a run may take after its last arrival (default 60 s)
-	Progress     io.Writer     // one line per run; nil = quiet
+	// External are routers the replay does not start, each run after the policies of a seed on
+	// Engines (required with them), which they were configured with.
+	External []External
+	Engines  *Engines
+	// ExternalReady bounds the wait for an external router to serve probe requests before its
+	// run (default 2 min: time to start one on the engines the replay printed).
+	ExternalReady time.Duration
+	LogDir        string        // process logs and engines files (required)
+	Drain         time.Duration // how long a run may take after its last arrival (default 60 s)
+	Progress      io.Writer     // one line per run; nil = quiet
 }
 
 // Run is one (policy, seed) replay.
@@ -80,6 +87,9 @@ type RunResult struct {
 	// RouterEvents: the routers subscribed to the engines' KV events (false for a policy label
 	// ending in NoEventsSuffix: every replica scored from the approximate index).
 	RouterEvents bool `json:"router_events"`
+	// External says which external router ran ("router-url URL", "ext-proc ADDR"; empty for a
+	// policy of the replay's own routers).
+	External string `json:"external,omitempty"`
 	// Accuracy is the routers' per-mode accuracy counters at the end of the run, summed over
 	// routers (ModeTokens); AccuracyErr says why they could not be read.
 	Accuracy    map[string]ModeTokens `json:"accuracy,omitempty"`
@@ -113,18 +123,31 @@ func Replay(ctx context.Context, o Options, w Workload) ([]*RunResult, error) {
 				return runs, fmt.Errorf("policy %s seed %d: %w", pol, seed, err)
 			}
 			runs = append(runs, r)
-			if o.Progress != nil {
-				s := summarize([]*RunResult{r})
-				routers := ""
-				if o.Routers > 1 {
-					routers = fmt.Sprintf(" through %d routers", o.Routers)
-				}
-				fmt.Fprintf(o.Progress, "replay: %-20s seed %d%s: %d requests in %.1fs, ttft p90 %.3fs, p99 %.3fs, cached %.2f, errors %d\n",
-					pol, seed, routers, len(r.Outcomes), r.Wall, s.TTFTP90.Mean, s.TTFTP99.Mean, s.CachedRatio.Mean, s.Errors)
+			o.progress(r)
+		}
+		for _, ext := range o.External {
+			r, err := runExternal(ctx, o, wl, ext, seed)
+			if err != nil {
+				return runs, fmt.Errorf("%s seed %d: %w", ext.Name, seed, err)
 			}
+			runs = append(runs, r)
+			o.progress(r)
 		}
 	}
 	return runs, nil
+}
+
+// progress prints one line for a finished run.
+func (o *Options) progress(r *RunResult) {
+	if o.Progress != nil {
+		s := summarize([]*RunResult{r})
+		routers := ""
+		if o.Routers > 1 {
+			routers = fmt.Sprintf(" through %d routers", o.Routers)
+		}
+		fmt.Fprintf(o.Progress, "replay: %-20s seed %d%s: %d requests in %.1fs, ttft p90 %.3fs, p99 %.3fs, cached %.2f, errors %d\n",
+			r.Policy, r.Seed, routers, len(r.Outcomes), r.Wall, s.TTFTP90.Mean, s.TTFTP99.Mean, s.CachedRatio.Mean, s.Errors)
+	}
 }
 
 func (o *Options) check(w Workload) error {
@@ -159,6 +182,10 @@ func (o *Options) check(w Workload) error {
 		return fmt.Errorf("give --no-events through a policy label (kv%s), so the results say which mode ran", NoEventsSuffix)
 	case o.BlockSize < 1 && !hasFlag(o.RouterArgs, "block-size") && slices.ContainsFunc(o.Policies, func(p string) bool { _, ev := SplitPolicy(p); return !ev }):
 		return fmt.Errorf("policies without events need the engines' block size (Options.BlockSize): without it the router routes every request unkeyed, not from the approximate index")
+	case len(o.External) > 0 && o.Engines == nil:
+		return errors.New("external routers need the engines they front (Options.Engines, StartEngines)")
+	case len(o.External) > 0 && w.ScaleUp != nil:
+		return errors.New("a scale-up rewrites its routers' engines file mid-run; an external router's engines are fixed: no scale-up with external routers")
 	case w.ScaleUp != nil && (w.ScaleUp.From < 1 || w.ScaleUp.To != o.Replicas || w.ScaleUp.From >= w.ScaleUp.To):
 		return fmt.Errorf("scale-up %d -> %d does not fit %d replicas", w.ScaleUp.From, w.ScaleUp.To, o.Replicas)
 	}
@@ -166,6 +193,19 @@ func (o *Options) check(w Workload) error {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("binary: %w", err)
 		}
+	}
+	names := map[string]bool{}
+	for _, p := range o.Policies {
+		names[p] = true
+	}
+	for _, x := range o.External {
+		if x.Name == "" || names[x.Name] || (x.URL == "") == (x.ExtProc == "") {
+			return fmt.Errorf("external router %q: needs a name no policy or other router has, and exactly one of a URL and an ext_proc address", x.Name)
+		}
+		names[x.Name] = true
+	}
+	if o.ExternalReady <= 0 {
+		o.ExternalReady = 2 * time.Minute
 	}
 	if o.FirstSeed < 1 {
 		o.FirstSeed = 1
@@ -237,25 +277,11 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 		bases[i] = "http://" + r.api
 	}
 
-	if len(w.Warm) > 0 {
-		if err := warmFleet(ctx, o, bases, w.Warm); err != nil {
-			return nil, fmt.Errorf("warm-up: %w", err)
-		}
-	}
-
 	// Replay.
 	_, events := SplitPolicy(policy)
 	res = &RunResult{Policy: policy, Seed: seed, Engines: names, CaptureDir: captureDir, Routers: len(routers), RouterEvents: events}
-	rctx, cancel := context.WithTimeout(ctx, w.Span()+o.Drain)
-	defer cancel()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}
 	defer client.CloseIdleConnections()
-	sem := make(chan struct{}, o.Concurrency)
-	out := make([]Outcome, len(w.Requests))
-	for i := range out {
-		out[i] = Outcome{Index: i, Err: "not sent: the run's time bound was reached"}
-	}
-	var wg sync.WaitGroup
 	// Every engine (those a scale-up adds included) and every router.
 	var pids []int
 	for _, r := range routers {
@@ -264,57 +290,41 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	for _, s := range sims {
 		pids = append(pids, s.Pid())
 	}
-	cpu0, cpuErr := snapshotCPU(pids)
-	start := time.Now()
 	scaled := w.ScaleUp == nil
-	for i := range w.Requests {
-		r := &w.Requests[i]
-		if !scaled && r.At >= w.ScaleUp.At {
-			if err := sleepUntil(rctx, start.Add(w.ScaleUp.At)); err != nil {
-				break
+	var arrive func(ctx context.Context, start time.Time, r *Request) error
+	if !scaled {
+		arrive = func(ctx context.Context, start time.Time, r *Request) error {
+			if scaled || r.At < w.ScaleUp.At {
+				return nil
 			}
-			if err := writeEngines(enginesFile, sims, names, time.Now().Add(w.ScaleUp.Warmup), initial); err != nil {
-				return nil, err
+			if err := sleepUntil(ctx, start.Add(w.ScaleUp.At)); err != nil {
+				return err
 			}
 			scaled = true
+			return writeEngines(enginesFile, sims, names, time.Now().Add(w.ScaleUp.Warmup), initial)
 		}
-		if err := sleepUntil(rctx, start.Add(r.At)); err != nil {
-			break
-		}
-		var held time.Duration
-		select {
-		case sem <- struct{}{}:
-		default: // every slot busy: the request waits on an earlier one's completion
-			t0 := time.Now()
-			select {
-			case sem <- struct{}{}:
-			case <-rctx.Done():
-			}
-			held = time.Since(t0)
-		}
-		if rctx.Err() != nil {
-			break
-		}
-		prompt := o.Tokens.Prompt(r)
-		wg.Add(1)
-		go func(i int, held time.Duration) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			sent := time.Since(start)
-			// Request i to router i mod N: the even spread a Kubernetes Service gives over many
-			// client connections, here per request, so every router routes the same share and the
-			// peers' shared load is what keeps their decisions consistent.
-			oc := complete(rctx, client, bases[i%len(bases)], o.Model, r, prompt, o.maxTokens(r))
-			oc.Index, oc.SentAt, oc.Held = i, sent, held.Seconds()
-			out[i] = oc
-		}(i, held)
 	}
-	wg.Wait()
-	res.Wall = time.Since(start).Seconds()
-	if cpu1, err := snapshotCPU(pids); err == nil && cpuErr == nil {
-		res.CPU = cpuUse(cpu0, cpu1, res.Wall, numCPU())
+	// Request i to router i mod N: the even spread a Kubernetes Service gives over many client
+	// connections, here per request, so every router routes the same share and the peers'
+	// shared load is what keeps their decisions consistent.
+	send := func(ctx context.Context, i int, r *Request, prompt []uint32, maxTokens int) Outcome {
+		return complete(ctx, client, bases[i%len(bases)], o.Model, r, prompt, maxTokens)
+	}
+	if len(w.Warm) > 0 {
+		if err := warmFleet(ctx, o, send, w.Warm); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	out, err := drive(ctx, o, w, send, pids, arrive, res)
+	if err != nil {
+		return nil, err
 	}
 	res.Outcomes = out
+	// A router books a request's end as the last piece goes out, around when the client reads
+	// it: read the counters a moment later, so the last requests are in them.
+	if err := sleepUntil(ctx, time.Now().Add(warmSettle)); err != nil {
+		return nil, err
+	}
 	for _, r := range routers {
 		m, err := r.accuracy()
 		if err != nil {
@@ -339,6 +349,72 @@ func runOne(ctx context.Context, o Options, w Workload, policy string, seed int)
 	return res, ctx.Err()
 }
 
+// sender sends request i (its prompt and max_tokens already made) through one front end and
+// measures it; a failure is the outcome's Err.
+type sender func(ctx context.Context, i int, r *Request, prompt []uint32, maxTokens int) Outcome
+
+// drive replays w's requests through send at their arrival times, at most o.Concurrency in
+// flight, and fills res's wall time and CPU use (pids: the processes the run costs). arrive,
+// when set, runs before each arrival is sent (the scale-up's engines-file rewrite); its error
+// ends the run.
+func drive(ctx context.Context, o Options, w Workload, send sender, pids []int, arrive func(context.Context, time.Time, *Request) error,
+	res *RunResult) ([]Outcome, error) {
+	rctx, cancel := context.WithTimeout(ctx, w.Span()+o.Drain)
+	defer cancel()
+	sem := make(chan struct{}, o.Concurrency)
+	out := make([]Outcome, len(w.Requests))
+	for i := range out {
+		out[i] = Outcome{Index: i, Err: "not sent: the run's time bound was reached"}
+	}
+	var wg sync.WaitGroup
+	cpu0, cpuErr := snapshotCPU(pids)
+	start := time.Now()
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if arrive != nil {
+			if err := arrive(rctx, start, r); err != nil {
+				if rctx.Err() != nil {
+					break
+				}
+				return nil, err
+			}
+		}
+		if err := sleepUntil(rctx, start.Add(r.At)); err != nil {
+			break
+		}
+		var held time.Duration
+		select {
+		case sem <- struct{}{}:
+		default: // every slot busy: the request waits on an earlier one's completion
+			t0 := time.Now()
+			select {
+			case sem <- struct{}{}:
+			case <-rctx.Done():
+			}
+			held = time.Since(t0)
+		}
+		if rctx.Err() != nil {
+			break
+		}
+		prompt := o.Tokens.Prompt(r)
+		wg.Add(1)
+		go func(i int, held time.Duration) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			sent := time.Since(start)
+			oc := send(rctx, i, r, prompt, o.maxTokens(r))
+			oc.Index, oc.SentAt, oc.Held = i, sent, held.Seconds()
+			out[i] = oc
+		}(i, held)
+	}
+	wg.Wait()
+	res.Wall = time.Since(start).Seconds()
+	if cpu1, err := snapshotCPU(pids); err == nil && cpuErr == nil {
+		res.CPU = cpuUse(cpu0, cpu1, res.Wall, numCPU())
+	}
+	return out, nil
+}
+
 // warmSettle is how long the measured replay waits after the warm-up's last completion: the
 // engines publish a step's KV events as it ends, and the routers index them within milliseconds
 // on loopback; 250 ms leaves the last batches time to land before the first measured request.
@@ -348,11 +424,9 @@ const warmSettle = 250 * time.Millisecond
 // the replay does), each at its At, at most o.Concurrency in flight, and waits for all of them.
 // A warm-up request that fails fails the run: the fleet is then not in the state the
 // measurement says it was.
-func warmFleet(ctx context.Context, o Options, bases []string, warm []Request) error {
+func warmFleet(ctx context.Context, o Options, send sender, warm []Request) error {
 	wctx, cancel := context.WithTimeout(ctx, warm[len(warm)-1].At+o.Drain)
 	defer cancel()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Concurrency, MaxConnsPerHost: o.Concurrency}}
-	defer client.CloseIdleConnections()
 	sem := make(chan struct{}, o.Concurrency)
 	errs := make([]string, len(warm))
 	var wg sync.WaitGroup
@@ -373,7 +447,7 @@ func warmFleet(ctx context.Context, o Options, bases []string, warm []Request) e
 		go func(i int) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			errs[i] = complete(wctx, client, bases[i%len(bases)], o.Model, r, o.Tokens.Prompt(r), o.maxTokens(r)).Err
+			errs[i] = send(wctx, i, r, o.Tokens.Prompt(r), o.maxTokens(r)).Err
 		}(i)
 	}
 	wg.Wait()

@@ -127,10 +127,12 @@ func summarize(runs []*RunResult) Summary {
 }
 
 // maxShare is the busiest engine's requests over requests/engines (NaN with no requests); with
-// tokens per engine and their total, the same over tokens.
+// tokens per engine and their total, the same over tokens. NaN too when some request's engine
+// is unknown (an external router that does not say which engine served, as kvrouter's
+// x-kvroute-engine does): the spread is not known then.
 func maxShare(perEngine map[string]int, engines, requests int) float64 {
 	engines = max(engines, len(perEngine))
-	if requests == 0 || engines == 0 {
+	if _, unknown := perEngine[""]; unknown || requests == 0 || engines == 0 {
 		return math.NaN()
 	}
 	most := 0

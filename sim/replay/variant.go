@@ -52,14 +52,19 @@ var modeSeries = map[string]func(*ModeTokens) *float64{
 // accuracy reads the router's per-mode accuracy counters from its /metrics, summed over
 // engines, keyed by the mode label.
 func (r *routerProc) accuracy() (map[string]ModeTokens, error) {
+	return readAccuracy("http://"+r.admin, "kvrouter "+r.id)
+}
+
+// readAccuracy reads the accuracy counters from a kvrouter's admin listener (base: http://host:port).
+func readAccuracy(base, who string) (map[string]ModeTokens, error) {
 	c := &http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + r.admin + "/metrics")
+	resp, err := c.Get(strings.TrimRight(base, "/") + "/metrics")
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("kvrouter %s /metrics: status %d", r.id, resp.StatusCode)
+		return nil, fmt.Errorf("%s /metrics: status %d", who, resp.StatusCode)
 	}
 	return parseModeTokens(bufio.NewScanner(resp.Body))
 }
@@ -180,6 +185,17 @@ func EventsRatios(runs []*RunResult) []EventsRatio {
 		}
 		e.CachedCI, e.TTFTP50CI, e.TTFTP90CI = TInterval(e.Cached), TInterval(e.TTFTP50), TInterval(e.TTFTP90)
 		out = append(out, e)
+	}
+	return out
+}
+
+// subModes is after less before, mode by mode: what a run added to counters that were not
+// reset before it (an external router's, which outlives the runs).
+func subModes(after, before map[string]ModeTokens) map[string]ModeTokens {
+	out := map[string]ModeTokens{}
+	for m, a := range after {
+		b := before[m]
+		out[m] = ModeTokens{Prompt: a.Prompt - b.Prompt, Predicted: a.Predicted - b.Predicted, Actual: a.Actual - b.Actual}
 	}
 	return out
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/router/extproc/gatewaytest"
 )
 
 // client sends streamed completions with text prompts no earlier request sent.
@@ -47,6 +49,7 @@ func (c *client) prompt(size int) string {
 
 type result struct {
 	ttft time.Duration
+	pick time.Duration // through a picker: headers sent to pick received
 	err  error
 }
 
@@ -83,8 +86,15 @@ func (c *client) complete(ctx context.Context, base string, size int) result {
 		return result{err: fmt.Errorf("%s: status %d: %s", base, resp.StatusCode, bytes.TrimSpace(msg))}
 	}
 	var res result
+	scanStream(resp.Body, base, size, start, &res)
+	return res
+}
+
+// scanStream reads a completion's events: the first one's time (unless res already has it),
+// an in-stream error, and the usage, which must count size prompt tokens.
+func scanStream(body io.Reader, base string, size int, start time.Time, res *result) {
 	prompt := -1
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
@@ -105,22 +115,53 @@ func (c *client) complete(ctx context.Context, base string, size int) result {
 			}
 		}
 		if bytes.Contains(data, []byte(`"error"`)) {
-			return result{err: fmt.Errorf("%s: in-stream error: %s", base, data)}
+			res.err = fmt.Errorf("%s: in-stream error: %s", base, data)
+			return
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return result{err: fmt.Errorf("%s: reading the stream: %w", base, err)}
+		res.err = fmt.Errorf("%s: reading the stream: %w", base, err)
+		return
 	}
 	if prompt != size {
-		return result{err: fmt.Errorf("%s: usage counted %d prompt tokens, sent %d", base, prompt, size)}
+		res.err = fmt.Errorf("%s: usage counted %d prompt tokens, sent %d", base, prompt, size)
 	}
+}
+
+// viaGateway sends the same request as complete through an endpoint picker, kvbench playing
+// the gateway (router/extproc/gatewaytest, the client kvroutectl epp-check uses): the first
+// token's time is when the gateway could pass the first event on to its client (the picker's
+// echo of that body piece), and pick is the ext_proc round trip from the request headers sent
+// to the pick received (the body's pieces included: the picker reads the body to key it).
+func (c *client) viaGateway(ctx context.Context, gw *gatewaytest.Gateway, size int) result {
+	body, err := json.Marshal(completionRequest{Model: c.model, Prompt: c.prompt(size), MaxTokens: c.maxTokens,
+		Stream: true, StreamOptions: map[string]any{"include_usage": true}})
+	if err != nil {
+		return result{err: err}
+	}
+	var res result
+	start := time.Now()
+	gres, err := gw.Do(ctx, gatewaytest.Request{Path: "/v1/completions", Body: body, Mode: gatewaytest.FullDuplex,
+		OnClientBody: func(piece []byte) {
+			if res.ttft == 0 && bytes.Contains(piece, []byte("data: ")) {
+				res.ttft = time.Since(start)
+			}
+		}})
+	switch {
+	case err != nil:
+		return result{err: fmt.Errorf("gateway: %w", err)}
+	case gres.Immediate || gres.Status != http.StatusOK:
+		return result{err: fmt.Errorf("gateway: status %d (picker answered itself: %v): %s", gres.Status, gres.Immediate, bytes.TrimSpace(gres.ClientBody))}
+	}
+	res.pick = gres.PickLatency
+	scanStream(bytes.NewReader(gres.ClientBody), "gateway to "+gres.Served, size, start, &res)
 	return res
 }
 
 // closedLoop sends requests through streams workers, each sending its next request when the
 // last one ends, and returns the completed requests per second, their first-token times (ms)
 // and how many failed.
-func (c *client) closedLoop(ctx context.Context, base string, size, streams, requests int) (float64, []float64, int) {
+func closedLoop(ctx context.Context, send front, size, streams, requests int) (float64, []float64, int) {
 	var (
 		next   atomic.Int64
 		mu     sync.Mutex
@@ -132,7 +173,7 @@ func (c *client) closedLoop(ctx context.Context, base string, size, streams, req
 	for range streams {
 		wg.Go(func() {
 			for next.Add(1) <= int64(requests) && ctx.Err() == nil {
-				res := c.complete(ctx, base, size)
+				res := send(ctx, size)
 				mu.Lock()
 				if res.err != nil {
 					failed++
@@ -147,3 +188,7 @@ func (c *client) closedLoop(ctx context.Context, base string, size, streams, req
 	wall := time.Since(start).Seconds()
 	return float64(len(ttft)) / wall, ttft, failed
 }
+
+// front sends one request of size prompt tokens one way (direct, through the proxy, through
+// the picker) and measures it.
+type front func(ctx context.Context, size int) result

@@ -22,6 +22,7 @@ type routerProc struct {
 	cmd     *exec.Cmd
 	logPath string
 	api     string // host:port
+	extProc string // host:port of the endpoint picker, with --ext-proc-listen
 	done    chan struct{}
 }
 
@@ -50,7 +51,7 @@ func startRouter(ctx context.Context, r Router, args []string, logPath string) (
 		return nil, fmt.Errorf("start %s: %w", r.Bin, err)
 	}
 	p := &routerProc{cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	found := make(chan string, 1)
+	found := make(chan [2]string, 1)
 	go func() {
 		defer pr.Close()
 		defer f.Close()
@@ -59,12 +60,13 @@ func startRouter(ctx context.Context, r Router, args []string, logPath string) (
 		for sc.Scan() {
 			_, _ = f.Write(append(sc.Bytes(), '\n'))
 			var rec struct {
-				Msg string `json:"msg"`
-				API string `json:"api"`
+				Msg     string `json:"msg"`
+				API     string `json:"api"`
+				ExtProc string `json:"ext_proc"`
 			}
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "kvrouter listening" && rec.API != "" {
 				select {
-				case found <- rec.API:
+				case found <- [2]string{rec.API, rec.ExtProc}:
 				default:
 				}
 			}
@@ -78,7 +80,8 @@ func startRouter(ctx context.Context, r Router, args []string, logPath string) (
 	timer := time.NewTimer(20 * time.Second)
 	defer timer.Stop()
 	select {
-	case p.api = <-found:
+	case a := <-found:
+		p.api, p.extProc = a[0], a[1]
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("kvrouter exited before listening; its log:\n%s", p.tail())

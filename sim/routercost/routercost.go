@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute/router/extproc/gatewaytest"
 	"github.com/kvroute/kvroute/sim/simproc"
 )
 
@@ -34,6 +35,11 @@ type Options struct {
 	SimBin   string
 	Routers  []Router
 	Policies []string // kvrouter --policy values, each measured in turn
+	// Modes are how the router is put in front of the engine, each measured in turn: ModeProxy
+	// (the default; requests go through its OpenAI listener) and ModePicker (it is an endpoint
+	// picker, --ext-proc-listen, and kvbench plays the gateway: the picker's ext_proc round
+	// trips and its reading of the streamed response, the gateway forwarding the bytes).
+	Modes []string
 	Rounds   int      // every (router, policy) is measured this many times, interleaved
 
 	CPUSizes    []int // prompt tokens of the CPU-per-request measurement
@@ -51,10 +57,17 @@ type Options struct {
 	Progress  io.Writer
 }
 
-// Figures is one measurement of one router and policy.
+// The modes Options.Modes names.
+const (
+	ModeProxy  = "proxy"
+	ModePicker = "picker"
+)
+
+// Figures is one measurement of one router, policy and mode.
 type Figures struct {
 	Router string `json:"router"`
 	Policy string `json:"policy"`
+	Mode   string `json:"mode"`
 	Round  int    `json:"round"`
 
 	CPU     []CPUFigure    `json:"cpu,omitempty"`
@@ -81,6 +94,10 @@ type TTFTFigure struct {
 	RoutedP50Ms  float64 `json:"routed_p50_ms"`
 	AddedP50Ms   float64 `json:"added_p50_ms"` // of each pair's routed minus direct
 	AddedP90Ms   float64 `json:"added_p90_ms"`
+	// PickP50Ms and PickP90Ms (picker mode) are the ext_proc round trip of the routed requests:
+	// from the request headers sent to the pick received, the body's pieces in between.
+	PickP50Ms float64 `json:"pick_p50_ms,omitempty"`
+	PickP90Ms float64 `json:"pick_p90_ms,omitempty"`
 }
 
 // StreamsFigure is many concurrent streams, direct and then routed.
@@ -116,16 +133,26 @@ func Run(ctx context.Context, o Options) ([]Figures, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	if len(o.Modes) == 0 {
+		o.Modes = []string{ModeProxy}
+	}
+	for _, m := range o.Modes {
+		if m != ModeProxy && m != ModePicker {
+			return nil, fmt.Errorf("mode %q: want %s or %s", m, ModeProxy, ModePicker)
+		}
+	}
 	var out []Figures
 	for round := 1; round <= o.Rounds; round++ {
 		for _, r := range o.Routers {
 			for _, pol := range o.Policies {
-				fmt.Fprintf(o.Progress, "round %d: %s --policy %s\n", round, r.Name, pol)
-				f, err := measure(ctx, &o, r, pol, round)
-				if err != nil {
-					return out, fmt.Errorf("%s --policy %s, round %d: %w", r.Name, pol, round, err)
+				for _, mode := range o.Modes {
+					fmt.Fprintf(o.Progress, "round %d: %s --policy %s, %s mode\n", round, r.Name, pol, mode)
+					f, err := measure(ctx, &o, r, pol, mode, round)
+					if err != nil {
+						return out, fmt.Errorf("%s --policy %s, %s mode, round %d: %w", r.Name, pol, mode, round, err)
+					}
+					out = append(out, f)
 				}
-				out = append(out, f)
 			}
 		}
 	}
@@ -133,9 +160,9 @@ func Run(ctx context.Context, o Options) ([]Figures, error) {
 }
 
 // measure starts one engine and one router and runs the three measurements.
-func measure(ctx context.Context, o *Options, r Router, policy string, round int) (Figures, error) {
-	f := Figures{Router: r.Name, Policy: policy, Round: round}
-	tag := fmt.Sprintf("%s-%s-%d", r.Name, policy, round)
+func measure(ctx context.Context, o *Options, r Router, policy, mode string, round int) (Figures, error) {
+	f := Figures{Router: r.Name, Policy: policy, Mode: mode, Round: round}
+	tag := fmt.Sprintf("%s-%s-%s-%d", r.Name, policy, mode, round)
 	simLog, err := os.Create(filepath.Join(o.Dir, "vllm-sim-"+tag+".log"))
 	if err != nil {
 		return f, err
@@ -153,8 +180,11 @@ func measure(ctx context.Context, o *Options, r Router, policy string, round int
 	if len(sim.Replay) > 0 {
 		engine += ";replay=" + sim.Replay[0]
 	}
-	rp, err := startRouter(ctx, r, []string{"--engine", engine, "--policy", policy, "--model", "cost"},
-		filepath.Join(o.Dir, "kvrouter-"+tag+".log"))
+	args := []string{"--engine", engine, "--policy", policy, "--model", "cost"}
+	if mode == ModePicker {
+		args = append(args, "--ext-proc-listen", "127.0.0.1:0")
+	}
+	rp, err := startRouter(ctx, r, args, filepath.Join(o.Dir, "kvrouter-"+tag+".log"))
 	if err != nil {
 		return f, err
 	}
@@ -163,19 +193,32 @@ func measure(ctx context.Context, o *Options, r Router, policy string, round int
 		return f, err
 	}
 	c := newClient(max(o.Streams, 8), "cost", o.MaxTokens, tag)
-	direct, routed := sim.URL, "http://"+rp.api
+	direct := func(ctx context.Context, size int) result { return c.complete(ctx, sim.URL, size) }
+	routed := func(ctx context.Context, size int) result { return c.complete(ctx, "http://"+rp.api, size) }
+	if mode == ModePicker {
+		if rp.extProc == "" {
+			return f, fmt.Errorf("kvrouter logged no ext_proc address; its log:\n%s", rp.tail())
+		}
+		gw, err := gatewaytest.Dial(rp.extProc)
+		if err != nil {
+			return f, err
+		}
+		defer func() { _ = gw.Close() }()
+		gw.HTTP = c.http // the same connection pool as the direct requests
+		routed = func(ctx context.Context, size int) result { return c.viaGateway(ctx, gw, size) }
+	}
 	// A first request each way opens the connections and fills the router's caches of the
 	// engine's answers (model list, block size).
-	for _, u := range []string{direct, routed} {
-		if res := c.complete(ctx, u, 256); res.err != nil {
-			return f, fmt.Errorf("warm-up request to %s: %w", u, res.err)
+	for side, send := range []front{direct, routed} {
+		if res := send(ctx, 256); res.err != nil {
+			return f, fmt.Errorf("warm-up request (%s): %w", []string{"direct", mode}[side], res.err)
 		}
 	}
 	for _, n := range o.CPUSizes {
 		if o.CPURequests <= 0 {
 			break
 		}
-		cf, err := measureCPU(ctx, c, routed, rp.pid(), sim.Pid(), n, o.CPURequests)
+		cf, err := measureCPU(ctx, routed, rp.pid(), sim.Pid(), n, o.CPURequests)
 		if err != nil {
 			return f, err
 		}
@@ -185,14 +228,14 @@ func measure(ctx context.Context, o *Options, r Router, policy string, round int
 		if o.TTFTPairs <= 0 {
 			break
 		}
-		tf, err := measureTTFT(ctx, c, direct, routed, n, o.TTFTPairs)
+		tf, err := measureTTFT(ctx, direct, routed, n, o.TTFTPairs)
 		if err != nil {
 			return f, err
 		}
 		f.TTFT = append(f.TTFT, tf)
 	}
 	if o.Streams > 0 && o.StreamRequests > 0 {
-		sf, err := measureStreams(ctx, c, direct, routed, o.StreamTokens, o.Streams, o.StreamRequests)
+		sf, err := measureStreams(ctx, direct, routed, o.StreamTokens, o.Streams, o.StreamRequests)
 		if err != nil {
 			return f, err
 		}
@@ -207,10 +250,10 @@ func measure(ctx context.Context, o *Options, r Router, policy string, round int
 // measureCPU sends n sequential requests of size tokens through the router and reads the
 // router's and the engine's CPU time around them; the router's idle CPU over the same wall time
 // is measured before.
-func measureCPU(ctx context.Context, c *client, routed string, routerPid, simPid, size, n int) (CPUFigure, error) {
+func measureCPU(ctx context.Context, routed front, routerPid, simPid, size, n int) (CPUFigure, error) {
 	f := CPUFigure{PromptTokens: size, Requests: n}
 	for range 2 { // the first requests of a size grow the buffers that size needs
-		if res := c.complete(ctx, routed, size); res.err != nil {
+		if res := routed(ctx, size); res.err != nil {
 			return f, res.err
 		}
 	}
@@ -220,7 +263,7 @@ func measureCPU(ctx context.Context, c *client, routed string, routerPid, simPid
 	}
 	start := time.Now()
 	for range n {
-		if res := c.complete(ctx, routed, size); res.err != nil {
+		if res := routed(ctx, size); res.err != nil {
 			return f, res.err
 		}
 	}
@@ -260,30 +303,39 @@ func cpuTimes(a, b int) (time.Duration, time.Duration, error) {
 }
 
 // measureTTFT alternates direct and routed requests of size tokens, pairs of them.
-func measureTTFT(ctx context.Context, c *client, direct, routed string, size, pairs int) (TTFTFigure, error) {
+func measureTTFT(ctx context.Context, direct, routed front, size, pairs int) (TTFTFigure, error) {
 	f := TTFTFigure{PromptTokens: size, Pairs: pairs}
-	var d, r, added []float64
+	var d, r, added, pick []float64
 	for i := range pairs + 1 {
 		// Which side goes first alternates too, so neither always follows the other's work.
-		order := []string{direct, routed}
+		order := []int{0, 1}
 		if i%2 == 1 {
-			order = []string{routed, direct}
+			order = []int{1, 0}
 		}
-		var got [2]float64
-		for _, u := range order {
-			res := c.complete(ctx, u, size)
-			if res.err != nil {
-				return f, res.err
+		var got [2]result
+		for _, side := range order {
+			send := direct
+			if side == 1 {
+				send = routed
 			}
-			got[boolInt(u == routed)] = ms(res.ttft)
+			if got[side] = send(ctx, size); got[side].err != nil {
+				return f, got[side].err
+			}
 		}
 		if i == 0 {
 			continue // the size's first pair grows buffers on both sides
 		}
-		d, r, added = append(d, got[0]), append(r, got[1]), append(added, got[1]-got[0])
+		d, r = append(d, ms(got[0].ttft)), append(r, ms(got[1].ttft))
+		added = append(added, ms(got[1].ttft)-ms(got[0].ttft))
+		if got[1].pick > 0 {
+			pick = append(pick, ms(got[1].pick))
+		}
 	}
 	f.DirectP50Ms, f.RoutedP50Ms = quantile(d, 0.5), quantile(r, 0.5)
 	f.AddedP50Ms, f.AddedP90Ms = quantile(added, 0.5), quantile(added, 0.9)
+	if len(pick) > 0 {
+		f.PickP50Ms, f.PickP90Ms = quantile(pick, 0.5), quantile(pick, 0.9)
+	}
 	return f, nil
 }
 
@@ -295,11 +347,11 @@ func boolInt(b bool) int {
 }
 
 // measureStreams runs requests through streams concurrent workers, direct and then routed.
-func measureStreams(ctx context.Context, c *client, direct, routed string, size, streams, requests int) (StreamsFigure, error) {
+func measureStreams(ctx context.Context, direct, routed front, size, streams, requests int) (StreamsFigure, error) {
 	f := StreamsFigure{PromptTokens: size, Streams: streams, Requests: requests}
 	var ttft [2][]float64
-	for side, u := range []string{direct, routed} {
-		rps, t, failed := c.closedLoop(ctx, u, size, streams, requests)
+	for side, send := range []front{direct, routed} {
+		rps, t, failed := closedLoop(ctx, send, size, streams, requests)
 		if ctx.Err() != nil {
 			return f, ctx.Err()
 		}

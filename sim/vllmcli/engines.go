@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -308,7 +310,13 @@ func TRTLLM(base vllmsim.Config, args []string, env func(string) (string, bool),
 	if len(models) != 1 {
 		return Result{}, fmt.Errorf("trtllm-serve takes one MODEL, got %q", models)
 	}
+	// trtllm-serve has no served-name option: /v1/models lists MODEL as given, or the
+	// directory's name when MODEL is a local directory (OpenAIServer.__init__ in
+	// tensorrt_llm/serve/openai_server.py at 00057725d959); requests may name any model.
 	cfg.Model = models[0]
+	if fi, err := os.Stat(models[0]); err == nil && fi.IsDir() {
+		cfg.Model = filepath.Base(models[0])
+	}
 	wild := applyWildHost(&cfg, env)
 	if configPath != "" {
 		raw, err := readFile(configPath)

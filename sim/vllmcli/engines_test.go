@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,33 +45,39 @@ func admitSample(t *testing.T, shape string) *v1alpha1.KVRoutedModel {
 	return m
 }
 
-func engineContainer(t *testing.T, m *v1alpha1.KVRoutedModel) corev1.Container {
+func engineTemplate(t *testing.T, m *v1alpha1.KVRoutedModel) corev1.PodTemplateSpec {
 	t.Helper()
 	d, err := render.EngineDeployment(m, render.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d.Spec.Template.Spec.Containers[0]
+	return d.Spec.Template
 }
 
-// parseRendered reads a rendered SGLang or TensorRT-LLM container as the image's links do:
-// `python3 -m sglang.launch_server ARGS`, or trtllm-serve ARGS after the shell has written the
-// kubelet-expanded config variable to the --config file.
-func parseRendered(t *testing.T, c corev1.Container, env func(string) (string, bool)) (vllmcli.Result, error) {
+func engineContainer(t *testing.T, m *v1alpha1.KVRoutedModel) corev1.Container {
 	t.Helper()
+	return engineTemplate(t, m).Spec.Containers[0]
+}
+
+// parseRendered reads a rendered SGLang or TensorRT-LLM engine as the image's links do:
+// `python3 -m sglang.launch_server ARGS`, or `trtllm-serve ARGS` reading the --config file the
+// kubelet projects from the pod annotation (a downward API volume).
+func parseRendered(t *testing.T, tmpl corev1.PodTemplateSpec, env func(string) (string, bool)) (vllmcli.Result, error) {
+	t.Helper()
+	c := tmpl.Spec.Containers[0]
 	switch {
 	case reflect.DeepEqual(c.Command, []string{"python3", "-m", vllmcli.SGLangModule}):
 		return vllmcli.SGLang(vllmsim.Config{}, c.Args, env)
-	case len(c.Command) == 4 && c.Command[0] == "/bin/sh" && strings.Contains(c.Command[2], `exec trtllm-serve "$@"`):
-		raw, _ := env(render.TRTLLMConfigEnv)
-		if !strings.Contains(c.Command[2], `"$`+render.TRTLLMConfigEnv+`" > `+render.TRTLLMConfigPath) {
-			t.Fatalf("the shell does not write $%s to %s: %q", render.TRTLLMConfigEnv, render.TRTLLMConfigPath, c.Command[2])
+	case reflect.DeepEqual(c.Command, []string{"trtllm-serve"}):
+		raw, ok := tmpl.Annotations[v1alpha1.AnnotationEngineConfig]
+		if !ok {
+			t.Fatalf("no %s annotation to project", v1alpha1.AnnotationEngineConfig)
 		}
 		return vllmcli.TRTLLM(vllmsim.Config{}, c.Args, env, func(p string) ([]byte, error) {
 			if p != render.TRTLLMConfigPath {
 				return nil, fmt.Errorf("open %s: no such file", p)
 			}
-			return []byte(vllmcli.Expand(raw, env) + "\n"), nil
+			return []byte(raw), nil // the kubelet writes the annotation as is: no $(VAR) expansion
 		})
 	}
 	t.Fatalf("command %q is neither SGLang's nor trtllm-serve's", c.Command)
@@ -96,12 +103,13 @@ func TestRenderedOtherEngineCommands(t *testing.T) {
 			check: func(c vllmsim.Config) bool {
 				return c.Model == "meta-llama/Llama-3.1-8B-Instruct" && c.Host == "0.0.0.0" && c.Port == 8000 && c.BlockSize == 32 &&
 					c.DataParallelSize == 2 && c.MaxModelLen == 32768 && c.KVEventsBind == "tcp://*:5557" && c.KVReplayBind == "tcp://*:5600" &&
-					*c.KVEventsTopic == "kv@10.0.0.7@llama-3-8b" && c.HWM == 100000 && c.BufferSteps == 10000 && !c.OmitPromptTokensDetails
+					*c.KVEventsTopic == "kv@llama-trtllm-engine@llama-3-8b" && c.HWM == 100000 && c.BufferSteps == 10000 && !c.OmitPromptTokensDetails
 			}},
 	} {
 		t.Run(c.shape, func(t *testing.T) {
-			ctr := engineContainer(t, admitSample(t, c.shape))
-			res, err := parseRendered(t, ctr, podEnv(ctr, "10.0.0.7"))
+			tmpl := engineTemplate(t, admitSample(t, c.shape))
+			ctr := tmpl.Spec.Containers[0]
+			res, err := parseRendered(t, tmpl, podEnv(ctr, "10.0.0.7"))
 			if err != nil {
 				t.Fatalf("%q %q: %v", ctr.Command, ctr.Args, err)
 			}
@@ -118,6 +126,28 @@ func TestRenderedOtherEngineCommands(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// SGLang with spec.engine.apiKeySecretRef: the rendered --api-key $(VLLM_API_KEY) names the
+// Secret-backed variable, which the kubelet expands; the simulator then guards its routes with
+// the Secret's key, not the literal reference.
+func TestRenderedSGLangAPIKey(t *testing.T) {
+	m := admitSample(t, "sglang")
+	m.Spec.Engine.APIKeySecretRef = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "k"}, Key: "key"}
+	tmpl := engineTemplate(t, m)
+	ctr := tmpl.Spec.Containers[0]
+	for _, a := range ctr.Args {
+		if a == "secret" {
+			t.Fatal("the key itself is in the pod spec's args")
+		}
+	}
+	res, err := parseRendered(t, tmpl, podEnv(ctr, "10.0.0.7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Config.APIKeys, []string{"secret"}) {
+		t.Errorf("API keys %q from %q: want the Secret's value", res.Config.APIKeys, ctr.Args)
 	}
 }
 
@@ -180,7 +210,8 @@ func TestRenderedOtherEngineRuns(t *testing.T) {
 			taken := map[int]bool{}
 			httpPort, events, replay := int32(testkit.FreeRun(t, 1, taken)), int32(testkit.FreeRun(t, 2, taken)), int32(testkit.FreeRun(t, 2, taken))
 			m.Spec.Engine.Port, m.Spec.Engine.KVEvents.BasePort, m.Spec.Engine.KVEvents.ReplayBasePort = httpPort, events, &replay
-			ctr := engineContainer(t, m)
+			tmpl := engineTemplate(t, m)
+			ctr := tmpl.Spec.Containers[0]
 			pod := podEnv(ctr, "127.0.0.1")
 			env := func(k string) (string, bool) {
 				if k == vllmcli.WildcardHostEnv {
@@ -188,11 +219,14 @@ func TestRenderedOtherEngineRuns(t *testing.T) {
 				}
 				return pod(k)
 			}
-			res, err := parseRendered(t, ctr, env)
+			res, err := parseRendered(t, tmpl, env)
 			if err != nil {
 				t.Fatal(err)
 			}
 			topic := "kv@127.0.0.1@" + m.Spec.Model.Name
+			if tp := tmpl.Annotations[v1alpha1.AnnotationKVTopic]; tp != "" {
+				topic = tp // TensorRT-LLM's, the same for every pod
+			}
 			subs := make([]*zmq.Socket, res.Config.DataParallelSize)
 			for r := range subs {
 				s, err := zmq.NewSocket(zmq.SUB)

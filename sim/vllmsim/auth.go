@@ -23,7 +23,12 @@ const unauthorizedBody = `{"error":"Unauthorized"}`
 // carry "Authorization: Bearer <one of keys>" (scheme case-insensitive, as vLLM's
 // str.lower() comparison) on a guarded path. Keys are compared as SHA-256 digests in
 // constant time, as vLLM does, so the comparison leaks neither a key's length nor prefix.
-func requireAPIKey(h http.Handler, keys []string) http.Handler {
+//
+// SGLang's --api-key middleware (add_api_key_middleware, python/sglang/srt/utils/common.py of
+// sgl-project/sglang at 4e75f4684b6b) guards every path but /health* and /metrics* (so its
+// /tokenize and /v1/models need the key too) and wants the header to be exactly
+// "Bearer <key>"; its 401 body is the same.
+func requireAPIKey(h http.Handler, keys []string, kind string) http.Handler {
 	if len(keys) == 0 {
 		return h
 	}
@@ -31,8 +36,17 @@ func requireAPIKey(h http.Handler, keys []string) http.Handler {
 	for i, k := range keys {
 		digests[i] = sha256.Sum256([]byte(k))
 	}
+	isGuarded, isAuthorized := guarded, authorized
+	if kind == KindSGLang {
+		isGuarded = func(path string) bool {
+			return !strings.HasPrefix(path, "/health") && !strings.HasPrefix(path, "/metrics")
+		}
+		isAuthorized = func(header string, digests [][sha256.Size]byte) bool {
+			return strings.HasPrefix(header, "Bearer ") && authorized(header, digests)
+		}
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodOptions || !guarded(r.URL.Path) || authorized(r.Header.Get("Authorization"), digests) {
+		if r.Method == http.MethodOptions || !isGuarded(r.URL.Path) || isAuthorized(r.Header.Get("Authorization"), digests) {
 			h.ServeHTTP(w, r)
 			return
 		}

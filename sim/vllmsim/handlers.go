@@ -152,6 +152,14 @@ func (s *Sim) checkModel(model string, j *genJob) error {
 		j.model = s.cfg.Model
 		return nil
 	}
+	if s.cfg.kind() == KindTRTLLM {
+		// trtllm-serve serves one model and never checks the request's name against it: its
+		// completion and chat handlers pass the request on and answer with request.model
+		// (tensorrt_llm/serve/openai_server.py at 00057725d959, postprocess_handlers.py
+		// CompletionPostprocArgs.from_request), so any name is that model.
+		j.model = model
+		return nil
+	}
 	if i := slices.Index(s.cfg.LoRAAdapters, model); i >= 0 {
 		id := i + 1
 		j.loraID = &id

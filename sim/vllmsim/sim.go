@@ -222,7 +222,7 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{http.StatusNotFound, "NotFoundError", "no route " + r.Method + " " + r.URL.Path, ""})
 	})
-	return requireAPIKey(mux, s.cfg.APIKeys)
+	return requireAPIKey(mux, s.cfg.APIKeys, s.cfg.kind())
 }
 
 // pickRank honours X-data-parallel-rank, else takes the least loaded rank by vLLM's DP

@@ -180,10 +180,12 @@ func TestInstallAppliesAndRBACFits(t *testing.T) {
 	needs := map[schema.GroupResource][]string{
 		{Group: v1alpha1.GroupVersion.Group, Resource: "kvroutedmodels"}:        {"get", "list", "watch"},
 		{Group: v1alpha1.GroupVersion.Group, Resource: "kvroutedmodels/status"}: {"get", "update", "patch"},
-		{Group: "", Resource: "pods"}:                                           {"get", "list", "watch", "patch"},
-		{Group: "events.k8s.io", Resource: "events"}:                            {"create", "patch"},
-		{Group: "coordination.k8s.io", Resource: "leases"}:                      {"get", "create", "update"},
-		{Group: "apiregistration.k8s.io", Resource: "apiservices"}:              {"get", "list"},
+		// The wake from zero writes the model's own /scale (controllers/wake.go).
+		{Group: v1alpha1.GroupVersion.Group, Resource: "kvroutedmodels/scale"}: {"update"},
+		{Group: "", Resource: "pods"}:                                          {"get", "list", "watch", "patch"},
+		{Group: "events.k8s.io", Resource: "events"}:                           {"create", "patch"},
+		{Group: "coordination.k8s.io", Resource: "leases"}:                     {"get", "create", "update"},
+		{Group: "apiregistration.k8s.io", Resource: "apiservices"}:             {"get", "list"},
 	}
 	for gr := range children {
 		needs[gr] = applyVerbs

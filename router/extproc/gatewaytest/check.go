@@ -3,6 +3,7 @@ package gatewaytest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -22,6 +23,8 @@ type CheckOptions struct {
 	// Conformance expects the conformance suite's hooks (test-epp-endpoint-selection honoured,
 	// x-conformance-test-served-endpoint echoed); without it that check is skipped.
 	Conformance bool
+	// TLS dials the picker over TLS (nil: plaintext).
+	TLS *tls.Config
 	// Timeout bounds each check (default 60s).
 	Timeout time.Duration
 }
@@ -72,7 +75,11 @@ func Check(ctx context.Context, addr string, o CheckOptions) ([]Outcome, error) 
 	if o.Timeout <= 0 {
 		o.Timeout = time.Minute
 	}
-	g, err := Dial(addr)
+	var dial []DialOption
+	if o.TLS != nil {
+		dial = append(dial, WithTLS(o.TLS))
+	}
+	g, err := Dial(addr, dial...)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ package gatewaytest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -36,9 +38,27 @@ type Gateway struct {
 	HTTP *http.Client
 }
 
-// Dial connects to a picker's ext_proc address (host:port, plaintext gRPC).
-func Dial(addr string) (*Gateway, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// DialOption changes how Dial connects.
+type DialOption func(*dialOptions)
+
+type dialOptions struct{ tls *tls.Config }
+
+// WithTLS dials the picker over TLS with cfg; gateways dial a picker with verification off
+// (InsecureSkipVerify), since the Inference Extension's picker serves a self-signed
+// certificate by default.
+func WithTLS(cfg *tls.Config) DialOption { return func(o *dialOptions) { o.tls = cfg } }
+
+// Dial connects to a picker's ext_proc address (host:port; plaintext gRPC unless WithTLS).
+func Dial(addr string, opts ...DialOption) (*Gateway, error) {
+	var o dialOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	creds := insecure.NewCredentials()
+	if o.tls != nil {
+		creds = credentials.NewTLS(o.tls)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +108,12 @@ type Request struct {
 	// NoForward skips the HTTP request: the response is made up (Status 200, Fake as body).
 	NoForward bool
 	Fake      []byte
+	// OnClientBody, when set, is called with each piece of the response body the picker lets
+	// through, as the gateway would pass it on to its client: in full duplex while the engine
+	// still streams (the picker's answers are read as they come, beside the upstream read), in
+	// buffered mode once with the whole body. A caller times the first token there as its client
+	// sees it (kvbench). It runs on the reading goroutine: it must not block for long.
+	OnClientBody func(piece []byte)
 }
 
 // Result is what one exchange produced.
@@ -130,7 +156,10 @@ func (g *Gateway) Do(ctx context.Context, r Request) (*Result, error) {
 	}()
 	res := &Result{SetHeaders: http.Header{}, ResponseHdrs: http.Header{}}
 	t0 := time.Now()
-	if err := g.sendRequest(st, r); err != nil {
+	// io.EOF from a send is the picker having ended the stream (gRPC reports the server's
+	// status on the receive side): an answer it gave before the body's end, say a 413 for a body
+	// over its limit, is read below like any other.
+	if err := g.sendRequest(st, r); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := readPick(rx, rxErr, r, res); err != nil || res.Immediate {
@@ -152,7 +181,7 @@ func (g *Gateway) Do(ctx context.Context, r Request) (*Result, error) {
 	}
 	defer resp.Body.Close()
 	res.Status, res.Served = resp.StatusCode, served
-	if err := g.relayResponse(st, rx, rxErr, r, resp, res); err != nil {
+	if err := g.relayResponse(st, rx, rxErr, r, resp, res, cancel); err != nil {
 		return res, err
 	}
 	return res, nil
@@ -347,7 +376,7 @@ func (g *Gateway) forward(ctx context.Context, r Request, res *Result) (*http.Re
 // relayResponse sends the response headers (with the served endpoint) and the body to the
 // picker as it arrives, and collects what the picker lets through.
 func (g *Gateway) relayResponse(st extprocv3.ExternalProcessor_ProcessClient, rx <-chan *extprocv3.ProcessingResponse, rxErr <-chan error,
-	r Request, resp *http.Response, res *Result) error {
+	r Request, resp *http.Response, res *Result, cancel context.CancelFunc) error {
 	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte(strconv.Itoa(resp.StatusCode))}}}
 	for k, vs := range resp.Header {
 		for _, v := range vs {
@@ -381,7 +410,21 @@ func (g *Gateway) relayResponse(st extprocv3.ExternalProcessor_ProcessClient, rx
 			return err
 		}
 		res.ClientBody = whole
-		return collectBody(rx, rxErr, r.Mode, res)
+		err = collectBody(rx, rxErr, r, res)
+		if err == nil && r.OnClientBody != nil {
+			r.OnClientBody(res.ClientBody)
+		}
+		return err
+	}
+	// Full duplex: the picker's answers are read beside the upstream read, as Envoy passes each
+	// piece on when the picker sends it back, not after the engine's last byte. Every path
+	// below waits for the reader before it returns, so res is the caller's alone after.
+	collected := make(chan error, 1)
+	go func() { collected <- collectBody(rx, rxErr, r, res) }()
+	fail := func(err error) error {
+		cancel()
+		_ = <-collected // the reader ends on the cancel; the first error is the one to report
+		return err
 	}
 	sent := 0
 	buf := make([]byte, 32<<10)
@@ -389,28 +432,25 @@ func (g *Gateway) relayResponse(st extprocv3.ExternalProcessor_ProcessClient, rx
 		n, rerr := resp.Body.Read(buf)
 		eos := errors.Is(rerr, io.EOF)
 		if rerr != nil && !eos {
-			return fmt.Errorf("reading the engine's answer: %w", rerr)
+			return fail(fmt.Errorf("reading the engine's answer: %w", rerr))
 		}
 		piece := buf[:n]
 		if r.CutAfter > 0 && sent+n >= r.CutAfter {
 			piece = piece[:r.CutAfter-sent]
 			if err := sendBody(st, piece, false); err != nil {
-				return err
+				return fail(err)
 			}
 			// The upstream broke: the gateway ends the exchange without the body's end, and
-			// waits for the picker to close its side.
+			// waits for the picker to close its side (the reader ends on the stream's end).
 			if err := st.CloseSend(); err != nil {
-				return err
+				return fail(err)
 			}
-			for {
-				if _, err := next(rx, rxErr); err != nil {
-					return nil
-				}
-			}
+			_ = <-collected // ends with the stream's end, an error by design here
+			return nil
 		}
 		if n > 0 || eos {
 			if err := sendBody(st, piece, eos); err != nil {
-				return err
+				return fail(err)
 			}
 			sent += n
 		}
@@ -418,7 +458,7 @@ func (g *Gateway) relayResponse(st extprocv3.ExternalProcessor_ProcessClient, rx
 			break
 		}
 	}
-	return collectBody(rx, rxErr, r.Mode, res)
+	return <-collected
 }
 
 func sendBody(st extprocv3.ExternalProcessor_ProcessClient, b []byte, eos bool) error {
@@ -426,8 +466,10 @@ func sendBody(st extprocv3.ExternalProcessor_ProcessClient, b []byte, eos bool) 
 		ResponseBody: &extprocv3.HttpBody{Body: append([]byte(nil), b...), EndOfStream: eos}}})
 }
 
-// collectBody reads the picker's answers to the response body up to its end.
-func collectBody(rx <-chan *extprocv3.ProcessingResponse, rxErr <-chan error, mode Mode, res *Result) error {
+// collectBody reads the picker's answers to the response body up to its end; in full duplex
+// each piece goes to r.OnClientBody as it comes.
+func collectBody(rx <-chan *extprocv3.ProcessingResponse, rxErr <-chan error, r Request, res *Result) error {
+	mode := r.Mode
 	for {
 		m, err := next(rx, rxErr)
 		if err != nil {
@@ -439,8 +481,12 @@ func collectBody(rx <-chan *extprocv3.ProcessingResponse, rxErr <-chan error, mo
 		}
 		switch bm := rb.GetResponse().GetBodyMutation().GetMutation().(type) {
 		case *extprocv3.BodyMutation_StreamedResponse:
-			res.ClientBody = append(res.ClientBody, bm.StreamedResponse.GetBody()...)
-			res.MaxPiece = max(res.MaxPiece, len(bm.StreamedResponse.GetBody()))
+			piece := bm.StreamedResponse.GetBody()
+			res.ClientBody = append(res.ClientBody, piece...)
+			res.MaxPiece = max(res.MaxPiece, len(piece))
+			if r.OnClientBody != nil && len(piece) > 0 {
+				r.OnClientBody(piece)
+			}
 			if bm.StreamedResponse.GetEndOfStream() {
 				return nil
 			}
