@@ -15,10 +15,11 @@ import (
 
 // subcommands maps a name to its entry point; each parses its own flags.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) error{
-	"cache":  runCache,
-	"cost":   runCost,
-	"replay": runReplay,
-	"router": runRouter, // hidden: the routers kvbench replay starts (router.go)
+	"autoscale": runAutoscale,
+	"cache":     runCache,
+	"cost":      runCost,
+	"replay":    runReplay,
+	"router":    runRouter, // hidden: the routers kvbench replay starts (router.go)
 }
 
 func main() {
@@ -33,6 +34,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintln(stderr, "usage: kvbench cache|replay --trace F [flags]   (kvbench cache -h, kvbench replay -h for flags)")
 		fmt.Fprintln(stderr, "       kvbench cost [flags]                        (the router's own cost; kvbench cost -h)")
+		fmt.Fprintln(stderr, "       kvbench autoscale [flags]                   (autoscaling signals on a load step, fleet model; kvbench autoscale -h)")
 		fmt.Fprintln(stderr, "       kvbench --version")
 		if len(args) == 0 {
 			return 2
@@ -41,7 +43,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := subcommands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "kvbench: unknown subcommand %q (known: cache, cost, replay)\n", args[0])
+		fmt.Fprintf(stderr, "kvbench: unknown subcommand %q (known: autoscale, cache, cost, replay)\n", args[0])
 		return 2
 	}
 	if err := cmd(args[1:], stdout, stderr); err != nil {

@@ -424,7 +424,7 @@ func TestAutoscalers(t *testing.T) {
 	// backlog is absent.
 	ext, pods := h.Spec.Metrics[0].External, h.Spec.Metrics[1].Pods
 	if ext == nil || ext.Metric.Name != render.BacklogMetric || ext.Metric.Selector.MatchLabels[render.ModelLabel] != "qwen-hpa" ||
-		ext.Target.AverageValue.String() != "2" || pods == nil || pods.Metric.Name != render.QueueMetric || pods.Target.AverageValue.String() != "4" {
+		ext.Target.AverageValue.String() != "1" || pods == nil || pods.Metric.Name != render.QueueMetric || pods.Target.AverageValue.String() != "4" {
 		t.Errorf("hpa metrics = %+v %+v", ext, pods)
 	}
 	// minReplicas 0: the HPA stays at 1 (its own zero is an alpha gate); the operator wakes a model at 0.
@@ -453,7 +453,7 @@ func TestAutoscalers(t *testing.T) {
 		return out
 	}
 	tr := triggers(so.Object)
-	if len(tr) != 2 || tr["queue"]["threshold"] != "0.5" || tr["backlog"]["threshold"] != "2" ||
+	if len(tr) != 2 || tr["queue"]["threshold"] != "0.5" || tr["backlog"]["threshold"] != "1" ||
 		tr["backlog"]["query"] != `max(kvroute_router_backlog_seconds{namespace="llm",model_name="qwen3-8b"})` {
 		t.Errorf("triggers = %v (thresholds are floats: KEDA parses floats, not quantities)", tr)
 	}

@@ -22,6 +22,15 @@ const RouterContainer = "kvrouter"
 
 const routerUID = 65532
 
+// RouterDrainDelay is how long a stopping router keeps serving, not ready, after SIGTERM: the
+// time for the endpoint change to reach every node's proxy (a second or two on a busy cluster).
+const RouterDrainDelay = 5 * time.Second
+
+// RouterTerminationGrace is the router pod's terminationGracePeriodSeconds: the drain delay,
+// then the requests in flight (config shutdown.timeout, 5 s short of it so the process exits
+// before the kubelet's SIGKILL).
+const RouterTerminationGrace = 30 * time.Second
+
 // RouterConfig is the kvrouter configuration for this model: Kubernetes discovery of the
 // engine pods (ports and block size from their annotations), the engines' hashing, the
 // policy and warm-up. Admin listens on all interfaces so Prometheus can scrape /metrics.
@@ -70,6 +79,11 @@ func RouterConfig(m *v1alpha1.KVRoutedModel) (config.Config, error) {
 		// scheduling, the engine's load), minutes: the hold waits that long.
 		c.Hold.MaxWait = metav1.Duration{Duration: ScaleFromZeroHoldWait}
 	}
+	// A deleted router pod leaves the Service's endpoints only once every node's proxy has
+	// seen the change: the router keeps serving (not ready) that long after SIGTERM, then
+	// drains its requests within the pod's grace period (RouterTerminationGrace).
+	c.Shutdown = config.Shutdown{DrainDelay: metav1.Duration{Duration: RouterDrainDelay},
+		Timeout: metav1.Duration{Duration: RouterTerminationGrace - RouterDrainDelay - 5*time.Second}}
 	c.ServedModelName = m.Spec.Model.Name
 	c.KVCacheReportMode = m.Spec.Router.KVCacheReportMode
 	c.Report = &config.Report{Namespace: m.Namespace, KVRoutedModel: m.Name}
@@ -258,7 +272,7 @@ func RouterDeployment(m *v1alpha1.KVRoutedModel, opts Options) (*appsv1.Deployme
 					Containers:                    []corev1.Container{container},
 					Volumes:                       volumes,
 					EnableServiceLinks:            ptr(false),
-					TerminationGracePeriodSeconds: ptr(int64(30)),
+					TerminationGracePeriodSeconds: ptr(int64(RouterTerminationGrace / time.Second)),
 					SecurityContext:               podSec,
 					TopologySpreadConstraints:     routerSpread(m),
 				},

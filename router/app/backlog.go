@@ -13,20 +13,12 @@ import (
 // totals, the replica's last progress, the measured drain rate and the balance windows.
 func (s *Router) backlog(reps []*replica) backlog.Fleet {
 	now := s.now()
-	nowNs := now.UnixNano()
-	in := make([]backlog.Replica, len(reps))
+	ms := make([]backlog.Member, len(reps))
 	for i, r := range reps {
-		ld := s.ledger.Load(r.ID)
-		in[i] = backlog.Replica{Name: r.Name, Ready: r.View().Ready && r.Eng.Health.Healthy(now),
-			PrefillTokens: ld.PrefillTokens + s.peer.Load(r.Name).PrefillTokens, PrefillAttention: ld.PrefillAttention,
-			PrefillSince: ld.PrefillSince, WindowTokens: s.ledger.Window(r.Name, nowNs).Tokens}
+		ms[i] = backlog.Member{ID: r.ID, Name: r.Name, Ready: r.View().Ready && r.Eng.Health.Healthy(now),
+			PeerPrefill: s.peer.Load(r.Name).PrefillTokens}
 	}
-	// The windows cover no more than this router has been up.
-	span := s.ledger.WindowSpan()
-	if up := now.Sub(s.started); up < span {
-		span = up
-	}
-	return backlog.Compute(in, s.ledger.Calibration(""), span.Seconds(), nowNs)
+	return backlog.FromLedger(s.ledger, ms, now.Sub(s.started), now)
 }
 
 // backlogCollector reads the backlog at scrape time. The seconds and the utilisation are left

@@ -2,7 +2,9 @@ package app
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,4 +89,27 @@ func debugHold(t *testing.T, rt *router) admission.Stats {
 		t.Fatal(err)
 	}
 	return page.Hold
+}
+
+// Drain (kvrouter's SIGTERM): /readyz says why at once, while the API still answers.
+func TestDrainNotReadyButServing(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	rt := startRouter(t, newPushSource([]discovery.Engine{simEngine("e0", sim)}), nil)
+	readyz := func() (int, string) {
+		resp, err := http.Get(rt.api.URL + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	testkit.WaitFor(t, waitBound, "/readyz 200", func() bool { c, _ := readyz(); return c == http.StatusOK })
+	rt.s.Drain()
+	if c, b := readyz(); c != http.StatusServiceUnavailable || !strings.Contains(b, ErrDraining) {
+		t.Fatalf("/readyz after Drain: %d %s", c, b)
+	}
+	if a := postJSON(t, rt.api.URL+"/v1/completions", idsPrompt(1, 64, 0, 0, 2)); a.status != http.StatusOK {
+		t.Fatalf("a request while draining: %d %s", a.status, a.body)
+	}
 }

@@ -138,6 +138,9 @@ type Router struct {
 	// exactHook replaces the stream-state lookup in benchmarks (no streams there).
 	exactHook func(*replica) bool
 	readyOnce chan struct{}
+	// draining is set on shutdown (Drain): /readyz answers 503 from then on, so the Service
+	// stops sending new connections while the requests in flight finish.
+	draining atomic.Bool
 	// hold keeps generation requests while no replica is ready (router/admission; admit).
 	hold *admission.Hold
 	// debugRouteSlots bounds /debug/route calls in flight (debugRouteConcurrency).
@@ -439,8 +442,23 @@ func (s *Router) Ready() bool {
 	return s.notReady() == ""
 }
 
+// Drain marks the router as shutting down: /readyz (and the picker's gRPC readiness) say
+// not ready from now on, while the API still serves (kvrouter keeps its listener open for
+// shutdown.drainDelay, then waits for the requests in flight). Logged once.
+func (s *Router) Drain() {
+	if s.draining.CompareAndSwap(false, true) {
+		s.log.Info("shutting down: not ready from now on; requests in flight are served to their end")
+	}
+}
+
+// ErrDraining is /readyz's reason while the router shuts down.
+const ErrDraining = "shutting down"
+
 // notReady says why the router is not ready ("" when it is).
 func (s *Router) notReady() string {
+	if s.draining.Load() {
+		return ErrDraining
+	}
 	select {
 	case <-s.readyOnce:
 	default:

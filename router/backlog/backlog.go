@@ -10,7 +10,10 @@ package backlog
 
 import (
 	"math"
+	"time"
 
+	"github.com/kvroute/kvroute/router/index"
+	"github.com/kvroute/kvroute/router/route"
 	"github.com/kvroute/kvroute/router/score"
 )
 
@@ -89,4 +92,36 @@ func Compute(reps []Replica, cal score.Calibration, windowSeconds float64, nowNs
 		}
 	}
 	return f
+}
+
+// Ledger is where the inputs are read: router/load's request ledger, in kvrouter and in the
+// fleet model (sim/fleet) alike, so that what the model scales on is what the router exports.
+type Ledger interface {
+	Load(id index.ReplicaID) route.ReplicaLoad
+	Window(name string, nowNs int64) score.Window
+	WindowSpan() time.Duration
+	Calibration(name string) score.Calibration
+}
+
+// Member is one replica as the caller knows it: its ledger slot, whether it is ready, and
+// what the other routers have pending there (their shared totals; 0 alone).
+type Member struct {
+	ID          index.ReplicaID
+	Name        string
+	Ready       bool
+	PeerPrefill int64
+}
+
+// FromLedger is the fleet's backlog at now from the ledger's figures; up is how long the
+// ledger has been counting (the balance windows cover no more than that).
+func FromLedger(l Ledger, ms []Member, up time.Duration, now time.Time) Fleet {
+	nowNs := now.UnixNano()
+	in := make([]Replica, len(ms))
+	for i, m := range ms {
+		ld := l.Load(m.ID)
+		in[i] = Replica{Name: m.Name, Ready: m.Ready, PrefillTokens: ld.PrefillTokens + m.PeerPrefill,
+			PrefillAttention: ld.PrefillAttention, PrefillSince: ld.PrefillSince, WindowTokens: l.Window(m.Name, nowNs).Tokens}
+	}
+	span := min(l.WindowSpan(), up)
+	return Compute(in, l.Calibration(""), span.Seconds(), nowNs)
 }

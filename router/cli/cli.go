@@ -16,6 +16,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -439,10 +440,14 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	}
 	// No WriteTimeout: it would cut long streams. limits.headerReadTimeout and
 	// limits.bodyReadTimeout guard against slow clients holding connections.
-	api := &http.Server{Handler: srv.APIHandler()}
+	draining := new(atomic.Bool)
+	api := &http.Server{Handler: closeWhenDraining(srv.APIHandler(), draining)}
 	srv.ConfigureHTTP(api)
 	adm := &http.Server{Handler: obs.admin(srv.AdminHandler()), ReadHeaderTimeout: 10 * time.Second}
-	ctx, cancel := context.WithCancel(ctx)
+	// The router's own loops (events, probes, peers, the reporter) run on their own context:
+	// they go on while the requests in flight drain after SIGTERM, and stop after them.
+	stop := ctx
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 4)
 	go func() { errc <- srv.Run(ctx) }()
@@ -466,23 +471,76 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 	}
 	code := 0
 	select {
-	case <-ctx.Done():
+	case <-stop.Done():
+		draining.Store(true)
+		code = drain(st, srv, api, ep, errc)
 	case err := <-errc:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			st.logger.Error("kvrouter stopped", "err", err)
 			code = 1
 		}
+		sctx, scancel := context.WithTimeout(context.Background(), st.cfg.Shutdown.Timeout.Duration)
+		if ep != nil {
+			ep.stop(sctx)
+		}
+		_ = api.Shutdown(sctx)
+		scancel()
 	}
 	cancel()
-	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer scancel()
+	actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer acancel()
+	_ = adm.Shutdown(actx)
+	srv.Close()
+	return code
+}
+
+// closeWhenDraining answers with Connection: close once draining is set, so each client's
+// pooled connection closes after its next answer and the client reconnects through the
+// Service, to a router that stays. Idle connections are not closed at once (the server's
+// SetKeepAlivesEnabled(false) would): a client may be sending on one that very moment, and a
+// POST lost that way is not retried by the client.
+func closeWhenDraining(h http.Handler, draining *atomic.Bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// drain is the graceful stop (config shutdown): not ready at once, the API served for
+// drainDelay with each connection closed after its next answer, then no new connections and the
+// requests in flight waited for up to timeout. The event, probe and peer loops run meanwhile,
+// so the requests still routed in the delay see a live index. Returns the exit code.
+func drain(st *settings, srv *app.Router, api *http.Server, ep *extProcServer, errc <-chan error) int {
+	sd := st.cfg.Shutdown
+	srv.Drain()
+	t0 := time.Now()
+	if sd.DrainDelay.Duration > 0 {
+		t := time.NewTimer(sd.DrainDelay.Duration)
+		select {
+		case <-t.C:
+		case err := <-errc:
+			t.Stop()
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				st.logger.Error("kvrouter stopped while draining", "err", err)
+				return 1
+			}
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), sd.Timeout.Duration)
+	defer cancel()
 	if ep != nil {
 		ep.stop(sctx)
 	}
-	_ = api.Shutdown(sctx)
-	_ = adm.Shutdown(sctx)
-	srv.Close()
-	return code
+	err := api.Shutdown(sctx)
+	if err != nil {
+		// Past the timeout: the streams still open are cut (each after its first token, or the
+		// client sees the connection close).
+		st.logger.Warn("shutdown timeout passed with requests in flight; they are cut", "timeout", sd.Timeout.Duration, "err", err)
+	}
+	st.logger.Info("kvrouter stopped", "drained_in", time.Since(t0).Round(time.Millisecond))
+	return 0
 }
 
 // listenAPI binds the API listener. With listen off the router is an endpoint picker only: no

@@ -56,6 +56,10 @@ type Config struct {
 	Limits    Limits     `json:"limits"`
 	// Hold bounds the requests held while the model has no ready replica (router/admission).
 	Hold Hold `json:"hold"`
+	// Shutdown is what the router does on SIGTERM: readiness goes false at once, the API keeps
+	// serving for drainDelay, then stops taking connections and waits for the requests in
+	// flight for at most timeout.
+	Shutdown Shutdown `json:"shutdown"`
 	// Disaggregation tunes the two-step request on a fleet with prefill and decode pools
 	// (docs/disaggregation.md).
 	Disaggregation *Disaggregation `json:"disaggregation,omitempty"`
@@ -400,6 +404,22 @@ type Hold struct {
 	MaxWait metav1.Duration `json:"maxWait"`
 }
 
+// Shutdown is the graceful stop on SIGTERM (a pod deleted, a rolling update).
+type Shutdown struct {
+	// DrainDelay is how long the router keeps accepting requests after SIGTERM with /readyz
+	// answering 503 (0s). In Kubernetes the pod leaves the Service's endpoints only after the
+	// endpoint change reaches every node's proxy, a second or more after SIGTERM; a router
+	// that closed its listener at once would refuse the connections sent meanwhile. During the
+	// delay every answer carries Connection: close, so clients' pooled connections close after
+	// their next answer and reconnect through the Service to another router. The operator
+	// renders 5s.
+	DrainDelay metav1.Duration `json:"drainDelay"`
+	// Timeout bounds the wait for the requests in flight once the listener is closed (20s);
+	// a stream still running then is cut. DrainDelay + Timeout should stay under the pod's
+	// terminationGracePeriodSeconds (30 as the operator renders it).
+	Timeout metav1.Duration `json:"timeout"`
+}
+
 // Policies are the names policy and shadowPolicy accept: score's one list of production policies
 // (least-loaded is an alias of load). kvbench's router offers more (ValidatePolicies).
 var Policies = score.ProductionPolicies
@@ -454,7 +474,8 @@ func Default() Config {
 			IdleTimeout:       metav1.Duration{Duration: 5 * time.Minute},
 			RequestTimeout:    metav1.Duration{Duration: 30 * time.Minute},
 		},
-		Hold: Hold{MaxWaiting: 128, MaxWait: metav1.Duration{Duration: 30 * time.Second}},
+		Hold:     Hold{MaxWaiting: 128, MaxWait: metav1.Duration{Duration: 30 * time.Second}},
+		Shutdown: Shutdown{Timeout: metav1.Duration{Duration: 20 * time.Second}},
 	}
 }
 
@@ -727,6 +748,9 @@ func (c Config) ValidatePolicies(policies []string) error {
 		if d.v <= 0 {
 			bad("limits."+d.key, "%v must be > 0", d.v)
 		}
+	}
+	if c.Shutdown.DrainDelay.Duration < 0 || c.Shutdown.Timeout.Duration < 0 {
+		bad("shutdown", "drainDelay %v and timeout %v must be >= 0", c.Shutdown.DrainDelay.Duration, c.Shutdown.Timeout.Duration)
 	}
 	if c.Hold.MaxWaiting < 0 || c.Hold.MaxWaiting > MaxHoldWaiting {
 		bad("hold.maxWaiting", "%d must be between 0 and %d", c.Hold.MaxWaiting, MaxHoldWaiting)

@@ -38,6 +38,9 @@ type Config struct {
 	WindowSeconds    float64 // imbalance windows
 	// KV overrides the kv policy's defaults (for tuning experiments only; nil = the router's).
 	KV *score.KVParams
+	// Autoscale, when set, sizes the fleet as the operator's HPA would (autoscale.go), up to
+	// Replicas; the trace's replica counts are ignored.
+	Autoscale *Autoscale
 }
 
 // DefaultConfig is the benchmark's configuration (docs/benchmarks.md).
@@ -101,6 +104,8 @@ type Result struct {
 	ImbalanceP95  float64 `json:"imbalance_p95"`
 	TTFTP50       float64 `json:"ttft_p50_s"`
 	TTFTP90       float64 `json:"ttft_p90_s"`
+	// Scale is the autoscaler's record (Config.Autoscale runs only).
+	Scale *ScaleResult `json:"scale,omitempty"`
 
 	// TTFTs are every request's modelled TTFT in seconds, sorted.
 	TTFTs []float64 `json:"-"`
@@ -184,6 +189,8 @@ type sim struct {
 	// step engine: replicas woken at kickAt, their steps not started yet (step.go)
 	kicks  []int
 	kickAt float64
+	// as sizes the fleet when Config.Autoscale is set (autoscale.go).
+	as *autoscaler
 	// accounting
 	hitBlocks, totBlocks int
 	hitTokens, totTokens int
@@ -211,8 +218,17 @@ func run(tr *Trace, cfg Config, policy string, pol score.Policy) (*Result, error
 		ttft: make([]float64, len(tr.Requests)), uncachedByRep: make([]float64, cfg.Replicas),
 		window: map[int][]float64{}}
 	s.ledger = load.New(load.Options{Policy: pol, Now: s.now})
+	if a := cfg.Autoscale; a != nil {
+		var err error
+		if s.as, err = newAutoscaler(*a, cfg.Replicas); err != nil {
+			return nil, err
+		}
+	}
 	for i := 0; i < cfg.Replicas; i++ {
 		s.reps = append(s.reps, &replica{id: "r" + strconv.Itoa(i), cache: newBlockCache(s.perRep)})
+	}
+	if s.as != nil {
+		s.resize(s.as.cfg.MinReplicas)
 	}
 	// Candidates are built as kvrouter builds them (router/route over the ledger), from the
 	// modelled caches in place of the exact index.
@@ -227,11 +243,17 @@ func run(tr *Trace, cfg Config, policy string, pol score.Policy) (*Result, error
 		q := &tr.Requests[i]
 		now := float64(q.TimestampMs) / 1000 / cfg.Speed
 		s.arrival[i] = now
+		if s.as != nil {
+			s.autoscaleUntil(now)
+		}
 		s.flushKicks(now)
 		s.advance(now)
 		s.clock = now
 		n := cfg.Replicas
-		if q.Replicas > 0 {
+		switch {
+		case s.as != nil:
+			n = s.members
+		case q.Replicas > 0:
 			n = min(q.Replicas, cfg.Replicas)
 		}
 		s.resize(n)
@@ -270,7 +292,15 @@ func run(tr *Trace, cfg Config, policy string, pol score.Policy) (*Result, error
 	}
 	s.flushKicks(math.Inf(1))
 	s.advance(math.Inf(1))
-	return s.result(policy), nil
+	res := s.result(policy)
+	if s.as != nil {
+		if len(s.arrival) > 0 {
+			s.as.account(s.arrival[len(s.arrival)-1])
+		}
+		res.Scale = &s.as.out
+		res.Scale.ArrivalS, res.Scale.TTFTS = s.arrival, s.ttft
+	}
+	return res, nil
 }
 
 // modelView is the decision's view of the model (route.IndexView and route.LedgerView) for

@@ -33,9 +33,11 @@ type router struct {
 	cmd   *exec.Cmd
 	admin string // host:port of /metrics and /debug
 	api   string
-	done  chan struct{}
-	err   error
-	log   testkit.LockedBuffer
+	// cluster is the embedded NATS server's route address (with peers configured).
+	cluster string
+	done    chan struct{}
+	err     error
+	log     testkit.LockedBuffer
 }
 
 // startRouter runs kvrouter with args on free loopback ports and waits until it listens.
@@ -53,7 +55,7 @@ func startRouter(t *testing.T, args ...string) *router {
 		t.Fatal(err)
 	}
 	r := &router{t: t, cmd: cmd, done: make(chan struct{})}
-	addrs := make(chan [2]string, 1)
+	addrs := make(chan [3]string, 1)
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
@@ -64,9 +66,10 @@ func startRouter(t *testing.T, args ...string) *router {
 			_, _ = r.log.Write([]byte(line + "\n"))
 			var rec struct {
 				Msg, API, Admin string
+				Cluster         string `json:"peer_cluster"`
 			}
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "kvrouter listening" {
-				addrs <- [2]string{rec.API, rec.Admin}
+				addrs <- [3]string{rec.API, rec.Admin, rec.Cluster}
 			}
 		}
 	}()
@@ -76,7 +79,7 @@ func startRouter(t *testing.T, args ...string) *router {
 	t.Cleanup(r.kill)
 	select {
 	case a := <-addrs:
-		r.api, r.admin = a[0], a[1]
+		r.api, r.admin, r.cluster = a[0], a[1], a[2]
 	case <-r.done:
 		t.Fatalf("kvrouter exited before listening (%v):\n%s", r.err, r.logs())
 	case <-time.After(30 * time.Second):

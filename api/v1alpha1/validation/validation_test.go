@@ -91,7 +91,7 @@ spec: {model: {name: m, uri: org/m}, autoscaling: {provider: KEDA, maxReplicas: 
 			s.NetworkPolicy.AllowFrom[0].NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "monitoring"},
 		{"minReplicas 1", *s.Autoscaling.MinReplicas == 1},
 		{"targetQueuePerReplica 4", s.Autoscaling.TargetQueuePerReplica.String() == "4"},
-		{"targetBacklogPerReplica 2", s.Autoscaling.TargetBacklogPerReplica.String() == "2"},
+		{"targetBacklogPerReplica 1", s.Autoscaling.TargetBacklogPerReplica.String() == "1"},
 		{"keda polling 15 / cooldown 300", *s.Autoscaling.KEDA.PollingInterval == 15 && *s.Autoscaling.KEDA.CooldownPeriod == 300},
 	}
 	for _, c := range checks {
