@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/client/config"
 
@@ -386,17 +387,12 @@ func Run(ctx context.Context, args []string, stderr io.Writer, o Options) int {
 		return 1
 	}
 	defer obs.close()
-	tracer, stopTracing, err := tracing.FromEnv(ctx, os.Getenv)
+	tracer, stopTracing, err := startTracing(ctx)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvrouter:", err)
 		return 1
 	}
-	defer func() {
-		// Flush the last spans, bounded: a collector that is gone must not hold the exit.
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = stopTracing(c)
-	}()
+	defer stopTracing()
 	srv, err := app.New(app.Options{Config: st.cfg, Policies: o.Policies, Source: st.source, EventsBind: st.eventsBind, Model: st.model,
 		FullReport: st.fullReport, TopicHostOnly: st.hostTopic, EngineAPIKey: st.engineKey, Logger: st.logger,
 		AccessLogSample: st.accessSample, Observers: obs.list, Tracer: tracer})
@@ -575,4 +571,19 @@ func snapshotURL(a net.Addr) string {
 		return ""
 	}
 	return "http://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port)) + "/peer/snapshot"
+}
+
+// startTracing starts OpenTelemetry as the environment asks (off without
+// OTEL_EXPORTER_OTLP_ENDPOINT); its stop flushes the last spans, bounded: a collector that is
+// gone must not hold the exit.
+func startTracing(ctx context.Context) (trace.Tracer, func(), error) {
+	tracer, stop, err := tracing.FromEnv(ctx, os.Getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tracer, func() {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stop(c)
+	}, nil
 }
