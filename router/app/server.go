@@ -280,19 +280,7 @@ func New(o Options) (*Router, error) {
 	owners, ownerTTL := o.Config.ResponseOwnerBounds()
 	s.respOwners = newResponseOwners(owners, ownerTTL, s.met.ResponseOwnerEvicted.Inc)
 	s.met.Registry.MustRegister(s.ledger.Collectors()...)
-	s.met.Registry.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvroute_router", Name: "session_homes",
-			Help: "Sessions whose home replica the index learnt from the engines' BlockStored session_id."},
-			func() float64 { return float64(s.ix.SessionStats().Sessions) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "session_home_evictions_total",
-			Help: "Session -> replica entries dropped for the session map's bound (least recently stored first)."},
-			func() float64 { return float64(s.ix.SessionStats().Evicted) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "render_server_renders_total",
-			Help: "Prompts the render server (--render-url) rendered, sparing the serving engines the call."},
-			func() float64 { return float64(s.tok.Stats().RenderServer) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "render_server_fallbacks_total",
-			Help: "Renders the render server (--render-url) failed (down, 5xx, timeout, bad answer), rendered on the engine instead."},
-			func() float64 { return float64(s.tok.Stats().RenderFallbacks) }))
+	s.met.Registry.MustRegister(indexAndRenderCollectors(s)...)
 	s.met.Registry.MustRegister(newBacklogCollector(s))
 	s.hold = admission.New(admission.Options{MaxWaiting: o.Config.Hold.MaxWaiting, MaxWait: o.Config.Hold.MaxWait.Duration}, o.Model)
 	s.met.Registry.MustRegister(s.hold.Collectors()...)
@@ -533,4 +521,37 @@ func kvParams(sc config.Scoring) score.KVParams {
 	// so DecodeWeight, their exchange rate, stays.
 	kv.QueuedPrefillWeight *= sc.LoadWeight
 	return kv
+}
+
+// indexAndRenderCollectors export the index's session homes and the render server's use, read
+// at scrape time from their owners (s nil: the descriptions alone, for IndexAndRenderDescs).
+func indexAndRenderCollectors(s *Router) []prometheus.Collector {
+	read := func(f func() float64) func() float64 {
+		if s == nil {
+			return func() float64 { return 0 }
+		}
+		return f
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvroute_router", Name: "session_homes",
+			Help: "Sessions whose home replica the index learnt from the engines' BlockStored session_id."},
+			read(func() float64 { return float64(s.ix.SessionStats().Sessions) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "session_home_evictions_total",
+			Help: "Session -> replica entries dropped for the session map's bound (least recently stored first)."},
+			read(func() float64 { return float64(s.ix.SessionStats().Evicted) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "render_server_renders_total",
+			Help: "Prompts the render server (--render-url) rendered, sparing the serving engines the call."},
+			read(func() float64 { return float64(s.tok.Stats().RenderServer) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "kvroute_router", Name: "render_server_fallbacks_total",
+			Help: "Renders the render server (--render-url) failed (down, 5xx, timeout, bad answer), rendered on the engine instead."},
+			read(func() float64 { return float64(s.tok.Stats().RenderFallbacks) })),
+	}
+}
+
+// IndexAndRenderDescs describes the session-home and render-server metrics without a router,
+// for the checks that every metric kvrouter can expose is documented (test/ship).
+func IndexAndRenderDescs(ch chan<- *prometheus.Desc) {
+	for _, c := range indexAndRenderCollectors(nil) {
+		c.Describe(ch)
+	}
 }

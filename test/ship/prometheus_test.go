@@ -75,7 +75,7 @@ func routerMetrics(t *testing.T) map[string]string {
 	collectors = append(collectors, load.New(load.Options{Policy: pol}).Collectors()...)
 	// The hold for a model with no ready replica, and the backlog the autoscalers read.
 	collectors = append(collectors, admission.New(admission.Options{}, "m").Collectors()...)
-	collectors = append(collectors, describer(app.BacklogDescs))
+	collectors = append(collectors, describer(app.BacklogDescs), describer(app.IndexAndRenderDescs))
 	v := reflect.ValueOf(m).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if c, ok := v.Field(i).Interface().(prometheus.Collector); ok && v.Type().Field(i).Name != "Registry" {
