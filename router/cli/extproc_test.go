@@ -19,31 +19,9 @@ import (
 // kvrouter --ext-proc-listen serves the endpoint picker beside the API: its readiness follows
 // the router's, a request picked through it reaches the engine, and it stops with the router.
 func TestRunServesTheEndpointPicker(t *testing.T) {
-	sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
-	if err := sim.Start(sctx); err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
+	sim := startSim(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	var logs syncBuf
-	done := make(chan int)
-	go func() {
-		done <- Run(ctx, []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "e0=" + sim.URL(),
-			"--no-events", "--ext-proc-listen", "127.0.0.1:0", "--log-format", "json"}, &logs,
-			Options{ExtProcReady: func(a string) { addr <- a }})
-	}()
-	var ep string
-	select {
-	case ep = <-addr:
-	case code := <-done:
-		t.Fatalf("exited %d: %s", code, logs.String())
-	}
+	ep, logs, done := startPicker(t, ctx, sim)
 	gw, err := gatewaytest.Dial(ep)
 	if err != nil {
 		t.Fatal(err)
@@ -74,31 +52,9 @@ func TestRunServesTheEndpointPicker(t *testing.T) {
 // gateways dial the Inference Extension's picker: a gateway that skips verification is served,
 // and a plaintext one is not.
 func TestRunServesThePickerOverTLS(t *testing.T) {
-	sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
-	if err := sim.Start(sctx); err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
+	sim := startSim(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	var logs syncBuf
-	done := make(chan int)
-	go func() {
-		done <- Run(ctx, []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "e0=" + sim.URL(),
-			"--no-events", "--ext-proc-listen", "127.0.0.1:0", "--ext-proc-tls", "--log-format", "json"}, &logs,
-			Options{ExtProcReady: func(a string) { addr <- a }})
-	}()
-	var ep string
-	select {
-	case ep = <-addr:
-	case code := <-done:
-		t.Fatalf("exited %d: %s", code, logs.String())
-	}
+	ep, logs, done := startPicker(t, ctx, sim, "--ext-proc-tls")
 	gw, err := gatewaytest.Dial(ep, gatewaytest.WithTLS(&tls.Config{InsecureSkipVerify: true})) //nolint:gosec // a gateway's view of a self-signed picker
 	if err != nil {
 		t.Fatal(err)
@@ -135,16 +91,7 @@ func TestRunServesThePickerOverTLS(t *testing.T) {
 // kvrouter --listen off is an endpoint picker only: no API listener, the picker serves and the
 // admin listener still has /metrics; off without the picker is refused at start.
 func TestRunPickerOnly(t *testing.T) {
-	sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithCancel(context.Background())
-	defer scancel()
-	if err := sim.Start(sctx); err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
+	sim := startSim(t)
 	var bad syncBuf
 	if code := Run(context.Background(), []string{"--listen", "off", "--engine", "e0=" + sim.URL(), "--no-events"}, &bad, Options{}); code != 2 ||
 		!strings.Contains(bad.String(), "needs extProc.listen") {
@@ -193,5 +140,40 @@ func TestRunPickerOnly(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"api":"off"`) {
 		t.Fatalf("the listening line does not say the API is off: %s", logs.String())
+	}
+}
+
+// startSim starts a vllm-sim without event streams, closed when the test ends.
+func startSim(t *testing.T) *vllmsim.Sim {
+	t.Helper()
+	sim, err := vllmsim.New(vllmsim.Config{KVEventsPort: -1, KVReplayPort: -1, TimeScale: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	return sim
+}
+
+// startPicker runs kvrouter in front of sim with the endpoint picker on (and extra flags) until
+// ctx ends: the picker's address, the router's log, and its exit code once it stops.
+func startPicker(t *testing.T, ctx context.Context, sim *vllmsim.Sim, extra ...string) (string, *syncBuf, <-chan int) {
+	t.Helper()
+	addr := make(chan string, 1)
+	logs := &syncBuf{}
+	done := make(chan int, 1)
+	args := append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "e0=" + sim.URL(),
+		"--no-events", "--ext-proc-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	go func() { done <- Run(ctx, args, logs, Options{ExtProcReady: func(a string) { addr <- a }}) }()
+	select {
+	case ep := <-addr:
+		return ep, logs, done
+	case code := <-done:
+		t.Fatalf("exited %d: %s", code, logs.String())
+		return "", nil, nil
 	}
 }
