@@ -17,8 +17,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/kvroute/kvroute/api/v1alpha1/validation"
 	"github.com/kvroute/kvroute/api/v1alpha1"
+	"github.com/kvroute/kvroute/api/v1alpha1/validation"
 	"github.com/kvroute/kvroute/controllers/render"
 	"github.com/kvroute/kvroute/internal/testkit"
 	"github.com/kvroute/kvroute/router/kvwire"

@@ -39,8 +39,8 @@ type Options struct {
 	// (the default; requests go through its OpenAI listener) and ModePicker (it is an endpoint
 	// picker, --ext-proc-listen, and kvbench plays the gateway: the picker's ext_proc round
 	// trips and its reading of the streamed response, the gateway forwarding the bytes).
-	Modes []string
-	Rounds   int      // every (router, policy) is measured this many times, interleaved
+	Modes  []string
+	Rounds int // every (router, policy) is measured this many times, interleaved
 
 	CPUSizes    []int // prompt tokens of the CPU-per-request measurement
 	CPURequests int   // sequential requests per size
