@@ -298,15 +298,10 @@ func loraName(v string) (string, error) {
 }
 
 // kvEvents is vLLM's KVEventsConfig (vllm/config/kv_events.py), which refuses unknown keys.
+// SGLang's and TensorRT-LLM's configs (publisher) mirror its fields; vLLM's adds the snapshot
+// endpoint.
 type kvEvents struct {
-	Enable         *bool   `json:"enable_kv_cache_events"`
-	Publisher      *string `json:"publisher"`
-	Endpoint       *string `json:"endpoint"`
-	ReplayEndpoint *string `json:"replay_endpoint"`
-	BufferSteps    *int    `json:"buffer_steps"`
-	HWM            *int    `json:"hwm"`
-	MaxQueueSize   *int    `json:"max_queue_size"`
-	Topic          *string `json:"topic"`
+	publisher
 	// SnapshotEndpoint is where newer vLLM binds its cache-snapshot ROUTER (rank r: port+r).
 	SnapshotEndpoint *string `json:"snapshot_endpoint"`
 }
